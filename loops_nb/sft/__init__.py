@@ -1,0 +1,1 @@
+"""Supervised fine-tuning: data contracts, the target rule, check and training."""
