@@ -1,0 +1,205 @@
+"""The `loops` command: check, run, serve, deactivate, glossary.
+
+    loops check CONFIG [--KEY VALUE ...]   resolve, render and prepare; launches no trainer
+    loops run   CONFIG [--KEY VALUE ...]   train (resumes an existing run directory)
+    loops serve [--port N] [--model ID]     a local Loops for several notebooks or scripts
+    loops deactivate RUN_ID [--config C]    end a dedicated (or local) run
+    loops glossary [--write | --check]      the settings reference, from the schema
+
+A user's mistake is printed as one clear line (exit 2), never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from loops_nb.errors import UserError
+
+EXIT_USER_ERROR = 2
+
+
+def split_overrides(args: Sequence[str]) -> dict[str, Any]:
+    """`--training.max_steps 5` / `--training.max_steps=5` pairs into {"training.max_steps": 5}."""
+    from loops_nb.config import parse_override_value
+
+    overrides: dict[str, Any] = {}
+    items = list(args)
+    i = 0
+    while i < len(items):
+        item = items[i]
+        if not item.startswith("--") or len(item) == 2:
+            raise UserError(f"unexpected argument {item!r}: settings are given as --KEY VALUE (see --help)")
+        key, eq, value = item[2:].partition("=")
+        if not eq:
+            if i + 1 >= len(items):
+                raise UserError(f"--{key} needs a value")
+            i += 1
+            value = items[i]
+        overrides[key] = parse_override_value(value)
+        i += 1
+    return overrides
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="loops", description="Post-train open LLMs with LoRA on Baseten Loops."
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, text in (("check", "resolve, render and prepare; launches no trainer"), ("run", "train")):
+        p = sub.add_parser(name, help=text, add_help=False, description=text)
+        p.add_argument("config", nargs="?", help="a .toml or .json config (a shipped one by its path)")
+        p.add_argument("-h", "--help", action="store_true", help="show settings with their defaults")
+    p = sub.add_parser("serve", help="a local Loops for several notebooks or scripts")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    p.add_argument("--model", action="append", default=[], help="preload this base model (repeatable)")
+    p.add_argument("--state-dir", type=Path, default=None, help="where runs and checkpoints are kept")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p = sub.add_parser("deactivate", help="end a run and its paired sampler (checkpoints stay)")
+    p.add_argument("run_id")
+    p.add_argument("--config", help="a config whose [compute] says where the run is")
+    p = sub.add_parser("glossary", help="print or write docs/reference/KNOB_GLOSSARY.md")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--write", action="store_true", help="write the file (in a checkout)")
+    g.add_argument("--check", action="store_true", help="exit 1 when the committed file is stale")
+    return parser
+
+
+def _print_help(parser: argparse.ArgumentParser, command: str, config: str | None) -> None:
+    from loops_nb.config.glossary import knob_help
+
+    recipe = None
+    if config:
+        try:
+            from loops_nb.project import load
+
+            recipe = load(config).recipe
+        except UserError:
+            recipe = None
+    print(f"usage: loops {command} CONFIG [--KEY VALUE ...]\n")
+    print('Any setting can be overridden: --training.max_steps 5 (values parse as TOML: 5, true, "x").\n')
+    print(knob_help(recipe))
+
+
+async def _check_or_run(command: str, config: str, overrides: dict[str, Any]) -> int:
+    from loops_nb.config import load_config
+    from loops_nb.project import Project
+
+    loaded = load_config(config, overrides, cli_env=True)
+    project = Project(path=loaded.source.path, source=loaded.source, config=loaded.config)
+    for line in project.describe():
+        print(line)
+    if command == "check":
+        report = await project.check()
+        for line in report.describe():
+            print(line)
+        return 0 if getattr(report, "ok", True) else 1
+    outcome = await project.train()
+    for line in outcome.describe() if hasattr(outcome, "describe") else [str(outcome)]:
+        print(line)
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import threading
+
+    from loops_nb.local.embedded import EmbeddedLoops
+
+    loops = EmbeddedLoops(
+        host=args.host,
+        port=args.port,
+        api_key=os.environ.get("LOOPS_LOCAL_API_KEY"),
+        state_dir=args.state_dir,
+        device=args.device,
+        preload=tuple(args.model),
+    )
+    loops.start()
+    print("Embedded Loops is serving. Run any baseten-loops (or tinker) script under:")
+    for key, value in loops.env().items():
+        print(f"{key}={value}")
+    sys.stdout.flush()
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        print("stopping")
+    finally:
+        loops.stop()
+    return 0
+
+
+def _deactivate(args: argparse.Namespace) -> int:
+    from loops_nb.compute import BASETEN_URL, deactivate_run
+
+    base_url = os.environ.get("LOOPS_BASE_URL") or BASETEN_URL
+    if args.config:
+        from loops_nb.config import load_config
+
+        compute = load_config(args.config, cli_env=True).config.compute
+        base_url = compute.base_url or base_url
+    api_key = os.environ.get("BASETEN_API_KEY")
+    if not api_key:
+        raise UserError("loops deactivate needs BASETEN_API_KEY (and LOOPS_BASE_URL for a local server)")
+    deactivate_run(args.run_id, base_url, api_key)
+    print(f"deactivated {args.run_id}")
+    return 0
+
+
+def _glossary(args: argparse.Namespace) -> int:
+    from loops_nb.config.glossary import GLOSSARY_PATH, glossary_markdown
+    from loops_nb.shipped import shipped_root
+
+    text = glossary_markdown()
+    if not (args.write or args.check):
+        print(text, end="")
+        return 0
+    root = shipped_root() or Path.cwd()
+    target = root / GLOSSARY_PATH
+    if args.check:
+        current = target.read_text() if target.exists() else ""
+        if current != text:
+            print(f"{target} is stale: run `loops glossary --write`", file=sys.stderr)
+            return 1
+        return 0
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text)
+    print(f"wrote {target}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args, rest = parser.parse_known_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        if args.command in ("check", "run"):
+            if args.help or not args.config:
+                _print_help(parser, args.command, args.config)
+                return 0 if args.help else EXIT_USER_ERROR
+            return asyncio.run(_check_or_run(args.command, args.config, split_overrides(rest)))
+        if rest:
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        if args.command == "serve":
+            return _serve(args)
+        if args.command == "deactivate":
+            return _deactivate(args)
+        return _glossary(args)
+    except UserError as exc:
+        print(f"loops: error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print("loops: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

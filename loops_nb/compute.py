@@ -1,0 +1,143 @@
+"""Reaching Loops for a config's `[compute] scope`: the same SDK calls on every scope.
+
+`local` starts (or joins) an embedded Loops and talks to it through `ServiceClient(base_url=...)`;
+`serverless` and `dedicated` go to Baseten with BASETEN_API_KEY. Nothing here is scope-specific past
+choosing the URL, the key and the deployment options, so the local path is the production path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from loops_nb.config.sections import ComputeConfig
+from loops_nb.errors import CredentialsError, UserError
+
+if TYPE_CHECKING:
+    from baseten.loops import ServiceClient, TrainingClient
+
+    from loops_nb.local.embedded import EmbeddedLoops
+
+log = logging.getLogger(__name__)
+
+BASETEN_URL = "https://api.baseten.co"
+
+
+def require_api_key(scope: str) -> str:
+    key = os.environ.get("BASETEN_API_KEY")
+    if not key:
+        raise CredentialsError(
+            f'compute.scope = "{scope}" needs BASETEN_API_KEY: put it in a .env beside the config or in '
+            'the working directory, or export it (or use compute.scope = "local" to run on this machine)'
+        )
+    return key
+
+
+@dataclass
+class LoopsConnection:
+    """An SDK `ServiceClient` for one scope, plus the embedded server it owns on the local scope."""
+
+    scope: str
+    compute: ComputeConfig
+    service: ServiceClient
+    base_url: str
+    api_key: str
+    embedded: EmbeddedLoops | None = None
+    runs: list[str] = field(default_factory=list)
+
+    @classmethod
+    async def open(cls, compute: ComputeConfig, *, state_dir: Path | None = None) -> LoopsConnection:
+        """Connect for `compute.scope`; on the local scope start an embedded Loops unless
+        compute.base_url (or LOOPS_BASE_URL) names a running `loops serve`."""
+        from baseten.loops import ServiceClient
+
+        embedded = None
+        if compute.scope == "local":
+            base_url = compute.base_url or os.environ.get("LOOPS_BASE_URL")
+            if base_url:
+                api_key = os.environ.get("BASETEN_API_KEY", "")
+            else:
+                from loops_nb.local.embedded import EmbeddedLoops
+
+                embedded = EmbeddedLoops(
+                    host=compute.local.host,
+                    port=compute.local.port,
+                    state_dir=state_dir,
+                    cache_dir=compute.local.cache_dir,
+                    device=compute.local.device,
+                    max_batch_sequences=compute.local.max_batch_sequences,
+                )
+                await embedded.astart()
+                base_url, api_key = embedded.url, embedded.api_key
+        else:
+            api_key = require_api_key(compute.scope)
+            base_url = compute.base_url or os.environ.get("LOOPS_BASE_URL") or BASETEN_URL
+        kwargs: dict[str, Any] = {"base_url": base_url, "api_key": api_key or None}
+        if compute.scope == "dedicated":
+            if compute.spot:
+                kwargs["availability_model"] = "spot"
+            if compute.reuse:
+                kwargs["reuse_from_run_id"] = compute.reuse
+        try:
+            service = await asyncio.to_thread(lambda: ServiceClient(**kwargs))
+        except Exception:
+            if embedded is not None:
+                await embedded.astop()
+            raise
+        return cls(compute.scope, compute, service, base_url, api_key, embedded)
+
+    async def training_client(
+        self, base_model: str, *, rank: int, seed: int | None = None, max_seq_len: int | None = None
+    ) -> TrainingClient:
+        """A fresh LoRA training client; on serverless, refuse a run that came back dedicated."""
+        kwargs: dict[str, Any] = {"base_model": base_model, "rank": rank, "seed": seed}
+        if self.scope != "local":
+            kwargs["max_seq_len"] = max_seq_len
+        if self.scope == "dedicated":
+            kwargs["replicas"] = self.compute.replicas or 1
+            if self.compute.sampler_replicas:
+                kwargs["sampler_num_replicas"] = self.compute.sampler_replicas
+        tc = await asyncio.to_thread(lambda: self.service.create_lora_training_client(**kwargs))
+        if tc.run_id:
+            self.runs.append(tc.run_id)
+        if self.scope == "serverless" and type(tc._deployment).__name__ == "DedicatedTrainerDeployment":
+            await self.deactivate(tc.run_id or "")
+            raise UserError(
+                f"Loops created a dedicated deployment for {base_model}, which has no serverless pool in "
+                'this workspace; compute.scope = "serverless" never falls back to a billed deployment, so '
+                'run was deactivated. Use compute.scope = "dedicated" to train this model.'
+            )
+        return tc
+
+    async def deactivate(self, run_id: str) -> None:
+        await asyncio.to_thread(deactivate_run, run_id, self.base_url, self.api_key)
+
+    async def close(self, *, keep_runs: bool | None = None) -> None:
+        """Close the connection; a dedicated run is deactivated unless compute.keep_run."""
+        keep = self.compute.keep_run if keep_runs is None else keep_runs
+        if self.scope == "dedicated" and not keep:
+            for run_id in self.runs:
+                await self.deactivate(run_id)
+        if self.embedded is not None:
+            await self.embedded.astop()
+
+
+def deactivate_run(run_id: str, base_url: str, api_key: str | None) -> dict[str, Any]:
+    """End a Loops run (and its paired sampler); its checkpoints stay."""
+    import httpx
+
+    headers = {"Authorization": f"Api-Key {api_key}"} if api_key else {}
+    try:
+        resp = httpx.post(
+            f"{base_url.rstrip('/')}/v1/loops/runs/{run_id}/deactivate", headers=headers, timeout=60
+        )
+    except httpx.HTTPError as exc:
+        raise UserError(f"cannot reach Loops at {base_url} to deactivate {run_id}: {exc}") from None
+    if resp.status_code >= 400:
+        detail = resp.text[:300]
+        raise UserError(f"deactivating {run_id} failed ({resp.status_code}): {detail}")
+    return resp.json() if resp.content else {}

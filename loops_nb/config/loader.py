@@ -1,0 +1,298 @@
+"""Reading a config: the file, its path rules, `.env` files, dotted overrides and clear errors.
+
+Path rules (the seed README's):
+- a path in the config is relative to the config; a symlinked config means its target's directory;
+- a path given in an override, and the output directory, are relative to the working directory;
+- the config's directory is importable (for `[runtime] factory` modules beside it);
+- `.env` beside the config and in the working directory are read by the CLI, never overriding
+  variables already set; `load(env_file=...)` reads one only when passed;
+- a config path that does not exist in the working directory resolves to the copy shipped inside
+  the installed package.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import sys
+import tomllib
+import types
+import typing
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from loops_nb.config.schema import RECIPES, AnyConfig
+from loops_nb.config.sections import CONFIG_RELATIVE, CWD_RELATIVE
+from loops_nb.errors import ConfigError
+from loops_nb.shipped import find_shipped
+
+
+@dataclass(frozen=True)
+class ConfigSource:
+    """Where a config came from and what it pulled in."""
+
+    given: Path
+    """The path as named by the user, made absolute against the working directory."""
+    path: Path
+    """The file actually read: the symlink's target or the shipped copy."""
+    cwd: Path
+    """The working directory when the config was loaded."""
+    env_files: tuple[Path, ...] = ()
+    """The `.env` files that were read, in order."""
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    """Dotted overrides applied on top of the file."""
+
+    @property
+    def directory(self) -> Path:
+        return self.path.parent
+
+    def describe(self, output_dir: Path) -> list[str]:
+        """The header lines `loops check` prints and a run's run.log begins with."""
+        arrow = f" -> {self.path}" if self.path != self.given else ""
+        env = ", ".join(str(p) for p in self.env_files) or "none"
+        return [
+            f"Config: {self.given}{arrow}",
+            f"  paths, modules: beside {self.directory}",
+            f"  .env: {env}",
+            f"  runs: {output_dir}",
+        ]
+
+
+def resolve_config_path(name: str | os.PathLike[str], cwd: Path) -> tuple[Path, Path]:
+    """(the path as given, made absolute; the file to read)."""
+    given = Path(name).expanduser()
+    absolute = given if given.is_absolute() else cwd / given
+    if absolute.exists():
+        if absolute.is_dir():
+            raise ConfigError(f"{absolute}: is a directory; name a .toml or .json config file in it")
+        return absolute, absolute.resolve()
+    shipped = None if given.is_absolute() else find_shipped(given)
+    if shipped is not None and shipped.is_file():
+        return absolute, shipped.resolve()
+    raise ConfigError(f"{absolute}: no such config file (and no shipped copy at that path)")
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """The raw table of a TOML or JSON config; syntax errors name the file and position."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if path.suffix.lower() == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}") from None
+    else:
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a table of settings")
+    return data
+
+
+def parse_override_value(text: str) -> Any:
+    """A CLI override's value: a TOML literal when it parses as one (5, true, [1, 2], "x"), else text."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_overrides(raw: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of `raw` with each dotted key set; a key through a non-table value is refused."""
+    merged = json.loads(json.dumps(raw, default=str)) if raw else {}
+    for dotted, value in overrides.items():
+        parts = dotted.split(".")
+        if not all(parts):
+            raise ConfigError(f"override {dotted!r}: not a dotted key such as training.max_steps")
+        table = merged
+        for i, part in enumerate(parts[:-1]):
+            nxt = table.setdefault(part, {})
+            if not isinstance(nxt, dict):
+                where = ".".join(parts[: i + 1])
+                raise ConfigError(f"override {dotted!r}: {where} is a value, not a table")
+            table = nxt
+        table[parts[-1]] = value
+    return merged
+
+
+def _path_kind(annotation: Any) -> str | None:
+    """CONFIG_RELATIVE / CWD_RELATIVE when the annotation is (an optional) marked path."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        for extra in annotation.__metadata__:
+            if extra in (CONFIG_RELATIVE, CWD_RELATIVE):
+                return str(extra)
+        return None
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(annotation):
+            kind = _path_kind(arg)
+            if kind:
+                return kind
+    return None
+
+
+def _submodel(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _submodel(arg)
+        if found:
+            return found
+    return None
+
+
+def path_fields(model: type[BaseModel], prefix: str = "") -> dict[str, str]:
+    """Dotted key -> path kind, for every path-valued field of a config model."""
+    found: dict[str, str] = {}
+    for name, info in model.model_fields.items():
+        key = f"{prefix}{name}"
+        kind = _path_kind(
+            info.rebuild_annotation() if hasattr(info, "rebuild_annotation") else info.annotation
+        )
+        if kind:
+            found[key] = kind
+            continue
+        sub = _submodel(info.annotation)
+        if sub is not None:
+            found.update(path_fields(sub, key + "."))
+    return found
+
+
+def _lookup(raw: Mapping[str, Any], dotted: str) -> tuple[Mapping[str, Any] | None, str]:
+    parts = dotted.split(".")
+    table: Any = raw
+    for part in parts[:-1]:
+        table = table.get(part) if isinstance(table, Mapping) else None
+        if table is None:
+            return None, parts[-1]
+    return (table if isinstance(table, Mapping) else None), parts[-1]
+
+
+def resolve_paths(
+    raw: dict[str, Any], model: type[BaseModel], base_dir: Path, cwd: Path, overridden: Iterable[str]
+) -> None:
+    """Make every path value absolute, in place, by the path rules above."""
+    overridden = set(overridden)
+    for dotted, kind in path_fields(model).items():
+        table, leaf = _lookup(raw, dotted)
+        if table is None or not isinstance(table.get(leaf), str):
+            continue
+        value = Path(table[leaf]).expanduser()
+        if not value.is_absolute():
+            anchor = cwd if (kind == CWD_RELATIVE or dotted in overridden) else base_dir
+            value = anchor / value
+        table[leaf] = str(value)  # type: ignore[index]
+
+
+def load_env_file(path: Path) -> bool:
+    """Set the variables of a `.env` file that the process does not already set."""
+    from dotenv import dotenv_values
+
+    if not path.is_file():
+        return False
+    for key, value in dotenv_values(path).items():
+        if value is not None and key not in os.environ:
+            os.environ[key] = value
+    return True
+
+
+def _format_loc(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(p) for p in loc if not (isinstance(p, str) and p in RECIPES))
+
+
+def _valid_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    current: type[BaseModel] | None = model
+    for part in loc[:-1]:
+        if current is None or part not in current.model_fields:
+            return []
+        current = _submodel(current.model_fields[part].annotation)
+    return sorted(current.model_fields) if current is not None else []
+
+
+def format_validation_error(
+    exc: ValidationError, model: type[BaseModel], source: Path, overrides: Mapping[str, Any]
+) -> str:
+    """One line per problem: the file, the key path, what is wrong and what would be valid."""
+    lines = []
+    for err in exc.errors():
+        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p in RECIPES))
+        key = _format_loc(loc) or "(top level)"
+        origin = f"override --{key}" if key in overrides else str(source)
+        if err["type"] == "extra_forbidden":
+            valid = _valid_keys(model, loc)
+            hint = difflib.get_close_matches(str(loc[-1]), valid, n=1)
+            suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
+            lines.append(f"{origin}: unknown key {key}{suggestion} (valid here: {', '.join(valid)})")
+        elif err["type"] == "missing":
+            lines.append(f"{origin}: {key} is required")
+        else:
+            msg = err["msg"].removeprefix("Value error, ")
+            given = err.get("input")
+            shown = (
+                f" (got {given!r})" if err["type"] != "value_error" and not isinstance(given, dict) else ""
+            )
+            lines.append(f"{origin}: {key}: {msg}{shown}")
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class LoadedConfig:
+    config: AnyConfig
+    source: ConfigSource
+
+
+def load_config(
+    path: str | os.PathLike[str],
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    cwd: Path | None = None,
+    env_files: Iterable[str | os.PathLike[str]] = (),
+    cli_env: bool = False,
+) -> LoadedConfig:
+    """Read, override, path-resolve and validate a config.
+
+    `env_files` are relative to the config's directory; `cli_env=True` also reads `.env` beside the
+    config and in the working directory, as the `loops` CLI does.
+    """
+    cwd = (cwd or Path.cwd()).resolve()
+    overrides = dict(overrides or {})
+    given, real = resolve_config_path(path, cwd)
+    raw = apply_overrides(read_config_file(real), overrides)
+
+    recipe = raw.get("recipe")
+    if recipe not in RECIPES:
+        valid = " or ".join(f'"{r}"' for r in RECIPES)
+        got = "missing" if recipe is None else f"{recipe!r}"
+        raise ConfigError(f"{real}: recipe is {got}; set recipe = {valid}")
+    model = RECIPES[recipe]
+
+    explicit = [real.parent / Path(p) for p in env_files]
+    for env_path in explicit:
+        if not env_path.is_file():
+            raise ConfigError(f"{env_path}: env_file not found (it is relative to the config)")
+    loaded_env: list[Path] = []
+    for env_path in explicit + ([real.parent / ".env", cwd / ".env"] if cli_env else []):
+        if env_path not in loaded_env and load_env_file(env_path):
+            loaded_env.append(env_path)
+
+    resolve_paths(raw, model, real.parent, cwd, overrides)
+    try:
+        config = model.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, model, real, overrides)) from None
+    if not config.output.output_dir.is_absolute():
+        config.output.output_dir = cwd / config.output.output_dir
+
+    if str(real.parent) not in sys.path:
+        sys.path.insert(0, str(real.parent))
+    source = ConfigSource(given=given, path=real, cwd=cwd, env_files=tuple(loaded_env), overrides=overrides)
+    return LoadedConfig(config=config, source=source)

@@ -1,0 +1,93 @@
+"""`load()` and `Project`: a config, ready to check or train, from a notebook, a script or the CLI.
+
+    from loops_nb import load
+    project = load("train.toml", overrides={"training.max_steps": 5}, env_file=".env")
+    report = await project.check()      # awaitable inside a running notebook loop
+    print("\\n".join(report.describe()))
+    outcome = await project.train()
+
+`check()` and `train()` do exactly what `loops check` and `loops run` do; the CLI calls them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from loops_nb.config import AnyConfig, ConfigSource, load_config
+
+
+class Report(Protocol):
+    def describe(self) -> list[str]: ...
+
+
+@dataclass
+class Project:
+    """A loaded config: `path` (the file read), `source` (where it and its .env came from), `config`."""
+
+    path: Path
+    source: ConfigSource
+    config: AnyConfig
+
+    @property
+    def recipe(self) -> str:
+        return self.config.recipe
+
+    def describe(self) -> list[str]:
+        """The header lines: which config, where its paths and modules resolve, .env files, runs."""
+        return self.source.describe(self.config.output.output_dir)
+
+    def _recipe_module(self) -> Any:
+        return importlib.import_module(f"loops_nb.{self.recipe}.recipe")
+
+    async def check(self, **options: Any) -> Report:
+        """Resolve, render and prepare without training; returns the recipe's report."""
+        return await self._recipe_module().check(self, **options)
+
+    async def train(self, **options: Any) -> Any:
+        """Run the recipe (resuming the run directory if it exists); returns the run's Outcome."""
+        return await self._recipe_module().train(self, **options)
+
+    def check_sync(self, **options: Any) -> Report:
+        """`check()` for plain scripts with no running event loop."""
+        return _run_sync(self.check(**options))
+
+    def train_sync(self, **options: Any) -> Any:
+        """`train()` for plain scripts with no running event loop."""
+        return _run_sync(self.train(**options))
+
+
+def _run_sync(coro: Any) -> Any:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    coro.close()
+    raise RuntimeError("an event loop is running here (a notebook?): use `await project.check()` instead")
+
+
+def load(
+    path: str | os.PathLike[str],
+    *,
+    overrides: Mapping[str, Any] | None = None,
+    env_file: str | os.PathLike[str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+) -> Project:
+    """Read a TOML or JSON config; its `recipe` key picks RL or SFT.
+
+    Paths in the config are relative to it (a symlinked config: its target); paths in `overrides` and
+    the output directory are relative to the working directory. `env_file` (relative to the config) is
+    read only when passed, and never overrides variables already set.
+    """
+    loaded = load_config(
+        path,
+        overrides,
+        cwd=Path(cwd) if cwd is not None else None,
+        env_files=[env_file] if env_file is not None else [],
+    )
+    return Project(path=loaded.source.path, source=loaded.source, config=loaded.config)

@@ -1,0 +1,119 @@
+"""The RL recipe's config: `recipe = "rl"` with `[runtime]`, `[sampling]` and `[training]`."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from loops_nb.config.sections import ComputeConfig, ModelConfig, OutputConfig, Section
+
+
+class RuntimeConfig(Section):
+    factory: str
+    """Import path `module:name` of the runtime: an Episode class, or a factory returning a
+    RolloutRuntime. Modules beside the config are importable."""
+
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments passed to the runtime's factory (task files, tool settings, ...)."""
+
+
+class SamplingConfig(Section):
+    temperature: float = Field(1.0, ge=0)
+    """Sampling temperature of rollouts (1.0 samples the policy as trained)."""
+
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling threshold."""
+
+    max_tokens: int = Field(256, ge=1)
+    """Most tokens one model call may generate."""
+
+
+class RLTrainingConfig(Section):
+    max_steps: int = Field(10, ge=1)
+    """Optimizer steps (policy updates) to run."""
+
+    group_size: int = Field(8, ge=1)
+    """Attempts per task; GRPO compares rewards within a group."""
+
+    groups_per_step: int = Field(8, ge=1)
+    """Task groups trained on per step."""
+
+    max_concurrent_rollouts: int = Field(32, ge=1)
+    """Most attempts running at once."""
+
+    mode: Literal["sync", "async"] = "sync"
+    """`sync`: sample, then train, then publish. `async`: keep sampling while the trainer trains."""
+
+    max_staleness: int = Field(1, ge=0)
+    """Async only: most policy versions a trained rollout may lag the trainer."""
+
+    stale_policy: Literal["requeue", "pace"] = "requeue"
+    """Async only: a rollout past max_staleness is re-run (`requeue`), or sampling waits so none
+    gets that stale (`pace`)."""
+
+    attempt_timeout_seconds: float = Field(600.0, gt=0)
+    """An attempt running longer is discarded with reason `timeout`."""
+
+    loss: str = "importance_sampling"
+    """Loss: `importance_sampling`, `ppo` or `cispo` (built into Loops), or `module:function` for a
+    custom loss through forward_backward_custom (the `custom-loss` extra)."""
+
+    loss_config: dict[str, float] = Field(default_factory=dict)
+    """The loss's settings, e.g. clip_low_threshold and clip_high_threshold for ppo and cispo."""
+
+    learning_rate: float = Field(4e-5, gt=0)
+    """Adam learning rate."""
+
+    beta1: float = Field(0.9, ge=0, lt=1)
+    """Adam beta1."""
+
+    beta2: float = Field(0.95, ge=0, lt=1)
+    """Adam beta2."""
+
+    eps: float = Field(1e-8, gt=0)
+    """Adam epsilon."""
+
+    weight_decay: float = Field(0.0, ge=0)
+    """Decoupled weight decay."""
+
+    grad_clip_norm: float = Field(1.0, ge=0)
+    """Clip the gradient norm to this (0 disables)."""
+
+    save_every: int = Field(5, ge=0)
+    """Save resumable trainer state every this many steps (0: only at the end)."""
+
+    seed: int = 0
+    """Seed of task order, sampling and the LoRA initialisation."""
+
+    @model_validator(mode="after")
+    def _known_loss(self) -> RLTrainingConfig:
+        builtin = {"importance_sampling", "ppo", "cispo"}
+        if self.loss not in builtin and ":" not in self.loss:
+            raise ValueError(
+                f"training.loss = {self.loss!r}: use one of {sorted(builtin)} or `module:function`"
+            )
+        return self
+
+
+class RLConfig(Section):
+    recipe: Literal["rl"] = "rl"
+    """The recipe: `rl` trains on what an agent did, scored by a verifier."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    """The model, tokenizer and chat template."""
+
+    compute: ComputeConfig = Field(default_factory=ComputeConfig)
+    """Where the trainer and sampler run."""
+
+    runtime: RuntimeConfig
+    """The runtime that runs attempts: an Episode class or a RolloutRuntime factory."""
+
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    """How rollouts sample from the policy."""
+
+    training: RLTrainingConfig = Field(default_factory=RLTrainingConfig)
+    """GRPO, scheduling and optimisation settings."""
+
+    output: OutputConfig = Field(default_factory=OutputConfig)
+    """Where and how the run is written."""

@@ -1,0 +1,103 @@
+"""The SFT recipe's config: `recipe = "sft"` with `[data]` and `[training]`."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from loops_nb.config.sections import (
+    ComputeConfig,
+    ConfigPath,
+    ModelConfig,
+    OutputConfig,
+    Section,
+)
+
+
+class SFTDataConfig(Section):
+    train: ConfigPath
+    """Training data: OpenAI chat fine-tuning JSONL (messages, tools, per-turn weight), or tokenized
+    rows (input_ids + weights). Relative to the config."""
+
+    eval: ConfigPath | None = None
+    """Held-out data in the same format. Without it, `eval_fraction` of the training rows is held out."""
+
+    eval_fraction: float = Field(0.05, ge=0.0, lt=1.0)
+    """Share of training rows held out for evaluation when no eval file is given (0 disables)."""
+
+    max_rows: int | None = Field(None, ge=1)
+    """Read at most this many rows of the training file."""
+
+    shuffle_seed: int = 0
+    """Seed of the data order and of the held-out split; a resumed run reuses it."""
+
+
+class SFTTrainingConfig(Section):
+    learning_rate: float = Field(2e-4, gt=0)
+    """Peak Adam learning rate."""
+
+    lr_schedule: Literal["constant", "linear", "cosine"] = "linear"
+    """How the learning rate decays after warm-up, down to 0 at the last step."""
+
+    warmup_steps: int = Field(0, ge=0)
+    """Steps of linear warm-up from 0 to the peak learning rate."""
+
+    epochs: int = Field(1, ge=1)
+    """Passes over the training data."""
+
+    max_steps: int | None = Field(None, ge=1)
+    """Stop after this many optimizer steps (before the epochs end)."""
+
+    batch_tokens: int = Field(8192, ge=16)
+    """Tokens per optimizer step: examples are packed into batches up to this many tokens."""
+
+    beta1: float = Field(0.9, ge=0, lt=1)
+    """Adam beta1."""
+
+    beta2: float = Field(0.95, ge=0, lt=1)
+    """Adam beta2."""
+
+    eps: float = Field(1e-8, gt=0)
+    """Adam epsilon."""
+
+    weight_decay: float = Field(0.0, ge=0)
+    """Decoupled weight decay."""
+
+    grad_clip_norm: float = Field(1.0, ge=0)
+    """Clip the gradient norm to this (0 disables)."""
+
+    eval_every: int = Field(10, ge=0)
+    """Evaluate the held-out loss every this many steps (0: only at the end)."""
+
+    save_every: int = Field(20, ge=0)
+    """Save resumable trainer state every this many steps (0: only at the end)."""
+
+    seed: int = 0
+    """Seed of the trainer's LoRA initialisation."""
+
+
+class SFTConfig(Section):
+    recipe: Literal["sft"] = "sft"
+    """The recipe: `sft` trains on conversations to imitate."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    """The model, tokenizer and chat template."""
+
+    compute: ComputeConfig = Field(default_factory=ComputeConfig)
+    """Where the trainer runs."""
+
+    data: SFTDataConfig
+    """The conversations to train on."""
+
+    training: SFTTrainingConfig = Field(default_factory=SFTTrainingConfig)
+    """Optimisation settings."""
+
+    output: OutputConfig = Field(default_factory=OutputConfig)
+    """Where and how the run is written."""
+
+    @model_validator(mode="after")
+    def _eval_file_or_fraction(self) -> SFTConfig:
+        if self.data.eval is not None and "eval_fraction" in self.data.model_fields_set:
+            raise ValueError("data.eval and data.eval_fraction: give a held-out file or a fraction, not both")
+        return self
