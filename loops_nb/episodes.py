@@ -1,0 +1,129 @@
+"""The Episode API: the smallest custom runtime.
+
+An Episode class lists its tasks and runs one attempt at a task, calling the model through `llm()`
+and scoring the result itself:
+
+    from loops_nb.episodes import Episode, Task
+    from loops_nb.llm.client import llm
+
+    class HiddenGame(Episode):
+        def tasks(self):
+            return [Task("monopoly", {"answer": "monopoly"})]
+
+        async def run(self, task):
+            reply = await llm().chat([{"role": "user", "content": "Name a board game."}])
+            return 1.0 if task.data["answer"] in reply.content.lower() else 0.0
+
+`[runtime] factory = "episode:HiddenGame"` names it; `[runtime] options` become constructor keyword
+arguments. loops_nb runs it as a `RolloutRuntime` (`EpisodeRuntime`) and reuses everything else.
+Multi-turn episodes call `llm()` several times (with tools); each call is captured exactly.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Sequence
+from typing import Any
+
+from loops_nb.errors import ConfigError
+from loops_nb.llm.client import bind_llm, unbind_llm
+from loops_nb.runtime import Attempt, Evidence, RolloutRuntime, Task
+
+__all__ = ["Episode", "EpisodeRuntime", "Evidence", "Task", "load_runtime"]
+
+
+class Episode:
+    """Subclass and implement `tasks()` and `async run(task) -> float | Evidence`."""
+
+    def __init__(self, **options: Any) -> None:
+        self.options = options
+
+    def tasks(self) -> Sequence[Task | dict[str, Any] | str]:
+        """The tasks to attempt: `Task`s, dicts with an `id`, or plain strings (used as id and prompt)."""
+        raise NotImplementedError(f"{type(self).__name__} must define tasks()")
+
+    async def run(self, task: Task) -> float | Evidence:
+        """One attempt: call the model with `llm()`, return the reward (or `Evidence`)."""
+        raise NotImplementedError(f"{type(self).__name__} must define async run(task)")
+
+    async def close(self) -> None:
+        """Release anything the episode holds; called once when the run ends."""
+
+
+def _as_task(item: Task | dict[str, Any] | str, index: int) -> Task:
+    if isinstance(item, Task):
+        return item
+    if isinstance(item, str):
+        return Task(id=item, data={"prompt": item})
+    if isinstance(item, dict):
+        data = dict(item)
+        return Task(id=str(data.pop("id", index)), data=data)
+    raise TypeError(f"task {index}: expected a Task, a dict or a string, got {type(item).__name__}")
+
+
+class EpisodeRuntime(RolloutRuntime):
+    """Runs an Episode's attempts in-process, with `llm()` bound to the attempt's model handle."""
+
+    def __init__(self, episode: Episode) -> None:
+        self.episode = episode
+        self._tasks: list[Task] | None = None
+
+    async def tasks(self) -> Sequence[Task]:
+        if self._tasks is None:
+            produced = self.episode.tasks()
+            if inspect.isawaitable(produced):
+                produced = await produced
+            self._tasks = [_as_task(t, i) for i, t in enumerate(produced)]
+            if not self._tasks:
+                raise ConfigError(f"{type(self.episode).__name__}.tasks() returned no tasks")
+        return self._tasks
+
+    async def run_attempt(self, attempt: Attempt) -> Evidence:
+        token = bind_llm(attempt.services.llm)
+        try:
+            result = await self.episode.run(attempt.task)
+        finally:
+            unbind_llm(token)
+        if isinstance(result, Evidence):
+            return result
+        if isinstance(result, bool | int | float):
+            return Evidence(reward=float(result))
+        raise TypeError(f"{type(self.episode).__name__}.run returned {type(result).__name__}; return a float or Evidence")
+
+    async def close(self) -> None:
+        await self.episode.close()
+
+
+def import_object(path: str, key: str = "runtime.factory") -> Any:
+    """`module:name` -> the object; a clear ConfigError when either part is missing."""
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(f"{key} = {path!r}: expected `module:name`, e.g. \"episode:HiddenGame\"")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise ConfigError(f"{key} = {path!r}: cannot import {exc.name!r} (modules beside the config are importable)") from None
+    try:
+        obj = module
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except AttributeError:
+        raise ConfigError(f"{key} = {path!r}: module {module_name!r} has no {attr!r}") from None
+    return obj
+
+
+def load_runtime(factory: str, options: dict[str, Any]) -> RolloutRuntime:
+    """Build the runtime `[runtime] factory` names: an Episode subclass, or a RolloutRuntime factory."""
+    obj = import_object(factory)
+    try:
+        if isinstance(obj, type) and issubclass(obj, Episode):
+            return EpisodeRuntime(obj(**options))
+        runtime = obj(**options)
+    except TypeError as exc:
+        raise ConfigError(f"runtime.options do not fit {factory}: {exc}") from None
+    if isinstance(runtime, Episode):
+        return EpisodeRuntime(runtime)
+    if not isinstance(runtime, RolloutRuntime):
+        raise ConfigError(f"runtime.factory = {factory!r} returned {type(runtime).__name__}, not a RolloutRuntime or Episode")
+    return runtime

@@ -1,0 +1,96 @@
+"""Exact token capture: every model call's prompt tokens, sampled ids and logprobs, joined into
+training sequences.
+
+Text is never re-tokenized into training data. A call whose prompt extends the previous call's
+prompt + completion continues the same sequence (the new prompt tokens between turns are context,
+not targets); a call that does not extend it starts a new sequence, and the reason is counted.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+REASON_NOT_EXTENDING = "prompt_does_not_extend_previous_turn"
+
+
+@dataclass(frozen=True)
+class ModelCall:
+    """One sampled completion, exactly as the sampler returned it."""
+
+    prompt_tokens: list[int]
+    completion_tokens: list[int]
+    logprobs: list[float]
+    policy_version: int
+    finish_reason: str
+    text: str = ""
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if len(self.completion_tokens) != len(self.logprobs):
+            raise ValueError("a model call needs exactly one logprob per sampled token")
+
+
+@dataclass
+class CapturedSequence:
+    """A training sequence: all tokens, and for each whether it was sampled (trains) and its logprob."""
+
+    tokens: list[int] = field(default_factory=list)
+    sampled: list[bool] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    policy_versions: list[int] = field(default_factory=list)
+    calls: int = 0
+
+    def extend(self, call: ModelCall) -> None:
+        new_context = call.prompt_tokens[len(self.tokens) :]
+        self.tokens += new_context + call.completion_tokens
+        self.sampled += [False] * len(new_context) + [True] * len(call.completion_tokens)
+        self.logprobs += [0.0] * len(new_context) + list(call.logprobs)
+        self.policy_versions.append(call.policy_version)
+        self.calls += 1
+
+    @property
+    def sampled_count(self) -> int:
+        return sum(self.sampled)
+
+
+@dataclass
+class TokenCapture:
+    """The model calls of one attempt."""
+
+    calls: list[ModelCall] = field(default_factory=list)
+    breaks: Counter[str] = field(default_factory=Counter)
+
+    def last_tokens(self) -> list[int] | None:
+        """Prompt + completion of the latest call: the prefix a next turn should extend."""
+        if not self.calls:
+            return None
+        last = self.calls[-1]
+        return last.prompt_tokens + last.completion_tokens
+
+    def record(self, call: ModelCall) -> None:
+        previous = self.last_tokens()
+        if previous is not None and call.prompt_tokens[: len(previous)] != previous:
+            self.breaks[REASON_NOT_EXTENDING] += 1
+        self.calls.append(call)
+
+    def sequences(self) -> list[CapturedSequence]:
+        """The calls joined into as few sequences as the prefix rule allows, in call order."""
+        out: list[CapturedSequence] = []
+        for call in self.calls:
+            if out and call.prompt_tokens[: len(out[-1].tokens)] == out[-1].tokens:
+                out[-1].extend(call)
+            else:
+                seq = CapturedSequence()
+                seq.extend(call)
+                out.append(seq)
+        return out
+
+    @property
+    def sampled_tokens(self) -> int:
+        return sum(len(c.completion_tokens) for c in self.calls)
+
+    @property
+    def policy_versions(self) -> list[int]:
+        return [c.policy_version for c in self.calls]

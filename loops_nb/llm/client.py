@@ -1,0 +1,168 @@
+"""`LoopsLLM`: the handle an agent calls the model through, and `llm()` inside an episode.
+
+Every call renders messages with the model's chat template, samples from the current policy through
+the SDK's `SamplingClient`, parses the reply (text and tool calls) and records the exact prompt tokens,
+sampled ids and logprobs in the attempt's `TokenCapture`.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from loops_nb.llm.capture import ModelCall, TokenCapture
+from loops_nb.llm.renderer import ChatRenderer
+
+
+class PolicySource(Protocol):
+    """Where the current policy is sampled: the run's latest published sampling client."""
+
+    @property
+    def sampling_client(self) -> Any: ...
+
+    @property
+    def version(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One model reply: the assistant message to append, and what was sampled."""
+
+    content: str
+    tool_calls: list[dict[str, Any]]
+    text: str
+    finish_reason: str
+    tokens: int
+    tool_call_errors: list[str] = field(default_factory=list)
+
+    @property
+    def message(self) -> dict[str, Any]:
+        """The assistant message in OpenAI shape, to append to the conversation."""
+        msg: dict[str, Any] = {"role": "assistant", "content": self.content}
+        if self.tool_calls:
+            msg["tool_calls"] = self.tool_calls
+        return msg
+
+
+@dataclass
+class SamplingDefaults:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 256
+    max_seq_len: int | None = None
+
+
+class ContextTooLong(RuntimeError):
+    """The conversation no longer fits `max_seq_len`; the attempt is discarded as truncated."""
+
+
+class LoopsLLM:
+    """The model, for one attempt. `await llm.chat(messages, tools=...)` returns a `Reply`."""
+
+    def __init__(
+        self,
+        renderer: ChatRenderer,
+        policy: PolicySource,
+        capture: TokenCapture | None = None,
+        defaults: SamplingDefaults | None = None,
+        seed: int | None = None,
+    ) -> None:
+        self.renderer = renderer
+        self.policy = policy
+        self.capture = capture if capture is not None else TokenCapture()
+        self.defaults = defaults or SamplingDefaults()
+        self._seed = seed
+
+    async def chat(
+        self,
+        messages: Sequence[dict[str, Any]],
+        *,
+        tools: Sequence[dict[str, Any]] | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        stop: Sequence[str] | None = None,
+    ) -> Reply:
+        return (await self.sample(messages, tools=tools, n=1, max_tokens=max_tokens, temperature=temperature,
+                                  top_p=top_p, stop=stop))[0]
+
+    async def sample(
+        self,
+        messages: Sequence[dict[str, Any]],
+        *,
+        tools: Sequence[dict[str, Any]] | None = None,
+        n: int = 1,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        stop: Sequence[str] | None = None,
+    ) -> list[Reply]:
+        """`n` replies to the same conversation; only the first is recorded as this attempt's turn."""
+        from baseten.loops import ModelInput, SamplingParams
+
+        prompt = self.renderer.prompt_tokens(messages, tools, self.capture.last_tokens())
+        budget = max_tokens or self.defaults.max_tokens
+        if self.defaults.max_seq_len is not None:
+            room = self.defaults.max_seq_len - len(prompt)
+            if room <= 0:
+                raise ContextTooLong(f"the prompt has {len(prompt)} tokens; max_seq_len is {self.defaults.max_seq_len}")
+            budget = min(budget, room)
+        stops: list[int] | list[str] = list(stop) if stop else list(self.renderer.stop_token_ids)
+        params = SamplingParams(
+            max_tokens=budget,
+            temperature=self.defaults.temperature if temperature is None else temperature,
+            top_p=self.defaults.top_p if top_p is None else top_p,
+            stop=stops,
+            seed=self._next_seed(),
+        )
+        client, version = self.policy.sampling_client, self.policy.version
+        resp = await client.sample_async(ModelInput.from_ints(prompt), num_samples=n, sampling_params=params)
+        replies = []
+        for i, seq in enumerate(resp.sequences):
+            logprobs = list(seq.logprobs or [])
+            parsed = self.renderer.parse(seq.tokens)
+            served = resp.policy_version if resp.policy_version is not None else version
+            if i == 0:
+                self.capture.record(
+                    ModelCall(
+                        prompt_tokens=prompt,
+                        completion_tokens=list(seq.tokens),
+                        logprobs=logprobs,
+                        policy_version=served,
+                        finish_reason=seq.stop_reason,
+                        text=parsed.text,
+                        tool_calls=parsed.tool_calls,
+                    )
+                )
+            replies.append(
+                Reply(parsed.content, parsed.tool_calls, parsed.text, seq.stop_reason, len(seq.tokens),
+                      parsed.tool_call_errors)
+            )
+        return replies
+
+    def _next_seed(self) -> int | None:
+        if self._seed is None:
+            return None
+        self._seed += 1
+        return self._seed
+
+
+_current: contextvars.ContextVar[LoopsLLM] = contextvars.ContextVar("loops_nb_llm")
+
+
+def llm() -> LoopsLLM:
+    """The model handle of the attempt running in this task (inside an Episode's `run`)."""
+    try:
+        return _current.get()
+    except LookupError:
+        raise RuntimeError("llm() is only available inside an attempt (an Episode's run method)") from None
+
+
+def bind_llm(handle: LoopsLLM) -> contextvars.Token[LoopsLLM]:
+    return _current.set(handle)
+
+
+def unbind_llm(token: contextvars.Token[LoopsLLM]) -> None:
+    _current.reset(token)

@@ -1,0 +1,336 @@
+"""The embedded Loops' HTTP surface: control plane, trainers and samplers on one loopback port.
+
+Routes follow baseten-loops 0.32.0 (see ../shared/reference/loops_local_protocol.md):
+- control plane, as `ServiceClient(base_url=...)` calls it: `/v1/loops/sessions`, `/trainers`,
+  `/samplers`, `/deployments/{id}`, `/checkpoints`, `/runs/{id}/deactivate`, `/capabilities`;
+- each run's trainer under `/trainers/{run_id}/` (op submits, `/operations/{id}` long-polls);
+- samplers under `/samplers/{sampler_id}/` (`/sample`, `/v1/models`, `/trainers_policy_version`).
+
+Validation errors are answered 422 with a `detail` that names the problem: the SDK retries 400, 404,
+408 and 502 for up to an hour, so those statuses are never used for a caller's mistake.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import logging
+from typing import Any
+
+from pydantic import ValidationError
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from loops_nb.local import trainer_ops
+from loops_nb.local.state import LocalLoopsError, LocalLoopsState
+from loops_nb.local.wire import InvalidRequest
+
+log = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 64 * 1024 * 1024
+"""The SDK splits forward_backward bodies above 24 MiB, so anything much larger is a mistake."""
+POLL_HOLD_SECONDS = 25.0
+"""Long-poll hold for `/operations/{id}`; the SDK's read timeout per poll is 35 s."""
+PUBLISH_WAIT_SECONDS = 20.0
+"""How long `/sample` waits for a policy version it was asked for before answering 408."""
+TRAINER_OPS = (
+    "init_trainer_server",
+    "forward",
+    "forward_backward",
+    "optim_step",
+    "save_state",
+    "load_state",
+    "load_state_with_optimizer",
+    "save_weights_for_sampler",
+)
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"detail": message}, status_code=status)
+
+
+class ApiKeyMiddleware:
+    """Refuse requests that do not carry the server's key (`Authorization: Api-Key <key>`)."""
+
+    def __init__(self, app: ASGIApp, api_key: str | None) -> None:
+        self.app = app
+        self.api_key = api_key
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and self.api_key:
+            headers = dict(scope["headers"])
+            auth = headers.get(b"authorization", b"").decode("latin-1")
+            token = auth.split(" ", 1)[1] if " " in auth else ""
+            if not hmac.compare_digest(token.encode(), self.api_key.encode()):
+                await _error(401, "missing or wrong API key for this Loops server")(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+async def _body(request: Request) -> dict[str, Any]:
+    length = request.headers.get("content-length")
+    if length and int(length) > MAX_BODY_BYTES:
+        raise InvalidRequest(f"request body of {length} bytes exceeds the {MAX_BODY_BYTES} byte limit")
+    raw = await request.body()
+    if len(raw) > MAX_BODY_BYTES:
+        raise InvalidRequest(f"request body exceeds the {MAX_BODY_BYTES} byte limit")
+    if not raw:
+        return {}
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("request body must be a JSON object")
+    return body
+
+
+def _origin(request: Request) -> str:
+    return str(request.base_url).rstrip("/")
+
+
+class LoopsRoutes:
+    """Request handlers bound to one server's state."""
+
+    def __init__(self, state: LocalLoopsState) -> None:
+        self.state = state
+        self.samplers: dict[str, tuple[str, str | None]] = {}
+        """sampler id -> (base model, run id of a paired sampler or None)."""
+
+    # -- control plane ------------------------------------------------------------------------
+    async def create_session(self, request: Request) -> Response:
+        return JSONResponse({"session": {"id": "sess-local"}})
+
+    async def create_trainer(self, request: Request) -> Response:
+        body = await _body(request)
+        base_model = body.get("base_model")
+        if not isinstance(base_model, str) or not base_model:
+            raise InvalidRequest("base_model is required")
+        rank = body.get("lora_rank", 32)
+        if not isinstance(rank, int) or not 1 <= rank <= 1024:
+            raise InvalidRequest(f"lora_rank must be an integer in 1..1024, got {rank!r}")
+        if body.get("base_checkpoint"):
+            raise InvalidRequest("base_checkpoint is not supported by the embedded Loops")
+        await asyncio.to_thread(self.state.model_path, base_model)  # fail now if the model is unknown
+        run = self.state.create_run(base_model, rank, seed=body.get("seed"), name=body.get("name"))
+        self.samplers[f"smp-{run.id}"] = (base_model, run.id)
+        log.info("created run %s for %s (rank %d)", run.id, base_model, rank)
+        return JSONResponse(
+            {
+                "run": {
+                    "id": run.id,
+                    "base_model": base_model,
+                    "base_url": f"{_origin(request)}/trainers/{run.id}",
+                    "deployment_id": f"dep-{run.id}",
+                }
+            }
+        )
+
+    async def deployment_status(self, request: Request) -> Response:
+        dep = request.path_params["deployment_id"]
+        run = self.state.runs.get(dep.removeprefix("dep-"))
+        name = "ACTIVE" if run is None or run.active else "INACTIVE"
+        return JSONResponse({"deployment": {"id": dep, "status": {"name": name}}})
+
+    async def create_sampler(self, request: Request) -> Response:
+        body = await _body(request)
+        run_id = body.get("run_id")
+        if run_id:
+            run = self.state.run(str(run_id))
+            sampler_id, base_model = f"smp-{run.id}", run.base_model
+            self.samplers[sampler_id] = (base_model, run.id)
+        else:
+            base_model = body.get("base_model")
+            if not isinstance(base_model, str) or not base_model:
+                raise InvalidRequest("give run_id (a paired sampler) or base_model (a standalone one)")
+            await asyncio.to_thread(self.state.model_path, base_model)
+            sampler_id = "smp-base-" + hashlib.sha256(base_model.encode()).hexdigest()[:12]
+            self.samplers[sampler_id] = (base_model, None)
+        return JSONResponse(
+            {
+                "sampler": {
+                    "id": sampler_id,
+                    "base_url": f"{_origin(request)}/samplers/{sampler_id}",
+                    "model_id": "mdl-local",
+                    "deployment_id": f"dep-{sampler_id}",
+                }
+            }
+        )
+
+    async def model_deployment_status(self, request: Request) -> Response:
+        return JSONResponse({"status": "ACTIVE"})
+
+    async def list_checkpoints(self, request: Request) -> Response:
+        q = request.query_params
+        found = self.state.checkpoints(run_id=q.get("run_id"), checkpoint_path=q.get("checkpoint_path"))
+        if q.get("base_model"):
+            found = [c for c in found if c.get("base_model") == q["base_model"]]
+        return JSONResponse({"checkpoints": found})
+
+    async def validate_checkpoint(self, request: Request) -> Response:
+        body = await _body(request)
+        self.state.resolve_checkpoint(str(body.get("checkpoint_path", "")))
+        return JSONResponse({"valid": True})
+
+    async def deactivate(self, request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+        changed = self.state.deactivate(run_id)
+        return JSONResponse({"run": {"id": run_id, "status": "INACTIVE", "changed": changed}})
+
+    async def list_runs(self, request: Request) -> Response:
+        runs = [
+            {
+                "id": r.id,
+                "base_model": r.base_model,
+                "lora_rank": r.lora_rank,
+                "active": r.active,
+                "policy_version": r.published_version,
+                "created_at": r.created_at.isoformat(),
+            }
+            for r in self.state.runs.values()
+        ]
+        return JSONResponse({"runs": runs})
+
+    async def capabilities(self, request: Request) -> Response:
+        from loops_nb.local.model_store import OFFLINE_MODELS
+
+        models = sorted(set(OFFLINE_MODELS) | {r.base_model for r in self.state.runs.values()})
+        return JSONResponse({"supported_models": [{"model_name": m} for m in models]})
+
+    # -- trainer ------------------------------------------------------------------------------
+    async def trainer_submit(self, request: Request) -> Response:
+        op = request.path_params["op"]
+        if op not in TRAINER_OPS:
+            raise InvalidRequest(f"unknown trainer operation {op!r}; valid: {', '.join(TRAINER_OPS)}")
+        run = self.state.run(request.path_params["run_id"])
+        body = await _body(request)
+        op_id = (
+            request.headers.get("idempotency-key")
+            or hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:32]
+        )
+        work = trainer_ops.prepare(self.state, run, op, body)
+        run.ops.submit(op_id, op, work)
+        return JSONResponse({"operation_id": op_id, "schema_version": 1}, status_code=202)
+
+    async def trainer_poll(self, request: Request) -> Response:
+        run = self.state.run(request.path_params["run_id"], active=False)
+        op = run.ops.get(request.path_params["op_id"])
+        if op is None:
+            return _error(404, "unknown operation id (or its result expired)")
+        body = await run.ops.wait(op, POLL_HOLD_SECONDS)
+        if body is None:
+            return _error(408, "operation still running")
+        return JSONResponse(body)
+
+    async def trainer_health(self, request: Request) -> Response:
+        run = self.state.run(request.path_params["run_id"], active=False)
+        return JSONResponse({"status": "ok" if run.active else "inactive", "run_id": run.id})
+
+    async def trainer_policy_version(self, request: Request) -> Response:
+        run = self.state.run(request.path_params["run_id"], active=False)
+        step = run.trainer.step if run.trainer is not None else 0
+        return JSONResponse({"policy_version": step})
+
+    # -- sampler ------------------------------------------------------------------------------
+    def _sampler(self, request: Request) -> tuple[str, str | None]:
+        sampler_id = request.path_params["sampler_id"]
+        if sampler_id not in self.samplers:
+            raise LocalLoopsError(f"unknown sampler {sampler_id!r}")
+        return self.samplers[sampler_id]
+
+    async def sample(self, request: Request) -> Response:
+        from loops_nb.local.sampler import SampleRequest
+
+        base_model, paired_run = self._sampler(request)
+        body = await _body(request)
+        try:
+            sample_request = SampleRequest.model_validate(body)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors()
+            )
+            raise InvalidRequest(problems) from None
+        run_id = request.headers.get("x-run-id") or paired_run
+        min_version = request.headers.get("x-min-policy-version")
+        checkpoint = request.headers.get("x-checkpoint-path")
+        engine = await asyncio.to_thread(self.state.sampler, base_model)
+        adapter, served = None, 0
+        run = self.state.run(run_id, active=False) if run_id else None
+        if min_version is not None:
+            if run is None:
+                raise InvalidRequest("X-Min-Policy-Version needs a run (X-Run-Id or a paired sampler)")
+            wanted = int(min_version)
+            if run.published_version >= wanted:
+                adapter, served = run.id, run.published_version
+            elif checkpoint is None:
+                caught_up = await asyncio.to_thread(
+                    self.state.wait_published, run, wanted, PUBLISH_WAIT_SECONDS
+                )
+                if not caught_up:
+                    return _error(408, f"sampler serves policy version {run.published_version} < {wanted}")
+                adapter, served = run.id, run.published_version
+        if adapter is None and checkpoint is not None:
+            adapter = checkpoint
+            if engine.adapter_version(checkpoint) is None:
+                directory = self.state.resolve_checkpoint(checkpoint)
+                await asyncio.to_thread(engine.load_adapter_dir, checkpoint, directory)
+        result = await engine.sample_async(sample_request, adapter)
+        return JSONResponse(result.to_wire(), headers={"x-trainers-policy-version": str(served)})
+
+    async def sampler_models(self, request: Request) -> Response:
+        base_model, run_id = self._sampler(request)
+        data = [{"id": base_model, "parent": None}]
+        if run_id:
+            data.append({"id": run_id, "parent": base_model})
+        return JSONResponse({"object": "list", "data": data})
+
+    async def sampler_policy_version(self, request: Request) -> Response:
+        _, run_id = self._sampler(request)
+        version = self.state.runs[run_id].published_version if run_id in self.state.runs else 0
+        return JSONResponse({"policy_version": version})
+
+
+def _guard(handler: Any) -> Any:
+    """Turn a caller's mistake into a 422 that the SDK raises at once, and never leak a traceback."""
+
+    async def wrapped(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except (InvalidRequest, LocalLoopsError) as exc:
+            return _error(422, str(exc))
+        except Exception:
+            log.exception("embedded Loops: %s %s failed", request.method, request.url.path)
+            return _error(500, "internal error in the embedded Loops; see its log")
+
+    return wrapped
+
+
+def build_app(state: LocalLoopsState, api_key: str | None) -> Starlette:
+    r = LoopsRoutes(state)
+    table = [
+        ("POST", "/v1/loops/sessions", r.create_session),
+        ("POST", "/v1/loops/trainers", r.create_trainer),
+        ("POST", "/v1/loops/samplers", r.create_sampler),
+        ("GET", "/v1/loops/deployments/{deployment_id}", r.deployment_status),
+        ("GET", "/v1/models/{model_id}/deployments/{deployment_id}", r.model_deployment_status),
+        ("GET", "/v1/loops/checkpoints", r.list_checkpoints),
+        ("POST", "/v1/loops/checkpoints/validate", r.validate_checkpoint),
+        ("GET", "/v1/loops/runs", r.list_runs),
+        ("POST", "/v1/loops/runs/{run_id}/deactivate", r.deactivate),
+        ("GET", "/v1/loops/capabilities", r.capabilities),
+        ("GET", "/trainers/{run_id}/operations/{op_id:path}", r.trainer_poll),
+        ("GET", "/trainers/{run_id}/health", r.trainer_health),
+        ("GET", "/trainers/{run_id}/policy_version", r.trainer_policy_version),
+        ("POST", "/trainers/{run_id}/{op}", r.trainer_submit),
+        ("POST", "/samplers/{sampler_id}/sample", r.sample),
+        ("GET", "/samplers/{sampler_id}/v1/models", r.sampler_models),
+        ("GET", "/samplers/{sampler_id}/trainers_policy_version", r.sampler_policy_version),
+    ]
+    routes = [Route(path, _guard(handler), methods=[method]) for method, path, handler in table]
+    return Starlette(routes=routes, middleware=[Middleware(ApiKeyMiddleware, api_key=api_key)])

@@ -1,0 +1,165 @@
+"""Start and stop an embedded Loops inside a script, a notebook kernel or `loops serve`.
+
+The server runs uvicorn on its own thread and event loop, so it never blocks (or is blocked by) a
+notebook's running loop. It binds loopback on a free port and requires a per-server API key, which
+the SDK sends as `Authorization: Api-Key ...` when given `api_key=`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from loops_nb.errors import UserError
+from loops_nb.local.app import build_app
+from loops_nb.local.state import LocalLoopsState
+
+if TYPE_CHECKING:
+    from baseten.loops import ServiceClient
+
+log = logging.getLogger(__name__)
+
+LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
+
+
+def default_state_dir() -> Path:
+    base = Path(os.environ.get("LOOPS_NB_CACHE", Path.home() / ".cache" / "loops_nb"))
+    return base / "local_loops"
+
+
+class EmbeddedLoops:
+    """A Loops-compatible control plane, LoRA trainer and sampler served on this machine.
+
+    >>> with EmbeddedLoops() as loops:                      # doctest: +SKIP
+    ...     svc = loops.service_client()
+    ...     tc = svc.create_lora_training_client(base_model="HuggingFaceTB/SmolLM2-135M-Instruct", rank=8)
+    """
+
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        api_key: str | None = None,
+        state_dir: Path | None = None,
+        cache_dir: Path | None = None,
+        device: str = "auto",
+        max_batch_sequences: int = 64,
+        preload: tuple[str, ...] = (),
+    ) -> None:
+        if host not in LOOPBACK_HOSTS:
+            raise UserError(
+                f"compute.local.host = {host!r}: the embedded Loops binds loopback only (127.0.0.1)"
+            )
+        self.host = host
+        self.port = port
+        self.api_key = api_key or f"loops-local-{secrets.token_urlsafe(18)}"
+        self.state = LocalLoopsState(
+            state_dir or default_state_dir(),
+            cache_dir=cache_dir,
+            device=device,
+            max_batch_sequences=max_batch_sequences,
+        )
+        self.preload = preload
+        self._server = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        if self._server is None:
+            raise RuntimeError("the embedded Loops is not started")
+        return f"http://{self.host}:{self.port}"
+
+    def env(self) -> dict[str, str]:
+        """The two variables under which any baseten-loops or tinker script uses this server."""
+        return {"LOOPS_BASE_URL": self.url, "BASETEN_API_KEY": self.api_key}
+
+    def service_client(self) -> ServiceClient:
+        from baseten.loops import ServiceClient
+
+        return ServiceClient(base_url=self.url, api_key=self.api_key)
+
+    def start(self, timeout: float = 60.0) -> EmbeddedLoops:
+        """Bind, serve on a background thread and return once the server answers."""
+        import uvicorn
+
+        if self._server is not None:
+            return self
+        for model in self.preload:
+            self.state.model_path(model)
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self.host, self.port))
+        except OSError as exc:
+            sock.close()
+            raise UserError(
+                f"cannot bind the embedded Loops to {self.host}:{self.port}: {exc.strerror}"
+            ) from None
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(
+            build_app(self.state, self.api_key),
+            log_level="warning",
+            access_log=False,
+            timeout_keep_alive=75,
+            limit_concurrency=None,
+            backlog=4096,
+        )
+        server = uvicorn.Server(config)
+        # A server on a non-main thread must not install signal handlers (the notebook's or the CLI's).
+        server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        self._server = server
+        self._thread = threading.Thread(
+            target=lambda: asyncio.run(server.serve(sockets=[sock])), name="loops-local-server", daemon=True
+        )
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError("the embedded Loops did not start; see the log above")
+            time.sleep(0.02)
+        log.info("embedded Loops serving at %s (state in %s)", self.url, self.state.state_dir)
+        return self
+
+    async def astart(self) -> EmbeddedLoops:
+        """`start()` for a running event loop (a notebook cell): binds without blocking the loop."""
+        return await asyncio.to_thread(self.start)
+
+    def stop(self) -> None:
+        server, thread = self._server, self._thread
+        if server is not None:
+            server.should_exit = True
+        if thread is not None:
+            thread.join(timeout=30)
+        self.state.close()
+        self._server = None
+        self._thread = None
+
+    async def astop(self) -> None:
+        await asyncio.to_thread(self.stop)
+
+    def __enter__(self) -> EmbeddedLoops:
+        return self.start()
+
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    async def __aenter__(self) -> EmbeddedLoops:
+        return await self.astart()
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.astop()

@@ -1,0 +1,118 @@
+"""The trainer's operation queue: submits return at once, ops run FIFO on one worker, polls long-poll.
+
+The SDK submits each trainer op (`POST /forward_backward`, ...) and then polls `GET /operations/{id}`.
+It pipelines submits ahead of completion and relies on the server to run them strictly in acceptance
+order, one at a time, and to dedupe a retried submit by its `Idempotency-Key`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import queue
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+RESULT_TTL_SECONDS = 3600.0
+"""How long a finished op's result stays pollable (the SDK documents about an hour)."""
+MAX_KEPT_RESULTS = 4096
+
+
+@dataclass
+class Operation:
+    id: str
+    name: str
+    fn: Callable[[], dict[str, Any]]
+    future: concurrent.futures.Future[dict[str, Any]] = field(default_factory=concurrent.futures.Future)
+    finished_at: float | None = None
+
+    def poll_body(self) -> dict[str, Any] | None:
+        """The `/operations/{id}` body once finished, else None."""
+        if not self.future.done():
+            return None
+        exc = self.future.exception()
+        if exc is not None:
+            return {
+                "status": "error",
+                "error": str(exc) or type(exc).__name__,
+                "error_class": type(exc).__name__,
+            }
+        return {"status": "done", "result": self.future.result()}
+
+
+class OperationQueue:
+    """One trainer's ops, executed one at a time in acceptance order on a worker thread."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._ops: OrderedDict[str, Operation] = OrderedDict()
+        self._lock = threading.Lock()
+        self._queue: queue.Queue[Operation | None] = queue.Queue()
+        self._worker = threading.Thread(target=self._run, name=f"loops-ops-{name}", daemon=True)
+        self._worker.start()
+
+    def submit(self, op_id: str, name: str, fn: Callable[[], dict[str, Any]]) -> Operation:
+        """Enqueue `fn` under `op_id`; a retried submit with a known id returns the existing op."""
+        with self._lock:
+            existing = self._ops.get(op_id)
+            if existing is not None:
+                return existing
+            op = Operation(id=op_id, name=name, fn=fn)
+            self._ops[op_id] = op
+            self._evict_locked()
+        self._queue.put(op)
+        return op
+
+    def get(self, op_id: str) -> Operation | None:
+        with self._lock:
+            return self._ops.get(op_id)
+
+    async def wait(self, op: Operation, hold_seconds: float) -> dict[str, Any] | None:
+        """The poll body, waiting up to `hold_seconds` for the op to finish (a long-poll)."""
+        if not op.future.done():
+            try:
+                await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(op.future)), hold_seconds)
+            except TimeoutError:
+                return None
+            except Exception:
+                pass
+        return op.poll_body()
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._worker.join(timeout=30)
+
+    def _run(self) -> None:
+        while True:
+            op = self._queue.get()
+            if op is None:
+                return
+            started = time.perf_counter()
+            try:
+                result = op.fn()
+            except Exception as exc:
+                log.info("trainer %s: %s %s failed: %s", self.name, op.name, op.id, exc)
+                op.finished_at = time.monotonic()
+                op.future.set_exception(exc)
+            else:
+                op.finished_at = time.monotonic()
+                op.future.set_result(result)
+            log.debug("trainer %s: %s took %.3fs", self.name, op.name, time.perf_counter() - started)
+
+    def _evict_locked(self) -> None:
+        now = time.monotonic()
+        while self._ops:
+            oldest = next(iter(self._ops.values()))
+            expired = oldest.finished_at is not None and now - oldest.finished_at > RESULT_TTL_SECONDS
+            if not expired and len(self._ops) <= MAX_KEPT_RESULTS:
+                return
+            if oldest.finished_at is None:  # never drop an op that has not run yet
+                return
+            self._ops.popitem(last=False)

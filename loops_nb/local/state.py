@@ -1,0 +1,247 @@
+"""What the embedded Loops holds: runs (each a LoRA trainer with its op queue), the shared samplers,
+and where checkpoints live on disk.
+
+Checkpoint paths use the SDK's own URI shapes, mapped onto the state directory:
+`bt://loops:<run_id>/weights/<name>` (trainer state) and `bt://loops:<run_id>/sampler_weights/<name>`
+(sampler weights). A persistent state directory therefore lets a resumed run, on a fresh server, load
+the state an earlier run saved. Absolute paths and `file://` URIs are accepted too.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from loops_nb.local.operations import OperationQueue
+
+if TYPE_CHECKING:
+    from loops_nb.local.sampler import SamplerEngine
+    from loops_nb.local.trainer import LoraTrainer
+
+_BT_URI = re.compile(
+    r"^bt://loops:(?P<run>[A-Za-z0-9_.-]+)/(?P<kind>weights|sampler_weights)/(?P<name>[^/]+)/?$"
+)
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9_.@+-]{1,128}$")
+
+
+class LocalLoopsError(ValueError):
+    """A request the embedded Loops refuses; its message is shown to the SDK's caller."""
+
+
+def checkpoint_name(name: str) -> str:
+    """A checkpoint name that is safe as one path component."""
+    if not _SAFE_NAME.match(name) or name in {".", ".."}:
+        raise LocalLoopsError(
+            f"checkpoint name {name!r}: use 1-128 letters, digits and . _ @ + - (it becomes a folder name)"
+        )
+    return name
+
+
+@dataclass
+class LocalRun:
+    id: str
+    base_model: str
+    lora_rank: int
+    directory: Path
+    seed: int | None = None
+    name: str | None = None
+    created_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    trainer: LoraTrainer | None = None
+    ops: OperationQueue = field(init=False)
+    active: bool = True
+    published_version: int = 0
+    """The policy version the run's paired sampler serves (0: the base model)."""
+
+    def __post_init__(self) -> None:
+        self.ops = OperationQueue(self.id)
+
+
+class LocalLoopsState:
+    """Runs, samplers and checkpoints of one embedded Loops server."""
+
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        cache_dir: Path | None = None,
+        device: str = "auto",
+        max_batch_sequences: int = 64,
+    ) -> None:
+        self.state_dir = state_dir
+        self.cache_dir = cache_dir
+        self.device = device
+        self.max_batch_sequences = max_batch_sequences
+        self.runs: dict[str, LocalRun] = {}
+        self._samplers: dict[str, SamplerEngine] = {}
+        self._model_paths: dict[str, Path] = {}
+        self._lock = threading.RLock()
+        self.published = threading.Condition(self._lock)
+        state_dir.mkdir(parents=True, exist_ok=True)
+
+    # -- models -------------------------------------------------------------------------------
+    def model_path(self, base_model: str) -> Path:
+        """The local directory of a base model (resolved once; the offline default is dequantised once)."""
+        from loops_nb.local.model_store import ensure_hf_cache_alias, resolve_model
+
+        with self._lock:
+            if base_model not in self._model_paths:
+                resolved = resolve_model(base_model, cache_dir=self.cache_dir)
+                ensure_hf_cache_alias(resolved)
+                self._model_paths[base_model] = resolved.path
+            return self._model_paths[base_model]
+
+    def device_and_dtype(self) -> tuple[Any, Any]:
+        from loops_nb.local.model_store import device_and_dtype
+
+        return device_and_dtype(self.device)
+
+    def sampler(self, base_model: str) -> SamplerEngine:
+        """The shared sampler of a base model; every run's live adapter and checkpoint load into it."""
+        from loops_nb.local.sampler import SamplerEngine
+
+        with self._lock:
+            engine = self._samplers.get(base_model)
+            if engine is None:
+                device, dtype = self.device_and_dtype()
+                engine = SamplerEngine(
+                    self.model_path(base_model),
+                    device=device,
+                    dtype=dtype,
+                    max_batch_sequences=self.max_batch_sequences,
+                )
+                self._samplers[base_model] = engine
+            return engine
+
+    def new_trainer(self, base_model: str) -> LoraTrainer:
+        from loops_nb.local.trainer import LoraTrainer
+
+        device, dtype = self.device_and_dtype()
+        return LoraTrainer(self.model_path(base_model), device=device, dtype=dtype)
+
+    # -- runs ---------------------------------------------------------------------------------
+    def create_run(self, base_model: str, lora_rank: int, *, seed: int | None, name: str | None) -> LocalRun:
+        run_id = f"run-{uuid.uuid4().hex[:12]}"
+        run = LocalRun(
+            id=run_id,
+            base_model=base_model,
+            lora_rank=lora_rank,
+            directory=self.state_dir / "runs" / run_id,
+            seed=seed,
+            name=name,
+        )
+        run.directory.mkdir(parents=True, exist_ok=True)
+        meta = {"id": run_id, "base_model": base_model, "lora_rank": lora_rank, "name": name}
+        (run.directory / "run.json").write_text(json.dumps(meta))
+        with self._lock:
+            self.runs[run_id] = run
+        return run
+
+    def run(self, run_id: str, *, active: bool = True) -> LocalRun:
+        with self._lock:
+            run = self.runs.get(run_id)
+        if run is None:
+            raise LocalLoopsError(f"unknown run {run_id!r} (this embedded Loops did not create it)")
+        if active and not run.active:
+            raise LocalLoopsError(f"run {run_id} was deactivated; create a new training client")
+        return run
+
+    def publish(self, run: LocalRun, version: int) -> None:
+        with self.published:
+            run.published_version = version
+            self.published.notify_all()
+
+    def wait_published(self, run: LocalRun, version: int, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        with self.published:
+            while run.published_version < version:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.published.wait(left)
+            return True
+
+    def deactivate(self, run_id: str) -> bool:
+        """End a run: its trainer is dropped and its adapter leaves the sampler; checkpoints stay."""
+        run = self.run(run_id, active=False)
+        if not run.active:
+            return False
+        run.active = False
+        run.ops.close()
+        run.trainer = None
+        engine = self._samplers.get(run.base_model)
+        if engine is not None:
+            engine.remove_adapter(run.id)
+        return True
+
+    # -- checkpoints --------------------------------------------------------------------------
+    def checkpoint_dir(self, run_id: str, kind: str, name: str) -> Path:
+        return self.state_dir / "runs" / run_id / kind / checkpoint_name(name)
+
+    def resolve_checkpoint(self, path: str) -> Path:
+        """A directory for a checkpoint path: a bt:// URI, a file:// URI or an absolute path."""
+        match = _BT_URI.match(path)
+        if match:
+            target = self.checkpoint_dir(match["run"], match["kind"], match["name"])
+        elif path.startswith("file://"):
+            target = Path(path.removeprefix("file://"))
+        elif Path(path).is_absolute():
+            target = Path(path)
+        else:
+            raise LocalLoopsError(
+                f"checkpoint path {path!r}: expected bt://loops:<run>/weights/<name>, a file:// URI "
+                "or an absolute path"
+            )
+        if not target.is_dir():
+            raise LocalLoopsError(f"checkpoint path {path!r}: no checkpoint at {target}")
+        return target
+
+    def record_checkpoint(self, run: LocalRun, kind: str, name: str) -> str:
+        """Note a saved checkpoint for list_checkpoints and return its bt:// path."""
+        entry = {
+            "id": f"ckpt-{uuid.uuid4().hex[:12]}",
+            "run_id": run.id,
+            "checkpoint_id": name,
+            "checkpoint_type": "lora",
+            "created_at": datetime.now(UTC).isoformat(),
+            "base_model": run.base_model,
+            "lora_adapter_config": {"r": run.lora_rank},
+            "target": "trainer" if kind == "weights" else "sampler",
+            "path": f"bt://loops:{run.id}/{kind}/{name}",
+        }
+        directory = self.checkpoint_dir(run.id, kind, name)
+        entry["size_bytes"] = sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
+        (directory / "checkpoint.json").write_text(json.dumps(entry))
+        return str(entry["path"])
+
+    def checkpoints(self, *, run_id: str | None = None, checkpoint_path: str | None = None) -> list[dict]:
+        """Checkpoint records from disk, oldest first, filtered by run or by path."""
+        found = []
+        for meta in sorted((self.state_dir / "runs").glob("*/*/*/checkpoint.json")):
+            try:
+                entry = json.loads(meta.read_text())
+            except (OSError, ValueError):
+                continue
+            if run_id is not None and entry.get("run_id") != run_id:
+                continue
+            if checkpoint_path is not None and entry.get("path") != checkpoint_path.rstrip("/"):
+                continue
+            found.append(entry)
+        return sorted(found, key=lambda e: e.get("created_at", ""))
+
+    def close(self) -> None:
+        with self._lock:
+            runs = list(self.runs.values())
+            samplers = list(self._samplers.values())
+            self._samplers.clear()
+        for run in runs:
+            if run.active:
+                run.ops.close()
+        for engine in samplers:
+            engine.close()

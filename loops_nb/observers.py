@@ -1,0 +1,89 @@
+"""Run observers: how a run reports steps, attempts and progress to whoever watches it.
+
+The core calls these hooks and knows nothing of terminals or notebooks; `TerminalReporter` prints
+lines, and the widgets in `loops_nb.widgets` render the same events live in a notebook. Hooks are
+called on the run's event loop and must return quickly.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any, Protocol, TextIO
+
+log = logging.getLogger("loops_nb.run")
+
+
+class RunObserver(Protocol):
+    def on_start(self, info: dict[str, Any]) -> None: ...
+    def on_step(self, record: dict[str, Any]) -> None: ...
+    def on_attempt(self, record: dict[str, Any]) -> None: ...
+    def on_progress(self, snapshot: dict[str, Any]) -> None: ...
+    def on_end(self, summary: dict[str, Any]) -> None: ...
+
+
+class ObserverSet:
+    """Fans events out; an observer that raises is logged and dropped, never stopping the run."""
+
+    def __init__(self, observers: Sequence[Any] = ()) -> None:
+        self.observers = list(observers)
+
+    def emit(self, hook: str, payload: dict[str, Any]) -> None:
+        for obs in list(self.observers):
+            fn = getattr(obs, hook, None)
+            if fn is None:
+                continue
+            try:
+                fn(payload)
+            except Exception:
+                log.exception("observer %r failed in %s; it is detached", obs, hook)
+                self.observers.remove(obs)
+
+
+def eta(done: int, total: int, elapsed: float) -> str:
+    if done <= 0 or total <= done:
+        return "-"
+    seconds = elapsed / done * (total - done)
+    return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+
+
+class TerminalReporter:
+    """One line per step (and per progress tick) on a stream: the CLI's and a script's view."""
+
+    KEYS = ("reward/mean", "reward/group_std_mean", "groups/zero_variance_frac", "loss", "eval/loss",
+            "kl/sample_train_v1", "tokens/trained")
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self.stream = stream or sys.stdout
+        self.started = time.monotonic()
+        self.total = 0
+
+    def _print(self, text: str) -> None:
+        print(text, file=self.stream, flush=True)
+
+    def on_start(self, info: dict[str, Any]) -> None:
+        self.started = time.monotonic()
+        self.total = int(info.get("max_steps") or 0)
+        resumed = f", resumed at step {info['start_step']}" if info.get("start_step") else ""
+        self._print(f"run {info.get('run_dir')}: {info.get('recipe')} on {info.get('model')} ({info.get('scope')}){resumed}")
+
+    def on_step(self, record: dict[str, Any]) -> None:
+        step = record["step"]
+        parts = [f"step {step + 1}/{self.total}" if self.total else f"step {step + 1}"]
+        for key in self.KEYS:
+            if key in record and record[key] is not None:
+                value = record[key]
+                parts.append(f"{key}={value:.4g}" if isinstance(value, float) else f"{key}={value}")
+        parts.append(f"eta={eta(step + 1, self.total, time.monotonic() - self.started)}")
+        self._print("  ".join(parts))
+
+    def on_attempt(self, record: dict[str, Any]) -> None:
+        pass
+
+    def on_progress(self, snapshot: dict[str, Any]) -> None:
+        self._print("  … " + ", ".join(f"{k}={v}" for k, v in snapshot.items()))
+
+    def on_end(self, summary: dict[str, Any]) -> None:
+        self._print(f"done: {summary.get('status')} after {summary.get('steps')} steps in {summary.get('seconds', 0):.0f}s")

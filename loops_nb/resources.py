@@ -1,0 +1,133 @@
+"""The resource registry and its journal: what a run created, written down before it exists.
+
+Sandboxes, samplers and deployments cost money while they live. Each is journalled (`intent`) before
+the provider is asked to create it, journalled again once it exists (`created`, with the provider's
+id) and when it is released (`released`). After a crash, `loops cleanup` reads the journal and
+releases every resource not marked released, through the same provider adapters.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+
+@dataclass
+class ResourceEntry:
+    key: str
+    """Journal key, unique within the run."""
+    provider: str
+    """The `[providers.<name>]` adapter that created it."""
+    kind: str
+    """sandbox, sampler, deployment, process, ..."""
+    provider_id: str | None = None
+    """The provider's own id, once it is known."""
+    status: str = "intent"
+    """intent -> created -> released (or failed)."""
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+class ResourceJournal:
+    """An append-only JSONL journal of resource events, fsynced line by line."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch(exist_ok=True)
+
+    def _append(self, event: dict[str, Any]) -> None:
+        line = json.dumps({**event, "time": time.time()}, default=str) + "\n"
+        with self._lock, self.path.open("a", encoding="utf-8") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def intent(self, provider: str, kind: str, **detail: Any) -> ResourceEntry:
+        entry = ResourceEntry(key=f"{kind}-{uuid.uuid4().hex[:12]}", provider=provider, kind=kind, detail=detail)
+        self._append({"event": "intent", "key": entry.key, "provider": provider, "kind": kind, "detail": detail})
+        return entry
+
+    def created(self, entry: ResourceEntry, provider_id: str, **detail: Any) -> None:
+        entry.provider_id, entry.status = provider_id, "created"
+        entry.detail.update(detail)
+        self._append({"event": "created", "key": entry.key, "provider_id": provider_id, "detail": detail})
+
+    def released(self, entry: ResourceEntry, status: str = "released") -> None:
+        entry.status = status
+        self._append({"event": status, "key": entry.key})
+
+    def entries(self) -> Iterator[ResourceEntry]:
+        """The journal folded into one entry per resource, in creation order."""
+        found: dict[str, ResourceEntry] = {}
+        if not self.path.exists():
+            return iter(())
+        for line in self.path.read_text(encoding="utf-8").splitlines():
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut by a crash: the resource it named is in an earlier line or never existed
+            key = event.get("key")
+            if event.get("event") == "intent":
+                found[key] = ResourceEntry(key, event["provider"], event["kind"], detail=event.get("detail") or {})
+            elif key in found:
+                entry = found[key]
+                if event["event"] == "created":
+                    entry.provider_id, entry.status = event.get("provider_id"), "created"
+                    entry.detail.update(event.get("detail") or {})
+                else:
+                    entry.status = event["event"]
+        return iter(found.values())
+
+    def live(self) -> list[ResourceEntry]:
+        """Resources that may still exist: created (or only intended) and not released."""
+        return [e for e in self.entries() if e.status in ("intent", "created")]
+
+
+class ResourceProvider(Protocol):
+    """A `[providers.<name>]` adapter: it can release what it created, by id, from any process."""
+
+    name: str
+
+    async def release(self, entry: ResourceEntry) -> None: ...
+
+
+class ResourceRegistry:
+    """What a run holds now, journalled: `attempt.services.resources` in a runtime."""
+
+    def __init__(self, journal: ResourceJournal) -> None:
+        self.journal = journal
+        self._live: dict[str, ResourceEntry] = {}
+
+    async def create(
+        self,
+        provider: str,
+        kind: str,
+        make: Callable[[], Awaitable[tuple[str, Any]]],
+        **detail: Any,
+    ) -> tuple[ResourceEntry, Any]:
+        """Journal the intent, then `make()` -> (provider id, handle); a failure is journalled too."""
+        entry = self.journal.intent(provider, kind, **detail)
+        try:
+            provider_id, handle = await make()
+        except BaseException:
+            self.journal.released(entry, "failed")
+            raise
+        self.journal.created(entry, provider_id)
+        self._live[entry.key] = entry
+        return entry, handle
+
+    def released(self, entry: ResourceEntry) -> None:
+        self.journal.released(entry)
+        self._live.pop(entry.key, None)
+
+    @property
+    def live(self) -> list[ResourceEntry]:
+        return list(self._live.values())

@@ -1,0 +1,79 @@
+"""Turning captured sequences and advantages into trainer Datums, and batches of them.
+
+Alignment follows Loops (no server-side shift): `model_input = tokens[:-1]`, `target_tokens =
+tokens[1:]`. Per target position: the sampler's logprob of that token, a mask (1 where the token was
+sampled, so it trains), and the advantage on masked positions. Only sampled tokens ever train.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from loops_nb.llm.capture import CapturedSequence
+
+
+@dataclass(frozen=True)
+class SequenceDatum:
+    """One training sequence with its advantage, ready for the wire."""
+
+    tokens: list[int]
+    sampled: list[bool]
+    logprobs: list[float]
+    advantage: float
+    attempt_id: str
+
+    @property
+    def trained_tokens(self) -> int:
+        return sum(self.sampled[1:])
+
+    def to_datum(self) -> Any:
+        from baseten.loops import Datum, ModelInput, TensorData
+
+        n = len(self.tokens) - 1
+        mask = [1.0 if s else 0.0 for s in self.sampled[1:]]
+
+        def floats(values: list[float]) -> Any:
+            return TensorData(data=values, dtype="float32", shape=[n])
+
+        return Datum(
+            model_input=ModelInput.from_ints(self.tokens[:-1]),
+            loss_fn_inputs={
+                "target_tokens": TensorData(data=self.tokens[1:], dtype="int64", shape=[n]),
+                "logprobs": floats([lp if m else 0.0 for lp, m in zip(self.logprobs[1:], mask, strict=True)]),
+                "advantages": floats([self.advantage * m for m in mask]),
+                "mask": floats(mask),
+            },
+        )
+
+
+def sequence_datums(
+    sequences: Sequence[CapturedSequence], advantage: float, attempt_id: str
+) -> list[SequenceDatum]:
+    """The datums of one attempt; sequences with nothing sampled past the first token are skipped."""
+    out = []
+    for seq in sequences:
+        if len(seq.tokens) < 2 or not any(seq.sampled[1:]):
+            continue
+        out.append(SequenceDatum(list(seq.tokens), list(seq.sampled), list(seq.logprobs), advantage, attempt_id))
+    return out
+
+
+def token_batches(datums: Sequence[SequenceDatum], max_tokens: int) -> Iterator[list[SequenceDatum]]:
+    """Split one step's datums into forward_backward calls of at most `max_tokens` tokens each.
+
+    The trainer accumulates gradients across calls and normalises at optim_step, so the split changes
+    request sizes, not the update.
+    """
+    batch: list[SequenceDatum] = []
+    size = 0
+    for d in datums:
+        n = len(d.tokens) - 1
+        if batch and size + n > max_tokens:
+            yield batch
+            batch, size = [], 0
+        batch.append(d)
+        size += n
+    if batch:
+        yield batch

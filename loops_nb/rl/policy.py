@@ -1,0 +1,140 @@
+"""The trainer transport: training steps, publishing the policy to the sampler, checkpoints.
+
+All through the SDK's TrainingClient, on any scope. The sampling client is swapped atomically on
+publish; attempts read `policy.sampling_client` and `policy.version` at the moment they sample, so an
+async run knows exactly which policy produced each token.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from loops_nb.rl.datums import SequenceDatum, token_batches
+
+FORWARD_BACKWARD_TOKENS = 32768
+"""Tokens per forward_backward request; one optimizer step may span several."""
+
+
+@dataclass
+class AdamSettings:
+    learning_rate: float
+    beta1: float
+    beta2: float
+    eps: float
+    weight_decay: float
+    grad_clip_norm: float
+
+    def params(self, learning_rate: float | None = None) -> Any:
+        from baseten.loops import AdamParams
+
+        return AdamParams(
+            learning_rate=self.learning_rate if learning_rate is None else learning_rate,
+            beta1=self.beta1,
+            beta2=self.beta2,
+            eps=self.eps,
+            weight_decay=self.weight_decay,
+            grad_clip_norm=self.grad_clip_norm,
+        )
+
+
+class Policy:
+    """The run's current policy: a trainer behind it and a sampling client in front of it."""
+
+    def __init__(self, training_client: Any, base_model: str) -> None:
+        self.training_client = training_client
+        self.base_model = base_model
+        self._sampling_client: Any = None
+        self._version = 0
+        self.trainer_steps = 0
+        """Optimizer steps the trainer has applied: the version the next publish serves."""
+
+    @property
+    def sampling_client(self) -> Any:
+        if self._sampling_client is None:
+            raise RuntimeError("the policy has not been published yet")
+        return self._sampling_client
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    async def publish(self) -> float:
+        """Hand the trainer's weights to the sampler as the next policy version; returns seconds taken."""
+        started = time.perf_counter()
+        step = self.trainer_steps
+        client = await self.training_client.save_weights_and_get_sampling_client_async(f"step-{step:06d}")
+        self._sampling_client, self._version = client, step
+        return time.perf_counter() - started
+
+    async def train_step(
+        self,
+        datums: Sequence[SequenceDatum],
+        *,
+        loss: str,
+        loss_config: dict[str, float] | None,
+        adam: AdamSettings,
+        learning_rate: float | None = None,
+        custom_loss: Any = None,
+    ) -> dict[str, float]:
+        """forward_backward over every datum (in token-bounded requests), then one optim_step."""
+        tc = self.training_client
+        metrics: dict[str, float] = {}
+        losses: list[tuple[float, int]] = []
+        sampler_lp: list[float] = []
+        trainer_lp: list[float] = []
+        for batch in token_batches(datums, FORWARD_BACKWARD_TOKENS):
+            wire = [d.to_datum() for d in batch]
+            if custom_loss is not None:
+                fut = await tc.forward_backward_custom_async(wire, custom_loss)
+            else:
+                fut = await tc.forward_backward_async(wire, loss_fn=loss, loss_fn_config=loss_config or None)
+            out = await fut.result_async()
+            losses.append((float(out.loss), len(batch)))
+            for d, lf in zip(batch, out.loss_fn_outputs, strict=True):
+                lp = lf["logprobs"].data if hasattr(lf["logprobs"], "data") else lf["logprobs"]
+                for q, p, s in zip(d.logprobs[1:], lp, d.sampled[1:], strict=True):
+                    if s and p is not None and math.isfinite(p) and d.advantage != 0.0:
+                        sampler_lp.append(q)
+                        trainer_lp.append(p)
+        step_fut = await tc.optim_step_async(adam.params(learning_rate))
+        step_out = await step_fut.result_async()
+        self.trainer_steps += 1
+        total = sum(n for _, n in losses)
+        metrics["loss"] = sum(v * n for v, n in losses) / total if total else 0.0
+        for key, value in (getattr(step_out, "metrics", None) or {}).items():
+            if isinstance(value, int | float):
+                metrics[f"optim/{key}"] = float(value)
+        metrics.update(sample_train_divergence(sampler_lp, trainer_lp))
+        return metrics
+
+    async def save_state(self, name: str) -> str:
+        fut = await self.training_client.save_state_async(name)
+        out = await fut.result_async()
+        return str(out.path)
+
+    async def load_state_with_optimizer(self, path: str) -> int:
+        fut = await self.training_client.load_state_with_optimizer_async(path)
+        out = await fut.result_async()
+        self.trainer_steps = int(out.step)
+        return self.trainer_steps
+
+
+def sample_train_divergence(sampler: Sequence[float], trainer: Sequence[float]) -> dict[str, float]:
+    """How far the sampler's logprobs are from the trainer's on the trained tokens.
+
+    kl_v1 = mean(q - p) and kl_v2 = mean((q - p)^2) / 2 estimate KL(sampler || trainer) as Tinker does;
+    entropy is the sampler's mean negative logprob of what it sampled.
+    """
+    if not sampler:
+        return {"kl/sample_train_v1": 0.0, "kl/sample_train_v2": 0.0, "entropy": 0.0}
+    diffs = [q - p for q, p in zip(sampler, trainer, strict=True)]
+    n = len(diffs)
+    return {
+        "kl/sample_train_v1": sum(diffs) / n,
+        "kl/sample_train_v2": sum(d * d for d in diffs) / (2 * n),
+        "entropy": -sum(sampler) / n,
+    }

@@ -1,0 +1,173 @@
+"""The RL recipe's composition root: `check` and `train`, wiring config, Loops, runtime and run.
+
+`loops check` / `project.check()` and `loops run` / `project.train()` call these.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import resource
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from loops_nb.compute import LoopsConnection, require_api_key
+from loops_nb.episodes import load_runtime
+from loops_nb.errors import UserError
+from loops_nb.llm.renderer import ChatRenderer
+from loops_nb.observers import ObserverSet, TerminalReporter
+from loops_nb.rl.config import RLConfig
+from loops_nb.rl.loop import Outcome, RLRun
+from loops_nb.rl.policy import Policy
+from loops_nb.run_dir import RunDirectory, atomic_write_json
+from loops_nb.tokenization import load_model_tokenizer
+
+if TYPE_CHECKING:
+    from loops_nb.project import Project
+
+FILES_PER_ATTEMPT = 4
+"""Sockets and files one live in-process attempt may hold (sampler connection, transcript, spare)."""
+FILES_BASELINE = 256
+"""Open files the process needs besides attempts (torch, the servers, logs)."""
+
+
+def files_needed(max_concurrent: int, per_attempt: int = FILES_PER_ATTEMPT) -> int:
+    return FILES_BASELINE + max_concurrent * per_attempt
+
+
+def open_file_problem(max_concurrent: int, per_attempt: int = FILES_PER_ATTEMPT) -> str | None:
+    """A message when the open-file limit is too low for the configured concurrency."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = files_needed(max_concurrent, per_attempt)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        raise_to = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        return (
+            f"open-file limit {soft} is too low for training.max_concurrent_rollouts = {max_concurrent} "
+            f"(needs about {need}): run `ulimit -n {raise_to}` in this shell first"
+            + ("" if hard == resource.RLIM_INFINITY or hard >= need else f", or lower the concurrency (hard limit {hard})")
+        )
+    return None
+
+
+@dataclass
+class RLCheckReport:
+    ok: bool = True
+    lines: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    preflight_dir: str | None = None
+    tasks: int = 0
+
+    def describe(self) -> list[str]:
+        out = list(self.lines)
+        out += [f"problem: {p}" for p in self.problems]
+        out.append("check: ok" if self.ok else f"check: {len(self.problems)} problem(s)")
+        return out
+
+
+async def check(project: Project, **_: Any) -> RLCheckReport:
+    config: RLConfig = project.config  # type: ignore[assignment]
+    report = RLCheckReport()
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S-%f")
+    preflight = RunDirectory(config.output.output_dir / "preflight" / stamp)
+    report.preflight_dir = str(preflight.root)
+    preflight.state.mkdir(parents=True, exist_ok=True)
+    from loops_nb.resources import ResourceJournal
+
+    ResourceJournal(preflight.state / "journal.jsonl")  # created before any resource could exist
+    report.lines.append(f"recipe: rl, scope {config.compute.scope}, model {config.model.base_model}")
+    report.lines.append(f"preflight: {preflight.root}")
+
+    if config.compute.scope != "local":
+        try:
+            require_api_key(config.compute.scope)
+        except UserError as exc:
+            report.problems.append(str(exc))
+    try:
+        tokenizer = await asyncio.to_thread(
+            load_model_tokenizer, config.model, config.compute.scope, cache_dir=config.compute.local.cache_dir
+        )
+        renderer = ChatRenderer(tokenizer)
+        sample = renderer.prompt_tokens([{"role": "user", "content": "hello"}])
+        report.lines.append(
+            f"tokenizer: {len(tokenizer)} tokens, chat template renders a 1-message prompt in {len(sample)} tokens; "
+            f"stop tokens {renderer.stop_token_ids}"
+        )
+    except UserError as exc:
+        report.problems.append(str(exc))
+    try:
+        runtime = load_runtime(config.runtime.factory, config.runtime.options)
+        tasks = await runtime.tasks()
+        report.tasks = len(tasks)
+        report.lines.append(f"runtime: {config.runtime.factory} with {len(tasks)} task(s)")
+        await runtime.close()
+    except UserError as exc:
+        report.problems.append(str(exc))
+    t = config.training
+    per_step = t.group_size * t.groups_per_step
+    report.lines.append(
+        f"schedule: {t.max_steps} steps x {t.groups_per_step} groups x {t.group_size} attempts = "
+        f"{per_step} attempts a step, {t.mode}" + (f" (max_staleness {t.max_staleness}, {t.stale_policy})" if t.mode == "async" else "")
+    )
+    problem = open_file_problem(t.max_concurrent_rollouts)
+    if problem:
+        report.problems.append(problem)
+    report.ok = not report.problems
+    atomic_write_json(preflight.root / "check.json", {"ok": report.ok, "lines": report.lines, "problems": report.problems})
+    return report
+
+
+async def train(
+    project: Project, *, observers: list[Any] | None = None, stop: asyncio.Event | None = None
+) -> Outcome:
+    config: RLConfig = project.config  # type: ignore[assignment]
+    problem = open_file_problem(config.training.max_concurrent_rollouts)
+    if problem:
+        raise UserError(problem)
+    run_dir = RunDirectory.create(config.output.output_dir, config.output.run_name, project.path.stem)
+    resumed = run_dir.read_run_json()
+    header = project.describe()
+    with (run_dir.root / "run.log").open("a") as log_file:
+        log_file.write("\n".join(header) + "\n")
+    observer_set = ObserverSet(observers if observers is not None else [TerminalReporter()])
+    runtime = load_runtime(config.runtime.factory, config.runtime.options)
+    connection = await LoopsConnection.open(config.compute, state_dir=run_dir.state / "local_loops")
+    try:
+        tokenizer = await asyncio.to_thread(
+            load_model_tokenizer, config.model, config.compute.scope, cache_dir=config.compute.local.cache_dir
+        )
+        tc = await connection.training_client(
+            config.model.base_model, rank=config.model.lora_rank, seed=config.training.seed,
+            max_seq_len=config.model.max_seq_len,
+        )
+        run_dir.write_run_json(
+            {
+                "recipe": "rl",
+                "run_id": tc.run_id,
+                "previous_run_ids": (resumed or {}).get("previous_run_ids", []) + ([resumed["run_id"]] if resumed else []),
+                "model": config.model.base_model,
+                "scope": config.compute.scope,
+                "config_path": str(project.path),
+                "config": json.loads(config.model_dump_json()),
+                "started": time.time(),
+            }
+        )
+        custom_loss = None
+        if ":" in config.training.loss:
+            from loops_nb.episodes import import_object
+
+            custom_loss = import_object(config.training.loss, "training.loss")
+        policy = Policy(tc, config.model.base_model)
+        run = RLRun(config, run_dir, policy, runtime, ChatRenderer(tokenizer), observer_set,
+                    custom_loss=custom_loss, stop=stop)
+        start = await run.resume_point()
+        observer_set.emit(
+            "on_start",
+            {"run_dir": str(run_dir.root), "recipe": "rl", "model": config.model.base_model,
+             "scope": config.compute.scope, "max_steps": config.training.max_steps, "start_step": start},
+        )
+        return await run.execute(start)
+    finally:
+        await runtime.close()
+        await connection.close()

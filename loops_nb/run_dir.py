@@ -1,0 +1,157 @@
+"""A run's directory: run.json, steps.jsonl, rollouts.jsonl, checkpoints.jsonl, transcripts/, state/.
+
+Nothing is lost and nothing is half-written: JSON files are replaced atomically, JSONL records are
+appended whole and fsynced, and a resumed run first cuts every log back to its last checkpoint, so
+no step is recorded twice. `checkpoints.jsonl` is the source of truth for resuming.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from loops_nb.errors import UserError
+
+_NAME = re.compile(r"^[A-Za-z0-9_.@+-]{1,200}$")
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write `path` whole or not at all (temp file in the same directory, fsync, rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(path: Path, data: Any) -> None:
+    atomic_write_text(path, json.dumps(data, indent=2, default=str) + "\n")
+
+
+class JsonlLog:
+    """An append-only JSONL file whose every line is a whole record."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._repair()
+
+    def _repair(self) -> None:
+        """Drop a trailing partial line left by a crash mid-write."""
+        if not self.path.exists():
+            return
+        data = self.path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            cut = data.rfind(b"\n") + 1
+            with self.path.open("r+b") as f:
+                f.truncate(cut)
+
+    def append(self, record: dict[str, Any]) -> None:
+        line = json.dumps(record, default=str, allow_nan=False) + "\n"
+        with self.path.open("a", encoding="utf-8") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def records(self) -> Iterator[dict[str, Any]]:
+        if not self.path.exists():
+            return
+        with self.path.open(encoding="utf-8") as f:
+            for line in f:
+                if line.strip():
+                    yield json.loads(line)
+
+    def keep(self, predicate: Any) -> int:
+        """Rewrite the log keeping only records for which `predicate(record)` holds; returns dropped count."""
+        records = list(self.records())
+        kept = [r for r in records if predicate(r)]
+        if len(kept) != len(records):
+            atomic_write_text(self.path, "".join(json.dumps(r, default=str) + "\n" for r in kept))
+        return len(records) - len(kept)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    step: int
+    """Optimizer steps applied when it was saved."""
+    path: str
+    """What `load_state_with_optimizer` takes."""
+    sampler_path: str | None = None
+    extra: dict[str, Any] | None = None
+
+
+class RunDirectory:
+    """`<output_dir>/<run_name>/` and its files."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+        self.steps = JsonlLog(root / "steps.jsonl")
+        self.rollouts = JsonlLog(root / "rollouts.jsonl")
+        self.checkpoint_log = JsonlLog(root / "checkpoints.jsonl")
+        self.transcripts = root / "transcripts"
+        self.state = root / "state"
+
+    @classmethod
+    def create(cls, output_dir: Path, run_name: str | None, config_stem: str) -> RunDirectory:
+        if run_name is not None and not _NAME.match(run_name):
+            raise UserError(f"output.run_name = {run_name!r}: use letters, digits and . _ @ + - only")
+        name = run_name or f"{config_stem}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
+        return cls(output_dir / name)
+
+    @property
+    def name(self) -> str:
+        return self.root.name
+
+    @property
+    def run_json(self) -> Path:
+        return self.root / "run.json"
+
+    def read_run_json(self) -> dict[str, Any] | None:
+        try:
+            return json.loads(self.run_json.read_text())
+        except FileNotFoundError:
+            return None
+
+    def write_run_json(self, data: dict[str, Any]) -> None:
+        atomic_write_json(self.run_json, data)
+
+    def last_checkpoint(self) -> Checkpoint | None:
+        last = None
+        for record in self.checkpoint_log.records():
+            last = Checkpoint(record["step"], record["path"], record.get("sampler_path"), record.get("extra"))
+        return last
+
+    def record_checkpoint(self, checkpoint: Checkpoint) -> None:
+        self.checkpoint_log.append(
+            {
+                "step": checkpoint.step,
+                "path": checkpoint.path,
+                "sampler_path": checkpoint.sampler_path,
+                "extra": checkpoint.extra,
+                "time": time.time(),
+            }
+        )
+
+    def rewind_to(self, step: int) -> None:
+        """Forget every record past `step`: they will be redone from the checkpoint at `step`."""
+        self.steps.keep(lambda r: r.get("step", 0) < step)
+        self.rollouts.keep(lambda r: r.get("step", 0) < step)
+        self.checkpoint_log.keep(lambda r: r.get("step", 0) <= step)
+
+    def write_transcript(self, name: str, data: Any) -> None:
+        atomic_write_json(self.transcripts / f"{name}.json", data)

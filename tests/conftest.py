@@ -1,0 +1,35 @@
+"""Test-wide settings: no Hugging Face hub at run time, and one model cache per machine."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Nothing may download from the hub here: fail fast instead of hanging on a network that is not there.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TQDM_DISABLE", "1")
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+
+def shared_cache_dir() -> Path:
+    """The model cache shared by the whole session (and later runs): $LOOPS_NB_CACHE or .loops_cache."""
+    return Path(os.environ.get("LOOPS_NB_CACHE") or REPO / ".loops_cache")
+
+
+@pytest.fixture(scope="session")
+def model_cache_dir() -> Path:
+    path = shared_cache_dir()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.fixture(scope="session")
+def smollm2_path(model_cache_dir: Path) -> Path:
+    """The offline default model, dequantised once per machine into the shared cache."""
+    from loops_nb.local.model_store import resolve_model
+
+    return resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct", cache_dir=model_cache_dir).path
