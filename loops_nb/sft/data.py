@@ -1,0 +1,416 @@
+"""SFT data contracts, and a streaming reader that refuses bad rows one at a time.
+
+A dataset is a JSONL file. Each line is one of two formats:
+
+* **chat** — OpenAI chat fine-tuning rows: ``{"messages": [...], "tools": [...]}``. Messages have the roles
+  system, user, assistant and tool. An assistant turn holds ``content`` (a string, or a list of OpenAI
+  ``{"type": "text"}`` parts, which are joined) and/or ``tool_calls`` in OpenAI shape. A tool message answers an
+  earlier call through ``tool_call_id``. An assistant turn may carry ``weight`` 0 or 1; without one it trains
+  (every assistant turn trains by default, as in OpenAI fine-tuning).
+* **tokenized** — ``{"input_ids": [...], "weights": [...]}`` for full control: the tokens are trained as given,
+  with a per-token loss weight.
+
+`read_rows` never loads the file: it reads one line at a time and yields a parsed row or a `RefusedRow` whose
+reason names the line and the field at fault, so one bad row never stops the others. Whether a row *trains* also
+depends on the chat template; that is decided in `loops_nb.sft.rendering`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from loops_nb.errors import DataError
+
+ROLES = ("system", "user", "assistant", "tool")
+_CHAT_KEYS = frozenset({"messages", "tools"})
+_TOKENIZED_KEYS = frozenset({"input_ids", "weights"})
+
+
+class _Strict(BaseModel):
+    # Unknown keys are refused rather than ignored: a typo like "tool" for "tools" must not silently drop data.
+    model_config = ConfigDict(extra="forbid")
+
+
+class FunctionCall(_Strict):
+    """The function half of an OpenAI tool call. ``arguments`` may be a JSON string (as OpenAI sends it) or an
+    object; it is kept as the parsed object, because chat templates render it with ``tojson``."""
+
+    name: str = Field(min_length=1)
+    arguments: dict[str, Any]
+
+    @field_validator("arguments", mode="before")
+    @classmethod
+    def _parse_arguments(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"not valid JSON ({exc.msg} at character {exc.pos})") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"must be a JSON object, got {_json_type(value)}")
+        return value
+
+
+class ToolCall(_Strict):
+    """One OpenAI tool call: ``{"id", "type": "function", "function": {"name", "arguments"}}``."""
+
+    id: str = Field(min_length=1)
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class FunctionDef(_Strict):
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDef(_Strict):
+    """An OpenAI function tool definition: ``{"type": "function", "function": {"name", ...}}``."""
+
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
+class Message(_Strict):
+    """One chat message. Text parts are joined into ``content``; which fields a role may hold is checked by
+    `ChatRow`, so that the reason can say why (e.g. only assistant turns take a weight)."""
+
+    role: str
+    content: str | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    # Not OpenAI, but the field HF reasoning templates (Qwen3, DeepSeek-R1) read; refused nowhere, checked for
+    # survival like content.
+    reasoning_content: str | None = None
+    weight: int | None = None
+
+    @field_validator("role", mode="before")
+    @classmethod
+    def _check_role(cls, value: Any) -> Any:
+        if value not in ROLES:
+            raise ValueError(f"unknown role {value!r}; expected one of {', '.join(ROLES)}")
+        return value
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _join_text_parts(cls, value: Any) -> Any:
+        if not isinstance(value, list):
+            return value
+        texts = []
+        for i, part in enumerate(value):
+            if not isinstance(part, dict) or part.get("type") != "text":
+                kind = part.get("type") if isinstance(part, dict) else _json_type(part)
+                raise ValueError(
+                    f"part {i} is {kind!r}; only text parts ({{'type': 'text', 'text': ...}}) train"
+                )
+            if set(part) != {"type", "text"} or not isinstance(part["text"], str):
+                raise ValueError(f"part {i} must be exactly {{'type': 'text', 'text': <string>}}")
+            texts.append(part["text"])
+        return "".join(texts)
+
+    @field_validator("weight", mode="before")
+    @classmethod
+    def _check_weight(cls, value: Any) -> Any:
+        # OpenAI's contract is 0 or 1; True/False and 0.5 are refused rather than guessed at.
+        if value is None or (type(value) in (int, float) and value in (0, 1)):
+            return None if value is None else int(value)
+        raise ValueError(f"must be 0 or 1, got {value!r}")
+
+    @property
+    def trains(self) -> bool:
+        """Whether this turn is a training target: assistant turns train unless their weight is 0."""
+        return self.role == "assistant" and self.weight != 0
+
+
+class ChatRow(_Strict):
+    """A chat row: messages, optional tools, and free-form ``metadata`` that is carried but never rendered."""
+
+    messages: list[Message]
+    tools: list[ToolDef] | None = None
+    parallel_tool_calls: bool | None = None  # accepted for OpenAI compatibility; templates don't read it
+    metadata: dict[str, Any] | None = None
+    _row_number: int = PrivateAttr(default=0)
+
+    @property
+    def row_number(self) -> int:
+        """1-based line number in the source file (0 when built in memory)."""
+        return self._row_number
+
+    @property
+    def trained_turns(self) -> list[int]:
+        return [i for i, m in enumerate(self.messages) if m.trains]
+
+    @model_validator(mode="after")
+    def _check_conversation(self) -> ChatRow:
+        if not self.messages:
+            raise ValueError("messages: empty; a row needs at least one assistant turn")
+        tool_names = [t.function.name for t in self.tools or ()]
+        if len(set(tool_names)) != len(tool_names):
+            dup = next(n for n in tool_names if tool_names.count(n) > 1)
+            raise ValueError(f"tools: the tool {dup!r} is defined twice")
+        call_ids: set[str] = set()
+        for i, m in enumerate(self.messages):
+            _check_message(i, m, tool_names if self.tools else None, call_ids)
+        if not any(m.role == "assistant" for m in self.messages):
+            raise ValueError("messages: no assistant turn, so nothing trains")
+        if not self.trained_turns:
+            raise ValueError("messages: every assistant turn has weight 0, so nothing trains")
+        return self
+
+    def template_messages(self) -> list[dict[str, Any]]:
+        """The messages as chat templates expect them (HF convention: absent keys rather than None values)."""
+        out = []
+        for m in self.messages:
+            d: dict[str, Any] = {"role": m.role, "content": m.content if m.content is not None else ""}
+            if m.name is not None:
+                d["name"] = m.name
+            if m.tool_calls:
+                d["tool_calls"] = [
+                    {"id": c.id, "type": "function", "function": c.function.model_dump()}
+                    for c in m.tool_calls
+                ]
+            if m.tool_call_id is not None:
+                d["tool_call_id"] = m.tool_call_id
+            if m.reasoning_content is not None:
+                # HF aliases these: Qwen3/DeepSeek read reasoning_content, gpt-oss reads thinking.
+                d["reasoning_content"] = d["thinking"] = m.reasoning_content
+            out.append(d)
+        return out
+
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
+
+
+def _check_message(i: int, m: Message, tool_names: list[str] | None, call_ids: set[str]) -> None:
+    at = f"messages[{i}]"
+    if m.weight is not None and m.role != "assistant":
+        raise ValueError(f"{at}.weight: only assistant turns take a weight ({m.role} turns never train)")
+    if m.tool_calls is not None and m.role != "assistant":
+        raise ValueError(f"{at}.tool_calls: only assistant turns make tool calls")
+    if m.reasoning_content is not None and m.role != "assistant":
+        raise ValueError(f"{at}.reasoning_content: only assistant turns carry reasoning")
+    if m.role == "assistant":
+        if not m.content and not m.tool_calls:
+            raise ValueError(f"{at}: empty assistant turn (no content and no tool_calls)")
+        for k, call in enumerate(m.tool_calls or ()):
+            if tool_names is not None and call.function.name not in tool_names:
+                raise ValueError(
+                    f"{at}.tool_calls[{k}].function.name: {call.function.name!r} is not one of the row's tools "
+                    f"({', '.join(tool_names)})"
+                )
+            call_ids.add(call.id)
+    elif m.role == "tool":
+        if m.tool_call_id is None:
+            raise ValueError(f"{at}.tool_call_id: a tool message needs the id of the call it answers")
+        if m.tool_call_id not in call_ids:
+            raise ValueError(f"{at}.tool_call_id: {m.tool_call_id!r} matches no earlier assistant tool call")
+        if m.content is None:
+            raise ValueError(f"{at}.content: a tool message needs content (the tool's result)")
+    else:
+        if m.tool_call_id is not None:
+            raise ValueError(f"{at}.tool_call_id: only tool messages answer a tool call")
+        if m.content is None:
+            raise ValueError(f"{at}.content: a {m.role} turn needs content")
+
+
+def _finite_weight(value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+class TokenizedRow(_Strict):
+    """An already tokenized row: ``input_ids`` and a loss weight per token (floats >= 0, same length)."""
+
+    input_ids: list[int]
+    weights: list[float]
+    metadata: dict[str, Any] | None = None
+    _row_number: int = PrivateAttr(default=0)
+
+    @property
+    def row_number(self) -> int:
+        return self._row_number
+
+    @field_validator("input_ids", mode="before")
+    @classmethod
+    def _check_ids(cls, value: Any) -> Any:
+        # Checked by hand: pydantic's lax mode would accept "5" and 5.0, strict mode True.
+        if not isinstance(value, list):
+            raise ValueError(f"must be a list of token ids, got {_json_type(value)}")
+        for i, v in enumerate(value):
+            if type(v) is not int or v < 0:
+                raise ValueError(f"[{i}]: must be a token id (an integer >= 0), got {v!r}")
+        return value
+
+    @field_validator("weights", mode="before")
+    @classmethod
+    def _check_weights(cls, value: Any) -> Any:
+        if not isinstance(value, list):
+            raise ValueError(f"must be a list of numbers, got {_json_type(value)}")
+        out = []
+        for i, v in enumerate(value):
+            try:
+                out.append(_finite_weight(v))
+            except ValueError as exc:
+                raise ValueError(f"[{i}]: {exc}") from None
+        return out
+
+    @model_validator(mode="after")
+    def _check_lengths(self) -> TokenizedRow:
+        if not self.input_ids:
+            raise ValueError("input_ids: empty")
+        if len(self.input_ids) != len(self.weights):
+            raise ValueError(
+                f"weights: {len(self.weights)} weights for {len(self.input_ids)} input_ids; they must match"
+            )
+        if not any(self.weights):
+            raise ValueError("weights: all zero, so nothing trains")
+        return self
+
+
+@dataclass(frozen=True, slots=True)
+class RefusedRow:
+    """A row that will not train, and why. ``row_number`` is the 1-based line in the file."""
+
+    row_number: int
+    reason: str
+
+
+Row = ChatRow | TokenizedRow
+RowResult = ChatRow | TokenizedRow | RefusedRow
+
+
+def parse_row(obj: Any, row_number: int = 0) -> RowResult:
+    """Validate one decoded JSON value as a chat or tokenized row; never raises for bad data."""
+    if not isinstance(obj, Mapping):
+        return RefusedRow(row_number, f"a row must be a JSON object, got {_json_type(obj)}")
+    keys = set(obj)
+    chat, tokenized = keys & _CHAT_KEYS, keys & _TOKENIZED_KEYS
+    if chat and tokenized:
+        return RefusedRow(
+            row_number,
+            f"the row mixes the chat format ({', '.join(sorted(chat))}) with the tokenized format "
+            f"({', '.join(sorted(tokenized))}); use one per row",
+        )
+    model: type[ChatRow] | type[TokenizedRow]
+    if "messages" in obj:
+        model = ChatRow
+    elif tokenized:
+        model = TokenizedRow
+    else:
+        return RefusedRow(
+            row_number, "the row has neither messages (chat) nor input_ids and weights (tokenized)"
+        )
+    try:
+        row = model.model_validate(obj)
+    except ValidationError as exc:
+        return RefusedRow(row_number, _reason(exc))
+    row._row_number = row_number
+    return row
+
+
+def parse_line(line: bytes | str, row_number: int) -> RowResult:
+    """Decode and validate one JSONL line."""
+    try:
+        obj = json.loads(line.decode("utf-8") if isinstance(line, bytes) else line)
+    except UnicodeDecodeError as exc:
+        return RefusedRow(row_number, f"not UTF-8 text ({exc.reason} at byte {exc.start})")
+    except json.JSONDecodeError as exc:
+        return RefusedRow(row_number, f"invalid JSON: {exc.msg} (column {exc.colno})")
+    return parse_row(obj, row_number)
+
+
+def read_rows(path: str | Path) -> Iterator[RowResult]:
+    """Stream a JSONL file: one parsed row or `RefusedRow` per non-blank line, in order.
+
+    The file is read one line at a time, so memory stays flat however large it is, and a consumer that stops early
+    stops the reading. Blank lines are skipped but still counted, so row numbers are line numbers.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such data file")
+    return _stream(path)
+
+
+def _stream(path: Path) -> Iterator[RowResult]:
+    with path.open("rb") as f:
+        for row_number, line in enumerate(f, start=1):
+            if line.strip():
+                yield parse_line(line, row_number)
+
+
+def iter_rows(records: Iterable[Any]) -> Iterator[RowResult]:
+    """Validate in-memory records (e.g. from a notebook), numbering them from 1 like lines of a file."""
+    for row_number, obj in enumerate(records, start=1):
+        yield parse_row(obj, row_number)
+
+
+_TYPE_WORDS = {
+    "string_type": "a string",
+    "int_type": "an integer",
+    "float_type": "a number",
+    "bool_type": "true or false",
+    "list_type": "a list",
+    "dict_type": "an object",
+    "model_type": "an object",
+    "model_attributes_type": "an object",
+}
+
+
+def _reason(exc: ValidationError) -> str:
+    """One line naming the first field at fault, e.g. ``messages[2].weight: must be 0 or 1, got 2``."""
+    err = exc.errors(include_url=False)[0]
+    path = ""
+    for part in err["loc"]:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    kind = err["type"]
+    if kind == "value_error":
+        msg = str(err["ctx"]["error"])
+    elif kind == "missing":
+        msg = "required field missing"
+    elif kind == "extra_forbidden":
+        msg = "unknown field"
+    elif kind in _TYPE_WORDS:
+        msg = f"must be {_TYPE_WORDS[kind]}, got {_json_type(err['input'])}"
+    else:
+        msg = err["msg"]
+    # Model-level checks already name their field in the message.
+    if not path:
+        return msg
+    if msg.startswith("["):
+        return f"{path}{msg}"
+    return f"{path}: {msg}"
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return f"the number {value!r}"
+    if isinstance(value, str):
+        return f"the string {value[:40]!r}"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__

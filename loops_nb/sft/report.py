@@ -1,0 +1,229 @@
+"""`check`'s report: what trains, what is split per turn, what is refused and why, in one streaming pass.
+
+The report is built by streaming rows through the `Renderer`, so it sees exactly what training will see. Memory
+stays flat as the dataset grows: per row it keeps a few integers (and the reason, for split or refused rows),
+never the examples' tokens; lengths go into fixed histogram bins; only a bounded sample of rendered rows is kept
+for previews.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from loops_nb.sft.data import RefusedRow, RowResult, read_rows
+from loops_nb.sft.rendering import RenderedRow, Renderer
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+STATUSES = ("trains", "split", "refused")
+# Example lengths are counted into these bins (upper edges, inclusive); the last bin is open.
+LENGTH_BINS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+_LISTED_REFUSALS = 10
+
+
+@dataclass
+class CheckReport:
+    """Per-row outcomes and totals for one dataset under one tokenizer, template and ``max_seq_len``."""
+
+    rows_read: int = 0
+    n_examples: int = 0
+    tokens: int = 0
+    trained_tokens: int = 0
+    max_length: int = 0
+    batch_tokens: int | None = None
+    batch_size: int | None = None
+    epochs: int = 1
+    steps_per_epoch: int | None = None
+    length_counts: list[int] = field(default_factory=lambda: [0] * (len(LENGTH_BINS) + 1))
+    samples: list[RenderedRow] = field(default_factory=list)
+    _row_numbers: array = field(default_factory=lambda: array("q"), repr=False)
+    _status: array = field(default_factory=lambda: array("b"), repr=False)
+    _n_examples: array = field(default_factory=lambda: array("l"), repr=False)
+    _tokens: array = field(default_factory=lambda: array("q"), repr=False)
+    _trained: array = field(default_factory=lambda: array("q"), repr=False)
+    _reasons: dict[int, str] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def build(
+        cls,
+        rows: Iterable[RowResult],
+        renderer: Renderer,
+        *,
+        batch_tokens: int | None = None,
+        batch_size: int | None = None,
+        epochs: int = 1,
+        n_samples: int = 3,
+    ) -> CheckReport:
+        """Stream ``rows`` (e.g. `read_rows(path)`) through ``renderer``.
+
+        Steps per epoch are estimated from ``batch_tokens`` (a step takes whole examples, in file order, while
+        they fit; an example longer than the batch is a step of its own) or else from ``batch_size`` examples.
+        """
+        report = cls(batch_tokens=batch_tokens, batch_size=batch_size, epochs=epochs)
+        steps, fill = 0, 0
+        for result in renderer.render_rows(rows):
+            report._add(result, n_samples)
+            if isinstance(result, RenderedRow) and batch_tokens:
+                for example in result.examples:
+                    if fill and fill + example.n_tokens > batch_tokens:
+                        steps, fill = steps + 1, 0
+                    fill += example.n_tokens
+        if batch_tokens:
+            report.steps_per_epoch = steps + (1 if fill else 0)
+        elif batch_size:
+            report.steps_per_epoch = math.ceil(report.n_examples / batch_size)
+        return report
+
+    @classmethod
+    def from_file(cls, path: str | Path, renderer: Renderer, **kwargs: int | None) -> CheckReport:
+        """`build` over a JSONL file, read line by line."""
+        return cls.build(read_rows(path), renderer, **kwargs)  # type: ignore[arg-type]
+
+    def _add(self, result: RenderedRow | RefusedRow, n_samples: int) -> None:
+        self.rows_read += 1
+        index = len(self._status)
+        self._row_numbers.append(result.row_number)
+        if isinstance(result, RefusedRow):
+            self._status.append(2)
+            self._n_examples.append(0)
+            self._tokens.append(0)
+            self._trained.append(0)
+            self._reasons[index] = result.reason
+            return
+        split = len(result.examples) > 1
+        self._status.append(1 if split else 0)
+        self._n_examples.append(len(result.examples))
+        tokens, trained = result.n_tokens, result.n_trained
+        self._tokens.append(tokens)
+        self._trained.append(trained)
+        if result.split_reason:
+            self._reasons[index] = result.split_reason
+        self.n_examples += len(result.examples)
+        self.tokens += tokens
+        self.trained_tokens += trained
+        for example in result.examples:
+            self.max_length = max(self.max_length, example.n_tokens)
+            self.length_counts[_bin(example.n_tokens)] += 1
+        self._keep_sample(result, split, n_samples)
+
+    def _keep_sample(self, result: RenderedRow, split: bool, n_samples: int) -> None:
+        # Keep the first rows, but make room for one split row: it is the case a preview most needs to show.
+        if len(self.samples) < n_samples:
+            self.samples.append(result)
+        elif split and n_samples and not any(s.split_reason for s in self.samples):
+            self.samples[-1] = result
+
+    # -- views -------------------------------------------------------------------------------------------------
+
+    @property
+    def rows(self) -> pd.DataFrame:
+        """One line per row: row_number, status (trains/split/refused), n_examples, tokens, trained_tokens,
+        reason (why it was split or refused; None when it trains as one example)."""
+        import pandas as pd
+
+        return pd.DataFrame(
+            {
+                "row_number": pd.array(self._row_numbers, dtype="int64"),
+                "status": pd.Categorical.from_codes(list(self._status), categories=list(STATUSES)),
+                "n_examples": pd.array(self._n_examples, dtype="int64"),
+                "tokens": pd.array(self._tokens, dtype="int64"),
+                "trained_tokens": pd.array(self._trained, dtype="int64"),
+                # object dtype keeps None (not NaN) for rows that train without remark
+                "reason": pd.Series([self._reasons.get(i) for i in range(len(self._status))], dtype=object),
+            }
+        )
+
+    @property
+    def rows_trained(self) -> int:
+        """Rows that train as one example."""
+        return self._status.count(0)
+
+    @property
+    def rows_split(self) -> int:
+        """Rows that train, split into one example per context."""
+        return self._status.count(1)
+
+    @property
+    def rows_refused(self) -> int:
+        return self._status.count(2)
+
+    @property
+    def split_examples(self) -> int:
+        return sum(n for n, s in zip(self._n_examples, self._status, strict=True) if s == 1)
+
+    @property
+    def untrained_tokens(self) -> int:
+        return self.tokens - self.trained_tokens
+
+    @property
+    def refusals(self) -> list[tuple[int, str]]:
+        """``(row_number, reason)`` of every refused row, in file order."""
+        return [(self._row_numbers[i], r) for i, r in sorted(self._reasons.items()) if self._status[i] == 2]
+
+    @property
+    def total_steps(self) -> int | None:
+        return None if self.steps_per_epoch is None else self.steps_per_epoch * self.epochs
+
+    @property
+    def histogram(self) -> pd.DataFrame:
+        """Examples per length bin: columns ``bin`` (e.g. "257-512") and ``examples``."""
+        import pandas as pd
+
+        return pd.DataFrame({"bin": _bin_labels(), "examples": self.length_counts})
+
+    def describe(self) -> list[str]:
+        """Lines for a CLI print-out."""
+        lines = [f"rows read: {self.rows_read:,}"]
+        lines.append(f"  train as one example: {self.rows_trained:,}")
+        if self.rows_split:
+            lines.append(f"  split per turn: {self.rows_split:,} rows into {self.split_examples:,} examples")
+            first = next(i for i, s in enumerate(self._status) if s == 1)
+            lines.append(f"    e.g. row {self._row_numbers[first]}: {self._reasons.get(first)}")
+        lines.append(f"  refused: {self.rows_refused:,}")
+        for row_number, reason in self.refusals[:_LISTED_REFUSALS]:
+            lines.append(f"    row {row_number}: {reason}")
+        if self.rows_refused > _LISTED_REFUSALS:
+            lines.append(f"    ... and {self.rows_refused - _LISTED_REFUSALS:,} more (see report.rows)")
+        share = f" ({self.trained_tokens / self.tokens:.1%})" if self.tokens else ""
+        lines.append(
+            f"examples: {self.n_examples:,}; tokens: {self.tokens:,}, trained {self.trained_tokens:,}{share}, "
+            f"untrained {self.untrained_tokens:,}"
+        )
+        if self.n_examples:
+            lines.append(
+                f"example length: mean {self.tokens / self.n_examples:,.0f}, max {self.max_length:,}"
+            )
+            width = max(self.length_counts)
+            for label, count in zip(_bin_labels(), self.length_counts, strict=True):
+                if count:
+                    bar = "#" * max(1, round(30 * count / width))
+                    lines.append(f"  {label:>13} {count:>9,} {bar}")
+        if self.steps_per_epoch is not None:
+            per = (
+                f"batch_tokens {self.batch_tokens:,}"
+                if self.batch_tokens
+                else f"batch_size {self.batch_size}"
+            )
+            lines.append(
+                f"steps: ~{self.steps_per_epoch:,} per epoch at {per}; {self.epochs} epoch(s) -> "
+                f"~{self.total_steps:,} steps"
+            )
+        return lines
+
+
+def _bin(n: int) -> int:
+    for i, edge in enumerate(LENGTH_BINS):
+        if n <= edge:
+            return i
+    return len(LENGTH_BINS)
+
+
+def _bin_labels() -> list[str]:
+    lows = (1, *(e + 1 for e in LENGTH_BINS))
+    return [f"{lo}-{hi}" for lo, hi in zip(lows, LENGTH_BINS, strict=False)] + [f">{LENGTH_BINS[-1]}"]

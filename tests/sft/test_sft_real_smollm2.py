@@ -1,0 +1,91 @@
+"""The real SmolLM2 tokenizer, when another step has already converted it into .loops_cache (else skipped)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loops_nb.sft.data import parse_row
+from loops_nb.sft.rendering import RenderedRow, Renderer
+from loops_nb.sft.templates import SMOLLM2_CHAT_TEMPLATE, TOOL_CAPABLE_CHATML_TEMPLATE
+
+CACHED = Path(__file__).resolve().parents[2] / ".loops_cache/models/HuggingFaceTB--SmolLM2-135M-Instruct"
+
+pytestmark = pytest.mark.skipif(
+    not (CACHED / "tokenizer.json").exists(), reason="SmolLM2 not in .loops_cache"
+)
+
+TOOL_ROW = {
+    "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}],
+    "messages": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {
+            "role": "assistant",
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+        {"role": "assistant", "content": "Sunny."},
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def tok() -> Any:
+    # Built from the files directly: AutoTokenizer.from_pretrained takes seconds to resolve the class.
+    from transformers import PreTrainedTokenizerFast
+
+    config = json.loads((CACHED / "tokenizer_config.json").read_text())
+    return PreTrainedTokenizerFast(
+        tokenizer_file=str(CACHED / "tokenizer.json"),
+        bos_token=config["bos_token"],
+        eos_token=config["eos_token"],
+        pad_token=config.get("pad_token"),
+        unk_token=config.get("unk_token"),
+        chat_template=(CACHED / "chat_template.jinja").read_text(),
+    )
+
+
+def test_template_is_the_real_one(tok: Any) -> None:
+    assert tok.chat_template == SMOLLM2_CHAT_TEMPLATE
+
+
+def test_real_tokenizer_targets(tok: Any) -> None:
+    row = parse_row(
+        {
+            "messages": [
+                {"role": "user", "content": "Capital of France?"},
+                {"role": "assistant", "content": "Paris."},
+            ]
+        }
+    )
+    result = Renderer(tok).render(row)
+    assert isinstance(result, RenderedRow)
+    [example] = result.examples
+    trained = [s.text for s in example.segments(tok) if s.trained]
+    assert trained == ["Paris.<|im_end|>"]
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "Capital of France?"}], add_generation_prompt=True, return_dict=False
+    )
+    assert example.input_ids[: len(prompt)] == prompt and not any(example.weights[: len(prompt)])
+
+
+def test_real_tokenizer_tool_rows(tok: Any) -> None:
+    refused = Renderer(tok).render(parse_row(TOOL_ROW, 3))
+    assert not isinstance(refused, RenderedRow)
+    assert refused.reason.startswith("messages[1].tool_calls[0]: the chat template dropped this tool call")
+    result = Renderer(tok, chat_template=TOOL_CAPABLE_CHATML_TEMPLATE).render(parse_row(TOOL_ROW, 3))
+    assert isinstance(result, RenderedRow)
+    trained = [s.text for s in result.examples[0].segments(tok) if s.trained]
+    assert trained == [
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>',
+        "Sunny.<|im_end|>",
+    ]
