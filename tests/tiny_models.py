@@ -1,7 +1,7 @@
 """Tiny models and tokenizers the tests build offline (no Hugging Face hub).
 
-`build_tiny_chat_model(dir)` writes a random 2-layer Llama and a word-level tokenizer with ChatML
-special tokens and a chat template: enough for the SDK, the trainer, the sampler and rendering to
+`build_tiny_chat_model(dir)` writes a random 2-layer Llama and a byte-level BPE tokenizer with ChatML
+special tokens and a tool-capable chat template: enough for the SDK, the trainer, the sampler and rendering to
 run in milliseconds. Learning needs the real offline model (SmolLM2-135M-Instruct).
 """
 
@@ -9,42 +9,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-WORDS = (
-    "the a of to and is in it you that he was for on are with as I his they be at one have this from or "
-    "had by word but what some we can out other were all there when up use your how said an each she which "
-    "do their time if will way about many then them write would like so these her long make thing see him "
-    "two has look more day could go come did number sound no most people my over know water than call first "
-    "who may down side been now find paris france capital game chess monopoly name hidden answer "
-    "user assistant system tool"
-).split()
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>"]
-CHATML = (
-    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + "
-    "'<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
-
-
 def build_tiny_tokenizer():  # noqa: ANN201 - PreTrainedTokenizerFast
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    """A byte-level BPE with ChatML special tokens and a tool-capable chat template.
 
-    vocab = {tok: i for i, tok in enumerate(SPECIALS + ["\n", ":", ".", ",", "?", "!"] + WORDS)}
-    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Split("\n", behavior="isolated"), pre_tokenizers.WhitespaceSplit(),
-         pre_tokenizers.Punctuation()]
-    )
-    core.decoder = decoders.WordPiece(prefix="##", cleanup=False)
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=core,
-        bos_token="<|im_start|>",
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        unk_token="<unk>",
-        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
-    )
-    tok.chat_template = CHATML
-    return tok
+    Byte-level BPE round-trips any text, so decode(encode(text)) == text: multi-turn token capture and
+    the gateway can be tested on it exactly as on a real tokenizer.
+    """
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "sft"))
+    from sft_fixtures import build_tokenizer
+
+    return build_tokenizer("smollm2_tools")
 
 
 def build_tiny_chat_model(directory: Path, *, seed: int = 0) -> Path:
@@ -55,7 +31,7 @@ def build_tiny_chat_model(directory: Path, *, seed: int = 0) -> Path:
     tok = build_tiny_tokenizer()
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=256,
+        vocab_size=len(tok),
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=2,

@@ -1,0 +1,455 @@
+"""The local trainer's compute core: one frozen base model, one PEFT LoRA adapter, one AdamW.
+
+`LoraTrainer` implements the semantics of the Loops trainer ops (protocol notes §3.2, §5.4-5.6) with no
+HTTP: `init` (= `/init_trainer_server`), `forward`, `forward_backward`, `optim_step`, `save_state`,
+`load_state` and `save_adapter` (for `/save_weights_for_sampler`). The HTTP layer validates requests
+with `wire.parse_datums` at submit time and may hand the parsed datums straight to these methods.
+
+Design notes:
+
+* Gradients of several `forward_backward` calls accumulate as raw sums together with their count of
+  active tokens; `optim_step` divides once. So split requests equal one request over the union, which is
+  what the SDK's auto-chunking assumes (bl/training_client.py:1096-1102).
+* LoRA uses alpha = 32 whatever the rank (scale 32/r), as in Thinking Machines' "LoRA Without Regret"
+  that Tinker follows: the best learning rate then barely moves with the rank. Dropout is 0 and the model
+  stays in eval mode, so training-time logprobs equal the sampler's, which the RL importance ratios need.
+* A request's datums are sorted by length and packed into micro-batches of at most `max_batch_tokens`
+  padded tokens (right padding + attention mask), one forward each. The LM head runs only at positions
+  whose logprob is needed (no padding, no ignored targets), and logprobs come from `logsumexp` + `gather`,
+  so no full log-softmax is kept beyond what autograd needs.
+* Not thread-safe: the caller runs ops one at a time (the HTTP layer's FIFO worker does).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shutil
+import uuid
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model, set_peft_model_state_dict
+from peft.utils import get_peft_model_state_dict
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+from transformers.pytorch_utils import Conv1D
+
+from loops_nb.local.losses import LOSSES, collate, micro_batches, needed_positions, target_logprobs
+from loops_nb.local.wire import (
+    InvalidRequest,
+    ParsedDatum,
+    parse_datums,
+    resolve_loss_config,
+    tensor_data,
+    validate_top_k,
+)
+
+LORA_ALPHA = 32
+DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+ADAM_DEFAULTS = {
+    "learning_rate": 1e-4,
+    "beta1": 0.9,
+    "beta2": 0.95,
+    "eps": 1e-12,
+    "weight_decay": 0.0,
+    "grad_clip_norm": 1.0,
+}
+# Linear layers that must not get LoRA when falling back to "every linear layer": heads and MoE routers.
+_NOT_TARGETS = {"lm_head", "score", "classifier", "gate", "router", "shared_expert_gate"}
+# Families whose logits are exactly `lm_head(last_hidden_state)`, so the head can run on selected rows.
+_PLAIN_HEAD_TYPES = {"llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "smollm3", "phi3"}
+_STATE_FILE = "trainer_state.json"
+
+
+class LoraTrainer:
+    """A LoRA trainer over one base model. Call `init(rank)` before anything else."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        device: torch.device | None = None,
+        dtype: torch.dtype | None = None,
+        target_modules: list[str] | None = None,
+        lora_alpha: int = LORA_ALPHA,
+        max_batch_tokens: int = 16384,
+        seed: int = 0,
+    ) -> None:
+        self.device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if dtype is None:  # bf16 where it is fast, float32 on CPU for exact, reproducible maths
+            dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        self.model_path = str(model_path)
+        base: Any = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype)
+        base.to(self.device).eval().requires_grad_(False)
+        self._base: Any = base
+        self.vocab_size: int = base.get_output_embeddings().weight.shape[0]
+        self.max_length: int | None = getattr(base.config, "max_position_embeddings", None)
+        self.target_modules = list(target_modules) if target_modules else discover_target_modules(base)
+        self.lora_alpha = lora_alpha
+        self.max_batch_tokens = max_batch_tokens
+        self.seed = seed
+        cfg = base.config
+        scaled = any(
+            getattr(cfg, a, None) for a in ("final_logit_softcapping", "logit_scale", "logits_scaling")
+        )
+        self._plain_head = cfg.model_type in _PLAIN_HEAD_TYPES and not scaled
+        self._lp_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        self._model: PeftModel | None = None
+        self._optimizer: torch.optim.AdamW | None = None
+        self._step = 0
+        self._tokens = 0  # active tokens (dpo: pairs) accumulated since the last optim_step
+        self._normalized: bool | None = None  # mode of the pending gradients; None = no fb since last step
+
+    # ------------------------------------------------------------------------------------------ state
+
+    @property
+    def step(self) -> int:
+        """Number of optim_steps since init (the policy version)."""
+        return self._step
+
+    @property
+    def lora_rank(self) -> int | None:
+        return None if self._model is None else int(self._model.peft_config["default"].r)  # type: ignore[attr-defined]
+
+    @property
+    def model(self) -> PeftModel:
+        if self._model is None:
+            raise RuntimeError("the trainer has no adapter yet: call init(lora_rank) first")
+        return self._model
+
+    def lora_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def init(self, lora_rank: int, *, seed: int | None = None) -> dict[str, int]:
+        """Start over with a fresh LoRA of `lora_rank` (B = 0, so it equals the base), fresh AdamW, step 0."""
+        if isinstance(lora_rank, bool) or not isinstance(lora_rank, int) or lora_rank < 1:
+            raise InvalidRequest(f"lora_rank must be a positive integer, got {lora_rank!r}")
+        self._new_adapter(
+            lora_rank, self.lora_alpha, self.target_modules, self.seed if seed is None else seed
+        )
+        return {"step": 0, "lora_rank": lora_rank}
+
+    def _new_adapter(self, rank: int, alpha: int, targets: list[str], seed: int) -> None:
+        if self._model is not None:  # unload, so a new rank replaces the adapter instead of stacking wrappers
+            self._base = self._model.unload()
+            self._model = None
+        config = LoraConfig(
+            r=rank,
+            lora_alpha=alpha,
+            lora_dropout=0.0,
+            target_modules=targets,
+            bias="none",
+            task_type="CAUSAL_LM",
+        )
+        # Seed without touching the caller's RNG. peft 0.21 still calls transformers' deprecated
+        # `is_gradient_checkpointing`; the warning is not the user's to act on.
+        with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
+            torch.manual_seed(seed)
+            self._model = get_peft_model(self._base, config)  # type: ignore[assignment]
+        self._model.eval()
+        self.lora_alpha, self.target_modules = alpha, list(targets)
+        self._fresh_optimizer()
+
+    def _fresh_optimizer(self) -> None:
+        # Hyper-parameters are placeholders: optim_step sets them from each request.
+        self._optimizer = torch.optim.AdamW(
+            self.lora_parameters(), lr=0.0, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0
+        )
+        self.model.zero_grad(set_to_none=True)
+        self._step, self._tokens, self._normalized = 0, 0, None
+
+    # -------------------------------------------------------------------------------- forward passes
+
+    def forward(
+        self,
+        data: Sequence[Mapping[str, Any] | ParsedDatum],
+        loss_fn: str = "cross_entropy",
+        loss_fn_config: Mapping[str, Any] | None = None,
+        top_k_logprobs: int = 0,
+    ) -> dict[str, Any]:
+        """Loss and logprobs without touching the gradient buffer; returns `ForwardBackwardOutput` JSON."""
+        return self._run(data, loss_fn, loss_fn_config, top_k_logprobs, backward=False)
+
+    def forward_backward(
+        self,
+        data: Sequence[Mapping[str, Any] | ParsedDatum],
+        loss_fn: str = "cross_entropy",
+        loss_fn_config: Mapping[str, Any] | None = None,
+        top_k_logprobs: int = 0,
+    ) -> dict[str, Any]:
+        """Like `forward`, and accumulate the gradient of the summed loss for the next `optim_step`."""
+        return self._run(data, loss_fn, loss_fn_config, top_k_logprobs, backward=True)
+
+    def _run(
+        self,
+        data: Sequence[Any],
+        loss_fn: str,
+        loss_fn_config: Mapping[str, Any] | None,
+        top_k: int,
+        *,
+        backward: bool,
+    ) -> dict[str, Any]:
+        cfg = resolve_loss_config(loss_fn, loss_fn_config)
+        top_k = validate_top_k(top_k)
+        datums = self._parsed(data, loss_fn)
+        normalized = not cfg.get("skip_token_normalization", False)
+        if backward and self._normalized is not None and self._normalized != normalized:
+            raise InvalidRequest(
+                "token-normalized losses cannot share an optimizer step with skip_token_normalization "
+                "gradients; call optim_step first"
+            )
+        outputs: list[dict[str, Any] | None] = [None] * len(datums)
+        total, count = torch.zeros((), dtype=self._lp_dtype, device=self.device), 0
+        # Gradients of this request go to fresh buffers and are added to the pending ones only on success,
+        # so a request that fails half-way leaves the accumulated gradients as they were.
+        params = self.lora_parameters()
+        pending = [p.grad for p in params]
+        if backward:
+            for p in params:
+                p.grad = None
+        try:
+            with contextlib.nullcontext() if backward else torch.no_grad():
+                lengths = [d.length for d in datums]
+                for rows in micro_batches(lengths, self.max_batch_tokens, 2 if loss_fn == "dpo" else 1):
+                    loss, n = self._micro_batch(datums, rows, loss_fn, cfg, top_k, outputs, backward)
+                    total, count = total + loss, count + n
+        except BaseException:
+            if backward:
+                for p, g in zip(params, pending, strict=True):
+                    p.grad = g
+            raise
+        if backward:
+            for p, g in zip(params, pending, strict=True):
+                if g is not None:
+                    p.grad = g if p.grad is None else p.grad.add_(g)
+            self._tokens += count
+            self._normalized = normalized
+        mean = float(total) / max(count, 1)
+        metrics = {"loss": mean}
+        if not normalized:
+            metrics["skip_token_normalization"] = 1.0
+        return {"loss": mean, "loss_fn_output_type": loss_fn, "loss_fn_outputs": outputs, "metrics": metrics}
+
+    def _parsed(self, data: Sequence[Any], loss_fn: str) -> list[ParsedDatum]:
+        if data and all(isinstance(d, ParsedDatum) for d in data):
+            if loss_fn == "dpo" and len(data) % 2:
+                raise InvalidRequest(f"dpo needs an even number of datums, got {len(data)}")
+            return list(data)
+        return parse_datums(data, loss_fn, vocab_size=self.vocab_size, max_length=self.max_length)
+
+    def _micro_batch(
+        self,
+        datums: list[ParsedDatum],
+        index: list[int],
+        loss_fn: str,
+        cfg: Mapping[str, Any],
+        top_k: int,
+        outputs: list[Any],
+        backward: bool,
+    ) -> tuple[torch.Tensor, int]:
+        """One padded forward (+ backward) over `datums[index]`; fills `outputs[index]`; → (loss sum, count)."""
+        rows = [datums[i] for i in index]
+        batch = collate(rows, self.device, self._lp_dtype)
+        assert batch.tokens is not None and batch.target_tokens is not None and batch.real is not None
+        lengths = [d.length for d in rows]
+        need = (
+            batch.real
+            if top_k
+            else needed_positions(loss_fn, cfg, batch.valid, batch.weights, batch.advantages)
+        )
+        pos = need.nonzero(as_tuple=True)
+        top: tuple[torch.Tensor, torch.Tensor] | None = None
+        if pos[0].numel():  # else nothing to compute (e.g. all advantages 0): skip the model entirely
+            mask = None if min(lengths) == max(lengths) else batch.real.long()  # no mask: SDPA is_causal path
+            logits = self._logits(batch.tokens, mask, pos).to(self._lp_dtype)
+            picked, top = target_logprobs(logits, batch.target_tokens[pos], top_k)
+            batch.lp = batch.lp.index_put(pos, picked)
+        out = LOSSES[loss_fn](batch, cfg)
+        if not bool(torch.isfinite(out.loss)):
+            raise FloatingPointError(
+                f"{loss_fn} loss is not finite ({float(out.loss.detach())}); check the inputs"
+            )
+        if backward and out.loss.requires_grad:
+            out.loss.backward()
+        lp_cpu = out.logprobs.float().cpu()
+        top_cpu = (top[0].float().cpu(), top[1].cpu()) if top is not None else None
+        for j, (i, n) in enumerate(zip(index, lengths, strict=True)):
+            entry = {"logprobs": tensor_data(lp_cpu[j, :n])}
+            if top_cpu is not None:  # need == real here, so row j's positions are a contiguous run
+                start = sum(lengths[:j])
+                entry["top_k_token_ids"] = tensor_data(top_cpu[1][start : start + n])
+                entry["top_k_logprobs"] = tensor_data(top_cpu[0][start : start + n])
+            outputs[i] = entry
+        return out.loss.detach(), out.count
+
+    def _logits(
+        self, tokens: torch.Tensor, mask: torch.Tensor | None, pos: tuple[torch.Tensor, ...]
+    ) -> torch.Tensor:
+        """Logits [M, V] at the selected positions only."""
+        lm: Any = self.model.get_base_model()
+        if self._plain_head:
+            hidden = lm.get_decoder()(
+                input_ids=tokens, attention_mask=mask, use_cache=False
+            ).last_hidden_state
+            return lm.get_output_embeddings()(hidden[pos])
+        return lm(input_ids=tokens, attention_mask=mask, use_cache=False).logits[pos]
+
+    # ---------------------------------------------------------------------------------- optimisation
+
+    def optim_step(self, adam_params: Mapping[str, Any] | None = None) -> dict[str, dict[str, float]]:
+        """Normalise the accumulated gradients, clip, take one AdamW step, zero them; `step += 1`."""
+        hp = {**ADAM_DEFAULTS, **{k: v for k, v in (adam_params or {}).items() if v is not None}}
+        for key in ADAM_DEFAULTS:
+            value = hp[key]
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not math.isfinite(value)
+                or value < 0
+            ):
+                raise InvalidRequest(
+                    f"adam_params[{key!r}] must be a finite non-negative number, got {value!r}"
+                )
+        params = self.lora_parameters()
+        assert self._optimizer is not None
+        tokens = self._tokens
+        if self._normalized and tokens > 0:
+            for p in params:
+                if p.grad is not None:
+                    p.grad.div_(tokens)
+        max_norm = float(hp["grad_clip_norm"]) or math.inf  # 0 disables clipping
+        grads = [p for p in params if p.grad is not None]
+        norm = float(torch.nn.utils.clip_grad_norm_(grads, max_norm)) if grads else 0.0
+        if not math.isfinite(norm):
+            self.model.zero_grad(set_to_none=True)
+            self._tokens, self._normalized = 0, None
+            raise FloatingPointError(f"gradient norm is {norm}; the update was skipped and gradients dropped")
+        for group in self._optimizer.param_groups:  # hyper-parameters arrive with every step
+            group.update(
+                lr=float(hp["learning_rate"]),
+                betas=(float(hp["beta1"]), float(hp["beta2"])),
+                eps=float(hp["eps"]),
+                weight_decay=float(hp["weight_decay"]),
+            )
+        self._optimizer.step()
+        self.model.zero_grad(set_to_none=True)
+        self._step += 1
+        self._tokens, self._normalized = 0, None
+        metrics = {
+            "grad_norm": norm,
+            "learning_rate": float(hp["learning_rate"]),
+            "step": float(self._step),
+            "tokens": float(tokens),
+        }
+        return {"metrics": metrics}
+
+    # ------------------------------------------------------------------------------------ checkpoints
+
+    def adapter_state_dict(self) -> dict[str, torch.Tensor]:
+        """CPU copies of the LoRA weights, keyed as PEFT saves them (no adapter name)."""
+        return {k: v.detach().cpu().clone() for k, v in get_peft_model_state_dict(self.model).items()}
+
+    def lora_config_dict(self) -> dict[str, Any]:
+        """The adapter's `LoraConfig` as JSON-able values (what `adapter_config.json` holds)."""
+        cfg = self.model.peft_config["default"].to_dict()
+        return json.loads(json.dumps(cfg, default=lambda v: sorted(v) if isinstance(v, set) else str(v)))
+
+    def save_adapter(self, path: str | Path) -> None:
+        """Write the adapter in PEFT format, so `PeftModel.from_pretrained(base, path)` loads it."""
+        with _atomic_dir(Path(path)) as tmp:
+            self.model.save_pretrained(str(tmp))
+
+    def save_state(self, path: str | Path) -> None:
+        """Save adapter, optimizer, step and RNG under `path` (replaced atomically). Pending grads are not saved."""
+        with _atomic_dir(Path(path)) as tmp:
+            self.model.save_pretrained(str(tmp / "adapter"))
+            assert self._optimizer is not None
+            torch.save(self._optimizer.state_dict(), tmp / "optimizer.pt")
+            torch.save({"cpu": torch.get_rng_state()}, tmp / "rng.pt")
+            state = {
+                "format": 1,
+                "step": self._step,
+                "lora_rank": self.lora_rank,
+                "lora_alpha": self.lora_alpha,
+                "target_modules": self.target_modules,
+                "base_model": self.model_path,
+            }
+            (tmp / _STATE_FILE).write_text(json.dumps(state, indent=2))
+
+    def load_state(self, path: str | Path, *, with_optimizer: bool) -> int:
+        """Restore a `save_state` checkpoint; without the optimizer: weights only, fresh AdamW, step 0.
+
+        Returns the step the trainer is now at.
+        """
+        path = Path(path)
+        try:
+            state = json.loads((path / _STATE_FILE).read_text())
+            weights = load_file(path / "adapter" / "adapter_model.safetensors")
+            optim = torch.load(path / "optimizer.pt", weights_only=True) if with_optimizer else None
+            rng = torch.load(path / "rng.pt", weights_only=True) if with_optimizer else None
+        except FileNotFoundError as exc:
+            raise FileNotFoundError(
+                f"no trainer state at {path}: {Path(exc.filename).name} is missing"
+            ) from None
+        except Exception as exc:
+            raise ValueError(f"trainer state at {path} is unreadable: {exc}") from exc
+        self._new_adapter(
+            int(state["lora_rank"]), int(state["lora_alpha"]), list(state["target_modules"]), self.seed
+        )
+        result: Any = set_peft_model_state_dict(self.model, weights)
+        missing = [k for k in result.missing_keys if "lora_" in k]
+        if missing or result.unexpected_keys:
+            raise ValueError(
+                f"trainer state at {path} does not fit this model: missing {missing[:3]}, "
+                f"unexpected {list(result.unexpected_keys)[:3]}"
+            )
+        if with_optimizer:
+            assert self._optimizer is not None and optim is not None and rng is not None
+            self._optimizer.load_state_dict(optim)
+            torch.set_rng_state(rng["cpu"])
+            self._step = int(state["step"])
+        return self._step
+
+
+def discover_target_modules(model: torch.nn.Module) -> list[str]:
+    """LoRA targets: the usual attention + MLP projections when the model has them all, else every linear
+    layer except the output head and MoE routers (PEFT's "all-linear" minus routers)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None  # type: ignore[operator]
+    names = {  # GPT-2 style models use transformers' Conv1D, which PEFT's LoRA also handles
+        n.rsplit(".", 1)[-1]
+        for n, m in model.named_modules()
+        if isinstance(m, torch.nn.Linear | Conv1D) and m is not head
+    }
+    if set(DEFAULT_TARGETS) <= names:
+        return list(DEFAULT_TARGETS)
+    found = sorted(names - _NOT_TARGETS)
+    if not found:
+        raise ValueError(f"found no linear layers to put LoRA on in {type(model).__name__}")
+    return found
+
+
+@contextlib.contextmanager
+def _atomic_dir(path: Path) -> Iterator[Path]:
+    """Yield a temp dir next to `path`; on success it replaces `path` (rename), on failure it is removed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        yield tmp
+        old = None
+        if path.exists():
+            old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
+            os.replace(path, old)
+        os.replace(tmp, path)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
