@@ -174,12 +174,27 @@ def _glossary(args: argparse.Namespace) -> int:
     return 0
 
 
+class _QuietSdkHints(logging.Filter):
+    """Drop the SDK's one-time hint to enable INFO logs; `loops -v` enables them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "set the log level to INFO" not in record.getMessage()
+
+
+def _configure_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("baseten.loops.service_client").addFilter(_QuietSdkHints())
+    if not verbose:
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args, rest = parser.parse_known_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
-    )
+    _configure_logging(args.verbose)
     try:
         if args.command in ("check", "run"):
             if args.help or not args.config:

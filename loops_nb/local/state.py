@@ -97,6 +97,15 @@ class LocalLoopsState:
                 self._model_paths[base_model] = resolved.path
             return self._model_paths[base_model]
 
+    def vocab_size(self, base_model: str) -> int | None:
+        """The model's vocabulary size from its config.json (cheap: no weights are loaded)."""
+        try:
+            config = json.loads((self.model_path(base_model) / "config.json").read_text())
+        except (OSError, ValueError):
+            return None
+        size = config.get("vocab_size") or config.get("text_config", {}).get("vocab_size")
+        return int(size) if size else None
+
     def device_and_dtype(self) -> tuple[Any, Any]:
         from loops_nb.local.model_store import device_and_dtype
 

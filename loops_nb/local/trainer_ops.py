@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from loops_nb.local.state import LocalLoopsError, LocalLoopsState, LocalRun, checkpoint_name
-from loops_nb.local.wire import InvalidRequest, parse_datums
+from loops_nb.local.wire import InvalidRequest, parse_datums, resolve_loss_config
 
 OpFn = Callable[[], dict[str, Any]]
 
@@ -41,8 +41,10 @@ def prepare(state: LocalLoopsState, run: LocalRun, op: str, body: dict[str, Any]
         loss_fn = body.get("loss_fn", "cross_entropy")
         if not isinstance(data, list) or not data:
             raise InvalidRequest("data must be a non-empty list of Datum objects")
-        parse_datums(data, loss_fn)  # raises InvalidRequest naming the datum and key
         config = body.get("loss_fn_config")
+        resolve_loss_config(loss_fn, config)
+        # Parsed once here so a bad datum is answered 422 at submit; the worker reuses the parse.
+        data = parse_datums(data, loss_fn, vocab_size=state.vocab_size(run.base_model))
         top_k = body.get("top_k_logprobs") or 0
         if not isinstance(top_k, int) or not 0 <= top_k <= 20:
             raise InvalidRequest(f"top_k_logprobs must be an integer in 0..20, got {top_k!r}")

@@ -1,0 +1,384 @@
+"""The local sampler's compute core: one base model, LoRA adapters on it, and coalesced generation.
+
+The HTTP layer (`/sample`, routing headers, policy versions) wraps a `SamplerEngine`. Callers on any thread
+`sample()` (or `await sample_async()`); requests are queued and one worker thread owns the model: it takes
+the oldest pending request, gathers the other pending requests for the same adapter (up to
+`max_batch_sequences` rows and a `max_batch_tokens` KV budget) and decodes them together, one forward per
+token for the whole batch, while newly arrived requests for that adapter join the running batch between
+steps. Each request's `n` samples are rows of the batch with their own temperature, top-k, top-p, seed, stop
+tokens, stop strings and length (see `decoding` and `sampler_batch`). `model.generate` is not used because it
+cannot give per-row sampling parameters, seeds and exact logprobs.
+
+Adapter changes (`set_adapter`, `load_adapter_dir`, `remove_adapter`) are queued to the same worker and run
+between batches, so a batch never sees its weights change mid-generation and the version a result reports is
+the one every token was sampled with. While one is pending, running batches stop admitting new requests so
+the swap waits at most for the batch in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import inspect
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+from torch import Tensor
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedTokenizerBase
+
+from loops_nb.local.decoding import select_tokens
+from loops_nb.local.sampler_adapters import AdapterSet, read_adapter_dir
+from loops_nb.local.sampler_batch import DecodeBatch, Job, Row, cache_is_mergeable
+from loops_nb.local.sampling_types import (
+    DEFAULT_MAX_TOKENS,
+    SampledChoice,
+    SampleRequest,
+    SampleRequestError,
+    SampleResult,
+)
+
+__all__ = ["SampleRequest", "SampleRequestError", "SampleResult", "SampledChoice", "SamplerEngine"]
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class SamplerClosedError(RuntimeError):
+    """The engine was closed before the request could finish."""
+
+
+class SamplerEngine:
+    """A causal LM with LoRA adapters that serves `SampleRequest`s from many threads in shared batches."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | None = None,
+        max_batch_tokens: int = 65536,
+        max_batch_sequences: int = 64,
+        max_prefill_tokens: int = 16384,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+    ) -> None:
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if dtype is None:
+            dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype)
+        self.model = model.to(self.device).eval().requires_grad_(False)  # type: ignore[arg-type]
+        self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(str(model_path))
+        self.max_batch_tokens = max_batch_tokens
+        self.max_batch_sequences = max_batch_sequences
+        self.max_prefill_tokens = max_prefill_tokens
+        config = self.model.config
+        self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
+        self.max_positions: int | None = getattr(config, "max_position_embeddings", None)
+        self.eos_token_ids = self._eos_ids()
+        self._mergeable = cache_is_mergeable(DynamicCache(config=config))
+        # transformers 5 calls the cache argument `cache`; 4.x called it `past_key_values`.
+        parameters = inspect.signature(self.model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in parameters else "past_key_values"
+        self._adapters = AdapterSet(self.model)
+        # Batch statistics, for tests and the debug endpoint: batches run, rows decoded, requests that joined.
+        self.stats: collections.Counter[str] = collections.Counter()
+
+        self._cv = threading.Condition()
+        self._queue: collections.deque[Job] = collections.deque()
+        self._ops: collections.deque[tuple[Callable[[], Any], Future[Any]]] = collections.deque()
+        self._closing = False
+        self._worker = threading.Thread(target=self._work, name="loops-sampler", daemon=True)
+        self._worker.start()
+
+    # -- requests ----------------------------------------------------------------------------------------
+
+    def submit(self, request: SampleRequest, adapter: str | None = None) -> Future[SampleResult]:
+        """Queue `request` for adapter `adapter` (None: the base model); the future resolves when it is done."""
+        return self.submit_many([(request, adapter)])[0]
+
+    def submit_many(self, items: list[tuple[SampleRequest, str | None]]) -> list[Future[SampleResult]]:
+        """Queue several requests at once (so they are certain to be considered for the same batch)."""
+        jobs = [self._job(request, adapter) for request, adapter in items]
+        with self._cv:
+            if self._closing:
+                raise SamplerClosedError("the sampler engine is closed")
+            self._queue.extend(jobs)
+            self._cv.notify_all()
+        return [job.future for job in jobs]
+
+    def sample(self, request: SampleRequest, adapter: str | None = None) -> SampleResult:
+        """Generate `request.n` completions of `request.prompt` (blocking; safe from any thread)."""
+        return self.submit(request, adapter).result()
+
+    async def sample_async(self, request: SampleRequest, adapter: str | None = None) -> SampleResult:
+        return await asyncio.wrap_future(self.submit(request, adapter))
+
+    def validate(self, request: SampleRequest, adapter: str | None = None) -> int:
+        """Check `request` against this model; returns its max_tokens. Raises `SampleRequestError` (a 422)."""
+        if max(request.prompt) >= self.vocab_size:
+            raise SampleRequestError("prompt", f"token id {max(request.prompt)} is outside the vocabulary")
+        if request.stop_token_ids and max(request.stop_token_ids) >= self.vocab_size:
+            raise SampleRequestError("stop_token_ids", "token ids must be within the vocabulary")
+        if adapter is not None and self._adapters.version(adapter) is None:
+            raise SampleRequestError("adapter", f"no LoRA adapter {adapter!r} is loaded")
+        room = None if self.max_positions is None else self.max_positions - len(request.prompt)
+        if room is not None and room < 1:
+            raise SampleRequestError(
+                "prompt", f"{len(request.prompt)} tokens leave no room under the model's {self.max_positions}"
+            )
+        if request.max_tokens is None:
+            return DEFAULT_MAX_TOKENS if room is None else min(DEFAULT_MAX_TOKENS, room)
+        if room is not None and request.max_tokens > room:
+            raise SampleRequestError(
+                "max_tokens",
+                f"{request.max_tokens} new tokens after a {len(request.prompt)}-token prompt exceed the "
+                f"model's {self.max_positions} positions (at most {room})",
+            )
+        return request.max_tokens
+
+    def _job(self, request: SampleRequest, adapter: str | None) -> Job:
+        max_tokens = self.validate(request, adapter)
+        stop_ids = frozenset(self.eos_token_ids) | frozenset(request.stop_token_ids or ())
+        return Job(request, adapter, Future(), max_tokens, stop_ids)
+
+    def _eos_ids(self) -> set[int]:
+        ids: set[int] = set()
+        for source in (
+            self.tokenizer.eos_token_id,
+            getattr(self.model.generation_config, "eos_token_id", None),
+        ):
+            if isinstance(source, int):
+                ids.add(source)
+            elif isinstance(source, (list, tuple)):
+                ids.update(int(i) for i in source)
+        return ids
+
+    # -- adapters ----------------------------------------------------------------------------------------
+
+    def set_adapter(
+        self, key: str, lora_config: Mapping[str, Any], state_dict: Mapping[str, Tensor], version: int
+    ) -> None:
+        """Install or replace the LoRA weights served as `key` (in place when the config is unchanged)."""
+        self._run_op(lambda: self._adapters.install(key, lora_config, state_dict, version))
+
+    def load_adapter_dir(self, key: str, path: str | Path, version: int = 0) -> None:
+        """Serve the PEFT `save_pretrained` directory `path` as adapter `key`."""
+        config, weights = read_adapter_dir(path)
+        self.set_adapter(key, config, weights, version)
+
+    def remove_adapter(self, key: str) -> None:
+        self._run_op(lambda: self._adapters.remove(key))
+
+    def adapter_version(self, key: str) -> int | None:
+        return self._adapters.version(key)
+
+    def adapter_versions(self) -> dict[str, int]:
+        return self._adapters.versions()
+
+    def _run_op(self, op: Callable[[], T]) -> T:
+        future: Future[T] = Future()
+        with self._cv:
+            if self._closing:
+                raise SamplerClosedError("the sampler engine is closed")
+            self._ops.append((op, future))
+            self._cv.notify_all()
+        return future.result()
+
+    # -- lifecycle ---------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop the worker; queued and running requests fail with `SamplerClosedError`."""
+        with self._cv:
+            self._closing = True
+            self._cv.notify_all()
+        self._worker.join()
+
+    def __enter__(self) -> SamplerEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the worker --------------------------------------------------------------------------------------
+
+    def _work(self) -> None:
+        while True:
+            with self._cv:
+                while not (self._ops or self._queue or self._closing):
+                    self._cv.wait()
+                if self._closing:
+                    pending, self._queue = list(self._queue), collections.deque()
+                    ops, self._ops = list(self._ops), collections.deque()
+                    break
+                ops, self._ops = list(self._ops), collections.deque()
+                jobs = [] if ops else self._take_jobs(None, 0, 0, 0)
+            for op, future in ops:
+                try:
+                    future.set_result(op())
+                except Exception as exc:
+                    future.set_exception(exc)
+            if jobs:
+                self._run_batch(jobs)
+        closed = SamplerClosedError("the sampler engine was closed")
+        for job in pending:
+            if job.future.set_running_or_notify_cancel():
+                job.future.set_exception(closed)
+        for _, future in ops:
+            future.set_exception(closed)
+
+    def _take_jobs(self, adapter: str | None, rows: int, cache_length: int, new_tokens: int) -> list[Job]:
+        """Pop the queued jobs a batch can take (call with `_cv` held). With `rows == 0` a new batch is
+        started for the oldest job's adapter; otherwise jobs join a running one for `adapter`, and only while
+        the oldest job is for that adapter, so one busy adapter cannot starve the others."""
+        if not self._queue or (rows and (self._ops or self._queue[0].adapter != adapter)):
+            return []
+        if rows == 0:
+            adapter = self._queue[0].adapter
+        taken: list[Job] = []
+        for job in list(self._queue):
+            if job.adapter != adapter:
+                continue
+            total_rows = rows + job.rows
+            length = max(cache_length, len(job.prompt))
+            steps = max(new_tokens, job.max_tokens)
+            if (rows or taken) and (
+                total_rows > self.max_batch_sequences or total_rows * (length + steps) > self.max_batch_tokens
+            ):
+                break
+            self._queue.remove(job)
+            if job.future.set_running_or_notify_cancel():
+                taken.append(job)
+                rows, cache_length, new_tokens = total_rows, length, steps
+        return taken
+
+    def _forward(
+        self, ids: Tensor, mask: Tensor, positions: Tensor, cache: DynamicCache, every: bool
+    ) -> Tensor:
+        output = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=0 if every else 1,
+            **{self._cache_kwarg: cache},
+        )
+        return output.logits
+
+    def _decode(self, ids: list[int]) -> list[str]:
+        return self.tokenizer.batch_decode([[i] for i in ids])
+
+    def _prefill(self, jobs: list[Job]) -> DecodeBatch:
+        """Prefill `jobs`: in chunks bounded by `max_prefill_tokens`, each prompt-logprobs job on its own."""
+
+        def run(group: list[Job]) -> DecodeBatch:
+            return DecodeBatch.prefill(group, self._forward, self._new_cache, self.device, self._decode)
+
+        if not self._mergeable:
+            return run(jobs)
+        groups: list[list[Job]] = []
+        plain = sorted((j for j in jobs if j.request.prompt_logprobs is None), key=lambda j: len(j.prompt))
+        for job in plain:
+            if groups and len(groups[-1]) * len(job.prompt) + len(job.prompt) <= self.max_prefill_tokens:
+                groups[-1].append(job)
+            else:
+                groups.append([job])
+        groups += [[j] for j in jobs if j.request.prompt_logprobs is not None]
+        batch = run(groups[0])
+        for group in groups[1:]:
+            batch.merge(run(group))
+        return batch
+
+    def _new_cache(self) -> DynamicCache:
+        return DynamicCache(config=self.model.config)
+
+    def _run_batch(self, jobs: list[Job]) -> None:
+        adapter = jobs[0].adapter
+        running = list(jobs)
+        try:
+            with torch.inference_mode():
+                if adapter is not None and self._adapters.version(adapter) is None:
+                    raise SampleRequestError("adapter", f"LoRA adapter {adapter!r} was removed")
+                version = self._adapters.activate(adapter)
+                for job in jobs:
+                    job.adapter_version = version
+                batch = self._prefill(jobs)
+                self.stats["batches"] += 1
+                self.stats["rows"] += len(batch.rows)
+                while batch.rows:
+                    if self._closing:
+                        raise SamplerClosedError("the sampler engine was closed mid-generation")
+                    if self._mergeable and self._queue:
+                        joined = self._join(batch, adapter, version)
+                        running += joined
+                    tokens, logprobs = select_tokens(batch.logits, batch.params)
+                    keep = self._record(batch.rows, tokens.tolist(), logprobs.tolist())
+                    if not keep:
+                        break
+                    if len(keep) < len(batch.rows):
+                        batch.keep(keep, trim=self._mergeable)
+                        tokens = tokens[torch.tensor(keep, device=tokens.device)]
+                    batch.advance(tokens, self._forward)
+        except Exception as exc:
+            if not isinstance(exc, SamplerClosedError):
+                logger.exception("sampling batch failed")
+            for job in running:
+                if not job.future.done():
+                    job.future.set_exception(exc)
+
+    def _join(self, batch: DecodeBatch, adapter: str | None, version: int | None) -> list[Job]:
+        """Admit queued requests for `adapter` into the running `batch` (continuous batching)."""
+        remaining = max(row.job.max_tokens - len(row.tokens) for row in batch.rows)
+        with self._cv:
+            jobs = self._take_jobs(adapter, len(batch.rows), batch.cache_length, remaining)
+        if jobs:
+            for job in jobs:
+                job.adapter_version = version
+            batch.merge(self._prefill(jobs))
+            self.stats["joined"] += len(jobs)
+            self.stats["rows"] += sum(job.rows for job in jobs)
+        return jobs
+
+    def _record(self, rows: list[Row], tokens: list[int], logprobs: list[float]) -> list[int]:
+        """Append each row's new token; finish the rows that stopped. Returns the indices still running."""
+        keep = []
+        for i, (row, token, logprob) in enumerate(zip(rows, tokens, logprobs, strict=True)):
+            if logprob != logprob:  # NaN: the weights are broken, not the request
+                raise FloatingPointError("the model produced NaN logits")
+            row.tokens.append(token)
+            row.logprobs.append(logprob)
+            job = row.job
+            if token in job.stop_ids:
+                self._finish(row, "stop", drop_last=True)
+            elif job.request.stop and self._stop_string_hit(row):
+                self._finish(row, "stop", cut_at_stop=True)
+            elif len(row.tokens) >= job.max_tokens:
+                self._finish(row, "length")
+            else:
+                keep.append(i)
+        return keep
+
+    def _stop_string_hit(self, row: Row) -> bool:
+        # A stop string first seen now ends in the newest token; each token adds at least one byte, so the
+        # last len(bytes) tokens hold all of it, plus slack for a character split across tokens and for
+        # special tokens that decode to nothing. Decoding only this tail keeps the check O(1) per step.
+        strings = row.job.request.stop_strings
+        window = max(len(s.encode()) for s in strings) + 8
+        tail = self._text(row.tokens[-window:])
+        return any(s in tail for s in strings)
+
+    def _text(self, ids: list[int]) -> str:
+        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+
+    def _finish(self, row: Row, reason: str, *, drop_last: bool = False, cut_at_stop: bool = False) -> None:
+        job = row.job
+        text = self._text(row.tokens[:-1] if drop_last else row.tokens)
+        if cut_at_stop:
+            found = [i for i in (text.find(s) for s in job.request.stop_strings) if i >= 0]
+            text = text[: min(found)] if found else text
+        job.choices[row.index] = SampledChoice(row.tokens, row.logprobs, reason, text)  # type: ignore[arg-type]
+        if all(choice is not None for choice in job.choices):
+            job.future.set_result(job.result())

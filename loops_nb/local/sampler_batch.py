@@ -1,0 +1,224 @@
+"""One coalesced decode batch of the local sampler: prefill, KV cache bookkeeping, one token per step.
+
+A batch is a set of rows (one per sample: a request with `n=4` is 4 rows) decoded in lockstep through the
+model's forward with a `DynamicCache`. Prompts are left-padded, so every row's next token is at the same
+cache index; each row's position ids count only its real tokens and the 2-D attention mask hides the padding,
+which makes a row's logits those of its prompt alone. A request's prompt is prefilled once (identical prompts
+from different requests too) and its cache rows copied to its `n` samples. Finished rows leave the batch
+(their cache rows are dropped) and, on models whose cache is all full-attention layers, new requests can
+join a running batch: they are prefilled on their own and their cache is left-padded to the batch's length
+and concatenated (continuous batching, so a request arriving mid-generation does not wait for the longest
+completion in flight).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import cast
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+from loops_nb.local.decoding import RowParams, draw_uniforms, prompt_logprobs
+from loops_nb.local.sampling_types import PromptLogprobEntry, SampledChoice, SampleRequest, SampleResult
+
+# (input_ids, attention_mask, position_ids, cache, all_logits) -> logits [B, S or 1, V]
+Forward = Callable[[Tensor, Tensor, Tensor, DynamicCache, bool], Tensor]
+
+
+@dataclass(eq=False)
+class Job:
+    """A queued request: what it asked for, resolved against the model, and where its answer goes."""
+
+    request: SampleRequest
+    adapter: str | None
+    future: Future[SampleResult]
+    max_tokens: int
+    stop_ids: frozenset[int]
+    choices: list[SampledChoice | None] = field(default_factory=list)
+    prompt_logprobs: list[PromptLogprobEntry | None] | None = None
+    adapter_version: int | None = None
+
+    @property
+    def rows(self) -> int:
+        return self.request.n
+
+    @property
+    def prompt(self) -> list[int]:
+        return self.request.prompt
+
+    def result(self) -> SampleResult:
+        assert all(choice is not None for choice in self.choices)
+        return SampleResult(
+            choices=list(self.choices),  # type: ignore[arg-type]
+            prompt_token_ids=list(self.prompt),
+            adapter=self.adapter,
+            adapter_version=self.adapter_version,
+            prompt_logprobs=self.prompt_logprobs,
+        )
+
+
+@dataclass(eq=False)
+class Row:
+    """One sample being generated: the tokens and logprobs so far."""
+
+    job: Job
+    index: int
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+
+
+def cache_is_mergeable(cache: DynamicCache) -> bool:
+    """Whether rows can join a running batch: every layer is a plain full-attention `DynamicLayer`
+    (sliding-window or recurrent layers cannot be left-padded after the fact)."""
+    return all(type(layer) is DynamicLayer for layer in cache.layers)
+
+
+def _layers(cache: DynamicCache) -> list[DynamicLayer]:
+    """The cache's layers, as the full-attention layers `cache_is_mergeable` checked they are."""
+    return cast(list[DynamicLayer], cache.layers)
+
+
+def _map_layers(cache: DynamicCache, fn: Callable[[Tensor], Tensor]) -> None:
+    """Replace every layer's keys and values `[B, heads, S, dim]` by `fn` of them."""
+    for layer in _layers(cache):
+        assert layer.keys is not None and layer.values is not None
+        layer.keys, layer.values = fn(layer.keys), fn(layer.values)
+
+
+class DecodeBatch:
+    """Rows decoding together under one adapter: their KV cache, attention mask and pending logits."""
+
+    def __init__(
+        self,
+        rows: list[Row],
+        cache: DynamicCache,
+        mask: Tensor,
+        next_position: Tensor,
+        logits: Tensor,
+        params: RowParams,
+    ) -> None:
+        self.rows = rows
+        self.cache = cache
+        self.mask = mask  # [B, S] long: 1 for real tokens, 0 for left padding
+        self.next_position = next_position  # [B] position id of each row's next token
+        self.logits = logits  # [B, V] the logits the next token is drawn from
+        self.params = params
+
+    @classmethod
+    def prefill(
+        cls,
+        jobs: list[Job],
+        forward: Forward,
+        new_cache: Callable[[], DynamicCache],
+        device: torch.device,
+        decode: Callable[[list[int]], list[str]],
+    ) -> DecodeBatch:
+        """Run the prompts of `jobs` through the model once each and expand them to one row per sample.
+
+        Jobs asking for prompt logprobs need logits at every prompt position; callers prefill such a job on
+        its own (it may be long) and merge, where the model allows merging.
+        """
+        all_logits = any(job.request.prompt_logprobs is not None for job in jobs)
+        unique: dict[tuple[int, ...], int] = {}
+        for job in jobs:
+            unique.setdefault(tuple(job.prompt), len(unique))
+        prompts = list(unique)
+        width = max(len(p) for p in prompts)
+        ids = torch.zeros(len(prompts), width, dtype=torch.long)
+        mask = torch.zeros(len(prompts), width, dtype=torch.long)
+        for i, prompt in enumerate(prompts):
+            ids[i, width - len(prompt) :] = torch.tensor(prompt)
+            mask[i, width - len(prompt) :] = 1
+        ids, mask = ids.to(device), mask.to(device)
+        positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)
+        cache = new_cache()
+        logits = forward(ids, mask, positions, cache, all_logits)
+
+        rows: list[Row] = []
+        source: list[int] = []
+        temperature, top_k, top_p, uniforms = [], [], [], []
+        for job in jobs:
+            slot = unique[tuple(job.prompt)]
+            request = job.request
+            if request.prompt_logprobs is not None:
+                job.prompt_logprobs = prompt_logprobs(
+                    logits[slot, width - len(job.prompt) : width - 1],
+                    job.prompt,
+                    request.prompt_logprobs,
+                    decode,
+                )
+            job.choices = [None] * request.n
+            rows += [Row(job, i) for i in range(request.n)]
+            source += [slot] * request.n
+            temperature += [request.temperature] * request.n
+            top_k += [request.top_k or 0] * request.n
+            top_p += [request.top_p] * request.n
+            uniforms.append(draw_uniforms(request.n, job.max_tokens, request.seed))
+        steps = max(u.shape[1] for u in uniforms)
+        table = torch.cat([F.pad(u, (0, steps - u.shape[1])) for u in uniforms])
+
+        index = torch.tensor(source, dtype=torch.long, device=device)
+        if source != list(range(len(prompts))):
+            cache.batch_select_indices(index)
+        return cls(
+            rows=rows,
+            cache=cache,
+            mask=mask[index],
+            next_position=positions[index, -1] + 1,
+            logits=logits[index, -1],
+            params=RowParams.build(temperature, top_k, top_p, table, device),
+        )
+
+    @property
+    def cache_length(self) -> int:
+        return self.mask.shape[1]
+
+    def merge(self, other: DecodeBatch) -> None:
+        """Append `other`'s rows, left-padding whichever cache is shorter (needs `cache_is_mergeable`)."""
+        length = max(self.cache_length, other.cache_length)
+        self._pad_left(length - self.cache_length)
+        other._pad_left(length - other.cache_length)
+        for mine, theirs in zip(_layers(self.cache), _layers(other.cache), strict=True):
+            assert mine.keys is not None and mine.values is not None
+            assert theirs.keys is not None and theirs.values is not None
+            mine.keys = torch.cat([mine.keys, theirs.keys])
+            mine.values = torch.cat([mine.values, theirs.values])
+        self.rows += other.rows
+        self.mask = torch.cat([self.mask, other.mask])
+        self.next_position = torch.cat([self.next_position, other.next_position])
+        self.logits = torch.cat([self.logits, other.logits])
+        self.params = self.params.concat(other.params)
+
+    def _pad_left(self, columns: int) -> None:
+        if columns > 0:
+            _map_layers(self.cache, lambda kv: F.pad(kv, (0, 0, columns, 0)))
+            self.mask = F.pad(self.mask, (columns, 0))
+
+    def keep(self, keep: list[int], trim: bool) -> None:
+        """Drop every row not in `keep`; with `trim`, also the cache columns that are padding in all rows."""
+        index = torch.tensor(keep, dtype=torch.long, device=self.mask.device)
+        self.cache.batch_select_indices(index)
+        self.rows = [self.rows[i] for i in keep]
+        self.mask = self.mask[index]
+        self.next_position = self.next_position[index]
+        self.params = self.params.select(keep)
+        if trim:
+            # First column some remaining row attends to; columns before it are padding for everyone.
+            first = int(self.mask.any(dim=0).int().argmax())
+            if first > 0:
+                self.mask = self.mask[:, first:]
+                _map_layers(self.cache, lambda kv: kv[:, :, first:])
+
+    def advance(self, tokens: Tensor, forward: Forward) -> None:
+        """Feed each row's chosen token (`tokens`, one per current row) and compute the next logits."""
+        self.mask = F.pad(self.mask, (0, 1), value=1)
+        logits = forward(tokens[:, None], self.mask, self.next_position[:, None], self.cache, False)
+        self.logits = logits[:, -1]
+        self.next_position = self.next_position + 1
+        self.params.step = self.params.step + 1
