@@ -49,8 +49,8 @@ class EmbeddedLoops:
         host: str = "127.0.0.1",
         port: int = 0,
         api_key: str | None = None,
-        state_dir: Path | None = None,
-        cache_dir: Path | None = None,
+        state_dir: str | os.PathLike[str] | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
         device: str = "auto",
         max_batch_sequences: int = 64,
         preload: tuple[str, ...] = (),
@@ -63,8 +63,8 @@ class EmbeddedLoops:
         self.port = port
         self.api_key = api_key or f"loops-local-{secrets.token_urlsafe(18)}"
         self.state = LocalLoopsState(
-            state_dir or default_state_dir(),
-            cache_dir=cache_dir,
+            Path(state_dir) if state_dir is not None else default_state_dir(),
+            cache_dir=Path(cache_dir) if cache_dir is not None else None,
             device=device,
             max_batch_sequences=max_batch_sequences,
         )

@@ -1,0 +1,41 @@
+"""Notebook widgets for runs and datasets: one object, three renderers.
+
+Every object here renders as a one-line ``text/plain``, an inline-styled ``text/html`` snapshot (no ``<style>``,
+``<script>`` or ``data-*``, so it survives untrusted notebooks and offline HTML export) and, for curves, plotly
+JSON. Live views go through one throttled display handle (`LiveDisplay`) whose last update is forced, so a
+notebook saved by papermill or nbconvert holds the final state. In scripts the same objects print text.
+
+- `LiveRun`: a run observer showing progress, ETA, the curve, health hints, tokens and recent attempts, with an
+  optional Stop button.
+- `RewardCurve`, `LossCurve`: training curves.
+- `TokenCounts`: sampled/trained tokens per step, or a dataset's trained/untrained totals.
+- `TargetPreview`: tokens coloured by loss weight (SFT examples, RL captures).
+- `AttemptsTable`: recent RL attempts with their transcripts.
+- `RunHealth`: the numbers to read first, with hints.
+"""
+
+from loops_nb.widgets.attempts_table import AttemptsTable
+from loops_nb.widgets.environment import LiveDisplay, environment, in_kernel, progress_mode
+from loops_nb.widgets.live_run import LiveRun
+from loops_nb.widgets.reward_curve import LossCurve, RewardCurve
+from loops_nb.widgets.run_health import Check, RunHealth
+from loops_nb.widgets.target_preview import TargetPreview
+from loops_nb.widgets.token_counts import TokenCounts
+from loops_nb.widgets.token_sequence import TokenSequence, as_sequences
+
+__all__ = [
+    "AttemptsTable",
+    "Check",
+    "LiveDisplay",
+    "LiveRun",
+    "LossCurve",
+    "RewardCurve",
+    "RunHealth",
+    "TargetPreview",
+    "TokenCounts",
+    "TokenSequence",
+    "as_sequences",
+    "environment",
+    "in_kernel",
+    "progress_mode",
+]

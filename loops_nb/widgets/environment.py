@@ -1,0 +1,197 @@
+"""Where output goes: a Jupyter kernel, a plain IPython shell, or a script; and a throttled live display.
+
+Every widget in this package is a plain object with three renderers (``text/plain``, inline-styled ``text/html``,
+sometimes plotly JSON). `LiveDisplay` shows such an object once through an IPython display handle and then
+re-renders it in place, at most ``max_hz`` times a second, because each update re-sends the whole output. The
+last update is forced by `LiveDisplay.finalize`, so the output a notebook saves (papermill, nbconvert, a later
+reopen) is the final state, not whatever the throttle last let through.
+
+Outside a kernel nothing is displayed: the object's ``str()`` is printed at a low rate instead (CI logs want a
+line every half minute, not two a second). ``LOOPS_NB_PROGRESS=auto|text|off`` overrides the choice: ``text``
+prints lines even in a kernel, ``off`` prints and displays nothing. Papermill cannot be told apart from a person
+at a notebook, so every path has to degrade gracefully rather than guess.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, Literal, TextIO
+
+log = logging.getLogger("loops_nb.widgets")
+
+Environment = Literal["kernel", "ipython", "script"]
+ProgressMode = Literal["auto", "text", "off"]
+ENV_VAR = "LOOPS_NB_PROGRESS"
+_MODES = ("auto", "text", "off")
+
+
+def environment() -> Environment:
+    """``kernel`` in a Jupyter kernel (Lab, VS Code, papermill, nbmake), ``ipython`` in a terminal IPython,
+    else ``script``."""
+    try:
+        from IPython import get_ipython
+    except ImportError:  # IPython is a dependency, but a widget must never be why a script fails
+        return "script"
+    shell = get_ipython()
+    if shell is None:
+        return "script"
+    return "kernel" if type(shell).__name__ == "ZMQInteractiveShell" else "ipython"
+
+
+def in_kernel() -> bool:
+    return environment() == "kernel"
+
+
+def progress_mode(mode: str | None = None) -> ProgressMode:
+    """The requested mode: the argument if given, else ``$LOOPS_NB_PROGRESS``, else ``auto``."""
+    value = (mode or os.environ.get(ENV_VAR) or "auto").strip().lower()
+    if value not in _MODES:
+        log.warning("%s=%r is not one of %s; using auto", ENV_VAR, value, "|".join(_MODES))
+        return "auto"
+    return value  # type: ignore[return-value]
+
+
+def resolve_output(mode: str | None = None, display_fn: Any = None) -> Literal["display", "text", "off"]:
+    """What a live object should do here: ``display`` (rich output through a handle), ``text`` or ``off``.
+    An explicit ``display_fn`` is a frontend of its own, so ``auto`` then means ``display`` anywhere."""
+    requested = progress_mode(mode)
+    if requested == "auto":
+        return "display" if display_fn is not None or in_kernel() else "text"
+    return requested
+
+
+class LiveDisplay:
+    """Shows ``obj`` once and re-renders it in place, throttled.
+
+    ``update()`` re-renders at most ``max_hz`` times a second; a call that comes too soon marks the output stale
+    and, when an event loop is running, schedules one trailing re-render, so the screen never lags the object by
+    more than one interval even if updates stop (a long checkpoint save after the last step). ``finalize()``
+    always re-renders. In text mode ``str(obj)`` is printed at most every ``text_interval_s`` seconds (``None``:
+    never, for callers that print their own lines). ``display_fn`` replaces IPython's ``display`` (tests, other
+    frontends): it is called as ``display_fn(obj, display_id=True)`` and must return an object with
+    ``update(obj)``. ``output`` skips the environment check (``display``, ``text`` or ``off``).
+    """
+
+    def __init__(
+        self,
+        obj: Any,
+        *,
+        max_hz: float = 2.0,
+        mode: str | None = None,
+        text_interval_s: float | None = 30.0,
+        stream: TextIO | None = None,
+        display_fn: Callable[..., Any] | None = None,
+        output: Literal["display", "text", "off"] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.obj = obj
+        self.min_interval = 1.0 / max_hz if max_hz > 0 else 0.0
+        self.output = output or resolve_output(mode, display_fn)
+        self.text_interval_s = text_interval_s
+        self.stream = stream
+        self.handle: Any = None
+        self.renders = 0  # how many times the object was rendered (display + updates, or printed lines)
+        self._display_fn = display_fn
+        self._clock = clock
+        self._last = -float("inf")
+        self._stale = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._shown = False
+
+    @property
+    def shown(self) -> bool:
+        return self._shown
+
+    def show(self) -> LiveDisplay:
+        """Display the object (once; later calls do nothing)."""
+        if self._shown:
+            return self
+        self._shown = True
+        if self.output == "display":
+            display_fn = self._display_fn or ipython_display
+            self.handle = display_fn(self.obj, display_id=True)
+            self.renders += 1
+        elif self.output == "text" and self.text_interval_s is not None:
+            self._print()
+        self._last = self._clock()
+        return self
+
+    def update(self, *, force: bool = False) -> bool:
+        """Re-render if the last render is at least one interval old (or ``force``); returns whether it did."""
+        if not self._shown:
+            self.show()
+            return True
+        if self.output == "off":
+            return False
+        interval = self.min_interval if self.output == "display" else (self.text_interval_s or 0.0)
+        if self.output == "text" and self.text_interval_s is None:
+            return False
+        wait = self._last + interval - self._clock()
+        if not force and wait > 0:
+            self._stale = True
+            self._schedule(wait)
+            return False
+        self._render()
+        return True
+
+    def finalize(self) -> None:
+        """Render the final state, whatever the throttle says; in text mode only if something changed."""
+        self._cancel()
+        if not self._shown:
+            self.show()
+            return
+        printing = self.output == "text" and self.text_interval_s is not None
+        if self.output == "display" or (printing and self._stale):
+            self._render()
+
+    # -- internals -----------------------------------------------------------------------------------------
+
+    def _render(self) -> None:
+        self._cancel()
+        self._stale = False
+        self._last = self._clock()
+        if self.output == "display" and self.handle is not None:
+            self.handle.update(self.obj)
+            self.renders += 1
+        elif self.output == "text":
+            self._print()
+
+    def _print(self) -> None:
+        print(str(self.obj), file=self.stream or sys.stdout, flush=True)
+        self.renders += 1
+
+    def _schedule(self, delay: float) -> None:
+        # A trailing re-render needs a running loop; without one (a synchronous script) the next update() or
+        # finalize() catches up instead.
+        if self._timer is not None or self.output != "display":
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self._timer = loop.call_later(delay, self._flush)
+
+    def _flush(self) -> None:
+        self._timer = None
+        if self._stale:
+            try:
+                self._render()
+            except Exception:  # a display glitch must never surface in the training loop's callbacks
+                log.exception("live display update failed")
+
+    def _cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
+def ipython_display(obj: Any, *, display_id: bool = True) -> Any:
+    """IPython's ``display``, imported only when something is displayed."""
+    from IPython.display import display
+
+    return display(obj, display_id=display_id)

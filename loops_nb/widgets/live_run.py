@@ -1,0 +1,317 @@
+"""`LiveRun`: a run observer that shows the whole run in one live notebook output, or prints lines in a script.
+
+It composes the other widgets (reward or loss curve, run health, token counts, recent attempts) under a
+progress line with the step counter and ETA, and re-renders them through one throttled display handle, so the
+notebook never receives more than a couple of updates a second and a saved notebook holds the final state. The
+panel is plain inline-styled HTML (the curve drawn with positioned ``<div>``s rather than SVG, which JupyterLab
+strips from untrusted notebooks), so it reads the same live, in papermill output, offline HTML and on reopen.
+
+Stopping: ``LiveRun(stop_event=asyncio.Event())`` adds a Stop button (an ipywidgets Button, only in a kernel)
+that sets the event; pass the same event to the loop (``project.train(observers=[live], stop=live.stop_event)``),
+which checks it between steps and saves a checkpoint. Whether a click arrives while the cell is still running
+depends on the kernel. Verified with ipykernel 7.4: a cell that *awaits* (``await project.train(...)``) has comm
+messages dispatched concurrently, so the click lands at once; a cell that blocks without awaiting (``train_sync``)
+gets the click only after it finishes. Older ipykernels (6.x) queue comm messages behind any running cell, await
+or not. `LiveRun.run_in_background` starts the run as an asyncio task and returns at once, which works everywhere.
+When the run ends the button is replaced by a static line, so no dead widget is saved with the notebook.
+
+Outside a kernel (or with ``LOOPS_NB_PROGRESS=text``) it prints one line per step, as `TerminalReporter` does;
+``LOOPS_NB_PROGRESS=off`` shows nothing, while the data is still collected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Callable, Coroutine
+from html import escape
+from typing import Any, TextIO
+
+from loops_nb.observers import TerminalReporter, eta
+from loops_nb.widgets.attempts_table import AttemptsTable
+from loops_nb.widgets.environment import LiveDisplay, ipython_display, resolve_output
+from loops_nb.widgets.reward_curve import LossCurve, RewardCurve
+from loops_nb.widgets.run_health import RunHealth
+from loops_nb.widgets.token_counts import TokenCounts
+
+log = logging.getLogger("loops_nb.widgets")
+_STATUS_COLOUR = {"running": "#0969da", "stopping": "#9a6700", "stopped": "#9a6700", "completed": "#1a7f37"}
+
+
+class LiveRun:
+    """A run observer (``on_start``/``on_step``/``on_attempt``/``on_progress``/``on_end``) rendering the run live.
+
+    ``stop_event`` adds a Stop button that sets it; ``max_hz`` caps re-renders; ``mode`` overrides
+    ``$LOOPS_NB_PROGRESS``; ``stream`` is where script lines go; ``attempts`` how many recent attempts the panel
+    keeps; ``display_fn`` replaces IPython's ``display`` (tests, other frontends).
+    """
+
+    def __init__(
+        self,
+        *,
+        stop_event: asyncio.Event | None = None,
+        max_hz: float = 2.0,
+        mode: str | None = None,
+        stream: TextIO | None = None,
+        attempts: int = 20,
+        display_fn: Callable[..., Any] | None = None,
+    ) -> None:
+        self.stop_event = stop_event
+        self.output = resolve_output(mode, display_fn)
+        self.curve: RewardCurve | LossCurve | None = None
+        self.tokens = TokenCounts()
+        anchor = f"loops-attempts-{uuid.uuid4().hex[:8]}"
+        self.attempts = AttemptsTable(max_rows=attempts, anchor=anchor)
+        self.health = RunHealth(attempts_anchor=anchor)
+        self.info: dict[str, Any] = {}
+        self.progress: dict[str, Any] = {}
+        self.status = "waiting"
+        self.step: int | None = None  # steps done (the last record's step + 1)
+        self.started: float | None = None
+        self.ended: float | None = None
+        self.task: asyncio.Task[Any] | None = None
+        self._display = LiveDisplay(
+            self, max_hz=max_hz, output=self.output, text_interval_s=None, display_fn=display_fn
+        )
+        self._display_fn = display_fn
+        self._reporter = TerminalReporter(stream) if self.output == "text" else None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.button: Any = None
+        self._button_handle: Any = None
+
+    # -- observer protocol ------------------------------------------------------------------------------------
+
+    def on_start(self, info: dict[str, Any]) -> None:
+        self.info = dict(info)
+        if self.status != "stopping":  # Stop may be pressed before the run has set itself up
+            self.status = "running"
+        self.started = time.monotonic()
+        self.step = int(info.get("start_step") or 0)
+        self._remember_loop()
+        if self.curve is None and info.get("recipe") in ("rl", "sft"):
+            self.curve = RewardCurve() if info["recipe"] == "rl" else LossCurve()
+        if self._reporter:
+            self._reporter.on_start(info)
+        if self._display.shown:  # shown before the run started (run_in_background, or by hand): refresh it
+            self._display.update(force=True)
+        else:
+            self.show()
+
+    def on_step(self, record: dict[str, Any]) -> None:
+        if self.started is None:
+            self.started = time.monotonic()
+            self.status = "running"
+        self.step = int(record["step"]) + 1
+        if self.curve is None:
+            self.curve = RewardCurve() if "reward/mean" in record else LossCurve()
+        self.curve.on_step(record)
+        self.tokens.on_step(record)
+        self.health.on_step(record)
+        if self._reporter:
+            self._reporter.on_step(record)
+        self._display.update()
+
+    def on_attempt(self, record: dict[str, Any]) -> None:
+        self.attempts.on_attempt(record)
+        self.health.on_attempt(record)
+        self._display.update()
+
+    def on_progress(self, snapshot: dict[str, Any]) -> None:
+        self.progress = dict(snapshot)
+        if self._reporter:
+            self._reporter.on_progress(snapshot)
+        self._display.update()
+
+    def on_end(self, summary: dict[str, Any]) -> None:
+        self.status = str(summary.get("status") or "completed")
+        self.ended = time.monotonic()
+        if summary.get("steps") is not None:
+            self.step = int(summary["steps"])
+        if self._reporter:
+            self._reporter.on_end(summary)
+        self.finalize()
+
+    # -- display and control ----------------------------------------------------------------------------------
+
+    def show(self) -> LiveRun:
+        """Display the Stop button (if any) and the panel; later calls do nothing."""
+        if self.output == "display" and self.button is None and self.stop_event is not None:
+            self.button = self._make_button()
+            if self.button is not None:
+                self._button_handle = (self._display_fn or ipython_display)(self.button, display_id=True)
+        self._display.show()
+        return self
+
+    def finalize(self) -> None:
+        """Render the final state and retire the Stop button (called by ``on_end``)."""
+        if self.button is not None:
+            with contextlib.suppress(Exception):  # the kernel's comm may already be gone
+                self.button.disabled = True
+                if self._button_handle is not None:
+                    self._button_handle.update(_Static(f"run {self.status} at step {self.step}"))
+                self.button.close()
+            self.button = None
+        self._display.finalize()
+
+    def stop(self) -> None:
+        """Ask the run to stop at the next step boundary (what the Stop button does)."""
+        if self.stop_event is None:
+            raise RuntimeError("this LiveRun has no stop_event: pass LiveRun(stop_event=asyncio.Event())")
+        loop = self._loop
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        # asyncio.Event is not thread-safe: a click handled on another thread (a kernel subshell) hands the
+        # whole stop over to the loop the run waits on.
+        if loop is not None and running is not loop and not loop.is_closed():
+            loop.call_soon_threadsafe(self._stop_here)
+        else:
+            self._stop_here()
+
+    def _stop_here(self) -> None:
+        assert self.stop_event is not None
+        self.stop_event.set()
+        if self.status in ("running", "waiting"):
+            self.status = "stopping"
+        if self.button is not None:
+            with contextlib.suppress(Exception):  # the kernel's comm may already be gone
+                self.button.disabled = True
+                self.button.description = "Stopping at the next step…"
+        self._display.update(force=True)
+
+    def run_in_background(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        """Start ``coro`` (e.g. ``project.train(observers=[live], stop=live.stop_event)``) as a task on the
+        running loop and return it at once: the cell finishes, the kernel stays free for Stop clicks and other
+        cells, and ``await task`` (or ``task.result()``) gives the outcome later."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            coro.close()
+            raise RuntimeError(
+                "run_in_background needs a running event loop (a notebook kernel); "
+                "in a script, use asyncio.run(...)"
+            ) from None
+        self._loop = loop
+        self.show()
+        self.task = loop.create_task(coro, name="loops_nb run")
+        self.task.add_done_callback(self._task_done)
+        return self.task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        if task.cancelled():
+            self.status = "cancelled"
+        elif task.exception() is not None:
+            exc = task.exception()
+            self.status = f"failed: {type(exc).__name__}: {exc}"
+            # The task's exception is reported here; nobody may ever await it.
+            log.error("background run failed", exc_info=exc)
+        elif self.status not in ("running", "stopping"):
+            return  # on_end already finalized
+        self.finalize()
+
+    def _make_button(self) -> Any:
+        try:
+            import ipywidgets
+        except ImportError:
+            return None
+        button = ipywidgets.Button(
+            description="Stop",
+            button_style="danger",
+            icon="stop",
+            tooltip="Stop at the next step boundary; a checkpoint is saved",
+        )
+        button.on_click(lambda _: self.stop())
+        return button
+
+    def _remember_loop(self) -> None:
+        with contextlib.suppress(RuntimeError):  # called without a loop (a synchronous test)
+            self._loop = asyncio.get_running_loop()
+
+    # -- renderers --------------------------------------------------------------------------------------------
+
+    def progress_line(self) -> str:
+        total = int(self.info.get("max_steps") or 0)
+        start = int(self.info.get("start_step") or 0)
+        done = self.step or 0
+        parts = []
+        if self.info.get("recipe"):
+            parts.append(
+                str(self.info["recipe"]).upper()
+                + (f" · {self.info['model']}" if self.info.get("model") else "")
+            )
+        parts.append(f"step {done}/{total}" if total else f"step {done}")
+        if self.started is not None:
+            elapsed = (self.ended or time.monotonic()) - self.started
+            parts.append(f"{_duration(elapsed)} elapsed")
+            if self.status in ("running", "stopping") and total:
+                parts.append(f"ETA {eta(done - start, total - start, elapsed)}")
+        if self.progress.get("attempts_done") is not None:
+            flight = self.progress.get("in_flight")
+            parts.append(
+                f"{self.progress['attempts_done']} attempts" + (f" ({flight} in flight)" if flight else "")
+            )
+        parts.append(self.status)
+        return " · ".join(parts)
+
+    def __repr__(self) -> str:
+        return f"LiveRun({self.progress_line()})"
+
+    def __str__(self) -> str:
+        lines = [self.progress_line()]
+        if self.curve is not None:
+            lines.append(str(self.curve))
+        lines += [str(self.health), self.tokens.summary()]
+        if self.attempts.seen:
+            lines.append(self.attempts.summary())
+        return "\n".join(lines)
+
+    def to_html(self) -> str:
+        colour = _STATUS_COLOUR.get(self.status, "#cf222e")
+        head = (
+            f'<div style="font:600 13px system-ui,sans-serif;margin-bottom:6px">'
+            f'<span style="display:inline-block;width:8px;height:8px;border-radius:50%;background:{colour};'
+            f'margin-right:6px"></span>{escape(self.progress_line())}</div>'
+        )
+        if self.info.get("run_dir"):
+            run_dir = escape(str(self.info["run_dir"]))
+            head += f'<div style="font:11px monospace;color:#6b7280;margin-bottom:6px">{run_dir}</div>'
+        chart = self.curve.to_dot_chart(width=440) if self.curve is not None else ""
+        # The chart and the token table side by side (they wrap on a narrow page); health hints are long lines.
+        top = (
+            f'<div style="display:flex;flex-wrap:wrap;gap:18px;align-items:flex-start">'
+            f"<div>{chart}</div><div>{self.tokens.to_html()}</div></div>"
+        )
+        health = f'<div style="margin-top:6px">{self.health.to_html()}</div>'
+        attempts = (
+            f'<div style="margin-top:8px">{self.attempts.to_html()}</div>' if self.attempts.seen else ""
+        )
+        return f'<div style="padding:4px 0">{head}{top}{health}{attempts}</div>'
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        return {"text/plain": repr(self), "text/html": self.to_html()}
+
+
+class _Static:
+    """A finished run's stand-in for its Stop button: plain text and HTML, nothing that needs a kernel."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        return {
+            "text/plain": self.text,
+            "text/html": f'<div style="font:12px system-ui,sans-serif;color:#57606a">{escape(self.text)}</div>',
+        }
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    return (
+        f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+        if seconds >= 3600
+        else f"{seconds // 60}m{seconds % 60:02d}s"
+    )

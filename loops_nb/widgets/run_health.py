@@ -1,0 +1,258 @@
+"""Run health: the handful of numbers to read, in the order to read them, each with a hint.
+
+For RL the reading order is: is reward moving (``reward/mean``); is there a learning signal at all
+(``reward/group_std_mean`` and the share of groups whose attempts all scored the same, which train nothing); are
+attempts being thrown away (discards, by reason); do sampler and trainer agree on the policy
+(``kl/sample_train_v1``, which should stay near zero); and finally the transcripts, because a reward can rise for
+the wrong reason. SFT step records (``loss``, ``eval/loss``) get the two questions that matter there: is loss
+falling, and is eval loss following it.
+
+The hints are rough guides over the last ``window`` steps, not verdicts: they point at what to look at next.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from html import escape
+from typing import Any, Literal
+
+from loops_nb.widgets.environment import LiveDisplay
+from loops_nb.widgets.svg_chart import fmt, sparkline
+
+Status = Literal["ok", "warn", "bad", "info", "wait"]
+_GLYPH: dict[str, tuple[str, str]] = {
+    "ok": ("✓", "#1a7f37"),
+    "warn": ("!", "#9a6700"),
+    "bad": ("✗", "#cf222e"),
+    "info": ("·", "#57606a"),
+    "wait": ("…", "#8c959f"),
+}
+KL_WARN, KL_BAD = 0.01, 0.1
+ZERO_VARIANCE_WARN, ZERO_VARIANCE_BAD = 0.5, 0.9
+DISCARD_WARN, DISCARD_BAD = 0.1, 0.5
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: Status
+    value: str
+    hint: str
+    trend: str = ""
+
+
+class RunHealth:
+    """Health checks computed from step records (``on_step``); ``attempts_seen`` and ``attempts_anchor`` let the
+    transcripts check point at an `AttemptsTable`."""
+
+    def __init__(self, *, window: int = 10, attempts_anchor: str | None = None) -> None:
+        self.window = window
+        self.attempts_anchor = attempts_anchor
+        self.records: list[dict[str, Any]] = []
+        self.discard_reasons: Counter[str] = Counter()
+        self.attempts_seen = 0
+
+    def on_step(self, record: Mapping[str, Any]) -> None:
+        # Only numbers are kept: a long run's records stay small.
+        self.records.append({k: v for k, v in record.items() if isinstance(v, int | float)})
+        for key, value in record.items():
+            if key.startswith("discarded/") and isinstance(value, int):
+                self.discard_reasons[key.removeprefix("discarded/")] += value
+
+    add_record = on_step
+
+    def on_attempt(self, record: Mapping[str, Any]) -> None:
+        self.attempts_seen += 1
+
+    # -- checks ------------------------------------------------------------------------------------------------
+
+    def checks(self) -> list[Check]:
+        if any("reward/mean" in r for r in self.records):
+            return [self._reward(), self._signal(), self._discards(), self._kl(), self._transcripts()]
+        if any("loss" in r for r in self.records):
+            return [self._loss(), self._eval_loss()]
+        return [Check("steps", "wait", "0", "waiting for the first step")]
+
+    def _series(self, key: str) -> list[float]:
+        return [float(r[key]) for r in self.records if key in r]
+
+    def _reward(self) -> Check:
+        values = self._series("reward/mean")
+        recent = values[-self.window :]
+        trend = sparkline(values)
+        if len(values) < 4:
+            return Check("reward/mean", "wait", fmt(values[-1], 3), "too few steps for a trend", trend)
+        half = len(recent) // 2
+        delta = statistics.fmean(recent[half:]) - statistics.fmean(recent[:half])
+        stds = self._series("reward/std")[-self.window :]
+        scale = statistics.fmean(stds) if stds and statistics.fmean(stds) > 0 else max(abs(recent[-1]), 1e-3)
+        over = f"over the last {len(recent)} steps"
+        if max(recent) - min(recent) < 1e-9:
+            return Check("reward/mean", "warn", fmt(values[-1], 3), f"flat: unchanged {over}", trend)
+        if delta > 0.1 * scale:
+            return Check("reward/mean", "ok", fmt(values[-1], 3), f"rising ({delta:+.3g} {over})", trend)
+        if delta < -0.1 * scale:
+            return Check(
+                "reward/mean",
+                "warn",
+                fmt(values[-1], 3),
+                f"falling ({delta:+.3g} {over}): read transcripts; check KL and the learning rate",
+                trend,
+            )
+        status: Status = "warn" if len(values) >= 2 * self.window else "info"
+        return Check(
+            "reward/mean",
+            status,
+            fmt(values[-1], 3),
+            f"flat ({delta:+.3g} {over}): is there signal? see group variance below",
+            trend,
+        )
+
+    def _signal(self) -> Check:
+        stds = self._series("reward/group_std_mean")
+        zero = self._series("groups/zero_variance_frac")[-self.window :]
+        value = fmt(stds[-1], 3) if stds else "-"
+        if not zero:
+            return Check(
+                "reward/group_std_mean", "info", value, "zero-variance share not reported", sparkline(stds)
+            )
+        share = statistics.fmean(zero)
+        text = f"{share:.0%} of groups had identical rewards (they train nothing)"
+        if share >= ZERO_VARIANCE_BAD:
+            return Check(
+                "reward/group_std_mean",
+                "bad",
+                value,
+                f"{text}: almost no learning signal; tasks too easy or too hard, or reward too coarse",
+                sparkline(stds),
+            )
+        if share >= ZERO_VARIANCE_WARN:
+            return Check(
+                "reward/group_std_mean",
+                "warn",
+                value,
+                f"{text}: weak signal; a larger group size or a finer-grained reward helps",
+                sparkline(stds),
+            )
+        return Check("reward/group_std_mean", "ok", value, text, sparkline(stds))
+
+    def _discards(self) -> Check:
+        recent = self.records[-self.window :]
+        attempts = sum(int(r.get("attempts", 0)) for r in recent)
+        discarded = sum(int(r.get("attempts/discarded", 0)) for r in recent)
+        if not attempts:
+            return Check("discarded", "info", "-", "attempt counts not reported")
+        share = discarded / attempts
+        reasons = ", ".join(f"{k} ×{n}" for k, n in self.discard_reasons.most_common(3))
+        text = f"{discarded} of {attempts} attempts in the last {len(recent)} steps" + (
+            f"; all run: {reasons}" if reasons else ""
+        )
+        status: Status = "bad" if share >= DISCARD_BAD else "warn" if share >= DISCARD_WARN else "ok"
+        return Check("discarded", status, f"{share:.0%}", text)
+
+    def _kl(self) -> Check:
+        values = self._series("kl/sample_train_v1")
+        if not values:
+            return Check("kl/sample_train_v1", "info", "-", "not reported yet (needs a trained step)")
+        worst = max(abs(v) for v in values[-self.window :])
+        status: Status
+        if worst >= KL_BAD:
+            status, hint = (
+                "bad",
+                "sampler and trainer disagree on the policy: stale sampler weights or a numerics mismatch",
+            )
+        elif worst >= KL_WARN:
+            status, hint = "warn", "sampler and trainer drift apart; watch it"
+        else:
+            status, hint = "ok", "sampler and trainer agree"
+        return Check(
+            "kl/sample_train_v1",
+            status,
+            fmt(values[-1], 3),
+            f"{hint} (max |kl| {fmt(worst, 2)} in the last {min(len(values), self.window)} steps)",
+            sparkline(values),
+        )
+
+    def _transcripts(self) -> Check:
+        return Check(
+            "transcripts",
+            "info",
+            str(self.attempts_seen),
+            "attempts seen: read a few below; reward can rise for the wrong reason",
+        )
+
+    def _loss(self) -> Check:
+        values = self._series("loss")
+        if len(values) < 4:
+            return Check("loss", "wait", fmt(values[-1], 3) if values else "-", "too few steps for a trend")
+        recent = values[-self.window :]
+        half = len(recent) // 2
+        delta = statistics.fmean(recent[half:]) - statistics.fmean(recent[:half])
+        if delta < 0:
+            return Check("loss", "ok", fmt(values[-1], 3), f"falling ({delta:+.3g})", sparkline(values))
+        return Check(
+            "loss",
+            "warn",
+            fmt(values[-1], 3),
+            f"not falling ({delta:+.3g} over {len(recent)} steps): "
+            "check the learning rate and the target preview",
+            sparkline(values),
+        )
+
+    def _eval_loss(self) -> Check:
+        values = self._series("eval/loss")
+        if not values:
+            return Check("eval/loss", "info", "-", "no eval yet")
+        best = min(values)
+        if len(values) >= 2 and values[-1] > best * 1.02:
+            return Check(
+                "eval/loss",
+                "warn",
+                fmt(values[-1], 3),
+                f"above its best ({fmt(best, 3)}): overfitting? compare with train loss",
+                sparkline(values),
+            )
+        return Check("eval/loss", "ok", fmt(values[-1], 3), "at its best so far", sparkline(values))
+
+    # -- renderers ---------------------------------------------------------------------------------------------
+
+    def summary(self) -> str:
+        counts = Counter(c.status for c in self.checks())
+        parts = ", ".join(f"{counts[s]} {s}" for s in ("ok", "warn", "bad") if counts[s])
+        return f"RunHealth({len(self.records)} steps{': ' + parts if parts else ''})"
+
+    __repr__ = summary
+
+    def __str__(self) -> str:
+        lines = [self.summary()]
+        for c in self.checks():
+            lines.append(f"  {_GLYPH[c.status][0]} {c.name:<22} {c.value:>8}  {c.hint}")
+        return "\n".join(lines)
+
+    def to_html(self) -> str:
+        rows = []
+        for c in self.checks():
+            glyph, colour = _GLYPH[c.status]
+            hint = escape(c.hint)
+            if c.name == "transcripts" and self.attempts_anchor:
+                hint = f'<a href="#{escape(self.attempts_anchor)}" style="color:#0969da">{hint}</a>'
+            rows.append(
+                f'<tr><td style="padding:1px 6px;color:{colour};font-weight:700" title="{c.status}">{glyph}</td>'
+                f'<td style="padding:1px 6px;white-space:nowrap">{escape(c.name)}</td>'
+                f'<td style="padding:1px 6px;text-align:right;font-weight:600">{escape(c.value)}</td>'
+                f'<td style="padding:1px 6px;color:#57606a;letter-spacing:-1px">{escape(c.trend)}</td>'
+                f'<td style="padding:1px 6px;color:#1f2328">{hint}</td></tr>'
+            )
+        return (
+            '<table style="border-collapse:collapse;font:12px/1.5 system-ui,sans-serif">'
+            f"{''.join(rows)}</table>"
+        )
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        return {"text/plain": self.summary(), "text/html": self.to_html()}
+
+    def show(self, **kwargs: Any) -> LiveDisplay:
+        return LiveDisplay(self, **kwargs).show()

@@ -1,0 +1,258 @@
+"""Target previews: every token of a training sequence, coloured by its loss weight.
+
+A preview answers "what exactly does this train on?" before any money is spent: the chat template's rendering,
+which turns train, whether the stop token is trained, what the template writes after it. It takes SFT examples
+(`Example`, `RenderedRow`, a `CheckReport`'s samples) and RL captures (`CapturedSequence`, `TokenCapture`,
+`ModelCall`: sampled tokens train, context does not), or a `TokenSequence` built by hand.
+
+HTML: one ``<span>`` per token with an inline style (trained green ``rgba(46,160,67,α)`` with
+``α = 0.25 + 0.5·min(w, 1)``, negative weights red, masked transparent, a faint outline at token boundaries)
+and a ``title`` hover ``#k id=… weight=… 'piece'``; newlines show as ``↵``, tabs as ``→``. Inline styles and
+titles survive untrusted notebooks and offline nbconvert; nothing depends on ``<style>``, JS or ``data-*``.
+
+Text is never decoded one token at a time: a character split over several byte-level tokens would turn into
+U+FFFD. Tokens are decoded in context and grouped until their text is whole, and a group with a multi-byte
+character shares one span (its hover lists each token). Given the sequence's text and character offsets (from a
+fast tokenizer's ``return_offsets_mapping``), the text is sliced instead.
+
+Plain text (scripts, logs, nbval goldens) brackets trained runs as ``[[…]]`` (negative ones ``[[-…-]]``) and
+ends each sequence with ``(N tokens, M trained)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from html import escape
+from typing import Any
+
+from loops_nb.widgets.svg_chart import fmt
+from loops_nb.widgets.token_sequence import TokenSequence, as_sequences
+
+_CONTEXT = 4  # tokens decoded before a token so that decoders that strip a leading space see its neighbours
+_MAX_GROUP = 8  # a byte-level character needs at most 4 tokens; stop merging well after that
+_SPAN = "outline:1px solid rgba(0,0,0,0.08);border-radius:2px"
+_BOX = (
+    "font:12px/1.6 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;white-space:pre-wrap;"
+    "word-break:break-all;border:1px solid #d0d7de;border-radius:6px;padding:6px 8px;margin:2px 0 10px"
+)
+
+
+class TargetPreview:
+    """Tokens of one or more sequences coloured by loss weight; each shows its first ``max_tokens`` tokens."""
+
+    def __init__(
+        self, examples: Any, tokenizer: Any, max_tokens: int = 1000, *, max_sequences: int = 10
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.max_tokens = max_tokens
+        all_sequences = as_sequences(examples, tokenizer)
+        self.sequences = all_sequences[:max_sequences]
+        self.hidden_sequences = len(all_sequences) - len(self.sequences)
+        self._pieces: dict[int, list[_Piece]] = {}
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(len(s.input_ids) for s in self.sequences)
+
+    @property
+    def n_trained(self) -> int:
+        return sum(s.n_trained for s in self.sequences)
+
+    def summary(self) -> str:
+        return (
+            f"TargetPreview({_count(len(self.sequences), 'sequence')}, {self.n_tokens} tokens, "
+            f"{self.n_trained} trained, {self.n_tokens - self.n_trained} not trained)"
+        )
+
+    __repr__ = summary
+
+    def pieces(self, index: int) -> list[_Piece]:
+        """Sequence ``index`` (its shown tokens) as whole-character pieces."""
+        if index not in self._pieces:
+            seq = self.sequences[index]
+            self._pieces[index] = _split(seq, self.tokenizer, min(len(seq.input_ids), self.max_tokens))
+        return self._pieces[index]
+
+    # -- text --------------------------------------------------------------------------------------------------
+
+    def __str__(self) -> str:
+        blocks = [self._text(i) for i in range(len(self.sequences))]
+        if self.hidden_sequences:
+            blocks.append(f"… {_count(self.hidden_sequences, 'more sequence')}")
+        return "\n\n".join(blocks)
+
+    def _text(self, index: int) -> str:
+        seq = self.sequences[index]
+        out = [self._header(seq) + "\n"]
+        if seq.note:
+            out.append(f"note: {seq.note}\n")
+        open_run: tuple[int, int] | None = None  # (sign of the weight, turn) of the bracketed run
+        for piece in self.pieces(index):
+            sign = (piece.weight > 0) - (piece.weight < 0)
+            if open_run is not None and (sign, piece.turn) != open_run:
+                out.append("]]" if open_run[0] > 0 else "-]]")
+                open_run = None
+            if sign and open_run is None:
+                out.append("[[" if sign > 0 else "[[-")
+                open_run = (sign, piece.turn)
+            out.append(piece.text)
+        if open_run is not None:
+            out.append("]]" if open_run[0] > 0 else "-]]")
+        text = "".join(out)
+        more = len(seq.input_ids) - min(len(seq.input_ids), self.max_tokens)
+        if more:
+            text += f"\n… {more} more tokens"
+        return f"{text}\n({len(seq.input_ids)} tokens, {seq.n_trained} trained)"
+
+    def _header(self, seq: TokenSequence) -> str:
+        n, trained, negative = len(seq.input_ids), seq.n_trained, seq.n_negative
+        parts = [f"{n} tokens", f"{trained} trained"]
+        if negative:
+            parts.append(f"{negative} negative")
+        parts.append(f"{n - trained - negative} masked")
+        label = f"{seq.label}: " if seq.label else ""
+        return label + ", ".join(parts)
+
+    # -- HTML --------------------------------------------------------------------------------------------------
+
+    def to_html(self) -> str:
+        legend = (
+            f'<span style="background:rgba(46,160,67,0.75);{_SPAN}">&nbsp;trained&nbsp;</span> '
+            f'<span style="background:rgba(218,54,51,0.75);{_SPAN}">&nbsp;negative&nbsp;</span> '
+            f'<span style="{_SPAN}">&nbsp;masked&nbsp;</span>'
+        )
+        out = [
+            f'<div style="font:12px system-ui,sans-serif;color:#1f2328"><div style="margin-bottom:4px">'
+            f"<b>{escape(self.summary())}</b> &nbsp; {legend} &nbsp; "
+            f'<span style="color:#6b7280">hover a token for its id and weight</span></div>'
+        ]
+        out.extend(self._html(i) for i in range(len(self.sequences)))
+        if self.hidden_sequences:
+            out.append(f'<div style="color:#6b7280">… {_count(self.hidden_sequences, "more sequence")}</div>')
+        out.append("</div>")
+        return "".join(out)
+
+    def _html(self, index: int) -> str:
+        seq = self.sequences[index]
+        head = [f'<div style="font-weight:600">{escape(self._header(seq))}</div>']
+        if seq.turns is not None:
+            per_turn: dict[int, int] = {}
+            for t, w in zip(seq.turns, seq.weights, strict=True):
+                if t >= 0 and w != 0:
+                    per_turn[t] = per_turn.get(t, 0) + 1
+            if per_turn:
+                text = ", ".join(f"messages[{t}]: {k} tokens" for t, k in sorted(per_turn.items()))
+                head.append(f'<div style="color:#57606a">trained turns: {escape(text)}</div>')
+        if seq.note:
+            head.append(f'<div style="color:#9a6700;font-style:italic">{escape(seq.note)}</div>')
+        spans = [self._span(p) for p in self.pieces(index)]
+        more = len(seq.input_ids) - min(len(seq.input_ids), self.max_tokens)
+        if more:
+            hidden = seq.weights[self.max_tokens :]
+            trained = sum(1 for w in hidden if w > 0)
+            spans.append(f'<span style="color:#6b7280"> … {more} more tokens ({trained} trained)</span>')
+        return f'{"".join(head)}<div style="{_BOX}">{"".join(spans)}</div>'
+
+    def _span(self, piece: _Piece) -> str:
+        w = piece.weight
+        if w > 0:
+            style = f"background:rgba(46,160,67,{0.25 + 0.5 * min(w, 1.0):.3f})"
+        elif w < 0:
+            style = f"background:rgba(218,54,51,{0.25 + 0.5 * min(-w, 1.0):.3f})"
+        else:
+            style = "background:transparent;color:#57606a"
+        text = escape(piece.text) if piece.text else "∅"
+        text = text.replace("\r", "␍").replace("\t", "→\t").replace("\n", "↵<br>")
+        title = "&#10;".join(escape(t, quote=True) for t in piece.titles)
+        return f'<span title="{title}" style="{style};{_SPAN}">{text}</span>'
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        return {"text/plain": str(self), "text/html": self.to_html()}
+
+
+# -- pieces ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """Consecutive tokens whose text is whole characters (usually one token); coloured by the first."""
+
+    start: int
+    end: int
+    text: str
+    weight: float
+    turn: int
+    titles: tuple[str, ...]
+
+
+def _split(seq: TokenSequence, tokenizer: Any, shown: int) -> list[_Piece]:
+    ids = list(seq.input_ids[:shown])
+    decode = _decoder(tokenizer)
+    bounds = _by_offsets(seq, shown) if seq.text is not None and seq.offsets is not None else None
+    if bounds is None:
+        bounds = _by_decoding(ids, decode)
+    turns = seq.turns if seq.turns is not None else [-1] * len(seq.input_ids)
+    return [
+        _Piece(
+            a,
+            b,
+            text,
+            float(seq.weights[a]),
+            int(turns[a]),
+            tuple(
+                f"#{k} id={ids[k]} weight={fmt(float(seq.weights[k]))} {decode([ids[k]])!r}"
+                + (f" (part of {text!r})" if b - a > 1 else "")
+                + (f" (messages[{turns[k]}])" if turns[k] >= 0 else "")
+                for k in range(a, b)
+            ),
+        )
+        for a, b, text in bounds
+    ]
+
+
+def _by_decoding(ids: list[int], decode: Any) -> list[tuple[int, int, str]]:
+    out: list[tuple[int, int, str]] = []
+    i = 0
+    while i < len(ids):
+        context = ids[max(0, i - _CONTEXT) : i]
+        base = decode(context)
+        j = i + 1
+        while True:
+            full = decode(context + ids[i:j])
+            text = full[len(base) :] if full.startswith(base) else decode(ids[i:j])
+            if not text.endswith("\ufffd") or j >= len(ids) or j - i >= _MAX_GROUP:
+                break
+            j += 1
+        out.append((i, j, text))
+        i = j
+    return out
+
+
+def _by_offsets(seq: TokenSequence, shown: int) -> list[tuple[int, int, str]]:
+    assert seq.text is not None and seq.offsets is not None
+    groups: list[list[int]] = []  # [first token, last token + 1, char start, char end]
+    for k in range(shown):
+        start, end = seq.offsets[k]
+        if groups and end > start and start < groups[-1][3]:  # tokens sharing a character: one piece
+            groups[-1][1], groups[-1][3] = k + 1, max(end, groups[-1][3])
+        else:
+            groups.append([k, k + 1, start, end])
+    # A piece's text runs from where the previous one ended, so characters that offsets leave out (trimmed
+    # spaces) are still shown, with the token that follows them.
+    out: list[tuple[int, int, str]] = []
+    cursor = groups[0][2] if groups else 0
+    for a, b, _, end in groups:
+        out.append((a, b, seq.text[cursor : max(end, cursor)]))
+        cursor = max(cursor, end)
+    return out
+
+
+def _decoder(tokenizer: Any) -> Any:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:  # the Rust decoder: no clean-up of spaces, and much faster per call
+        return lambda ids: backend.decode(list(ids), skip_special_tokens=False)
+    return lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"

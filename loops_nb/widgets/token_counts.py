@@ -1,0 +1,188 @@
+"""Token counts: what a run sampled and trained per step (RL), or what a dataset trains (an SFT check report).
+
+Tokens are what a run pays for and what it learns from, and their ratio is a health signal of its own: in RL,
+sampled tokens that do not train (zero-variance groups, discarded attempts) are wasted rollouts; in SFT, a
+dataset whose trained share is tiny spends most of each batch on context. One object, three renderers: a
+one-line ``text/plain``, an inline-styled HTML table (recent steps plus totals) and a plain-text table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from html import escape
+from typing import TYPE_CHECKING, Any
+
+from loops_nb.widgets.environment import LiveDisplay
+
+if TYPE_CHECKING:
+    from loops_nb.sft.report import CheckReport
+
+PREFIX = "tokens/"
+_TABLE = "border-collapse:collapse;font:12px/1.4 ui-monospace,SFMono-Regular,Menlo,monospace"
+_CELL = "padding:1px 10px;text-align:right;border-bottom:1px solid #e5e7eb"
+_HEAD = "padding:1px 10px;text-align:right;border-bottom:1px solid #9ca3af;color:#374151;font-weight:600"
+# The denominator of the trained share: RL samples tokens, SFT batches contain them.
+_SHARE_OF = ("tokens/sampled", "tokens/total")
+
+
+class TokenCounts:
+    """Per-step ``tokens/*`` counts from step records, with totals; or a dataset summary (`from_report`).
+
+    Every ``tokens/<name>`` key of a record becomes a column. Totals add the per-step values up, except for
+    ``cumulative_keys``, whose records already carry running totals (the total is then their last value).
+    """
+
+    def __init__(self, *, recent: int = 8, cumulative_keys: Sequence[str] = ()) -> None:
+        self.recent = recent
+        self.cumulative_keys = set(cumulative_keys)
+        self.columns: list[str] = []
+        self.steps: list[tuple[int, dict[str, int]]] = []
+        self.totals: dict[str, int] = {}
+        self.report_rows: list[tuple[str, str]] | None = None  # set by from_report
+        self._report_summary = ""
+
+    # -- input -------------------------------------------------------------------------------------------------
+
+    def on_step(self, record: Mapping[str, Any]) -> None:
+        """Take a step record's ``tokens/*`` counts (records without any are ignored)."""
+        counts = {k: int(v) for k, v in record.items() if k.startswith(PREFIX) and isinstance(v, int | float)}
+        if not counts:
+            return
+        for key in counts:
+            if key not in self.columns:
+                self.columns.append(key)
+        self.steps.append((int(record.get("step", len(self.steps))), counts))
+        for key, value in counts.items():
+            if key in self.cumulative_keys:
+                self.totals[key] = value
+            else:
+                self.totals[key] = self.totals.get(key, 0) + value
+
+    add_record = on_step
+
+    @classmethod
+    def from_report(cls, report: CheckReport) -> TokenCounts:
+        """The trained/untrained totals of an SFT `CheckReport`."""
+        counts = cls()
+        counts.totals = {
+            "tokens/total": report.tokens,
+            "tokens/trained": report.trained_tokens,
+            "tokens/untrained": report.untrained_tokens,
+        }
+        counts.columns = list(counts.totals)
+        share = _share(report.trained_tokens, report.tokens)
+        rows = [
+            ("tokens", f"{report.tokens:,}"),
+            ("trained", f"{report.trained_tokens:,}{share}"),
+            ("untrained (context, masked)", f"{report.untrained_tokens:,}"),
+            ("examples", f"{report.n_examples:,}"),
+            (
+                "rows: train / split / refused",
+                f"{report.rows_trained:,} / {report.rows_split:,} / {report.rows_refused:,}",
+            ),
+        ]
+        if report.n_examples:
+            rows.append(
+                (
+                    "example length: mean / max",
+                    f"{report.tokens / report.n_examples:,.0f} / {report.max_length:,}",
+                )
+            )
+        if report.total_steps is not None:
+            rows.append(("steps (estimate)", f"~{report.total_steps:,}"))
+        counts.report_rows = rows
+        counts._report_summary = (
+            f"TokenCounts(dataset: {report.tokens:,} tokens, {report.trained_tokens:,} "
+            f"trained{share}, {report.untrained_tokens:,} untrained, "
+            f"{report.n_examples:,} examples)"
+        )
+        return counts
+
+    # -- views -------------------------------------------------------------------------------------------------
+
+    @property
+    def trained_share(self) -> float | None:
+        trained = self.totals.get("tokens/trained")
+        of = next((self.totals[k] for k in _SHARE_OF if k in self.totals), None)
+        return trained / of if trained is not None and of else None
+
+    def summary(self) -> str:
+        if self.report_rows is not None:
+            return self._report_summary
+        if not self.steps:
+            return "TokenCounts(no steps yet)"
+        parts = [f"{_label(k)} {self.totals[k]:,}" for k in self.columns]
+        share = f" ({self.trained_share:.1%} trained)" if self.trained_share is not None else ""
+        return f"TokenCounts({len(self.steps)} steps: {', '.join(parts)}{share})"
+
+    __repr__ = summary
+
+    def __str__(self) -> str:
+        if self.report_rows is not None:
+            width = max(len(k) for k, _ in self.report_rows)
+            return "\n".join([self.summary(), *(f"  {k:<{width}}  {v}" for k, v in self.report_rows)])
+        if not self.steps:
+            return self.summary()
+        header = ["step", *(_label(k) for k in self.columns)]
+        body = [[str(s), *(f"{c.get(k, 0):,}" for k in self.columns)] for s, c in self.steps[-self.recent :]]
+        body.append(["total", *(f"{self.totals.get(k, 0):,}" for k in self.columns)])
+        widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
+        lines = [
+            "  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in [header, *body]
+        ]
+        return "\n".join([self.summary(), *lines])
+
+    def to_html(self) -> str:
+        if self.report_rows is not None:
+            body = "".join(
+                f'<tr><td style="{_CELL};text-align:left;color:#374151">{escape(k)}</td>'
+                f'<td style="{_CELL}">{escape(v)}</td></tr>'
+                for k, v in self.report_rows
+            )
+            return f'<div><table style="{_TABLE}">{body}</table>{self._share_bar()}</div>'
+        if not self.steps:
+            return f'<div style="font:12px monospace;color:#6b7280">{escape(self.summary())}</div>'
+        head = "".join(
+            f'<th style="{_HEAD}">{escape(h)}</th>' for h in ["step", *(_label(k) for k in self.columns)]
+        )
+        skipped = len(self.steps) - self.recent
+        rows: list[str] = []
+        if skipped > 0:
+            rows.append(
+                f'<tr><td colspan="{len(self.columns) + 1}" style="{_CELL};color:#9ca3af">'
+                f"… {skipped} earlier steps</td></tr>"
+            )
+        for step, counts in self.steps[-self.recent :]:
+            cells = "".join(f'<td style="{_CELL}">{counts.get(k, 0):,}</td>' for k in self.columns)
+            rows.append(f'<tr><td style="{_CELL}">{step}</td>{cells}</tr>')
+        totals = "".join(
+            f'<td style="{_CELL};font-weight:600">{self.totals.get(k, 0):,}</td>' for k in self.columns
+        )
+        rows.append(f'<tr><td style="{_CELL};font-weight:600">total</td>{totals}</tr>')
+        return f'<div><table style="{_TABLE}"><tr>{head}</tr>{"".join(rows)}</table>{self._share_bar()}</div>'
+
+    def _share_bar(self) -> str:
+        share = self.trained_share
+        if share is None:
+            return ""
+        pct = max(0.0, min(share, 1.0)) * 100
+        return (
+            f'<div title="trained share of tokens: {share:.1%}" style="margin-top:4px;width:240px;height:8px;'
+            f'background:#e5e7eb;border-radius:4px;overflow:hidden"><div style="width:{pct:.1f}%;height:8px;'
+            f'background:rgba(46,160,67,0.75)"></div></div>'
+            f'<div style="font:11px monospace;color:#6b7280">{share:.1%} of tokens trained</div>'
+        )
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        return {"text/plain": self.summary(), "text/html": self.to_html()}
+
+    def show(self, **kwargs: Any) -> LiveDisplay:
+        return LiveDisplay(self, **kwargs).show()
+
+
+def _label(key: str) -> str:
+    return key.removeprefix(PREFIX)
+
+
+def _share(part: int, whole: int) -> str:
+    return f" ({part / whole:.1%})" if whole else ""

@@ -1,0 +1,93 @@
+"""Saved notebooks hold the final state: a curve and a LiveRun updated through display handles, run by papermill.
+
+A kernel is started for real (papermill -> nbclient -> ipykernel), so this is the one slow-ish widget test
+(a few seconds). Widget state is not stored: the static renderers must carry everything on their own.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import nbformat
+import pytest
+
+PLOTLY = "application/vnd.plotly.v1+json"
+WIDGET = "application/vnd.jupyter.widget-view+json"
+
+CURVE_CELL = """\
+from loops_nb.widgets import RewardCurve, in_kernel
+assert in_kernel()
+curve = RewardCurve()
+live = curve.show()
+for step in range(n):
+    curve.add(step, 0.1 * step, std=0.05)
+    live.update()  # throttled: most of these are dropped
+live.finalize()
+"""
+LIVE_RUN_CELL = """\
+import asyncio
+from loops_nb.widgets import LiveRun
+stop = asyncio.Event()
+run = LiveRun(stop_event=stop)
+run.on_start({"recipe": "rl", "model": "tiny", "max_steps": 3, "start_step": 0})
+for step in range(3):
+    run.on_attempt({"attempt": f"a{step}", "task": "t", "reward": 1.0, "discarded": None, "calls": 1,
+                    "policy_versions": [step], "sampled_tokens": 5, "seconds": 0.1,
+                    "text": {"calls": [{"prompt": "p", "completion": f"answer {step}", "trained": True}]}})
+    run.on_step({"step": step, "reward/mean": 0.5 + 0.1 * step, "reward/std": 0.1, "tokens/sampled": 10,
+                 "tokens/trained": 5, "attempts": 1, "attempts/discarded": 0})
+    await asyncio.sleep(0.01)
+run.on_end({"status": "completed", "steps": 3, "seconds": 0.1})
+"""
+
+
+@pytest.fixture(scope="module")
+def executed(tmp_path_factory: pytest.TempPathFactory) -> nbformat.NotebookNode:
+    pm = pytest.importorskip("papermill")
+    tmp = tmp_path_factory.mktemp("nb")
+    nb = nbformat.v4.new_notebook()
+    params = nbformat.v4.new_code_cell("n = 2")
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [params, nbformat.v4.new_code_cell(CURVE_CELL), nbformat.v4.new_code_cell(LIVE_RUN_CELL)]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    src, out = tmp / "curve.ipynb", tmp / "curve.out.ipynb"
+    nbformat.write(nb, src)
+    started = time.monotonic()
+    pm.execute_notebook(
+        str(src),
+        str(out),
+        parameters={"n": 5},
+        kernel_name="python3",
+        cwd=str(tmp),
+        progress_bar=False,
+        execution_timeout=60,
+        store_widget_state=False,
+    )
+    assert time.monotonic() - started < 20
+    return nbformat.read(out, as_version=4)
+
+
+def test_saved_curve_holds_the_final_state(executed: nbformat.NotebookNode) -> None:
+    outputs = executed.cells[2].outputs  # [parameters, injected-parameters, curve, live run]
+    assert [o.output_type for o in outputs] == ["display_data"]
+    data = outputs[0].data
+    assert data["text/plain"] == "RewardCurve(5 steps, last=0.4, best=0.4)"
+    assert data["text/html"].count("<circle") == 5
+    figure = data[PLOTLY] if isinstance(data[PLOTLY], dict) else json.loads(data[PLOTLY])
+    mean = next(t for t in figure["data"] if t["name"] == "reward/mean")
+    assert mean["x"] == [0, 1, 2, 3, 4]
+    assert mean["y"] == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.4])
+
+
+def test_saved_live_run_holds_the_final_panel_and_no_dead_widget(executed: nbformat.NotebookNode) -> None:
+    outputs = executed.cells[3].outputs
+    displays = [o for o in outputs if o.output_type == "display_data"]
+    assert len(displays) == 2
+    button, panel = (o.data for o in displays)
+    assert WIDGET not in button and button["text/plain"] == "run completed at step 3"
+    assert "step 3/3" in panel["text/plain"] and panel["text/plain"].endswith("completed)")
+    assert "answer 2" in panel["text/html"] and panel["text/html"].count("<details>") == 3
+    assert "widgets" not in executed.metadata or not executed.metadata["widgets"].get(
+        "application/vnd.jupyter.widget-state+json", {}
+    ).get("state")

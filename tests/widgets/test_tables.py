@@ -1,0 +1,117 @@
+"""TokenCounts, AttemptsTable and RunHealth: renderers and hints."""
+
+from __future__ import annotations
+
+from widget_fixtures import assert_static_html, rl_attempt, rl_step
+
+from loops_nb.widgets import AttemptsTable, RunHealth, TokenCounts
+
+
+def test_token_counts_per_step_rl() -> None:
+    counts = TokenCounts(recent=3)
+    for step in range(5):
+        counts.on_step(rl_step(step))
+    counts.on_step({"step": 5, "loss": 1.0})  # no tokens/*: ignored
+    assert counts.totals == {"tokens/sampled": 5010, "tokens/trained": 3010}
+    bundle = counts._repr_mimebundle_()
+    assert bundle["text/plain"] == "TokenCounts(5 steps: sampled 5,010, trained 3,010 (60.1% trained))"
+    html = bundle["text/html"]
+    assert_static_html(html)
+    assert "… 2 earlier steps" in html and ">5,010<" in html and html.count("<tr>") == 1 + 1 + 3 + 1
+    lines = str(counts).splitlines()
+    assert lines[1].split() == ["step", "sampled", "trained"] and lines[-1].split() == [
+        "total",
+        "5,010",
+        "3,010",
+    ]
+
+
+def test_token_counts_sft_and_cumulative_keys() -> None:
+    counts = TokenCounts(cumulative_keys=["tokens/total"])
+    for step in range(3):
+        counts.on_step({"step": step, "tokens/trained": 10, "tokens/total": 40 * (step + 1)})
+    assert counts.totals == {"tokens/trained": 30, "tokens/total": 120}
+    assert counts.trained_share == 0.25
+    assert TokenCounts().summary() == "TokenCounts(no steps yet)"
+
+
+def test_attempts_table_is_bounded_with_transcripts_one_click_away() -> None:
+    table = AttemptsTable(max_rows=5, anchor="attempts-x")
+    for n in range(12):
+        table.on_attempt(rl_attempt(n, reward=1.0, discarded="timeout" if n == 11 else None))
+    assert len(table.rows) == 5 and table.seen == 12 and table.discarded == 1
+    bundle = table._repr_mimebundle_()
+    assert bundle["text/plain"] == "AttemptsTable(5 of 12 attempts, mean reward 1, 1 discarded)"
+    html = bundle["text/html"]
+    assert_static_html(html)
+    assert html.count("<details>") == 5 and html.count("<summary") == 5
+    assert 'id="attempts-x"' in html
+    assert html.index(">a11<") < html.index(">a7<")  # newest first
+    assert "discarded: timeout" in html and "detail: timed out" in html
+    assert "The answer &lt;is&gt; 11 &amp; 42" in html  # transcripts are escaped
+    text = str(table)
+    assert text.splitlines()[2].startswith("a11") and "discarded: timeout" in text
+
+
+def test_attempts_table_clips_long_texts() -> None:
+    table = AttemptsTable(max_chars=100)
+    record = rl_attempt(1)
+    record["text"]["calls"][0]["completion"] = "x" * 1000
+    record["text"]["calls"][0]["prompt"] = "p" * 500 + "LAST"
+    table.on_attempt(record)
+    html = table.to_html()
+    assert "… 900 more characters" in html and "… 404 earlier characters …" in html and "LAST" in html
+    table.on_attempt({"attempt": "bare", "reward": 0.0})
+    assert "no transcript recorded" in table.to_html()
+
+
+def test_run_health_rl_reading_order_and_hints() -> None:
+    health = RunHealth(window=6, attempts_anchor="attempts-x")
+    for step in range(12):
+        health.on_step(rl_step(step, reward=0.1 + 0.05 * step, zero_variance=0.95, discarded=8))
+    checks = health.checks()
+    assert [c.name for c in checks] == [
+        "reward/mean",
+        "reward/group_std_mean",
+        "discarded",
+        "kl/sample_train_v1",
+        "transcripts",
+    ]
+    status = {c.name: c.status for c in checks}
+    assert status == {
+        "reward/mean": "ok",
+        "reward/group_std_mean": "bad",
+        "discarded": "bad",
+        "kl/sample_train_v1": "ok",
+        "transcripts": "info",
+    }
+    assert (
+        "rising" in checks[0].hint and "95% of groups" in checks[1].hint and "timeout ×96" in checks[2].hint
+    )
+    bundle = health._repr_mimebundle_()
+    assert bundle["text/plain"] == "RunHealth(12 steps: 2 ok, 2 bad)"
+    assert_static_html(bundle["text/html"])
+    assert 'href="#attempts-x"' in bundle["text/html"]
+    assert str(health).splitlines()[1].lstrip().startswith("✓ reward/mean")
+
+
+def test_run_health_flat_reward_and_kl_drift() -> None:
+    health = RunHealth(window=5)
+    for step in range(10):
+        record = rl_step(step, reward=0.5, discarded=0)
+        record["kl/sample_train_v1"] = 0.2
+        health.on_step(record)
+    by_name = {c.name: c for c in health.checks()}
+    assert by_name["reward/mean"].status == "warn" and "flat" in by_name["reward/mean"].hint
+    assert by_name["kl/sample_train_v1"].status == "bad"
+    assert by_name["discarded"].status == "ok"
+
+
+def test_run_health_sft_and_empty() -> None:
+    assert RunHealth().checks()[0].status == "wait"
+    health = RunHealth(window=4)
+    for step, (loss, ev) in enumerate([(2.0, 2.1), (1.8, None), (1.6, 1.9), (1.4, None), (1.2, 2.0)]):
+        health.on_step({"step": step, "loss": loss, **({"eval/loss": ev} if ev else {})})
+    loss, eval_loss = health.checks()
+    assert loss.status == "ok" and "falling" in loss.hint
+    assert eval_loss.status == "warn" and "overfitting" in eval_loss.hint
