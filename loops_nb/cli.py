@@ -174,18 +174,10 @@ def _glossary(args: argparse.Namespace) -> int:
     return 0
 
 
-class _QuietSdkHints(logging.Filter):
-    """Drop the SDK's one-time hint to enable INFO logs; `loops -v` enables them."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "set the log level to INFO" not in record.getMessage()
-
-
 def _configure_logging(verbose: bool) -> None:
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
-    logging.getLogger("baseten.loops.service_client").addFilter(_QuietSdkHints())
     if not verbose:
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")

@@ -27,6 +27,17 @@ log = logging.getLogger(__name__)
 BASETEN_URL = "https://api.baseten.co"
 
 
+class _QuietSdkHint(logging.Filter):
+    """Drop the SDK's hint to turn on INFO logs, printed by every ServiceClient in a notebook or CLI
+    whose logging is not at INFO; loops_nb reports the run's lifecycle itself."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "set the log level to INFO" not in record.getMessage()
+
+
+_SDK_HINT_FILTER = _QuietSdkHint()
+
+
 def require_api_key(scope: str) -> str:
     key = os.environ.get("BASETEN_API_KEY")
     if not key:
@@ -82,6 +93,7 @@ class LoopsConnection:
                 kwargs["availability_model"] = "spot"
             if compute.reuse:
                 kwargs["reuse_from_run_id"] = compute.reuse
+        logging.getLogger("baseten.loops.service_client").addFilter(_SDK_HINT_FILTER)
         try:
             service = await asyncio.to_thread(lambda: ServiceClient(**kwargs))
         except Exception:

@@ -280,6 +280,21 @@ def _cached_tokenizer(path: str, chat_template: str | None) -> PreTrainedTokeniz
     return tokenizer
 
 
+@contextlib.contextmanager
+def quiet_model_loading() -> Iterator[None]:
+    """Hide transformers' per-load progress bars: the embedded Loops reports its own progress, and
+    a bar per weight load would clutter every notebook cell that trains."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
 def device_and_dtype(preference: str = "auto") -> tuple[torch.device, torch.dtype]:
     """CUDA (bf16 where supported, else fp16) when available, else CPU float32; "cpu"/"cuda" force one."""
     import torch

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import threading
 import time
 import uuid
@@ -58,6 +59,8 @@ class LocalRun:
     active: bool = True
     published_version: int = 0
     """The policy version the run's paired sampler serves (0: the base model)."""
+    published_names: list[str] = field(default_factory=list)
+    """Sampler weights published with bump_version, oldest first (the retention window)."""
 
     def __post_init__(self) -> None:
         self.ops = OperationQueue(self.id)
@@ -73,8 +76,10 @@ class LocalLoopsState:
         cache_dir: Path | None = None,
         device: str = "auto",
         max_batch_sequences: int = 64,
+        published_retention: int = 3,
     ) -> None:
         self.state_dir = state_dir
+        self.published_retention = published_retention
         self.cache_dir = cache_dir
         self.device = device
         self.max_batch_sequences = max_batch_sequences
@@ -113,26 +118,30 @@ class LocalLoopsState:
 
     def sampler(self, base_model: str) -> SamplerEngine:
         """The shared sampler of a base model; every run's live adapter and checkpoint load into it."""
+        from loops_nb.local.model_store import quiet_model_loading
         from loops_nb.local.sampler import SamplerEngine
 
         with self._lock:
             engine = self._samplers.get(base_model)
             if engine is None:
                 device, dtype = self.device_and_dtype()
-                engine = SamplerEngine(
-                    self.model_path(base_model),
-                    device=device,
-                    dtype=dtype,
-                    max_batch_sequences=self.max_batch_sequences,
-                )
+                with quiet_model_loading():
+                    engine = SamplerEngine(
+                        self.model_path(base_model),
+                        device=device,
+                        dtype=dtype,
+                        max_batch_sequences=self.max_batch_sequences,
+                    )
                 self._samplers[base_model] = engine
             return engine
 
     def new_trainer(self, base_model: str) -> LoraTrainer:
+        from loops_nb.local.model_store import quiet_model_loading
         from loops_nb.local.trainer import LoraTrainer
 
         device, dtype = self.device_and_dtype()
-        return LoraTrainer(self.model_path(base_model), device=device, dtype=dtype)
+        with quiet_model_loading():
+            return LoraTrainer(self.model_path(base_model), device=device, dtype=dtype)
 
     # -- runs ---------------------------------------------------------------------------------
     def create_run(self, base_model: str, lora_rank: int, *, seed: int | None, name: str | None) -> LocalRun:
@@ -175,6 +184,19 @@ class LocalLoopsState:
                     return False
                 self.published.wait(left)
             return True
+
+    def prune_published(self, run: LocalRun, keep: str) -> None:
+        """Delete published sampler weights older than the last `published_retention` ones.
+
+        RL publishes a policy every step; on a laptop those copies would fill the disk. Weights saved
+        with `save_weights_for_sampler` (no version bump) and trainer state are never pruned.
+        """
+        if keep in run.published_names:
+            run.published_names.remove(keep)
+        run.published_names.append(keep)
+        while len(run.published_names) > self.published_retention:
+            old = run.published_names.pop(0)
+            shutil.rmtree(self.checkpoint_dir(run.id, "sampler_weights", old), ignore_errors=True)
 
     def deactivate(self, run_id: str) -> bool:
         """End a run: its trainer is dropped and its adapter leaves the sampler; checkpoints stay."""

@@ -97,4 +97,5 @@ def _save_for_sampler(state: LocalLoopsState, run: LocalRun, name: str, bump: bo
         engine = state.sampler(run.base_model)
         engine.set_adapter(run.id, trainer.lora_config_dict(), trainer.adapter_state_dict(), version)
         state.publish(run, version)
+        state.prune_published(run, keep=name)
     return {"version": version, "path": path}

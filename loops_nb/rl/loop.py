@@ -249,6 +249,7 @@ class RLRun:
         else:
             train_s = publish_s = 0.0
         attempts = [a for g in groups for a in g.attempts]
+        trained_ids = {d.attempt_id for d in datums}
         discarded = Counter(a.evidence.discarded for a in attempts if a.evidence.discarded)
         versions = [v for a in attempts for v in a.capture.policy_versions]
         record: dict[str, Any] = {
@@ -274,7 +275,7 @@ class RLRun:
             for a in g.attempts:
                 self.run_dir.rollouts.append(
                     {"step": step, "slot": g.slot, "group": g.group, "task": g.task.id, "attempt": a.attempt.id,
-                     "reward": a.evidence.reward, "trained": a.kept and bool(datums), "discarded": a.evidence.discarded,
+                     "reward": a.evidence.reward, "trained": a.attempt.id in trained_ids, "discarded": a.evidence.discarded,
                      "detail": a.evidence.detail, "policy_versions": a.capture.policy_versions,
                      "sampled_tokens": a.capture.sampled_tokens, "seconds": round(a.seconds, 3)}
                 )

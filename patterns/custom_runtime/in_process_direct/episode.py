@@ -13,7 +13,7 @@ from __future__ import annotations
 from loops_nb.episodes import Episode, Task
 from loops_nb.llm.client import llm
 
-PROMPT = "I am thinking of a board game. Guess which one it is! Answer with the name of the game only."
+PROMPT = "What is the most famous board game? Answer with its name only."
 
 
 class HiddenGame(Episode):
