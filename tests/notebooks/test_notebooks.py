@@ -1,0 +1,77 @@
+"""Every notebook runs under papermill with tiny parameters (one pytest item per notebook).
+
+nbmake runs them too (`--nbmake`, collected from notebooks/), using the `nbmake.mock` values stored
+on each parameters cell. Here, papermill injects SMOKE parameters and the test reads the saved
+output back, as a user reopening a batch-run notebook would.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import nbformat
+import papermill as pm
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+NOTEBOOKS = sorted(p for p in (REPO / "notebooks").glob("*.ipynb") if not p.name.startswith("_"))
+
+SMOKE: dict[str, dict] = {
+    "rl_quickstart.ipynb": {"max_steps": 2, "group_size": 4, "groups_per_step": 2, "max_tokens": 8},
+}
+EXPECT: dict[str, list[str]] = {
+    "rl_quickstart.ipynb": ["check: ok", "status: completed", "reward/mean: step 1 ="],
+}
+MAX_OUTPUT_BYTES = 1_000_000
+"""A saved notebook must stay small: no megabytes of widget state."""
+
+
+def output_text(nb: nbformat.NotebookNode) -> str:
+    parts = []
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "stream":
+                parts.append(out["text"])
+            elif out.get("output_type") == "error":
+                parts.append(f"ERROR {out['ename']}: {out['evalue']}")
+            elif "data" in out:
+                parts.append(str(out["data"].get("text/plain", "")))
+                parts.append(str(out["data"].get("text/html", "")))
+    return "\n".join(parts)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_runs_under_papermill(notebook: Path, tmp_path: Path) -> None:
+    params = pm.inspect_notebook(str(notebook))
+    smoke = {k: v for k, v in SMOKE.get(notebook.name, {}).items() if k in params}
+    if "run_name" in params:
+        smoke["run_name"] = f"papermill-{tmp_path.name}"
+    out = tmp_path / notebook.name
+    pm.execute_notebook(
+        str(notebook),
+        str(out),
+        parameters=smoke,
+        kernel_name="python3",
+        cwd=str(REPO),
+        progress_bar=False,
+        execution_timeout=900,
+    )
+    assert out.stat().st_size < MAX_OUTPUT_BYTES
+    text = output_text(nbformat.read(out, as_version=4))
+    assert "ERROR" not in text
+    for expected in EXPECT.get(notebook.name, []):
+        assert expected in text, f"{notebook.name}: {expected!r} not in the saved output"
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_is_clean_and_parameterised(notebook: Path) -> None:
+    raw = json.loads(notebook.read_text())
+    nb = nbformat.reads(notebook.read_text(), as_version=4)
+    nbformat.validate(nb)
+    tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(tagged) == 1, "exactly one cell tagged `parameters`"
+    assert tagged[0].metadata.get("nbmake", {}).get("mock"), "the parameters cell needs nbmake.mock smoke values"
+    assert all(not c.get("outputs") for c in raw["cells"] if c["cell_type"] == "code"), "commit notebooks without outputs"
+    assert pm.inspect_notebook(str(notebook)), "papermill finds the parameters"

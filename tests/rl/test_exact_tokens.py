@@ -1,0 +1,128 @@
+"""The tokens sent to the trainer are byte-for-byte the tokens the sampler returned, multi-turn too.
+
+A three-turn Episode runs through `loops run` on the embedded Loops with the SDK's own wire log
+(`LOOPS_REQUEST_LOG`): every `/sample` exchange and every `/forward_backward` body is recorded as it
+crossed the wire, and the test joins them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tiny_models import build_tiny_chat_model  # noqa: E402
+
+EPISODE = '''
+from loops_nb.episodes import Episode, Task
+from loops_nb.llm.client import llm
+
+
+class ThreeTurns(Episode):
+    def tasks(self):
+        return [Task("a", {}), Task("b", {})]
+
+    async def run(self, task):
+        messages = [{"role": "user", "content": "Say something."}]
+        texts = []
+        for follow_up in ("And once more.", "Last one.", None):
+            reply = await llm().chat(messages, max_tokens=6)
+            texts.append(reply.text)
+            if follow_up:
+                messages += [reply.message, {"role": "user", "content": follow_up}]
+        return float(len("".join(texts)) % 3)
+'''
+
+CONFIG = '''
+recipe = "rl"
+[model]
+base_model = "{model}"
+lora_rank = 4
+max_seq_len = 512
+[compute]
+scope = "local"
+[compute.local]
+device = "cpu"
+[runtime]
+factory = "three_turns:ThreeTurns"
+[sampling]
+max_tokens = 6
+[training]
+max_steps = 2
+group_size = 4
+groups_per_step = 2
+learning_rate = 1e-3
+save_every = 0
+[output]
+output_dir = "{out}"
+run_name = "exact"
+trace = "full"
+'''
+
+
+def runs(mask: list[float]) -> list[tuple[int, int]]:
+    out, start = [], None
+    for i, m in enumerate([*mask, 0.0]):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            out.append((start, i))
+            start = None
+    return out
+
+
+@pytest.mark.slow
+def test_trained_tokens_are_exactly_the_sampled_tokens_across_turns(tmp_path: Path) -> None:
+    model = build_tiny_chat_model(tmp_path / "model")
+    (tmp_path / "three_turns.py").write_text(EPISODE)
+    config = tmp_path / "train.toml"
+    config.write_text(CONFIG.format(model=model, out=tmp_path / "runs"))
+    wire_log = tmp_path / "wire.jsonl"
+    env = {**os.environ, "LOOPS_REQUEST_LOG": str(wire_log), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "loops_nb.cli", "run", str(config)],
+        env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    records = [json.loads(line) for line in wire_log.read_text().splitlines()]
+    requests = {r["seq"]: r for r in records if r["kind"] == "request"}
+    sampled: dict[tuple[int, ...], list[tuple[list[int], list[float]]]] = {}
+    datums = []
+    for r in records:
+        if r["kind"] != "response" or r["seq"] not in requests:
+            continue
+        req = requests[r["seq"]]
+        if req["path"].endswith("/sample") and r["status"] == 200:
+            for choice in r["body"]["choices"]:
+                completion = tuple(choice["token_ids"])
+                sampled.setdefault(completion, []).append((req["body"]["prompt"], choice["logprobs"]["token_logprobs"]))
+        elif req["path"].endswith("/forward_backward"):
+            datums += req["body"]["data"]
+    assert datums and sampled
+
+    multi_turn = 0
+    for datum in datums:
+        inputs = datum["loss_fn_inputs"]
+        tokens = [t for c in datum["model_input"]["chunks"] for t in c["tokens"]]
+        targets, mask = inputs["target_tokens"]["data"], inputs["mask"]["data"]
+        sequence = [*tokens, targets[-1]]
+        trained_runs = runs(mask)
+        multi_turn += len(trained_runs) > 1
+        for start, end in trained_runs:
+            completion = tuple(targets[start:end])
+            assert completion in sampled, "a trained run is not a completion the sampler returned"
+            context = sequence[: start + 1]  # target i predicts sequence[i + 1]
+            matches = [lps for prompt, lps in sampled[completion] if prompt == context]
+            assert matches, "a trained completion appears after a context other than its prompt"
+            assert inputs["logprobs"]["data"][start:end] in matches
+            assert len(set(inputs["advantages"]["data"][start:end])) == 1, "one advantage per attempt"
+        untrained = [i for i, m in enumerate(mask) if not m]
+        assert all(inputs["advantages"]["data"][i] == 0.0 for i in untrained)
+    assert multi_turn > 0, "no datum joined several turns into one sequence"
