@@ -1,0 +1,125 @@
+"""RolloutScheduler: groups, discards, deterministic plans, and the async staleness rules."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from loops_nb.llm.capture import ModelCall
+from loops_nb.rl.scheduler import RolloutScheduler
+from loops_nb.runtime import Attempt, Evidence, Task
+
+
+class Clock:
+    """A policy version the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.version = 0
+
+
+class FakeRuntime:
+    """Records one model call at the attempt's policy version; tasks named 'raise'/'slow' misbehave."""
+
+    def __init__(self, clock: Clock, delay: float = 0.0) -> None:
+        self.clock = clock
+        self.delay = delay
+        self.started: list[tuple[str, int]] = []
+
+    async def tasks(self):
+        return [Task("t0"), Task("t1"), Task("t2")]
+
+    async def run_attempt(self, attempt: Attempt) -> Evidence:
+        self.started.append((attempt.task.id, self.clock.version))
+        if attempt.task.id == "raise":
+            raise ValueError("agent bug")
+        if attempt.task.id == "slow":
+            await asyncio.sleep(10)
+        await asyncio.sleep(self.delay)
+        attempt.services.capture.record(ModelCall([1, 2], [3], [-0.5], self.clock.version, "stop"))
+        return Evidence(reward=float(attempt.index))
+
+    async def close(self) -> None:
+        pass
+
+
+def scheduler(runtime, clock, tasks=None, **kw):
+    defaults = dict(group_size=3, groups_per_step=2, max_concurrent=4, attempt_timeout=0.5, seed=7)
+    defaults.update(kw)
+    return RolloutScheduler(
+        runtime, tasks or [Task("t0"), Task("t1"), Task("t2")],
+        make_llm=lambda capture, seed: None,  # the fake runtime never calls the model client
+        version=lambda: clock.version, **defaults,
+    )
+
+
+async def test_sync_collects_groups_of_attempts():
+    clock = Clock()
+    s = scheduler(FakeRuntime(clock), clock)
+    groups = await s.collect_sync(0)
+    assert len(groups) == 2 and all(len(g.attempts) == 3 for g in groups)
+    assert [a.evidence.reward for a in groups[0].attempts] == [0.0, 1.0, 2.0]
+    assert all(a.kept for g in groups for a in g.attempts)
+
+
+def test_plans_are_reproducible_and_cover_every_task_each_epoch():
+    clock = Clock()
+    s = scheduler(FakeRuntime(clock), clock)
+    plan = [t.id for step in range(3) for t in s.plan(step)]
+    assert plan == [t.id for step in range(3) for t in scheduler(FakeRuntime(clock), clock).plan(step)]
+    assert sorted(plan[:3]) == ["t0", "t1", "t2"] and sorted(plan[3:6]) == ["t0", "t1", "t2"]
+    assert s.attempt_seed(1, 0, 2) == s.attempt_seed(1, 0, 2) != s.attempt_seed(1, 0, 1)
+
+
+async def test_failing_and_slow_attempts_are_discarded_with_their_reason():
+    clock = Clock()
+    s = scheduler(FakeRuntime(clock), clock, tasks=[Task("raise"), Task("slow")], groups_per_step=2)
+    groups = await s.collect_sync(0)
+    reasons = {g.task.id: {a.evidence.discarded for a in g.attempts} for g in groups}
+    assert reasons == {"raise": {"error"}, "slow": {"timeout"}}
+    assert "ValueError: agent bug" in groups[[g.task.id for g in groups].index("raise")].attempts[0].evidence.detail
+    assert s.stats.discarded == {"error": 3, "timeout": 3}
+
+
+async def test_async_pace_never_starts_a_step_further_ahead_than_max_staleness():
+    clock = Clock()
+    runtime = FakeRuntime(clock)
+    s = scheduler(runtime, clock, mode="async", max_staleness=1, stale_policy="pace")
+    s.start(0, 4)
+    first = await s.next_groups(0)
+    await asyncio.sleep(0.05)
+    # Version 0: slots 0 and 1 may start, slot 2 (needs version >= 1) may not.
+    assert {g.slot for g in first} == {0}
+    assert len(runtime.started) == 2 * 2 * 3
+    clock.version = 1
+    s.policy_published()
+    second = await s.next_groups(1)
+    await asyncio.sleep(0.05)
+    assert {g.slot for g in second} == {1}
+    assert len(runtime.started) == 3 * 2 * 3  # slot 2 started once version 1 was published
+    assert all(clock.version - g.min_version <= 1 for g in first + second)
+    await s.close()
+
+
+async def test_async_requeue_drops_groups_that_got_too_stale_and_reruns_their_task():
+    clock = Clock()
+    runtime = FakeRuntime(clock, delay=0.01)
+    s = scheduler(runtime, clock, mode="async", max_staleness=0, stale_policy="requeue")
+    s.start(0, 3)
+    await asyncio.sleep(0.1)  # slot 0 and slot 1 (one step of look-ahead) finish at version 0
+    clock.version = 1
+    s.policy_published()
+    groups = await s.next_groups(1)
+    assert s.stats.stale_requeued >= 2
+    assert all(clock.version - g.min_version <= 0 for g in groups)
+    await s.close()
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_close_cancels_outstanding_work(mode):
+    clock = Clock()
+    s = scheduler(FakeRuntime(clock, delay=5), clock, mode=mode)
+    if mode == "async":
+        s.start(0, 10)
+        await asyncio.sleep(0.05)
+    await s.close()
