@@ -33,3 +33,14 @@ def smollm2_path(model_cache_dir: Path) -> Path:
     from loops_nb.local.model_store import resolve_model
 
     return resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct", cache_dir=model_cache_dir).path
+
+
+@pytest.fixture(scope="session")
+def tiny_chat_model_path(tmp_path_factory) -> Path:
+    """A random tiny Llama with a byte-level BPE chat tokenizer (see tests/tiny_models.py)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from tiny_models import build_tiny_chat_model
+
+    return build_tiny_chat_model(tmp_path_factory.mktemp("tiny-chat"))
