@@ -1,0 +1,35 @@
+"""Run the benchmarks and print one table of ratios.
+
+    uv run python -m benchmarks [trainer] [sampler] [sft_check] [orchestration]
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+ALL = ("trainer", "sampler", "sft_check", "orchestration")
+
+
+def main(argv: list[str]) -> int:
+    from benchmarks.common import machine
+
+    names = argv or list(ALL)
+    unknown = [n for n in names if n not in ALL]
+    if unknown:
+        print(f"unknown benchmark(s) {unknown}; choose from {', '.join(ALL)}", file=sys.stderr)
+        return 2
+    print(f"machine: {machine()}\n")
+    print("| benchmark | loops_nb | reference | ratio | aim |\n|---|---|---|---|---|")
+    for name in names:
+        for result in importlib.import_module(f"benchmarks.{name}").run():
+            print(result.row(), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,82 @@
+"""Sampler path: tokens/s of a GRPO-shaped workload (one prompt, n = 16, 64 new tokens) through the
+SDK against plain `model.generate`, and 16 concurrent one-sample requests against the same 16 served
+one by one. Aims: >= 1.0 and >= 4x.
+
+Deliberate simplifications: sampling at temperature 1 with EOS disabled on both sides, so every row
+generates exactly 64 tokens and tokens/s compares like with like.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import torch
+
+from benchmarks.common import MODEL, Result, median_time, model_path
+
+N, NEW_TOKENS, CONCURRENT = 16, 64, 16
+PROMPT = [{"role": "user", "content": "Write a short story about a lighthouse keeper."}]
+
+
+def reference_generate(path, prompt: list[int]) -> float:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    ids = torch.tensor([prompt] * N)
+
+    def gen() -> None:
+        with torch.inference_mode():
+            model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, max_new_tokens=NEW_TOKENS,
+                           min_new_tokens=NEW_TOKENS, top_k=0, top_p=1.0, temperature=1.0, pad_token_id=0)
+
+    gen()
+    return median_time(gen, 3)
+
+
+def through_sdk(prompt: list[int]) -> tuple[float, float, float]:
+    from baseten.loops import ModelInput, SamplingParams
+
+    from loops_nb.local.embedded import EmbeddedLoops
+
+    with EmbeddedLoops(device="cpu" if not torch.cuda.is_available() else "auto") as loops:
+        sc = loops.service_client().create_sampling_client(base_model=MODEL)
+        params = SamplingParams(max_tokens=NEW_TOKENS, temperature=1.0)
+        model_input = ModelInput.from_ints(prompt)
+        engine = loops.state.sampler(MODEL)
+        engine.eos_token_ids = set()  # benchmark only: generate the full length, as min_new_tokens does
+
+        def grpo() -> None:
+            sc.sample(model_input, num_samples=N, sampling_params=params)
+
+        grpo()
+        grpo_s = median_time(grpo, 3)
+        one = SamplingParams(max_tokens=NEW_TOKENS, temperature=1.0)
+
+        def one_by_one() -> None:
+            for _ in range(CONCURRENT):
+                sc.sample(model_input, num_samples=1, sampling_params=one)
+
+        async def together() -> None:
+            await asyncio.gather(*(sc.sample_async(model_input, num_samples=1, sampling_params=one) for _ in range(CONCURRENT)))
+
+        serial_s = median_time(one_by_one, 1)
+        started = time.perf_counter()
+        asyncio.run(together())
+        concurrent_s = time.perf_counter() - started
+    return grpo_s, serial_s, concurrent_s
+
+
+def run() -> list[Result]:
+    from transformers import AutoTokenizer
+
+    path = model_path()
+    tok = AutoTokenizer.from_pretrained(path)
+    prompt = list(tok.apply_chat_template(PROMPT, add_generation_prompt=True, tokenize=True, return_dict=False))
+    reference = reference_generate(path, prompt)
+    grpo_s, serial_s, concurrent_s = through_sdk(prompt)
+    tokens = N * NEW_TOKENS
+    return [
+        Result("sampler n=16 x 64 tokens/s", tokens / grpo_s, tokens / reference, "tok/s", ">= 1.0"),
+        Result("sampler 16 concurrent vs serial", CONCURRENT / concurrent_s, CONCURRENT / serial_s, "req/s", ">= 4.0"),
+    ]
