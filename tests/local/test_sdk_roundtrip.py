@@ -183,3 +183,21 @@ def test_the_offline_default_model_round_trips_by_its_hub_id(embedded_loops):
     trainer_lp = out.loss_fn_outputs[0]["logprobs"].data[n - 1 :]
     assert max(abs(a - b) for a, b in zip(seq.logprobs, trainer_lp, strict=True)) < 1e-3
     tc.close()
+
+
+def test_named_checkpoints_are_sampled_and_runs_deactivate(svc, embedded_loops, tiny_chat_model, sentence):
+    from loops_nb.compute import deactivate_run
+
+    tc = svc.create_lora_training_client(base_model=str(tiny_chat_model), rank=4, seed=0)
+    train_steps(tc, make_datum(sentence), 2)
+    saved = tc.save_weights_for_sampler("named").result()
+    assert saved.path == f"bt://loops:{tc.run_id}/sampler_weights/named"
+    live = tc.save_weights_and_get_sampling_client("live-2")
+    train_steps(tc, make_datum(sentence), 2)  # the live policy moves on; the named one must not
+    named = tc.create_sampling_client(saved.path)
+    prompt = ModelInput.from_ints(sentence[:6])
+    greedy = SamplingParams(max_tokens=6, temperature=0.0)
+    assert named.sample(prompt, 1, greedy).sequences[0].tokens == live.sample(prompt, 1, greedy).sequences[0].tokens
+    deactivate_run(tc.run_id, embedded_loops.url, embedded_loops.api_key)
+    with pytest.raises(httpx.HTTPStatusError, match="deactivated"):
+        tc.forward_backward([make_datum(sentence)], loss_fn="cross_entropy").result()
