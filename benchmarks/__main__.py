@@ -1,6 +1,6 @@
 """Run the benchmarks and print one table of ratios.
 
-    uv run python -m benchmarks [trainer] [sampler] [sft_check] [orchestration]
+uv run python -m benchmarks [trainer] [sampler] [sft_check] [orchestration]
 """
 
 from __future__ import annotations

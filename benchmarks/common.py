@@ -47,7 +47,7 @@ def machine() -> str:
     return f"{platform.machine()} {device}, torch {torch.__version__}, {torch.get_num_threads()} threads"
 
 
-def model_path():  # noqa: ANN201
+def model_path():
     from loops_nb.local.model_store import resolve_model
 
     return resolve_model(MODEL).path

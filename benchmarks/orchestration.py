@@ -17,7 +17,9 @@ from types import SimpleNamespace
 from benchmarks.common import Result
 
 STEPS = 5
-QUICKSTART = Path(__file__).resolve().parents[1] / "patterns/custom_runtime/in_process_direct/train_local.toml"
+QUICKSTART = (
+    Path(__file__).resolve().parents[1] / "patterns/custom_runtime/in_process_direct/train_local.toml"
+)
 
 
 class _Done:
@@ -31,25 +33,25 @@ class _Done:
 class InstantTrainingClient:
     run_id = "instant"
 
-    async def forward_backward_async(self, data, loss_fn="cross_entropy", loss_fn_config=None):  # noqa: ANN001, ANN201
+    async def forward_backward_async(self, data, loss_fn="cross_entropy", loss_fn_config=None):
         outputs = [{"logprobs": SimpleNamespace(data=list(d.loss_fn_inputs["logprobs"].data))} for d in data]
         return _Done(SimpleNamespace(loss=0.0, loss_fn_outputs=outputs))
 
-    async def optim_step_async(self, params):  # noqa: ANN001, ANN201
+    async def optim_step_async(self, params):
         return _Done(SimpleNamespace(metrics={}))
 
-    async def save_weights_and_get_sampling_client_async(self, name):  # noqa: ANN001, ANN201
+    async def save_weights_and_get_sampling_client_async(self, name):
         return InstantSampler()
 
-    async def save_state_async(self, name):  # noqa: ANN001, ANN201
+    async def save_state_async(self, name):
         return _Done(SimpleNamespace(path=f"instant://{name}"))
 
-    async def save_weights_for_sampler_async(self, name):  # noqa: ANN001, ANN201
+    async def save_weights_for_sampler_async(self, name):
         return _Done(SimpleNamespace(path=f"instant://{name}"))
 
 
 class InstantSampler:
-    async def sample_async(self, model_input, num_samples, sampling_params):  # noqa: ANN001, ANN201
+    async def sample_async(self, model_input, num_samples, sampling_params):
         tokens = [1000 + i for i in range(16)]
         seq = SimpleNamespace(tokens=tokens, logprobs=[-1.0] * 16, stop_reason="length")
         return SimpleNamespace(sequences=[seq] * num_samples, policy_version=None)
@@ -66,12 +68,21 @@ async def instant_pipeline_seconds() -> tuple[float, int]:
     from loops_nb.tokenization import load_model_tokenizer
 
     with tempfile.TemporaryDirectory() as tmp:
-        project = load(QUICKSTART, overrides={"training.max_steps": STEPS, "output.output_dir": tmp, "training.save_every": 0})
+        project = load(
+            QUICKSTART,
+            overrides={"training.max_steps": STEPS, "output.output_dir": tmp, "training.save_every": 0},
+        )
         config = project.config
         renderer = ChatRenderer(load_model_tokenizer(config.model, "local"))
         runtime = load_runtime(config.runtime.factory, config.runtime.options)
-        run = RLRun(config, RunDirectory(Path(tmp) / "run"), Policy(InstantTrainingClient(), "instant"), runtime,
-                    renderer, ObserverSet([]))
+        run = RLRun(
+            config,
+            RunDirectory(Path(tmp) / "run"),
+            Policy(InstantTrainingClient(), "instant"),
+            runtime,
+            renderer,
+            ObserverSet([]),
+        )
         started = time.perf_counter()
         await run.execute(0)
         seconds = time.perf_counter() - started
@@ -85,7 +96,9 @@ def real_step_seconds() -> float:
     from loops_nb import load
 
     with tempfile.TemporaryDirectory() as tmp:
-        project = load(QUICKSTART, overrides={"training.max_steps": 2, "output.output_dir": tmp, "output.run_name": "r"})
+        project = load(
+            QUICKSTART, overrides={"training.max_steps": 2, "output.output_dir": tmp, "output.run_name": "r"}
+        )
         asyncio.run(project.train(observers=[]))
         steps = [json.loads(x) for x in (Path(tmp) / "r" / "steps.jsonl").read_text().splitlines()]
     return min(s["time/step_s"] for s in steps)
@@ -96,6 +109,19 @@ def run() -> list[Result]:
     per_step_overhead = seconds / STEPS
     real = real_step_seconds()
     return [
-        Result("pipeline attempts/s (instant backend)", attempts / seconds, float("nan"), "att/s", "informational"),
-        Result("overhead share of a local step", per_step_overhead, real, "s", "< 0.05 (ours/ref)", higher_is_better=True),
+        Result(
+            "pipeline attempts/s (instant backend)",
+            attempts / seconds,
+            float("nan"),
+            "att/s",
+            "informational",
+        ),
+        Result(
+            "overhead share of a local step",
+            per_step_overhead,
+            real,
+            "s",
+            "< 0.05 (ours/ref)",
+            higher_is_better=True,
+        ),
     ]

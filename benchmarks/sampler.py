@@ -27,8 +27,17 @@ def reference_generate(path, prompt: list[int]) -> float:
 
     def gen() -> None:
         with torch.inference_mode():
-            model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, max_new_tokens=NEW_TOKENS,
-                           min_new_tokens=NEW_TOKENS, top_k=0, top_p=1.0, temperature=1.0, pad_token_id=0)
+            model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=True,
+                max_new_tokens=NEW_TOKENS,
+                min_new_tokens=NEW_TOKENS,
+                top_k=0,
+                top_p=1.0,
+                temperature=1.0,
+                pad_token_id=0,
+            )
 
     gen()
     return median_time(gen, 3)
@@ -58,7 +67,9 @@ def through_sdk(prompt: list[int]) -> tuple[float, float, float]:
                 sc.sample(model_input, num_samples=1, sampling_params=one)
 
         async def together() -> None:
-            await asyncio.gather(*(sc.sample_async(model_input, num_samples=1, sampling_params=one) for _ in range(CONCURRENT)))
+            await asyncio.gather(
+                *(sc.sample_async(model_input, num_samples=1, sampling_params=one) for _ in range(CONCURRENT))
+            )
 
         serial_s = median_time(one_by_one, 1)
         started = time.perf_counter()
@@ -72,11 +83,19 @@ def run() -> list[Result]:
 
     path = model_path()
     tok = AutoTokenizer.from_pretrained(path)
-    prompt = list(tok.apply_chat_template(PROMPT, add_generation_prompt=True, tokenize=True, return_dict=False))
+    prompt = list(
+        tok.apply_chat_template(PROMPT, add_generation_prompt=True, tokenize=True, return_dict=False)
+    )
     reference = reference_generate(path, prompt)
     grpo_s, serial_s, concurrent_s = through_sdk(prompt)
     tokens = N * NEW_TOKENS
     return [
         Result("sampler n=16 x 64 tokens/s", tokens / grpo_s, tokens / reference, "tok/s", ">= 1.0"),
-        Result("sampler 16 concurrent vs serial", CONCURRENT / concurrent_s, CONCURRENT / serial_s, "req/s", ">= 4.0"),
+        Result(
+            "sampler 16 concurrent vs serial",
+            CONCURRENT / concurrent_s,
+            CONCURRENT / serial_s,
+            "req/s",
+            ">= 4.0",
+        ),
     ]

@@ -17,8 +17,20 @@ from pathlib import Path
 
 from benchmarks.common import MODEL, Result
 
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
-          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather for a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
 
 
 def row(i: int) -> dict:
@@ -28,9 +40,22 @@ def row(i: int) -> dict:
         "messages": [
             {"role": "system", "content": "You are a helpful assistant."},
             {"role": "user", "content": f"What's the weather in {city} today? Request {i}."},
-            {"role": "assistant", "content": "", "tool_calls": [
-                {"id": f"call_{i}", "type": "function", "function": {"name": "get_weather", "arguments": json.dumps({"city": city})}}]},
-            {"role": "tool", "tool_call_id": f"call_{i}", "content": json.dumps({"temp_c": i % 35, "sky": "clear"})},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {
+                        "id": f"call_{i}",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": json.dumps({"city": city})},
+                    }
+                ],
+            },
+            {
+                "role": "tool",
+                "tool_call_id": f"call_{i}",
+                "content": json.dumps({"temp_c": i % 35, "sky": "clear"}),
+            },
             {"role": "assistant", "content": f"It is {i % 35} degrees and clear in {city}."},
         ],
     }
@@ -43,7 +68,7 @@ def write(path: Path, n: int) -> Path:
     return path
 
 
-def _measure(path: str, out) -> None:  # noqa: ANN001 - a multiprocessing queue
+def _measure(path: str, out) -> None:
     import torch
 
     torch.set_num_threads(1)
@@ -52,7 +77,9 @@ def _measure(path: str, out) -> None:  # noqa: ANN001 - a multiprocessing queue
     from loops_nb.sft.report import CheckReport
     from loops_nb.tokenization import BUILTIN_TEMPLATES
 
-    renderer = Renderer(load_tokenizer(MODEL), chat_template=BUILTIN_TEMPLATES["chatml-tools"], max_seq_len=2048)
+    renderer = Renderer(
+        load_tokenizer(MODEL), chat_template=BUILTIN_TEMPLATES["chatml-tools"], max_seq_len=2048
+    )
     started = time.process_time()
     report = CheckReport.from_file(path, renderer, batch_tokens=8192)
     cpu = time.process_time() - started
@@ -78,5 +105,12 @@ def run() -> list[Result]:
     assert trained == rows, f"{rows - trained} synthetic rows were refused"
     return [
         Result("sft check rows/s (1 core, CPU time)", rows / cpu, 1000.0, "rows/s", ">= 1.0 (vs 1,000)"),
-        Result("sft check peak RSS, 10k vs 1k rows", peak_mb, small[3], "MB", "~1.0 (flat)", higher_is_better=False),
+        Result(
+            "sft check peak RSS, 10k vs 1k rows",
+            peak_mb,
+            small[3],
+            "MB",
+            "~1.0 (flat)",
+            higher_is_better=False,
+        ),
     ]

@@ -33,7 +33,9 @@ def plain_peft(path, rows: list[list[int]]) -> float:
 
     def step() -> None:
         logits = model(input_ids=ids[:, :-1]).logits
-        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), ids[:, 1:].flatten(), reduction="sum")
+        loss = torch.nn.functional.cross_entropy(
+            logits.flatten(0, 1).float(), ids[:, 1:].flatten(), reduction="sum"
+        )
         (loss / ids[:, 1:].numel()).backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()

@@ -89,7 +89,9 @@ class EpisodeRuntime(RolloutRuntime):
             return result
         if isinstance(result, bool | int | float):
             return Evidence(reward=float(result))
-        raise TypeError(f"{type(self.episode).__name__}.run returned {type(result).__name__}; return a float or Evidence")
+        raise TypeError(
+            f"{type(self.episode).__name__}.run returned {type(result).__name__}; return a float or Evidence"
+        )
 
     async def close(self) -> None:
         await self.episode.close()
@@ -99,11 +101,13 @@ def import_object(path: str, key: str = "runtime.factory") -> Any:
     """`module:name` -> the object; a clear ConfigError when either part is missing."""
     module_name, sep, attr = path.partition(":")
     if not sep or not module_name or not attr:
-        raise ConfigError(f"{key} = {path!r}: expected `module:name`, e.g. \"episode:HiddenGame\"")
+        raise ConfigError(f'{key} = {path!r}: expected `module:name`, e.g. "episode:HiddenGame"')
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        raise ConfigError(f"{key} = {path!r}: cannot import {exc.name!r} (modules beside the config are importable)") from None
+        raise ConfigError(
+            f"{key} = {path!r}: cannot import {exc.name!r} (modules beside the config are importable)"
+        ) from None
     try:
         obj = module
         for part in attr.split("."):
@@ -125,5 +129,7 @@ def load_runtime(factory: str, options: dict[str, Any]) -> RolloutRuntime:
     if isinstance(runtime, Episode):
         return EpisodeRuntime(runtime)
     if not isinstance(runtime, RolloutRuntime):
-        raise ConfigError(f"runtime.factory = {factory!r} returned {type(runtime).__name__}, not a RolloutRuntime or Episode")
+        raise ConfigError(
+            f"runtime.factory = {factory!r} returned {type(runtime).__name__}, not a RolloutRuntime or Episode"
+        )
     return runtime

@@ -52,8 +52,15 @@ def eta(done: int, total: int, elapsed: float) -> str:
 class TerminalReporter:
     """One line per step (and per progress tick) on a stream: the CLI's and a script's view."""
 
-    KEYS = ("reward/mean", "reward/group_std_mean", "groups/zero_variance_frac", "loss", "eval/loss",
-            "kl/sample_train_v1", "tokens/trained")
+    KEYS = (
+        "reward/mean",
+        "reward/group_std_mean",
+        "groups/zero_variance_frac",
+        "loss",
+        "eval/loss",
+        "kl/sample_train_v1",
+        "tokens/trained",
+    )
 
     def __init__(self, stream: TextIO | None = None) -> None:
         self.stream = stream or sys.stdout
@@ -67,7 +74,9 @@ class TerminalReporter:
         self.started = time.monotonic()
         self.total = int(info.get("max_steps") or 0)
         resumed = f", resumed at step {info['start_step']}" if info.get("start_step") else ""
-        self._print(f"run {info.get('run_dir')}: {info.get('recipe')} on {info.get('model')} ({info.get('scope')}){resumed}")
+        self._print(
+            f"run {info.get('run_dir')}: {info.get('recipe')} on {info.get('model')} ({info.get('scope')}){resumed}"
+        )
 
     def on_step(self, record: dict[str, Any]) -> None:
         step = record["step"]
@@ -86,4 +95,6 @@ class TerminalReporter:
         self._print("  … " + ", ".join(f"{k}={v}" for k, v in snapshot.items()))
 
     def on_end(self, summary: dict[str, Any]) -> None:
-        self._print(f"done: {summary.get('status')} after {summary.get('steps')} steps in {summary.get('seconds', 0):.0f}s")
+        self._print(
+            f"done: {summary.get('status')} after {summary.get('steps')} steps in {summary.get('seconds', 0):.0f}s"
+        )

@@ -51,8 +51,12 @@ class ResourceJournal:
             os.fsync(f.fileno())
 
     def intent(self, provider: str, kind: str, **detail: Any) -> ResourceEntry:
-        entry = ResourceEntry(key=f"{kind}-{uuid.uuid4().hex[:12]}", provider=provider, kind=kind, detail=detail)
-        self._append({"event": "intent", "key": entry.key, "provider": provider, "kind": kind, "detail": detail})
+        entry = ResourceEntry(
+            key=f"{kind}-{uuid.uuid4().hex[:12]}", provider=provider, kind=kind, detail=detail
+        )
+        self._append(
+            {"event": "intent", "key": entry.key, "provider": provider, "kind": kind, "detail": detail}
+        )
         return entry
 
     def created(self, entry: ResourceEntry, provider_id: str, **detail: Any) -> None:
@@ -76,7 +80,9 @@ class ResourceJournal:
                 continue  # a line cut by a crash: the resource it named is in an earlier line or never existed
             key = event.get("key")
             if event.get("event") == "intent":
-                found[key] = ResourceEntry(key, event["provider"], event["kind"], detail=event.get("detail") or {})
+                found[key] = ResourceEntry(
+                    key, event["provider"], event["kind"], detail=event.get("detail") or {}
+                )
             elif key in found:
                 entry = found[key]
                 if event["event"] == "created":

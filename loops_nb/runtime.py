@@ -53,7 +53,9 @@ class Attempt:
         return f"{self.task.id}/g{self.group}/a{self.index}"
 
 
-DiscardReason = Literal["error", "timeout", "no_model_calls", "no_reward", "stale", "verifier_error", "truncated"]
+DiscardReason = Literal[
+    "error", "timeout", "no_model_calls", "no_reward", "stale", "verifier_error", "truncated"
+]
 
 
 @dataclass

@@ -32,7 +32,9 @@ def chat_template_override(model: ModelConfig) -> str | None:
         try:
             return Path(model.chat_template_file).read_text(encoding="utf-8")
         except OSError as exc:
-            raise ConfigError(f"model.chat_template_file: cannot read {model.chat_template_file}: {exc.strerror}") from None
+            raise ConfigError(
+                f"model.chat_template_file: cannot read {model.chat_template_file}: {exc.strerror}"
+            ) from None
     return None
 
 

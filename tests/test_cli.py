@@ -30,14 +30,14 @@ def run_cli(args, capsys):
     ("body", "needle"),
     [
         (GOOD + "[training]\nmax_stepz = 3\n", "unknown key training.max_stepz; did you mean 'max_steps'?"),
-        (GOOD + "[training]\nmax_steps = \"ten\"\n", "training.max_steps: Input should be a valid integer"),
+        (GOOD + '[training]\nmax_steps = "ten"\n', "training.max_steps: Input should be a valid integer"),
         (GOOD + '[compute]\nscope = "serverless"\nreplicas = 2\n', "compute.replicas: sizes a deployment"),
     ],
 )
 def test_check_refuses_bad_configs_with_one_line(tmp_path, capsys, body, needle):
     cfg = tmp_path / "train.toml"
     cfg.write_text(body)
-    code, out, err = run_cli(["check", str(cfg)], capsys)
+    code, _, err = run_cli(["check", str(cfg)], capsys)
     assert code == 2
     assert needle in err and str(cfg) in err
     assert len(err.strip().splitlines()) == 1
@@ -82,8 +82,19 @@ def test_serverless_without_a_key_is_one_clear_line(tmp_path, capsys, monkeypatc
 @pytest.mark.slow
 def test_loops_serve_runs_an_unchanged_sdk_script(tmp_path, tiny_chat_model_path):
     server = subprocess.Popen(
-        [sys.executable, "-m", "loops_nb.cli", "serve", "--state-dir", str(tmp_path / "state"), "--device", "cpu"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "loops_nb.cli",
+            "serve",
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--device",
+            "cpu",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         env_lines: dict[str, str] = {}
@@ -107,7 +118,9 @@ tc.optim_step(AdamParams(learning_rate=1e-3)).result()
 print("policy_version", tc.policy_version)
 """
         env = {**os.environ, **env_lines}
-        done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+        done = subprocess.run(
+            [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+        )
         assert done.returncode == 0, done.stderr[-2000:]
         assert "policy_version 1" in done.stdout
     finally:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-def build_tiny_tokenizer():  # noqa: ANN201 - PreTrainedTokenizerFast
+
+def build_tiny_tokenizer():
     """A byte-level BPE with ChatML special tokens and a tool-capable chat template.
 
     Byte-level BPE round-trips any text, so decode(encode(text)) == text: multi-turn token capture and

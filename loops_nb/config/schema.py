@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel
-
 from loops_nb.rl.config import RLConfig
 from loops_nb.sft.config import SFTConfig
 
 AnyConfig = RLConfig | SFTConfig
 
-RECIPES: dict[str, type[BaseModel]] = {"rl": RLConfig, "sft": SFTConfig}
+RECIPES: dict[str, type[RLConfig] | type[SFTConfig]] = {"rl": RLConfig, "sft": SFTConfig}
 """Recipe name -> its config model."""

@@ -85,8 +85,17 @@ class LoopsLLM:
         top_p: float | None = None,
         stop: Sequence[str] | None = None,
     ) -> Reply:
-        return (await self.sample(messages, tools=tools, n=1, max_tokens=max_tokens, temperature=temperature,
-                                  top_p=top_p, stop=stop))[0]
+        return (
+            await self.sample(
+                messages,
+                tools=tools,
+                n=1,
+                max_tokens=max_tokens,
+                temperature=temperature,
+                top_p=top_p,
+                stop=stop,
+            )
+        )[0]
 
     async def sample(
         self,
@@ -107,7 +116,9 @@ class LoopsLLM:
         if self.defaults.max_seq_len is not None:
             room = self.defaults.max_seq_len - len(prompt)
             if room <= 0:
-                raise ContextTooLong(f"the prompt has {len(prompt)} tokens; max_seq_len is {self.defaults.max_seq_len}")
+                raise ContextTooLong(
+                    f"the prompt has {len(prompt)} tokens; max_seq_len is {self.defaults.max_seq_len}"
+                )
             budget = min(budget, room)
         stops: list[int] | list[str] = list(stop) if stop else list(self.renderer.stop_token_ids)
         params = SamplingParams(
@@ -137,8 +148,14 @@ class LoopsLLM:
                     )
                 )
             replies.append(
-                Reply(parsed.content, parsed.tool_calls, parsed.text, seq.stop_reason, len(seq.tokens),
-                      parsed.tool_call_errors)
+                Reply(
+                    parsed.content,
+                    parsed.tool_calls,
+                    parsed.text,
+                    seq.stop_reason,
+                    len(seq.tokens),
+                    parsed.tool_call_errors,
+                )
             )
         return replies
 

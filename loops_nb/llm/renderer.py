@@ -45,7 +45,9 @@ class ChatRenderer:
     def render_text(
         self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
     ) -> str:
-        return self.template.render(list(messages), list(tools) if tools else None, add_generation_prompt=True)
+        return self.template.render(
+            list(messages), list(tools) if tools else None, add_generation_prompt=True
+        )
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])

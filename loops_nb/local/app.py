@@ -141,6 +141,7 @@ class LoopsRoutes:
     async def create_sampler(self, request: Request) -> Response:
         body = await _body(request)
         run_id = body.get("run_id")
+        base_model: Any
         if run_id:
             run = self.state.run(str(run_id))
             sampler_id, base_model = f"smp-{run.id}", run.base_model

@@ -23,6 +23,7 @@ from loops_nb.local.app import build_app
 from loops_nb.local.state import LocalLoopsState
 
 if TYPE_CHECKING:
+    import uvicorn
     from baseten.loops import ServiceClient
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,7 @@ class EmbeddedLoops:
             max_batch_sequences=max_batch_sequences,
         )
         self.preload = preload
-        self._server = None
+        self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
 
     @property
@@ -114,9 +115,9 @@ class EmbeddedLoops:
             limit_concurrency=None,
             backlog=4096,
         )
+        # uvicorn captures signals only on the main thread, so the CLI's and the notebook's own
+        # Ctrl-C handling stays in charge of this background server.
         server = uvicorn.Server(config)
-        # A server on a non-main thread must not install signal handlers (the notebook's or the CLI's).
-        server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
         self._server = server
         self._thread = threading.Thread(
             target=lambda: asyncio.run(server.serve(sockets=[sock])), name="loops-local-server", daemon=True

@@ -235,7 +235,7 @@ class LocalLoopsState:
 
     def record_checkpoint(self, run: LocalRun, kind: str, name: str) -> str:
         """Note a saved checkpoint for list_checkpoints and return its bt:// path."""
-        entry = {
+        entry: dict[str, Any] = {
             "id": f"ckpt-{uuid.uuid4().hex[:12]}",
             "run_id": run.id,
             "checkpoint_id": name,

@@ -56,7 +56,9 @@ def sequence_datums(
     for seq in sequences:
         if len(seq.tokens) < 2 or not any(seq.sampled[1:]):
             continue
-        out.append(SequenceDatum(list(seq.tokens), list(seq.sampled), list(seq.logprobs), advantage, attempt_id))
+        out.append(
+            SequenceDatum(list(seq.tokens), list(seq.sampled), list(seq.logprobs), advantage, attempt_id)
+        )
     return out
 
 

@@ -161,7 +161,9 @@ class RLRun:
                     status = "stopped"
                     break
                 step_started = time.perf_counter()
-                groups = await (scheduler.next_groups(step) if t.mode == "async" else scheduler.collect_sync(step))
+                groups = await (
+                    scheduler.next_groups(step) if t.mode == "async" else scheduler.collect_sync(step)
+                )
                 rollout_s = time.perf_counter() - step_started
                 metrics = await self._train_and_log(step, groups, scheduler, rollout_s, step_started)
                 if t.save_every and (step + 1) % t.save_every == 0 and step + 1 < t.max_steps:
@@ -274,10 +276,20 @@ class RLRun:
         for g in groups:
             for a in g.attempts:
                 self.run_dir.rollouts.append(
-                    {"step": step, "slot": g.slot, "group": g.group, "task": g.task.id, "attempt": a.attempt.id,
-                     "reward": a.evidence.reward, "trained": a.attempt.id in trained_ids, "discarded": a.evidence.discarded,
-                     "detail": a.evidence.detail, "policy_versions": a.capture.policy_versions,
-                     "sampled_tokens": a.capture.sampled_tokens, "seconds": round(a.seconds, 3)}
+                    {
+                        "step": step,
+                        "slot": g.slot,
+                        "group": g.group,
+                        "task": g.task.id,
+                        "attempt": a.attempt.id,
+                        "reward": a.evidence.reward,
+                        "trained": a.attempt.id in trained_ids,
+                        "discarded": a.evidence.discarded,
+                        "detail": a.evidence.detail,
+                        "policy_versions": a.capture.policy_versions,
+                        "sampled_tokens": a.capture.sampled_tokens,
+                        "seconds": round(a.seconds, 3),
+                    }
                 )
         full = self.config.output.trace == "full"
         self.run_dir.write_transcript(
@@ -294,8 +306,9 @@ class RLRun:
         if sampler:
             fut = await self.policy.training_client.save_weights_for_sampler_async(f"final-{step:06d}")
             sampler_path = str((await fut.result_async()).path)
-        checkpoint = Checkpoint(step=step, path=path, sampler_path=sampler_path,
-                                extra={"policy_version": self.policy.version})
+        checkpoint = Checkpoint(
+            step=step, path=path, sampler_path=sampler_path, extra={"policy_version": self.policy.version}
+        )
         self.run_dir.record_checkpoint(checkpoint)
         return checkpoint
 
@@ -305,6 +318,9 @@ class RLRun:
             await asyncio.sleep(every)
             self.observers.emit(
                 "on_progress",
-                {"attempts_done": scheduler.finished_attempts, "in_flight": scheduler.in_flight,
-                 "policy_version": self.policy.version},
+                {
+                    "attempts_done": scheduler.finished_attempts,
+                    "in_flight": scheduler.in_flight,
+                    "policy_version": self.policy.version,
+                },
             )

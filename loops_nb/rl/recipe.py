@@ -46,7 +46,11 @@ def open_file_problem(max_concurrent: int, per_attempt: int = FILES_PER_ATTEMPT)
         return (
             f"open-file limit {soft} is too low for training.max_concurrent_rollouts = {max_concurrent} "
             f"(needs about {need}): run `ulimit -n {raise_to}` in this shell first"
-            + ("" if hard == resource.RLIM_INFINITY or hard >= need else f", or lower the concurrency (hard limit {hard})")
+            + (
+                ""
+                if hard == resource.RLIM_INFINITY or hard >= need
+                else f", or lower the concurrency (hard limit {hard})"
+            )
         )
     return None
 
@@ -108,13 +112,16 @@ async def check(project: Project, **_: Any) -> RLCheckReport:
     per_step = t.group_size * t.groups_per_step
     report.lines.append(
         f"schedule: {t.max_steps} steps x {t.groups_per_step} groups x {t.group_size} attempts = "
-        f"{per_step} attempts a step, {t.mode}" + (f" (max_staleness {t.max_staleness}, {t.stale_policy})" if t.mode == "async" else "")
+        f"{per_step} attempts a step, {t.mode}"
+        + (f" (max_staleness {t.max_staleness}, {t.stale_policy})" if t.mode == "async" else "")
     )
     problem = open_file_problem(t.max_concurrent_rollouts)
     if problem:
         report.problems.append(problem)
     report.ok = not report.problems
-    atomic_write_json(preflight.root / "check.json", {"ok": report.ok, "lines": report.lines, "problems": report.problems})
+    atomic_write_json(
+        preflight.root / "check.json", {"ok": report.ok, "lines": report.lines, "problems": report.problems}
+    )
     return report
 
 
@@ -138,14 +145,17 @@ async def train(
             load_model_tokenizer, config.model, config.compute.scope, cache_dir=config.compute.local.cache_dir
         )
         tc = await connection.training_client(
-            config.model.base_model, rank=config.model.lora_rank, seed=config.training.seed,
+            config.model.base_model,
+            rank=config.model.lora_rank,
+            seed=config.training.seed,
             max_seq_len=config.model.max_seq_len,
         )
         run_dir.write_run_json(
             {
                 "recipe": "rl",
                 "run_id": tc.run_id,
-                "previous_run_ids": (resumed or {}).get("previous_run_ids", []) + ([resumed["run_id"]] if resumed else []),
+                "previous_run_ids": (resumed or {}).get("previous_run_ids", [])
+                + ([resumed["run_id"]] if resumed else []),
                 "model": config.model.base_model,
                 "scope": config.compute.scope,
                 "config_path": str(project.path),
@@ -159,13 +169,27 @@ async def train(
 
             custom_loss = import_object(config.training.loss, "training.loss")
         policy = Policy(tc, config.model.base_model)
-        run = RLRun(config, run_dir, policy, runtime, ChatRenderer(tokenizer), observer_set,
-                    custom_loss=custom_loss, stop=stop)
+        run = RLRun(
+            config,
+            run_dir,
+            policy,
+            runtime,
+            ChatRenderer(tokenizer),
+            observer_set,
+            custom_loss=custom_loss,
+            stop=stop,
+        )
         start = await run.resume_point()
         observer_set.emit(
             "on_start",
-            {"run_dir": str(run_dir.root), "recipe": "rl", "model": config.model.base_model,
-             "scope": config.compute.scope, "max_steps": config.training.max_steps, "start_step": start},
+            {
+                "run_dir": str(run_dir.root),
+                "recipe": "rl",
+                "model": config.model.base_model,
+                "scope": config.compute.scope,
+                "max_steps": config.training.max_steps,
+                "start_step": start,
+            },
         )
         return await run.execute(start)
     finally:

@@ -141,7 +141,9 @@ class RolloutScheduler:
             self.in_flight += 1
             started = time.perf_counter()
             llm = self.make_llm(capture, seed)
-            attempt = Attempt(task, group, index, seed, self.version(), AttemptServices(llm, capture, self.resources))
+            attempt = Attempt(
+                task, group, index, seed, self.version(), AttemptServices(llm, capture, self.resources)
+            )
             evidence = await self._evidence(attempt)
             self.in_flight -= 1
         if evidence.discarded is None:

@@ -107,7 +107,9 @@ def test_cli_reads_env_beside_config_and_in_cwd(tmp_path, monkeypatch):
 def test_a_missing_config_falls_back_to_the_shipped_copy(tmp_path, monkeypatch):
     shipped = tmp_path / "shipped"
     write(shipped / "examples" / "x" / "sft.toml", SFT)
-    monkeypatch.setattr("loops_nb.config.loader.find_shipped", lambda rel: shipped / rel if (shipped / rel).exists() else None)
+    monkeypatch.setattr(
+        "loops_nb.config.loader.find_shipped", lambda rel: shipped / rel if (shipped / rel).exists() else None
+    )
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)
@@ -122,16 +124,32 @@ def test_a_missing_config_falls_back_to_the_shipped_copy(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     ("text", "overrides", "expected"),
     [
-        (SFT + "\n[training]\nmax_stepz = 3\n", {}, "unknown key training.max_stepz; did you mean 'max_steps'?"),
-        (SFT + "\n[training]\nmax_steps = \"many\"\n", {}, "training.max_steps: Input should be a valid integer"),
+        (
+            SFT + "\n[training]\nmax_stepz = 3\n",
+            {},
+            "unknown key training.max_stepz; did you mean 'max_steps'?",
+        ),
+        (
+            SFT + '\n[training]\nmax_steps = "many"\n',
+            {},
+            "training.max_steps: Input should be a valid integer",
+        ),
         (SFT, {"training.learning_rate": -1}, "override --training.learning_rate: training.learning_rate"),
-        (SFT + '\n[compute]\nscope = "serverless"\nreplicas = 2\n', {}, 'compute.replicas: sizes a deployment'),
+        (
+            SFT + '\n[compute]\nscope = "serverless"\nreplicas = 2\n',
+            {},
+            "compute.replicas: sizes a deployment",
+        ),
         (SFT + '\n[compute]\nscope = "local"\nspot = true\n', {}, "compute.spot"),
         ('recipe = "sft"\n', {}, "data is required"),
         ("[model]\nlora_rank = 8\n", {}, 'recipe is missing; set recipe = "rl" or "sft"'),
         ('recipe = "dpo"\n', {}, "recipe is 'dpo'"),
         ("recipe = \n", {}, "invalid TOML"),
-        (SFT + '\n[compute]\nscope = "cloud"\n', {}, "compute.scope: Input should be 'serverless', 'dedicated' or 'local'"),
+        (
+            SFT + '\n[compute]\nscope = "cloud"\n',
+            {},
+            "compute.scope: Input should be 'serverless', 'dedicated' or 'local'",
+        ),
     ],
 )
 def test_bad_configs_fail_with_one_clear_line_naming_the_file_and_key(tmp_path, text, overrides, expected):

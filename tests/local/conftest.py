@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tiny_models import build_tiny_chat_model  # noqa: E402
+from tiny_models import build_tiny_chat_model
 
 
 @pytest.fixture(scope="session")

@@ -197,7 +197,10 @@ def test_named_checkpoints_are_sampled_and_runs_deactivate(svc, embedded_loops, 
     named = tc.create_sampling_client(saved.path)
     prompt = ModelInput.from_ints(sentence[:6])
     greedy = SamplingParams(max_tokens=6, temperature=0.0)
-    assert named.sample(prompt, 1, greedy).sequences[0].tokens == live.sample(prompt, 1, greedy).sequences[0].tokens
+    assert (
+        named.sample(prompt, 1, greedy).sequences[0].tokens
+        == live.sample(prompt, 1, greedy).sequences[0].tokens
+    )
     deactivate_run(tc.run_id, embedded_loops.url, embedded_loops.api_key)
     with pytest.raises(httpx.HTTPStatusError, match="deactivated"):
         tc.forward_backward([make_datum(sentence)], loss_fn="cross_entropy").result()

@@ -72,6 +72,10 @@ def test_notebook_is_clean_and_parameterised(notebook: Path) -> None:
     nbformat.validate(nb)
     tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
     assert len(tagged) == 1, "exactly one cell tagged `parameters`"
-    assert tagged[0].metadata.get("nbmake", {}).get("mock"), "the parameters cell needs nbmake.mock smoke values"
-    assert all(not c.get("outputs") for c in raw["cells"] if c["cell_type"] == "code"), "commit notebooks without outputs"
+    assert tagged[0].metadata.get("nbmake", {}).get("mock"), (
+        "the parameters cell needs nbmake.mock smoke values"
+    )
+    assert all(not c.get("outputs") for c in raw["cells"] if c["cell_type"] == "code"), (
+        "commit notebooks without outputs"
+    )
     assert pm.inspect_notebook(str(notebook)), "papermill finds the parameters"

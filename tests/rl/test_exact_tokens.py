@@ -17,9 +17,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tiny_models import build_tiny_chat_model  # noqa: E402
+from tiny_models import build_tiny_chat_model
 
-EPISODE = '''
+EPISODE = """
 from loops_nb.episodes import Episode, Task
 from loops_nb.llm.client import llm
 
@@ -37,9 +37,9 @@ class ThreeTurns(Episode):
             if follow_up:
                 messages += [reply.message, {"role": "user", "content": follow_up}]
         return float(len("".join(texts)) % 3)
-'''
+"""
 
-CONFIG = '''
+CONFIG = """
 recipe = "rl"
 [model]
 base_model = "{model}"
@@ -63,7 +63,7 @@ save_every = 0
 output_dir = "{out}"
 run_name = "exact"
 trace = "full"
-'''
+"""
 
 
 def runs(mask: list[float]) -> list[tuple[int, int]]:
@@ -87,7 +87,11 @@ def test_trained_tokens_are_exactly_the_sampled_tokens_across_turns(tmp_path: Pa
     env = {**os.environ, "LOOPS_REQUEST_LOG": str(wire_log), "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run(
         [sys.executable, "-m", "loops_nb.cli", "run", str(config)],
-        env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
 
@@ -102,7 +106,9 @@ def test_trained_tokens_are_exactly_the_sampled_tokens_across_turns(tmp_path: Pa
         if req["path"].endswith("/sample") and r["status"] == 200:
             for choice in r["body"]["choices"]:
                 completion = tuple(choice["token_ids"])
-                sampled.setdefault(completion, []).append((req["body"]["prompt"], choice["logprobs"]["token_logprobs"]))
+                sampled.setdefault(completion, []).append(
+                    (req["body"]["prompt"], choice["logprobs"]["token_logprobs"])
+                )
         elif req["path"].endswith("/forward_backward"):
             datums += req["body"]["data"]
     assert datums and sampled

@@ -18,9 +18,24 @@ CONFIG = REPO / "patterns" / "custom_runtime" / "in_process_direct" / "train_loc
 def test_quickstart_reward_climbs_and_writes_its_outputs(tmp_path: Path, model_cache_dir: Path) -> None:
     env = {**os.environ, "LOOPS_NB_CACHE": str(model_cache_dir), "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "loops_nb.cli", "run", str(CONFIG), "--training.max_steps", "6",
-         "--output.output_dir", str(tmp_path), "--output.run_name", "qs"],
-        env=env, capture_output=True, text=True, timeout=1800, cwd=tmp_path,
+        [
+            sys.executable,
+            "-m",
+            "loops_nb.cli",
+            "run",
+            str(CONFIG),
+            "--training.max_steps",
+            "6",
+            "--output.output_dir",
+            str(tmp_path),
+            "--output.run_name",
+            "qs",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = tmp_path / "qs"

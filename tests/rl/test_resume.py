@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tiny_models import build_tiny_chat_model  # noqa: E402
+from tiny_models import build_tiny_chat_model
 
-EPISODE = '''
+EPISODE = """
 from loops_nb.episodes import Episode, Task
 from loops_nb.llm.client import llm
 
@@ -27,9 +27,9 @@ class Lengthy(Episode):
     async def run(self, task):
         reply = await llm().chat([{"role": "user", "content": "Talk."}], max_tokens=8)
         return float(len(reply.text) % 4)
-'''
+"""
 
-CONFIG = '''
+CONFIG = """
 recipe = "rl"
 [model]
 base_model = "{model}"
@@ -47,7 +47,7 @@ save_every = 1
 [output]
 output_dir = "{out}"
 run_name = "resumable"
-'''
+"""
 
 
 def steps_of(run: Path) -> list[dict]:

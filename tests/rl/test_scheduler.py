@@ -47,9 +47,11 @@ def scheduler(runtime, clock, tasks=None, **kw):
     defaults = dict(group_size=3, groups_per_step=2, max_concurrent=4, attempt_timeout=0.5, seed=7)
     defaults.update(kw)
     return RolloutScheduler(
-        runtime, tasks or [Task("t0"), Task("t1"), Task("t2")],
+        runtime,
+        tasks or [Task("t0"), Task("t1"), Task("t2")],
         make_llm=lambda capture, seed: None,  # the fake runtime never calls the model client
-        version=lambda: clock.version, **defaults,
+        version=lambda: clock.version,
+        **defaults,
     )
 
 
@@ -77,7 +79,10 @@ async def test_failing_and_slow_attempts_are_discarded_with_their_reason():
     groups = await s.collect_sync(0)
     reasons = {g.task.id: {a.evidence.discarded for a in g.attempts} for g in groups}
     assert reasons == {"raise": {"error"}, "slow": {"timeout"}}
-    assert "ValueError: agent bug" in groups[[g.task.id for g in groups].index("raise")].attempts[0].evidence.detail
+    assert (
+        "ValueError: agent bug"
+        in groups[[g.task.id for g in groups].index("raise")].attempts[0].evidence.detail
+    )
     assert s.stats.discarded == {"error": 3, "timeout": 3}
 
 
