@@ -17,7 +17,8 @@ from loops_nb.compute import LoopsConnection, require_api_key
 from loops_nb.episodes import load_runtime
 from loops_nb.errors import UserError
 from loops_nb.llm.renderer import ChatRenderer
-from loops_nb.observers import ObserverSet, TerminalReporter
+from loops_nb.mirrors import WandbMirror, default_observers
+from loops_nb.observers import ObserverSet
 from loops_nb.rl.config import RLConfig
 from loops_nb.rl.loop import Outcome, RLRun
 from loops_nb.rl.policy import Policy
@@ -137,7 +138,12 @@ async def train(
     header = project.describe()
     with (run_dir.root / "run.log").open("a") as log_file:
         log_file.write("\n".join(header) + "\n")
-    observer_set = ObserverSet(observers if observers is not None else [TerminalReporter()])
+    config_dump = json.loads(config.model_dump_json())
+    if observers is None:
+        observers = default_observers(config.output, config_dump)
+    elif config.output.wandb_project:
+        observers = [*observers, WandbMirror(config.output.wandb_project, config_dump)]
+    observer_set = ObserverSet(observers)
     runtime = load_runtime(config.runtime.factory, config.runtime.options)
     connection = await LoopsConnection.open(config.compute, state_dir=run_dir.state / "local_loops")
     try:
@@ -159,7 +165,7 @@ async def train(
                 "model": config.model.base_model,
                 "scope": config.compute.scope,
                 "config_path": str(project.path),
-                "config": json.loads(config.model_dump_json()),
+                "config": config_dump,
                 "started": time.time(),
             }
         )

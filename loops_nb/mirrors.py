@@ -1,0 +1,100 @@
+"""Observers that mirror a run elsewhere: Weights & Biases (`[output] wandb_project`, the `wandb`
+extra) and a rich live progress region in the terminal (`[output] console`, the `console` extra)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from loops_nb.errors import UserError
+from loops_nb.observers import TerminalReporter, eta
+
+
+class WandbMirror:
+    """Logs every step record to a W&B run named after the run directory."""
+
+    def __init__(self, project: str, config: dict[str, Any]) -> None:
+        try:
+            import wandb
+        except ImportError:
+            raise UserError("output.wandb_project needs the wandb extra: uv sync --extra wandb") from None
+        self._wandb = wandb
+        self._config = config
+        self._run: Any = None
+        self.project = project
+
+    def on_start(self, info: dict[str, Any]) -> None:
+        name = os.path.basename(str(info.get("run_dir", ""))) or None
+        self._run = self._wandb.init(
+            project=self.project, name=name, config=self._config, resume="allow", id=name
+        )
+
+    def on_step(self, record: dict[str, Any]) -> None:
+        if self._run is not None:
+            numbers = {
+                k: v for k, v in record.items() if isinstance(v, int | float) and not isinstance(v, bool)
+            }
+            self._run.log(numbers, step=int(record["step"]))
+
+    def on_end(self, summary: dict[str, Any]) -> None:
+        if self._run is not None:
+            self._run.summary.update({k: v for k, v in summary.items() if isinstance(v, int | float | str)})
+            self._run.finish()
+
+
+class RichConsole(TerminalReporter):
+    """A live progress region (step bar with ETA and the latest health numbers) instead of plain lines."""
+
+    def __init__(self) -> None:
+        try:
+            from rich.console import Console
+            from rich.live import Live
+        except ImportError:
+            raise UserError("output.console needs the console extra: uv sync --extra console") from None
+        super().__init__()
+        self._console = Console()
+        self._live = Live(console=self._console, refresh_per_second=2, transient=False)
+        self._last: dict[str, Any] = {}
+
+    def _render(self, note: str = "") -> Any:
+        from rich.table import Table
+
+        table = Table.grid(padding=(0, 2))
+        step = int(self._last.get("step", -1)) + 1
+        table.add_row(
+            f"[bold]step {step}/{self.total or '?'}[/]", f"eta {eta(step, self.total, self._elapsed())}", note
+        )
+        for key in self.KEYS:
+            if self._last.get(key) is not None:
+                value = self._last[key]
+                table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value), "")
+        return table
+
+    def _elapsed(self) -> float:
+        import time
+
+        return time.monotonic() - self.started
+
+    def on_start(self, info: dict[str, Any]) -> None:
+        super().on_start(info)
+        self._live.start()
+        self._live.update(self._render("starting"))
+
+    def on_step(self, record: dict[str, Any]) -> None:
+        self._last = record
+        self._live.update(self._render())
+
+    def on_progress(self, snapshot: dict[str, Any]) -> None:
+        self._live.update(self._render(", ".join(f"{k}={v}" for k, v in snapshot.items())))
+
+    def on_end(self, summary: dict[str, Any]) -> None:
+        self._live.update(self._render(str(summary.get("status", ""))))
+        self._live.stop()
+
+
+def default_observers(output: Any, config_dump: dict[str, Any]) -> list[Any]:
+    """The observers `[output]` asks for when the caller passes none: terminal (or rich), plus W&B."""
+    observers: list[Any] = [RichConsole() if output.console else TerminalReporter()]
+    if output.wandb_project:
+        observers.append(WandbMirror(output.wandb_project, config_dump))
+    return observers

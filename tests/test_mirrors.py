@@ -1,0 +1,42 @@
+"""W&B mirroring (offline mode, no network) and the rich console region."""
+
+from __future__ import annotations
+
+import pytest
+
+from loops_nb.mirrors import RichConsole, WandbMirror, default_observers
+from loops_nb.observers import TerminalReporter
+
+
+def test_wandb_mirror_logs_every_step_offline(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    mirror = WandbMirror("loops-nb-test", {"recipe": "rl"})
+    mirror.on_start({"run_dir": str(tmp_path / "my-run")})
+    for step in range(3):
+        mirror.on_step({"step": step, "reward/mean": step / 3, "trained": True, "note": "x"})
+    mirror.on_end({"status": "completed", "steps": 3})
+    history = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert history, "wandb wrote no offline run"
+
+
+def test_rich_console_shows_the_latest_step(capsys):
+    console = RichConsole()
+    console.on_start({"run_dir": "r", "recipe": "rl", "model": "m", "scope": "local", "max_steps": 2})
+    console.on_step({"step": 0, "reward/mean": 0.25})
+    console.on_step({"step": 1, "reward/mean": 0.75})
+    console.on_end({"status": "completed"})
+    out = capsys.readouterr().out
+    assert "step 2/2" in out and "0.75" in out
+
+
+def test_default_observers_follow_the_output_section():
+    from loops_nb.config.sections import OutputConfig
+
+    assert [type(o) for o in default_observers(OutputConfig(), {})] == [TerminalReporter]
+    assert isinstance(default_observers(OutputConfig(console=True), {})[0], RichConsole)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("WANDB_MODE", "disabled")
+        kinds = [type(o).__name__ for o in default_observers(OutputConfig(wandb_project="p"), {})]
+    assert kinds == ["TerminalReporter", "WandbMirror"]
