@@ -105,6 +105,7 @@ def real_step_seconds() -> float:
 
 
 def run() -> list[Result]:
+    asyncio.run(instant_pipeline_seconds())  # warm-up: imports, tokenizer load, template compilation
     seconds, attempts = asyncio.run(instant_pipeline_seconds())
     per_step_overhead = seconds / STEPS
     real = real_step_seconds()

@@ -30,6 +30,10 @@ class ObserverSet:
     def __init__(self, observers: Sequence[Any] = ()) -> None:
         self.observers = list(observers)
 
+    def wants(self, hook: str) -> bool:
+        """Whether any observer handles `hook`: lets the run skip building payloads nobody reads."""
+        return any(getattr(o, hook, None) is not None for o in self.observers)
+
     def emit(self, hook: str, payload: dict[str, Any]) -> None:
         for obs in list(self.observers):
             fn = getattr(obs, hook, None)
@@ -87,9 +91,6 @@ class TerminalReporter:
                 parts.append(f"{key}={value:.4g}" if isinstance(value, float) else f"{key}={value}")
         parts.append(f"eta={eta(step + 1, self.total, time.monotonic() - self.started)}")
         self._print("  ".join(parts))
-
-    def on_attempt(self, record: dict[str, Any]) -> None:
-        pass
 
     def on_progress(self, snapshot: dict[str, Any]) -> None:
         self._print("  … " + ", ".join(f"{k}={v}" for k, v in snapshot.items()))

@@ -61,9 +61,15 @@ class JsonlLog:
                 f.truncate(cut)
 
     def append(self, record: dict[str, Any]) -> None:
-        line = json.dumps(record, default=str, allow_nan=False) + "\n"
+        self.extend([record])
+
+    def extend(self, records: list[dict[str, Any]]) -> None:
+        """Append records with one write and one fsync (a step's rollouts at once)."""
+        if not records:
+            return
+        text = "".join(json.dumps(r, default=str, allow_nan=False) + "\n" for r in records)
         with self.path.open("a", encoding="utf-8") as f:
-            f.write(line)
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
 

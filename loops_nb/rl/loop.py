@@ -117,7 +117,6 @@ class RLRun:
             max_tokens=config.sampling.max_tokens,
             max_seq_len=config.model.max_seq_len,
         )
-        self.step_attempts: list[dict[str, Any]] = []
 
     def _make_llm(self, capture: Any, seed: int) -> LoopsLLM:
         return LoopsLLM(self.renderer, self.policy, capture, self.defaults, seed=seed)
@@ -191,6 +190,8 @@ class RLRun:
         return outcome
 
     def _on_attempt(self, record: AttemptRecord) -> None:
+        if not self.observers.wants("on_attempt"):
+            return
         summary = {
             "attempt": record.attempt.id,
             "task": record.attempt.task.id,
@@ -203,7 +204,6 @@ class RLRun:
             "sequence_breaks": dict(record.capture.breaks),
             "seconds": round(record.seconds, 3),
         }
-        self.step_attempts.append(summary)
         self.observers.emit("on_attempt", {**summary, "text": self._transcript(record, full=True)})
 
     def _transcript(self, record: AttemptRecord, *, full: bool) -> dict[str, Any]:
@@ -273,30 +273,31 @@ class RLRun:
             "time/publish_s": round(publish_s, 3),
             "time/step_s": round(time.perf_counter() - t0, 3),
         }
-        for g in groups:
-            for a in g.attempts:
-                self.run_dir.rollouts.append(
-                    {
-                        "step": step,
-                        "slot": g.slot,
-                        "group": g.group,
-                        "task": g.task.id,
-                        "attempt": a.attempt.id,
-                        "reward": a.evidence.reward,
-                        "trained": a.attempt.id in trained_ids,
-                        "discarded": a.evidence.discarded,
-                        "detail": a.evidence.detail,
-                        "policy_versions": a.capture.policy_versions,
-                        "sampled_tokens": a.capture.sampled_tokens,
-                        "seconds": round(a.seconds, 3),
-                    }
-                )
+        self.run_dir.rollouts.extend(
+            [
+                {
+                    "step": step,
+                    "slot": g.slot,
+                    "group": g.group,
+                    "task": g.task.id,
+                    "attempt": a.attempt.id,
+                    "reward": a.evidence.reward,
+                    "trained": a.attempt.id in trained_ids,
+                    "discarded": a.evidence.discarded,
+                    "detail": a.evidence.detail,
+                    "policy_versions": a.capture.policy_versions,
+                    "sampled_tokens": a.capture.sampled_tokens,
+                    "seconds": round(a.seconds, 3),
+                }
+                for g in groups
+                for a in g.attempts
+            ]
+        )
         full = self.config.output.trace == "full"
         self.run_dir.write_transcript(
             f"step-{step:06d}", [self._transcript(a, full=full) for g in groups for a in g.attempts]
         )
         self.run_dir.steps.append(record)
-        self.step_attempts.clear()
         self.observers.emit("on_step", record)
         return record
 
