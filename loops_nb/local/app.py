@@ -28,6 +28,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from loops_nb.local import trainer_ops
+from loops_nb.local.sampling_types import SampleRequestError
 from loops_nb.local.state import LocalLoopsError, LocalLoopsState
 from loops_nb.local.wire import InvalidRequest
 
@@ -303,7 +304,7 @@ def _guard(handler: Any) -> Any:
     async def wrapped(request: Request) -> Response:
         try:
             return await handler(request)
-        except (InvalidRequest, LocalLoopsError) as exc:
+        except (InvalidRequest, LocalLoopsError, SampleRequestError) as exc:
             return _error(422, str(exc))
         except Exception:
             log.exception("embedded Loops: %s %s failed", request.method, request.url.path)

@@ -49,7 +49,7 @@ class Outcome:
     def describe(self) -> list[str]:
         lines = [f"run: {self.run_dir}", f"status: {self.status} ({self.steps} steps, {self.seconds:.0f}s)"]
         for key in ("reward/mean", "loss", "eval/loss"):
-            if key in self.last_metrics:
+            if self.last_metrics.get(key) is not None:  # None when a step had no rewards
                 lines.append(f"{key}: {self.last_metrics[key]:.4g}")
         if self.checkpoint:
             lines.append(f"checkpoint: {self.checkpoint}")

@@ -18,6 +18,13 @@ from loops_nb.episodes import load_runtime
 from loops_nb.errors import UserError
 from loops_nb.llm.renderer import ChatRenderer
 from loops_nb.mirrors import WandbMirror, default_observers
+from loops_nb.model_access import (
+    LeasedRuntime,
+    ModelAccessMode,
+    ModelGateway,
+    files_per_attempt,
+    model_access_of,
+)
 from loops_nb.observers import ObserverSet
 from loops_nb.rl.config import RLConfig
 from loops_nb.rl.loop import Outcome, RLRun
@@ -101,11 +108,15 @@ async def check(project: Project, **_: Any) -> RLCheckReport:
         )
     except UserError as exc:
         report.problems.append(str(exc))
+    access = ModelAccessMode.IN_PROCESS
     try:
         runtime = load_runtime(config.runtime.factory, config.runtime.options)
+        access = model_access_of(runtime)
         tasks = await runtime.tasks()
         report.tasks = len(tasks)
-        report.lines.append(f"runtime: {config.runtime.factory} with {len(tasks)} task(s)")
+        report.lines.append(
+            f"runtime: {config.runtime.factory} with {len(tasks)} task(s), model access {access.value}"
+        )
         await runtime.close()
     except UserError as exc:
         report.problems.append(str(exc))
@@ -116,7 +127,7 @@ async def check(project: Project, **_: Any) -> RLCheckReport:
         f"{per_step} attempts a step, {t.mode}"
         + (f" (max_staleness {t.max_staleness}, {t.stale_policy})" if t.mode == "async" else "")
     )
-    problem = open_file_problem(t.max_concurrent_rollouts)
+    problem = open_file_problem(t.max_concurrent_rollouts, files_per_attempt(access))
     if problem:
         report.problems.append(problem)
     report.ok = not report.problems
@@ -130,8 +141,11 @@ async def train(
     project: Project, *, observers: list[Any] | None = None, stop: asyncio.Event | None = None
 ) -> Outcome:
     config: RLConfig = project.config  # type: ignore[assignment]
-    problem = open_file_problem(config.training.max_concurrent_rollouts)
+    runtime = load_runtime(config.runtime.factory, config.runtime.options)
+    access = model_access_of(runtime)
+    problem = open_file_problem(config.training.max_concurrent_rollouts, files_per_attempt(access))
     if problem:
+        await runtime.close()
         raise UserError(problem)
     run_dir = RunDirectory.create(config.output.output_dir, config.output.run_name, project.path.stem)
     resumed = run_dir.read_run_json()
@@ -144,9 +158,14 @@ async def train(
     elif config.output.wandb_project:
         observers = [*observers, WandbMirror(config.output.wandb_project, config_dump)]
     observer_set = ObserverSet(observers)
-    runtime = load_runtime(config.runtime.factory, config.runtime.options)
     connection = await LoopsConnection.open(config.compute, state_dir=run_dir.state / "local_loops")
+    gateway: ModelGateway | None = None
     try:
+        if access is ModelAccessMode.OPENAI_HTTP:
+            # The agent is its own program: it reaches the policy over OpenAI-compatible HTTP with a
+            # per-attempt lease, through the same LoopsLLM (and exact capture) as in-process agents.
+            gateway = await ModelGateway(model_name=config.model.base_model).astart()
+            runtime = LeasedRuntime(runtime, gateway)
         tokenizer = await asyncio.to_thread(
             load_model_tokenizer, config.model, config.compute.scope, cache_dir=config.compute.local.cache_dir
         )
@@ -200,4 +219,6 @@ async def train(
         return await run.execute(start)
     finally:
         await runtime.close()
+        if gateway is not None:
+            await gateway.astop()
         await connection.close()

@@ -1,0 +1,23 @@
+"""Model access for agents that are their own programs: per-attempt leases and an OpenAI-compatible gateway.
+
+An in-process agent calls `llm()`; an agent in another process (a CLI, a framework, any language)
+talks OpenAI's chat-completions protocol to the run's `ModelGateway`, with the attempt's lease key as
+its API key. Both paths end in the same `LoopsLLM`, so rendering, sampling and exact token capture are
+one code path.
+"""
+
+from loops_nb.model_access.gateway import ModelGateway
+from loops_nb.model_access.leases import AttemptLease, LeaseRegistry
+from loops_nb.model_access.mode import ModelAccessMode, files_per_attempt, model_access_of
+from loops_nb.model_access.runtime import LeasedRuntime, model_env
+
+__all__ = [
+    "AttemptLease",
+    "LeaseRegistry",
+    "LeasedRuntime",
+    "ModelAccessMode",
+    "ModelGateway",
+    "files_per_attempt",
+    "model_access_of",
+    "model_env",
+]

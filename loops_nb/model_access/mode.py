@@ -1,0 +1,40 @@
+"""How a runtime's agents reach the model: in-process (`llm()`) or over OpenAI-compatible HTTP.
+
+A runtime (or the Episode an `EpisodeRuntime` wraps) declares `model_access = ModelAccessMode.OPENAI_HTTP`
+when its agent is a separate program; the recipe then starts a `ModelGateway` and issues each attempt a
+lease. The mode also sizes the open-file check: a process per attempt holds far more descriptors.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+
+class ModelAccessMode(StrEnum):
+    IN_PROCESS = "in_process"
+    """The agent runs in this process and calls `llm()` / `attempt.services.llm`."""
+    OPENAI_HTTP = "openai_http"
+    """The agent is its own program and calls the gateway at `attempt.services.model_base_url`."""
+
+
+FILES_PER_ATTEMPT = {
+    ModelAccessMode.IN_PROCESS: 4,
+    # A child process's stdin/stdout/stderr pipes (both ends while it starts), its pidfd, and the
+    # gateway's client and server sockets for a couple of keep-alive connections, plus spare.
+    ModelAccessMode.OPENAI_HTTP: 16,
+}
+
+
+def model_access_of(runtime: Any) -> ModelAccessMode:
+    """The mode a runtime asks for: its `model_access`, or its Episode's; in-process by default."""
+    for holder in (runtime, getattr(runtime, "episode", None)):
+        value = getattr(holder, "model_access", None)
+        if value is not None:
+            return ModelAccessMode(value)
+    return ModelAccessMode.IN_PROCESS
+
+
+def files_per_attempt(mode: ModelAccessMode) -> int:
+    """Open files one live attempt may hold under this mode (the open-file check's unit)."""
+    return FILES_PER_ATTEMPT[mode]

@@ -1,0 +1,73 @@
+"""`LeasedRuntime`: gives every attempt of a runtime a gateway lease while it runs, and revokes it after.
+
+The recipe wraps a runtime that asks for `openai_http` model access. Each attempt's services then carry
+`model_base_url` (the gateway's `/v1`) and `model_api_key` (the lease key); `model_env(attempt)` turns
+them into the `OPENAI_BASE_URL` / `OPENAI_API_KEY` an agent process reads (inside an Episode's `run`,
+which has no attempt argument, `model_env()` reads the running attempt's). The lease is revoked when the
+attempt returns, raises, or is cancelled by its timeout, so a straggling agent cannot add tokens later.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Sequence
+from typing import Any
+
+from loops_nb.llm.client import ContextTooLong
+from loops_nb.model_access.gateway import ModelGateway
+from loops_nb.model_access.mode import ModelAccessMode
+from loops_nb.runtime import Attempt, Evidence, RolloutRuntime, Task
+
+_current_env: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("loops_nb_model_env")
+
+
+class LeasedRuntime(RolloutRuntime):
+    """A runtime whose attempts reach the model through `gateway` with a per-attempt lease."""
+
+    model_access = ModelAccessMode.OPENAI_HTTP
+
+    def __init__(self, inner: RolloutRuntime, gateway: ModelGateway) -> None:
+        self.inner = inner
+        self.gateway = gateway
+
+    async def tasks(self) -> Sequence[Task]:
+        return await self.inner.tasks()
+
+    async def run_attempt(self, attempt: Attempt) -> Evidence:
+        lease = self.gateway.issue(attempt.id, attempt.services.llm)
+        attempt.services.model_base_url = self.gateway.url
+        attempt.services.model_api_key = lease.key
+        token = _current_env.set(model_env(attempt))
+        try:
+            evidence = await self.inner.run_attempt(attempt)
+        finally:
+            _current_env.reset(token)
+            self.gateway.revoke(lease.key)
+        if lease.truncated is not None and evidence.discarded is None:
+            # The agent saw a context_length_exceeded error; in-process this discards as truncated too.
+            raise ContextTooLong(lease.truncated)
+        return evidence
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    def __getattr__(self, name: str) -> Any:
+        # Anything else (an Episode's options, custom helpers) is the wrapped runtime's.
+        return getattr(self.inner, name)
+
+
+def model_env(attempt: Attempt | None = None) -> dict[str, str]:
+    """`OPENAI_BASE_URL` and `OPENAI_API_KEY` for an agent process of this attempt (default: the running one)."""
+    if attempt is None:
+        env = _current_env.get(None)
+        if env is not None:
+            return dict(env)
+        url = key = None
+    else:
+        url, key = attempt.services.model_base_url, attempt.services.model_api_key
+    if not url or not key:
+        raise RuntimeError(
+            "this attempt has no model lease: declare `model_access = ModelAccessMode.OPENAI_HTTP` on the "
+            "runtime so the run starts the model gateway"
+        )
+    return {"OPENAI_BASE_URL": url, "OPENAI_API_KEY": key}

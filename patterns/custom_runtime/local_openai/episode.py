@@ -1,0 +1,76 @@
+"""The quickstart with the agent as its own program: one process per attempt, talking OpenAI HTTP.
+
+    uv run loops run patterns/custom_runtime/local_openai/train_local.toml
+
+`model_access = ModelAccessMode.OPENAI_HTTP` makes the run start its model gateway and give every
+attempt a lease: `model_env(attempt)` is `OPENAI_BASE_URL` (the gateway) and `OPENAI_API_KEY` (the
+lease key, valid only while this attempt runs; the run revokes it when `run_attempt` returns). The
+agent (`agent.py`) is launched with those variables, its stdout is scored like the quickstart's reply,
+and the tokens it sampled through the gateway train exactly as an in-process agent's would. Swap
+`agent.py` for any program (another language, a framework) that speaks OpenAI chat completions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from loops_nb.model_access import ModelAccessMode, model_env
+from loops_nb.runtime import Attempt, Evidence, Task
+
+AGENT = Path(__file__).with_name("agent.py")
+PROMPT = "What is the most famous board game? Answer with its name only."
+
+
+class LocalOpenAIAgent:
+    """A RolloutRuntime: each attempt runs `agent.py` as a subprocess and scores what it prints."""
+
+    model_access = ModelAccessMode.OPENAI_HTTP
+
+    def __init__(self, answer: str = "monopoly", prompt: str = PROMPT, agent_timeout: float = 120.0) -> None:
+        self.answer = answer.lower()
+        self.prompt = prompt
+        self.agent_timeout = agent_timeout
+
+    async def tasks(self) -> Sequence[Task]:
+        return [Task(id=f"hidden-{self.answer}", data={"answer": self.answer, "prompt": self.prompt})]
+
+    async def run_attempt(self, attempt: Attempt) -> Evidence:
+        env = {**os.environ, **model_env(attempt)}
+        # The gateway is on loopback: never send it through a proxy the environment may configure.
+        env["NO_PROXY"] = env["no_proxy"] = ",".join(
+            filter(None, [env.get("NO_PROXY"), "127.0.0.1,localhost"])
+        )
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            str(AGENT),
+            attempt.task.data["prompt"],
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+        )
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), self.agent_timeout)
+        except TimeoutError:
+            return Evidence.discard("timeout", f"the agent ran over {self.agent_timeout:g} s")
+        finally:
+            if proc.returncode is None:  # timed out or cancelled: no orphan agents
+                proc.kill()
+                await proc.wait()
+        if proc.returncode != 0:
+            tail = err.decode(errors="replace")[-2000:]
+            return Evidence.discard("error", f"the agent exited {proc.returncode}: {tail}")
+        answer = out.decode(errors="replace").strip()
+        reward = 1.0 if attempt.task.data["answer"] in answer.lower() else 0.0
+        transcript = [
+            {"role": "user", "content": attempt.task.data["prompt"]},
+            {"role": "assistant", "content": answer},
+        ]
+        return Evidence(reward=reward, transcript=transcript)
+
+    async def close(self) -> None:
+        pass
