@@ -38,10 +38,12 @@ class SFTTrainingConfig(Section):
     """Peak Adam learning rate."""
 
     lr_schedule: Literal["constant", "linear", "cosine"] = "linear"
-    """How the learning rate decays after warm-up, down to 0 at the last step."""
+    """How the learning rate decays after warm-up: `constant`, or `linear`/`cosine` from the peak down
+    towards 0, which it reaches as the last step ends (so the last step still learns a little)."""
 
     warmup_steps: int = Field(0, ge=0)
-    """Steps of linear warm-up from 0 to the peak learning rate."""
+    """Steps of linear warm-up to the peak learning rate (step i of the warm-up uses (i+1)/warmup_steps
+    of it)."""
 
     epochs: int = Field(1, ge=1)
     """Passes over the training data."""
@@ -68,7 +70,12 @@ class SFTTrainingConfig(Section):
     """Clip the gradient norm to this (0 disables)."""
 
     eval_every: int = Field(10, ge=0)
-    """Evaluate the held-out loss every this many steps (0: only at the end)."""
+    """Evaluate the held-out loss every this many steps (0: only at the end). It is also measured once
+    before the first step, so the log shows where it started."""
+
+    eval_max_examples: int = Field(256, ge=1)
+    """Most held-out examples the held-out loss is measured on (the first ones in file order), so an
+    evaluation costs a bounded number of forward passes however large the held-out set."""
 
     save_every: int = Field(20, ge=0)
     """Save resumable trainer state every this many steps (0: only at the end)."""

@@ -1,0 +1,349 @@
+"""Which examples train at which step: the held-out split, the per-epoch order and token batches.
+
+Everything here is a pure function of the data files and the config, so that the mapping *step -> batch* is
+the same in every process that computes it. That is what makes resuming exact: a resumed run recomputes the
+plan, skips the steps its checkpoint already applied, and trains the rest, with no batch replayed or skipped.
+
+* **Held-out split.** With an eval file, it is the held-out set. Otherwise a row is held out when a hash of
+  (``shuffle_seed``, row number) falls under ``eval_fraction``: the decision needs only the row itself, so it is
+  made while streaming, never changes when rows are added after it, and whole rows (all their examples) go one
+  way.
+* **Index, not examples.** One streaming pass renders every row and keeps, per training example, four integers
+  (the row's byte offset, its index in the row, its length and trained tokens). A batch's token ids are built
+  again when it trains, by seeking to its rows and rendering them (rendering is deterministic). Memory is
+  O(examples) small integers, never O(tokens), however large the file.
+* **Order.** Each epoch is a fresh permutation of all training examples, seeded by (``shuffle_seed``, epoch).
+* **Batches.** Examples in that order fill a batch while the batch stays within ``batch_tokens`` tokens; an
+  example longer than the budget (``max_seq_len`` allowing) is a batch of its own. Batches never span epochs.
+
+Deliberate simplifications: no packing of several examples into one sequence (each example is its own datum;
+the trainer pads), and no length bucketing, so batch sizes vary with the examples drawn.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from array import array
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from loops_nb.errors import DataError
+from loops_nb.sft.data import RefusedRow, parse_line
+from loops_nb.sft.rendering import Example, RenderedRow, Renderer, RenderResult
+from loops_nb.sft.report import CheckReport
+
+if TYPE_CHECKING:
+    from loops_nb.sft.config import SFTConfig
+
+_HASH_SCALE = float(2**64)
+
+
+def is_held_out(row_number: int, seed: int, fraction: float) -> bool:
+    """Whether row ``row_number`` of the training file is held out (``fraction`` of rows, chosen by hash)."""
+    if fraction <= 0:
+        return False
+    digest = hashlib.blake2b(f"sft-split:{seed}:{row_number}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / _HASH_SCALE < fraction
+
+
+def missing_data_message(path: Path, what: str, config_path: Path | None = None) -> str:
+    """Why a data file is missing, naming the script beside it (or the config) that would make it."""
+    message = f"{what}: {path} does not exist"
+    places = [path.parent] + ([config_path.parent] if config_path is not None else [])
+    for folder in dict.fromkeys(places):
+        for name in ("prepare.py", "make_data.py"):
+            script = folder / name
+            if script.is_file():
+                return f"{message}; run `python {script}` first, it writes the data"
+    return message
+
+
+class ExampleIndex:
+    """Where each example of a file is, and its size: enough to plan batches and rebuild any of them."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offsets = array("q")
+        self.rows = array("q")
+        self.subs = array("l")
+        self.tokens = array("q")
+        self.trained = array("q")
+        self.rows_seen = 0
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.tokens)
+
+    @property
+    def total_trained(self) -> int:
+        return sum(self.trained)
+
+    def add(self, offset: int, rendered: RenderedRow) -> None:
+        self.rows_seen += 1
+        for sub, example in enumerate(rendered.examples):
+            if len(example.input_ids) < 2 or not any(example.weights[1:]):
+                continue  # only a first token trains: no datum can predict it (targets start at token 1)
+            self.offsets.append(offset)
+            self.rows.append(rendered.row_number)
+            self.subs.append(sub)
+            self.tokens.append(example.n_tokens)
+            self.trained.append(example.n_trained)
+
+    def example_id(self, i: int) -> str:
+        """``row:sub``: the file's line number and the example's index within the row."""
+        return f"{self.rows[i]}:{self.subs[i]}"
+
+    def load(self, indices: Sequence[int], renderer: Renderer) -> list[Example]:
+        """The examples at ``indices`` (in that order), rendered again from their rows."""
+        by_offset: dict[int, list[Example]] = {}
+        out = []
+        with self.path.open("rb") as f:
+            for i in indices:
+                offset = self.offsets[i]
+                examples = by_offset.get(offset)
+                if examples is None:
+                    f.seek(offset)
+                    result = _render_line(f.readline(), self.rows[i], renderer)
+                    if not isinstance(result, RenderedRow):
+                        raise DataError(
+                            f"{self.path}: row {self.rows[i]} no longer renders as it did when the run was "
+                            f"planned ({getattr(result, 'reason', result)}); was the file changed during the run?"
+                        )
+                    examples = by_offset[offset] = result.examples
+                example = examples[self.subs[i]]
+                if example.n_tokens != self.tokens[i]:
+                    raise DataError(
+                        f"{self.path}: row {self.rows[i]} changed since the run was planned (its example "
+                        f"{self.subs[i]} is {example.n_tokens} tokens, was {self.tokens[i]})"
+                    )
+                out.append(example)
+        return out
+
+
+def _render_line(line: bytes, row_number: int, renderer: Renderer) -> RenderResult:
+    row = parse_line(line, row_number)
+    return row if isinstance(row, RefusedRow) else renderer.render(row)
+
+
+def stream_rendered(
+    path: Path,
+    renderer: Renderer,
+    *,
+    route: Callable[[int], ExampleIndex | None],
+    max_rows: int | None = None,
+    stop: Callable[[], bool] | None = None,
+) -> Iterator[tuple[ExampleIndex | None, RenderResult]]:
+    """Read ``path`` line by line, render each row and add what trains to the index ``route(row_number)`` picks.
+
+    Yields ``(index, result)`` per row, refusals included, so a report can be built in the same pass. Reads at
+    most ``max_rows`` rows, and stops early once ``stop()`` is true.
+    """
+    if not path.is_file():
+        raise DataError(f"{path}: no such data file")
+    read = 0
+    with path.open("rb") as f:
+        offset = 0
+        for row_number, line in enumerate(f, start=1):
+            start, offset = offset, offset + len(line)
+            if not line.strip():
+                continue
+            if (max_rows is not None and read >= max_rows) or (stop is not None and stop()):
+                return
+            read += 1
+            index = route(row_number)
+            result = _render_line(line, row_number, renderer)
+            if index is not None and isinstance(result, RenderedRow):
+                index.add(start, result)
+            yield index, result
+
+
+def batch_id(index: ExampleIndex, indices: Sequence[int]) -> str:
+    """A short hash of a batch's example ids, in order: equal ids, equal batch."""
+    text = ",".join(index.example_id(i) for i in indices)
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+def pack(order: Sequence[int], sizes: Sequence[int], budget: int) -> list[int]:
+    """Batch boundaries over ``order``: batch k is ``order[bounds[k]:bounds[k+1]]``.
+
+    A batch takes the next examples while their tokens fit ``budget``; an example larger than the budget is a
+    batch alone. The result starts with 0 and ends with ``len(order)``.
+    """
+    bounds = [0]
+    fill = 0
+    for position, i in enumerate(order):
+        n = sizes[i]
+        if fill and fill + n > budget:
+            bounds.append(position)
+            fill = 0
+        fill += n
+    if order:
+        bounds.append(len(order))
+    return bounds
+
+
+@dataclass(frozen=True)
+class Batch:
+    step: int
+    """0-based optimizer step that trains it."""
+    epoch: int
+    """0-based pass over the training data."""
+    indices: tuple[int, ...]
+    """Positions in the training `ExampleIndex`."""
+
+
+class BatchPlan:
+    """Every step's batch for a training index, epochs and token budget: a pure function of those."""
+
+    def __init__(
+        self, index: ExampleIndex, *, batch_tokens: int, epochs: int, seed: int, max_steps: int | None = None
+    ) -> None:
+        self.index = index
+        self.batch_tokens = batch_tokens
+        self.epochs = epochs
+        self.seed = seed
+        self._orders: list[array] = []
+        self._bounds: list[list[int]] = []
+        for epoch in range(epochs):
+            order = epoch_order(len(index), seed, epoch)
+            self._orders.append(array("q", order))
+            self._bounds.append(pack(order, index.tokens, batch_tokens))
+        self.steps_per_epoch = [len(b) - 1 for b in self._bounds]
+        planned = sum(self.steps_per_epoch)
+        self.total_steps = planned if max_steps is None else min(max_steps, planned)
+
+    def batch(self, step: int) -> Batch:
+        if not 0 <= step < self.total_steps:
+            raise IndexError(f"step {step} is outside the plan (0..{self.total_steps - 1})")
+        epoch, k = 0, step
+        while k >= self.steps_per_epoch[epoch]:
+            k -= self.steps_per_epoch[epoch]
+            epoch += 1
+        bounds = self._bounds[epoch]
+        return Batch(step, epoch, tuple(self._orders[epoch][bounds[k] : bounds[k + 1]]))
+
+    def batches(self, start: int = 0) -> Iterator[Batch]:
+        """The batches of steps ``start`` .. ``total_steps - 1``."""
+        for step in range(start, self.total_steps):
+            yield self.batch(step)
+
+    def batch_id(self, step: int) -> str:
+        return batch_id(self.index, self.batch(step).indices)
+
+    @property
+    def epochs_covered(self) -> float:
+        """How many passes over the data the planned steps make (fractional when max_steps cuts an epoch)."""
+        done, left = 0.0, self.total_steps
+        for n in self.steps_per_epoch:
+            if left >= n:
+                done, left = done + 1, left - n
+            else:
+                return done + (left / n if n else 0.0)
+        return done
+
+
+def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
+    """A permutation of ``range(n)`` seeded by (seed, epoch); string seeds hash the same in every process."""
+    order = list(range(n))
+    random.Random(f"sft-order:{seed}:{epoch}").shuffle(order)
+    return order
+
+
+class _AlreadyRendered:
+    """Lets `CheckReport.build` consume results rendered here (it only calls ``render_rows``)."""
+
+    @staticmethod
+    def render_rows(results: Iterator[RenderResult]) -> Iterator[RenderResult]:
+        return results
+
+
+@dataclass
+class HeldOut:
+    """The held-out set: where it comes from, how much of it there is, and the examples evaluated."""
+
+    source: str
+    """How it was chosen, for reports: the eval file, or the share of training rows."""
+    index: ExampleIndex | None = None
+    rows: int = 0
+    refused: int = 0
+    truncated: bool = False
+    """True when the eval file was read only until ``eval_max_examples`` examples were found."""
+
+    @property
+    def examples(self) -> int:
+        return 0 if self.index is None else len(self.index)
+
+
+@dataclass
+class SFTData:
+    """A run's data: the renderer, the training index and its batch plan, the held-out examples, the report."""
+
+    renderer: Renderer
+    train: ExampleIndex
+    plan: BatchPlan
+    held_out: HeldOut
+    report: CheckReport
+    eval_cap: int
+
+    @classmethod
+    def load(cls, config: SFTConfig, tokenizer: Any, *, config_path: Path | None = None) -> SFTData:
+        """Stream the data files once: render every row, split, index, report and plan."""
+        d, t = config.data, config.training
+        renderer = Renderer(tokenizer, max_seq_len=config.model.max_seq_len)
+        if not d.train.is_file():
+            raise DataError(missing_data_message(d.train, "data.train", config_path))
+        train = ExampleIndex(d.train)
+        cap = t.eval_max_examples
+        if d.eval is not None:
+            if not d.eval.is_file():
+                raise DataError(missing_data_message(d.eval, "data.eval", config_path))
+            held = HeldOut(f"the eval file {d.eval.name}", ExampleIndex(d.eval))
+        elif d.eval_fraction > 0:
+            held = HeldOut(
+                f"{d.eval_fraction:.0%} of the training rows, chosen by a hash of the row number and "
+                f"data.shuffle_seed ({d.shuffle_seed})",
+                ExampleIndex(d.train),
+            )
+        else:
+            held = HeldOut("none (data.eval_fraction = 0 and no data.eval)")
+
+        def route(row_number: int) -> ExampleIndex | None:
+            if d.eval is None and is_held_out(row_number, d.shuffle_seed, d.eval_fraction):
+                return held.index if len(held.index or ()) < cap else None
+            return train
+
+        def training_rows() -> Iterator[RenderResult]:
+            for index, result in stream_rendered(d.train, renderer, route=route, max_rows=d.max_rows):
+                if index is train:
+                    yield result
+                else:  # a held-out row (maybe past the cap): counted, never trained
+                    held.rows += 1
+                    held.refused += isinstance(result, RefusedRow)
+
+        report = CheckReport.build(training_rows(), _AlreadyRendered(), epochs=t.epochs)  # type: ignore[arg-type]
+        if d.eval is not None:
+            assert held.index is not None
+            eval_index = held.index
+            for _, result in stream_rendered(
+                d.eval, renderer, route=lambda _: eval_index, stop=lambda: len(eval_index) >= cap
+            ):
+                held.rows += 1
+                held.refused += isinstance(result, RefusedRow)
+            held.truncated = len(eval_index) >= cap
+        plan = BatchPlan(
+            train, batch_tokens=t.batch_tokens, epochs=t.epochs, seed=d.shuffle_seed, max_steps=t.max_steps
+        )
+        return cls(renderer, train, plan, held, report, cap)
+
+    def eval_examples(self) -> list[Example]:
+        """The first ``eval_max_examples`` held-out examples, in file order."""
+        index = self.held_out.index
+        if index is None or not len(index):
+            return []
+        return index.load(range(min(len(index), self.eval_cap)), self.renderer)

@@ -1,0 +1,346 @@
+"""Base model vs trained adapter on held-out conversations: what did the fine-tuning change?
+
+    comparison = await compare(project, outcome, rows=20)      # or a run directory
+    print("\\n".join(comparison.describe()))
+    comparison.table                                            # one line per compared turn
+
+For each held-out row (the eval file, or the hash-chosen held-out rows of the training file), the prompt is the
+conversation up to its last trained assistant turn (``turns="all"``: up to each trained turn), rendered with
+the generation prompt. The base model and the adapter each answer it greedily (temperature 0), and each reply
+is scored against the reference turn:
+
+* ``tool_call`` (the reference calls tools): 1 when the reply calls the same tools with the same arguments,
+  in any order (strings compared stripped and case-insensitively, numbers as numbers), and every
+  ``<tool_call>`` block parses;
+* ``direct_answer`` (a row with tools whose reference answers without a call): 1 when the reply makes no
+  tool call and says something;
+* ``text`` (a row without tools): 1 when the reply equals the reference after normalising (lower case,
+  whitespace collapsed, punctuation and quotes at the ends dropped, ``<think>`` reasoning removed).
+
+``base_exact`` / ``adapter_exact`` apply the text rule to every turn without a tool call, so direct answers
+can be compared on wording too. Both models are sampled through the SDK: the base with
+``create_sampling_client(base_model=...)``, the adapter by loading the run's last trainer state into a
+training client and ``save_weights_and_get_sampling_client``; on the local scope the embedded Loops reuses
+the run's own state directory. Deliberate simplification: one greedy sample per turn, no tool execution
+(the reference tool results stay in the prompt of later turns).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from loops_nb.compute import LoopsConnection
+from loops_nb.errors import UserError
+from loops_nb.llm.renderer import ChatRenderer
+from loops_nb.rl.loop import Outcome
+from loops_nb.run_dir import RunDirectory
+from loops_nb.sft.batching import is_held_out, missing_data_message
+from loops_nb.sft.config import SFTConfig
+from loops_nb.sft.data import ChatRow, Message, read_rows
+from loops_nb.sft.survival import split_reasoning
+from loops_nb.sft.templates import parse_assistant_text
+from loops_nb.tokenization import load_model_tokenizer
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from loops_nb.project import Project
+
+COLUMNS = (
+    "row", "turn", "kind", "reference", "base_reply", "adapter_reply",
+    "base_score", "adapter_score", "base_exact", "adapter_exact",
+)  # fmt: skip
+SCORING = (
+    "tool_call: same tools and arguments in any order (strings stripped and case-insensitive, numbers as "
+    "numbers); direct_answer: no tool call, non-empty reply; text: equal after lower-casing, collapsing "
+    "whitespace and dropping punctuation at the ends"
+)
+_EDGE_PUNCTUATION = " \t\n.,;:!?\"'`()[]"
+
+
+def normalise_text(text: str | None) -> str:
+    """The text rule: reasoning removed, lower case, whitespace collapsed, punctuation at the ends dropped."""
+    answer = split_reasoning(text or "")[1]
+    return re.sub(r"\s+", " ", answer.casefold()).strip(_EDGE_PUNCTUATION)
+
+
+def _normalise_value(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.strip().casefold()
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, list):
+        return [_normalise_value(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _normalise_value(v) for k, v in value.items()}
+    return value
+
+
+def _call_key(name: str, arguments: Any) -> str:
+    return json.dumps({"name": name, "arguments": _normalise_value(arguments)}, sort_keys=True)
+
+
+def score_reply(reply: str, reference: Message, *, has_tools: bool) -> tuple[str, float, float | None]:
+    """``(kind, score, exact)`` of a generated reply against the reference assistant turn (see the module doc)."""
+    parsed = parse_assistant_text(reply)
+    exact = None
+    if not reference.tool_calls:
+        exact = float(
+            not parsed.tool_calls and normalise_text(parsed.content) == normalise_text(reference.content)
+        )
+    if reference.tool_calls:
+        want = sorted(_call_key(c.function.name, c.function.arguments) for c in reference.tool_calls)
+        got = sorted(_call_key(c["name"], c["arguments"]) for c in parsed.tool_calls)
+        return "tool_call", float(got == want and not parsed.errors), exact
+    if has_tools:
+        return (
+            "direct_answer",
+            float(not parsed.tool_calls and not parsed.errors and bool(parsed.content)),
+            exact,
+        )
+    assert exact is not None
+    return "text", exact, exact
+
+
+def reference_text(message: Message) -> str:
+    """The reference turn as readable text: its content, then its tool calls as ``name(arguments)``."""
+    parts = [message.content] if message.content else []
+    for call in message.tool_calls or ():
+        parts.append(f"{call.function.name}({json.dumps(call.function.arguments, ensure_ascii=False)})")
+    return "\n".join(parts)
+
+
+@dataclass
+class Comparison:
+    """The compared turns and the summary."""
+
+    table: pd.DataFrame
+    """One line per compared turn, with the columns in `COLUMNS`."""
+    source: str
+    max_tokens: int
+
+    @property
+    def base_accuracy(self) -> float:
+        return float(self.table["base_score"].mean()) if len(self.table) else float("nan")
+
+    @property
+    def adapter_accuracy(self) -> float:
+        return float(self.table["adapter_score"].mean()) if len(self.table) else float("nan")
+
+    def by_kind(self) -> pd.DataFrame:
+        """Turns and mean scores per kind (tool_call, direct_answer, text)."""
+        grouped = self.table.groupby("kind", sort=True)
+        return grouped.agg(
+            turns=("row", "size"), base=("base_score", "mean"), adapter=("adapter_score", "mean")
+        ).reset_index()
+
+    def describe(self) -> list[str]:
+        lines = [
+            f"comparison: {len(self.table)} held-out turn(s) of {self.source}, greedy, max_tokens {self.max_tokens}",
+            f"scoring: {SCORING}",
+            f"accuracy: base {self.base_accuracy:.2f}, adapter {self.adapter_accuracy:.2f}",
+        ]
+        for kind in self.by_kind().itertuples():
+            lines.append(f"  {kind.kind} ({kind.turns}): base {kind.base:.2f}, adapter {kind.adapter:.2f}")
+        exact = self.table.dropna(subset=["base_exact"])
+        if len(exact):
+            lines.append(
+                f"  wording matches the reference (turns without a tool call, {len(exact)}): "
+                f"base {exact['base_exact'].mean():.2f}, adapter {exact['adapter_exact'].mean():.2f}"
+            )
+        return lines
+
+
+def held_out_rows(
+    config: SFTConfig, limit: int, config_path: Path | None = None
+) -> tuple[str, Iterator[ChatRow]]:
+    """The first ``limit`` valid held-out chat rows, streamed, and where they come from."""
+    d = config.data
+    path = d.eval if d.eval is not None else d.train
+    if not path.is_file():
+        raise UserError(missing_data_message(path, "data.eval" if d.eval else "data.train", config_path))
+    if d.eval is None and d.eval_fraction <= 0:
+        raise UserError("compare needs held-out rows: set data.eval or data.eval_fraction > 0")
+
+    def rows() -> Iterator[ChatRow]:
+        found = read = 0
+        for row in read_rows(path):
+            read += 1
+            if d.eval is None and d.max_rows is not None and read > d.max_rows:
+                return
+            if not isinstance(row, ChatRow):
+                continue
+            if d.eval is None and not is_held_out(row.row_number, d.shuffle_seed, d.eval_fraction):
+                continue
+            yield row
+            found += 1
+            if found >= limit:
+                return
+
+    source = path.name if d.eval is not None else f"the held-out rows of {path.name}"
+    return source, rows()
+
+
+def _run_directory(config: SFTConfig, run: Outcome | str | Path | None) -> RunDirectory:
+    if isinstance(run, Outcome):
+        root = Path(run.run_dir)
+    elif run is not None:
+        root = Path(run)
+    elif config.output.run_name:
+        root = config.output.output_dir / config.output.run_name
+    else:
+        raise UserError("compare needs the run: pass its Outcome or run directory (or set output.run_name)")
+    if not (root / "checkpoints.jsonl").is_file():
+        raise UserError(f"{root}: no checkpoints.jsonl, so no trained adapter to compare (train first)")
+    return RunDirectory(root)
+
+
+async def _sample(client: Any, prompt: list[int], params: Any, gate: asyncio.Semaphore) -> list[int]:
+    from baseten.loops import ModelInput
+
+    async with gate:
+        response = await client.sample_async(
+            ModelInput.from_ints(prompt), num_samples=1, sampling_params=params
+        )
+    return list(response.sequences[0].tokens)
+
+
+async def compare(
+    project: Project,
+    run: Outcome | str | Path | None = None,
+    *,
+    rows: int = 20,
+    turns: Literal["last", "all"] = "last",
+    max_tokens: int = 256,
+    concurrency: int = 8,
+) -> Comparison:
+    """Sample the base model and the run's adapter on ``rows`` held-out conversations and score both."""
+    import pandas as pd
+    from baseten.loops import SamplingParams
+
+    config: SFTConfig = project.config  # type: ignore[assignment]
+    if config.recipe != "sft":
+        raise UserError(f"compare is for SFT runs; {project.path} is a {config.recipe} config")
+    run_dir = _run_directory(config, run)
+    checkpoint = run_dir.last_checkpoint()
+    assert checkpoint is not None
+    tokenizer = await asyncio.to_thread(
+        load_model_tokenizer, config.model, config.compute.scope, cache_dir=config.compute.local.cache_dir
+    )
+    renderer = ChatRenderer(tokenizer)
+    source, row_iter = held_out_rows(config, rows, project.path)
+    items = []
+    for row in row_iter:
+        trained = row.trained_turns if turns == "all" else row.trained_turns[-1:]
+        messages, tools = row.template_messages(), row.template_tools()
+        for j in trained:
+            prompt = renderer.prompt_tokens(messages[:j], tools)
+            if len(prompt) + max_tokens <= config.model.max_seq_len:
+                items.append((row, j, prompt))
+    if not items:
+        raise UserError(
+            f"no held-out turn of {source} fits max_seq_len {config.model.max_seq_len} to compare"
+        )
+    params = SamplingParams(
+        max_tokens=max_tokens, temperature=0.0, stop=list(renderer.stop_token_ids), seed=0
+    )
+    gate = asyncio.Semaphore(concurrency)
+    connection = await LoopsConnection.open(config.compute, state_dir=run_dir.state / "local_loops")
+    try:
+        base = await connection.service.create_sampling_client_async(base_model=config.model.base_model)
+        tc = await connection.training_client(
+            config.model.base_model, rank=config.model.lora_rank, max_seq_len=config.model.max_seq_len
+        )
+        # With the optimizer, so the trainer is back at the checkpoint's step: a publish at step 0 would be read as
+        # "the base model" by a sampler that keys weights on the step (the embedded Loops does).
+        await (await tc.load_state_with_optimizer_async(checkpoint.path)).result_async()
+        adapter = await tc.save_weights_and_get_sampling_client_async(f"compare-{checkpoint.step:06d}")
+        replies = await asyncio.gather(
+            *(_sample(client, prompt, params, gate) for _, _, prompt in items for client in (base, adapter))
+        )
+    finally:
+        await connection.close()
+    records = []
+    for k, (row, j, _) in enumerate(items):
+        reference = row.messages[j]
+        texts = [renderer.decode(tokens, skip_special=True) for tokens in replies[2 * k : 2 * k + 2]]
+        scored = [score_reply(text, reference, has_tools=bool(row.tools)) for text in texts]
+        records.append(
+            {
+                "row": row.row_number,
+                "turn": j,
+                "kind": scored[0][0],
+                "reference": reference_text(reference),
+                "base_reply": texts[0],
+                "adapter_reply": texts[1],
+                "base_score": scored[0][1],
+                "adapter_score": scored[1][1],
+                "base_exact": scored[0][2],
+                "adapter_exact": scored[1][2],
+            }
+        )
+    return Comparison(pd.DataFrame(records, columns=list(COLUMNS)), source, max_tokens)
+
+
+def main(argv: list[str] | None = None, *, config_dir: Path | None = None) -> None:
+    """The command line of the examples' ``train.py``: ``[CONFIG] [--compare ROWS] [--KEY VALUE ...]``.
+
+    Trains the config, then compares base model and adapter. The run directory is resumed if it exists (a
+    finished run returns at once), so this compares a run made by `loops run` without retraining. A bare config
+    name is looked up in ``config_dir`` (the example's folder).
+    """
+    import argparse
+
+    from loops_nb.cli import split_overrides
+    from loops_nb.project import load
+
+    parser = argparse.ArgumentParser(
+        usage="%(prog)s [CONFIG] [--compare ROWS] [--turns last|all] [--max-tokens N] [--KEY VALUE ...]",
+        description="Train an SFT config (default sft_local.toml), then compare base model and adapter.",
+    )
+    parser.add_argument(
+        "--compare", type=int, default=0, metavar="ROWS", help="compare on this many held-out rows"
+    )
+    parser.add_argument(
+        "--turns", choices=["last", "all"], default="all", help="which assistant turns to score"
+    )
+    parser.add_argument("--max-tokens", type=int, default=160, help="most tokens per compared reply")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # The config is the first argument unless it is a flag: an argparse positional would swallow the values of
+    # the `--KEY VALUE` overrides, which argparse does not know.
+    name = argv.pop(0) if argv and not argv[0].startswith("-") else "sft_local.toml"
+    args, rest = parser.parse_known_args(argv)
+    config = Path(name)
+    if not config.exists() and config_dir is not None:
+        config = config_dir / config
+    try:
+        overrides = split_overrides(rest)
+    except UserError as exc:
+        parser.error(str(exc))
+    project = load(config, overrides=overrides)
+
+    async def run() -> None:
+        outcome = await project.train()
+        print("\n".join(outcome.describe()))
+        if args.compare:
+            comparison = await compare(
+                project, outcome, rows=args.compare, turns=args.turns, max_tokens=args.max_tokens
+            )
+            print("\n".join(comparison.describe()))
+            table = Path(outcome.run_dir) / "comparison.csv"
+            comparison.table.to_csv(table, index=False)
+            print(f"table: {table}")
+
+    try:
+        asyncio.run(run())
+    except UserError as exc:
+        raise SystemExit(f"error: {exc}") from None

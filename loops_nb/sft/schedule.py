@@ -1,0 +1,54 @@
+"""The learning rate at each optimizer step: linear warm-up, then constant, linear or cosine decay.
+
+The rate is sent with every `optim_step` (Loops takes Adam's hyper-parameters per step), so the schedule lives
+here, on the client, and a resumed run continues it exactly: it is a function of the step number alone.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+Schedule = Literal["constant", "linear", "cosine"]
+
+
+def learning_rate(
+    step: int, *, total_steps: int, peak: float, schedule: Schedule = "linear", warmup_steps: int = 0
+) -> float:
+    """The rate for 0-based ``step`` of ``total_steps``.
+
+    Warm-up: step ``i < warmup_steps`` uses ``peak * (i + 1) / warmup_steps`` (never 0, so no step is wasted).
+    After it, with ``p = (step - warmup_steps) / (total_steps - warmup_steps)`` going from 0 at the first decay
+    step towards 1: ``constant`` keeps ``peak``, ``linear`` is ``peak * (1 - p)``, ``cosine`` is
+    ``peak * (1 + cos(pi * p)) / 2``. Both reach 0 as the last step ends, so the last step still learns.
+    """
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    if warmup_steps and step < warmup_steps:
+        return peak * (step + 1) / warmup_steps
+    decay_steps = total_steps - warmup_steps
+    if schedule == "constant" or decay_steps <= 0:
+        return peak
+    progress = min(1.0, (step - warmup_steps) / decay_steps)
+    if schedule == "linear":
+        return peak * (1.0 - progress)
+    if schedule == "cosine":
+        return peak * 0.5 * (1.0 + math.cos(math.pi * progress))
+    raise ValueError(f"unknown learning-rate schedule {schedule!r}")
+
+
+def describe_schedule(*, total_steps: int, peak: float, schedule: Schedule, warmup_steps: int) -> str:
+    """One line: the schedule's shape and its first, peak and last rates."""
+
+    def at(s: int) -> float:
+        return learning_rate(
+            s, total_steps=total_steps, peak=peak, schedule=schedule, warmup_steps=warmup_steps
+        )
+
+    if total_steps <= 0:
+        return f"learning rate: {schedule}, peak {peak:.3g} (no steps)"
+    warm = f"{warmup_steps} warm-up step(s), " if warmup_steps else ""
+    return (
+        f"learning rate: {warm}{schedule}; step 1 {at(0):.3g}, peak {peak:.3g}, "
+        f"last step {at(total_steps - 1):.3g}"
+    )
