@@ -124,6 +124,8 @@ class RLRun:
     async def resume_point(self) -> int:
         checkpoint = self.run_dir.last_checkpoint()
         if checkpoint is None:
+            # Killed before its first checkpoint: whatever it logged is redone from step 0.
+            self.run_dir.rewind_to(0)
             return 0
         await self.policy.load_state_with_optimizer(checkpoint.path)
         self.run_dir.rewind_to(checkpoint.step)

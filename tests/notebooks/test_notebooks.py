@@ -19,11 +19,15 @@ NOTEBOOKS = sorted(p for p in (REPO / "notebooks").glob("*.ipynb") if not p.name
 
 SMOKE: dict[str, dict] = {
     "rl_quickstart.ipynb": {"max_steps": 2, "group_size": 4, "groups_per_step": 2, "max_tokens": 8},
+    "pattern_local_openai.ipynb": {"max_steps": 2, "group_size": 4, "groups_per_step": 2, "max_tokens": 8},
+    "pattern_in_process_tools.ipynb": {"max_steps": 1, "group_size": 2, "groups_per_step": 2, "max_tokens": 32},
     "sft_tool_use.ipynb": {"max_steps": 1, "max_rows": 4, "eval_examples": 2, "compare_rows": 1},
     "sft_toucan.ipynb": {"max_steps": 1, "max_rows": 4, "eval_examples": 2, "compare_rows": 0},
 }
 EXPECT: dict[str, list[str]] = {
     "rl_quickstart.ipynb": ["check: ok", "status: completed", "reward/mean: step 1 ="],
+    "pattern_local_openai.ipynb": ["model access openai_http", "status: completed", "reward/mean: step 1 ="],
+    "pattern_in_process_tools.ipynb": ["check: ok", "status: completed"],
     "sft_tool_use.ipynb": ["rows read: 4", "trained", "status: completed", "train loss: first", "accuracy: base"],
     "sft_toucan.ipynb": ["rows read: 4", "status: completed", "train loss: first"],
 }
