@@ -11,9 +11,6 @@ import asyncio
 import logging
 import os
 import secrets
-import socket
-import threading
-import time
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -21,9 +18,9 @@ from typing import TYPE_CHECKING
 from loops_nb.errors import UserError
 from loops_nb.local.app import build_app
 from loops_nb.local.state import LocalLoopsState
+from loops_nb.loopback_server import LoopbackServer
 
 if TYPE_CHECKING:
-    import uvicorn
     from baseten.loops import ServiceClient
 
 log = logging.getLogger(__name__)
@@ -70,12 +67,11 @@ class EmbeddedLoops:
             max_batch_sequences=max_batch_sequences,
         )
         self.preload = preload
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
+        self._http = LoopbackServer("embedded Loops")
 
     @property
     def url(self) -> str:
-        if self._server is None:
+        if not self._http.running:
             raise RuntimeError("the embedded Loops is not started")
         return f"http://{self.host}:{self.port}"
 
@@ -90,45 +86,13 @@ class EmbeddedLoops:
 
     def start(self, timeout: float = 60.0) -> EmbeddedLoops:
         """Bind, serve on a background thread and return once the server answers."""
-        import uvicorn
-
-        if self._server is not None:
+        if self._http.running:
             return self
         for model in self.preload:
             self.state.model_path(model)
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((self.host, self.port))
-        except OSError as exc:
-            sock.close()
-            raise UserError(
-                f"cannot bind the embedded Loops to {self.host}:{self.port}: {exc.strerror}"
-            ) from None
-        self.port = sock.getsockname()[1]
-        config = uvicorn.Config(
-            build_app(self.state, self.api_key),
-            log_level="warning",
-            access_log=False,
-            timeout_keep_alive=75,
-            limit_concurrency=None,
-            backlog=4096,
+        self.port = self._http.start(
+            build_app(self.state, self.api_key), self.host, self.port, timeout=timeout
         )
-        # uvicorn captures signals only on the main thread, so the CLI's and the notebook's own
-        # Ctrl-C handling stays in charge of this background server.
-        server = uvicorn.Server(config)
-        self._server = server
-        self._thread = threading.Thread(
-            target=lambda: asyncio.run(server.serve(sockets=[sock])), name="loops-local-server", daemon=True
-        )
-        self._thread.start()
-        deadline = time.monotonic() + timeout
-        while not server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError("the embedded Loops did not start; see the log above")
-            time.sleep(0.02)
         log.info("embedded Loops serving at %s (state in %s)", self.url, self.state.state_dir)
         return self
 
@@ -137,14 +101,8 @@ class EmbeddedLoops:
         return await asyncio.to_thread(self.start)
 
     def stop(self) -> None:
-        server, thread = self._server, self._thread
-        if server is not None:
-            server.should_exit = True
-        if thread is not None:
-            thread.join(timeout=30)
+        self._http.stop()
         self.state.close()
-        self._server = None
-        self._thread = None
 
     async def astop(self) -> None:
         await asyncio.to_thread(self.stop)

@@ -23,9 +23,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import socket
-import threading
-import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -35,12 +32,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from loops_nb.llm.client import ContextTooLong
+from loops_nb.loopback_server import LoopbackServer
 from loops_nb.model_access import wire
 from loops_nb.model_access.leases import AttemptLease, LeaseRegistry, ReturnedReply
 
 if TYPE_CHECKING:
-    import uvicorn
-
     from loops_nb.llm.client import LoopsLLM
 
 log = logging.getLogger(__name__)
@@ -167,8 +163,7 @@ class ModelGateway:
         self.port = port
         self.max_body_bytes = max_body_bytes
         self.requests = 0
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
+        self._http = LoopbackServer("model gateway")
 
     # -- leases -----------------------------------------------------------------------------------
     def issue(self, attempt_id: str, llm: LoopsLLM) -> AttemptLease:
@@ -181,7 +176,7 @@ class ModelGateway:
     @property
     def url(self) -> str:
         """The OpenAI base URL (ends in /v1), for `OPENAI_BASE_URL`."""
-        if self._server is None:
+        if not self._http.running:
             raise RuntimeError("the model gateway is not started")
         return f"http://{self.host}:{self.port}/v1"
 
@@ -282,48 +277,16 @@ class ModelGateway:
 
     # -- lifecycle (as loops_nb.local.embedded runs uvicorn) ------------------------------------
     def start(self, timeout: float = 30.0) -> ModelGateway:
-        import uvicorn
-
-        if self._server is not None:
-            return self
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((self.host, self.port))
-        except OSError:
-            sock.close()
-            raise
-        self.port = sock.getsockname()[1]
-        config = uvicorn.Config(
-            self.app(), log_level="warning", access_log=False, timeout_keep_alive=75, backlog=4096
-        )
-        server = uvicorn.Server(config)
-        self._server = server
-        self._thread = threading.Thread(
-            target=lambda: asyncio.run(server.serve(sockets=[sock])), name="loops-model-gateway", daemon=True
-        )
-        self._thread.start()
-        deadline = time.monotonic() + timeout
-        while not server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError("the model gateway did not start; see the log above")
-            time.sleep(0.01)
-        log.info("model gateway serving at %s", self.url)
+        if not self._http.running:
+            self.port = self._http.start(self.app(), self.host, self.port, timeout=timeout)
+            log.info("model gateway serving at %s", self.url)
         return self
 
     async def astart(self) -> ModelGateway:
         return await asyncio.to_thread(self.start)
 
     def stop(self) -> None:
-        server, thread = self._server, self._thread
-        if server is not None:
-            server.should_exit = True
-        if thread is not None:
-            thread.join(timeout=10)
-        self._server = None
-        self._thread = None
+        self._http.stop(join_timeout=10)
 
     async def astop(self) -> None:
         await asyncio.to_thread(self.stop)
