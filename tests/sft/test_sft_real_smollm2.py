@@ -1,4 +1,4 @@
-"""The real SmolLM2 tokenizer, when another step has already converted it into .loops_cache (else skipped)."""
+"""The real SmolLM2 tokenizer (the offline default, dequantised once per machine by the `smollm2_path` fixture)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,6 @@ import pytest
 from loops_nb.sft.data import parse_row
 from loops_nb.sft.rendering import RenderedRow, Renderer
 from loops_nb.sft.templates import SMOLLM2_CHAT_TEMPLATE, TOOL_CAPABLE_CHATML_TEMPLATE
-
-CACHED = Path(__file__).resolve().parents[2] / ".loops_cache/models/HuggingFaceTB--SmolLM2-135M-Instruct"
-
-pytestmark = pytest.mark.skipif(
-    not (CACHED / "tokenizer.json").exists(), reason="SmolLM2 not in .loops_cache"
-)
 
 TOOL_ROW = {
     "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}],
@@ -39,18 +33,19 @@ TOOL_ROW = {
 
 
 @pytest.fixture(scope="module")
-def tok() -> Any:
+def tok(smollm2_path: Path) -> Any:
     # Built from the files directly: AutoTokenizer.from_pretrained takes seconds to resolve the class.
     from transformers import PreTrainedTokenizerFast
 
-    config = json.loads((CACHED / "tokenizer_config.json").read_text())
+    cached = smollm2_path
+    config = json.loads((cached / "tokenizer_config.json").read_text())
     return PreTrainedTokenizerFast(
-        tokenizer_file=str(CACHED / "tokenizer.json"),
+        tokenizer_file=str(cached / "tokenizer.json"),
         bos_token=config["bos_token"],
         eos_token=config["eos_token"],
         pad_token=config.get("pad_token"),
         unk_token=config.get("unk_token"),
-        chat_template=(CACHED / "chat_template.jinja").read_text(),
+        chat_template=(cached / "chat_template.jinja").read_text(),
     )
 
 
