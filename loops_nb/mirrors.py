@@ -92,6 +92,15 @@ class RichConsole(TerminalReporter):
         self._live.stop()
 
 
+def run_observers(output: Any, config_dump: dict[str, Any], observers: list[Any] | None) -> list[Any]:
+    """The caller's observers (or `[output]`'s defaults), plus W&B whenever wandb_project is set."""
+    if observers is None:
+        return default_observers(output, config_dump)
+    if output.wandb_project:
+        return [*observers, WandbMirror(output.wandb_project, config_dump)]
+    return list(observers)
+
+
 def default_observers(output: Any, config_dump: dict[str, Any]) -> list[Any]:
     """The observers `[output]` asks for when the caller passes none: terminal (or rich), plus W&B."""
     observers: list[Any] = [RichConsole() if output.console else TerminalReporter()]

@@ -40,3 +40,15 @@ def test_default_observers_follow_the_output_section():
         mp.setenv("WANDB_MODE", "disabled")
         kinds = [type(o).__name__ for o in default_observers(OutputConfig(wandb_project="p"), {})]
     assert kinds == ["TerminalReporter", "WandbMirror"]
+
+
+def test_run_observers_add_wandb_to_the_callers_own():
+    from loops_nb.config.sections import OutputConfig
+    from loops_nb.mirrors import run_observers
+
+    mine = object()
+    assert run_observers(OutputConfig(), {}, [mine]) == [mine]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("WANDB_MODE", "disabled")
+        kinds = [type(o).__name__ for o in run_observers(OutputConfig(wandb_project="p"), {}, [mine])]
+    assert kinds == ["object", "WandbMirror"]

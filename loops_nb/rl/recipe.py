@@ -17,7 +17,7 @@ from loops_nb.compute import LoopsConnection, require_api_key
 from loops_nb.episodes import load_runtime
 from loops_nb.errors import UserError
 from loops_nb.llm.renderer import ChatRenderer
-from loops_nb.mirrors import WandbMirror, default_observers
+from loops_nb.mirrors import run_observers
 from loops_nb.model_access import (
     LeasedRuntime,
     ModelAccessMode,
@@ -153,11 +153,7 @@ async def train(
     with (run_dir.root / "run.log").open("a") as log_file:
         log_file.write("\n".join(header) + "\n")
     config_dump = json.loads(config.model_dump_json())
-    if observers is None:
-        observers = default_observers(config.output, config_dump)
-    elif config.output.wandb_project:
-        observers = [*observers, WandbMirror(config.output.wandb_project, config_dump)]
-    observer_set = ObserverSet(observers)
+    observer_set = ObserverSet(run_observers(config.output, config_dump, observers))
     connection = await LoopsConnection.open(config.compute, state_dir=run_dir.state / "local_loops")
     gateway: ModelGateway | None = None
     try:

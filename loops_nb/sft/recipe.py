@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from loops_nb.compute import LoopsConnection
 from loops_nb.errors import DataError
-from loops_nb.observers import ObserverSet, TerminalReporter
+from loops_nb.mirrors import run_observers
+from loops_nb.observers import ObserverSet
 from loops_nb.run_dir import RunDirectory
 from loops_nb.sft.batching import SFTData
 from loops_nb.sft.config import SFTConfig
@@ -168,7 +169,7 @@ async def train(
     resumed = run_dir.read_run_json()
     with (run_dir.root / "run.log").open("a") as log_file:
         log_file.write("\n".join(project.describe() + plan_lines(config, data)) + "\n")
-    observer_set = ObserverSet(observers if observers is not None else [TerminalReporter()])
+    observer_set = ObserverSet(run_observers(config.output, json.loads(config.model_dump_json()), observers))
     connection = await LoopsConnection.open(config.compute, state_dir=run_dir.state / "local_loops")
     try:
         tc = await connection.training_client(
