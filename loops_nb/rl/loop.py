@@ -109,8 +109,7 @@ class RLRun:
         self.observers = observers
         self.custom_loss = custom_loss
         self.stop = stop or asyncio.Event()
-        t = config.training
-        self.adam = AdamSettings(t.learning_rate, t.beta1, t.beta2, t.eps, t.weight_decay, t.grad_clip_norm)
+        self.adam = AdamSettings.of(config.training)
         self.defaults = SamplingDefaults(
             temperature=config.sampling.temperature,
             top_p=config.sampling.top_p,

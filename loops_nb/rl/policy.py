@@ -28,6 +28,12 @@ class AdamSettings:
     weight_decay: float
     grad_clip_norm: float
 
+    @classmethod
+    def of(cls, training: Any) -> AdamSettings:
+        """The Adam settings of a `[training]` section (RL and SFT name them alike)."""
+        t = training
+        return cls(t.learning_rate, t.beta1, t.beta2, t.eps, t.weight_decay, t.grad_clip_norm)
+
     def params(self, learning_rate: float | None = None) -> Any:
         from baseten.loops import AdamParams
 

@@ -69,7 +69,7 @@ class SFTRun:
         self.observers = observers
         self.stop = stop or asyncio.Event()
         t = config.training
-        self.adam = AdamSettings(t.learning_rate, t.beta1, t.beta2, t.eps, t.weight_decay, t.grad_clip_norm)
+        self.adam = AdamSettings.of(t)
         self.evals = JsonlLog(run_dir.root / "evals.jsonl")
         self._eval_examples: list[Example] = []
 
