@@ -37,6 +37,19 @@ class ResourceEntry:
 class ResourceJournal:
     """An append-only JSONL journal of resource events, fsynced line by line."""
 
+    _open: dict[Path, ResourceJournal] = {}
+    _open_lock = threading.Lock()
+
+    @classmethod
+    def at(cls, path: Path | str) -> ResourceJournal:
+        """The process's one journal object for `path`, so every writer shares its lock."""
+        key = Path(path).resolve()
+        with cls._open_lock:
+            journal = cls._open.get(key)
+            if journal is None:
+                journal = cls._open[key] = cls(key)
+            return journal
+
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock = threading.Lock()

@@ -8,13 +8,15 @@ turns evidence into GRPO training data. Harbor is one runtime; an Episode class 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from loops_nb.llm.capture import TokenCapture
     from loops_nb.llm.client import LoopsLLM
+    from loops_nb.resources import ResourceRegistry
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,23 @@ class Evidence:
     @classmethod
     def discard(cls, reason: str, detail: str = "", **metrics: float) -> Evidence:
         return cls(reward=None, discarded=reason, detail=detail, metrics=dict(metrics))
+
+
+@dataclass
+class RunContext:
+    """What a run offers a runtime beyond its options. A runtime with a `bind(context)` method gets it
+    before `tasks()` is first called, in `loops check` as in `loops run`."""
+
+    config_dir: Path
+    """The training config's directory: relative paths in `[runtime.options]` are relative to it."""
+    state_dir: Path
+    """The run's state directory (or check's preflight directory): the resource journal lives here."""
+    providers: Mapping[str, Any] = field(default_factory=dict)
+    """`[providers.<name>]` tables (loops_nb.providers.config models), by name."""
+    resources: ResourceRegistry | None = None
+    """The run's resource registry, journalled under `state_dir`."""
+    checking: bool = False
+    """True under `loops check`: prepare and validate, but create no sandbox."""
 
 
 @runtime_checkable

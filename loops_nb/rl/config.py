@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from loops_nb.config.sections import ComputeConfig, ModelConfig, OutputConfig, Section
+from loops_nb.providers.config import ProviderConfig
 
 
 class RuntimeConfig(Section):
@@ -117,3 +118,7 @@ class RLConfig(Section):
 
     output: OutputConfig = Field(default_factory=OutputConfig)
     """Where and how the run is written."""
+
+    providers: dict[str, ProviderConfig] = Field(default_factory=dict)
+    """Environment backends by name (`[providers.<name>]` with `type` = local, docker, blaxel or
+    daytona); a runtime names the one it uses. A built-in type's name works without a table."""

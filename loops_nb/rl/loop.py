@@ -100,7 +100,9 @@ class RLRun:
         *,
         custom_loss: Any = None,
         stop: asyncio.Event | None = None,
+        resources: Any = None,
     ) -> None:
+        self.resources = resources
         self.config = config
         self.run_dir = run_dir
         self.policy = policy
@@ -148,6 +150,7 @@ class RLRun:
             mode=t.mode,
             max_staleness=t.max_staleness,
             stale_policy=t.stale_policy,
+            resources=self.resources,
             on_attempt=self._on_attempt,
         )
         await self.policy.publish()

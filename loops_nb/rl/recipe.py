@@ -11,6 +11,7 @@ import resource
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from loops_nb.compute import LoopsConnection, require_api_key
@@ -29,7 +30,9 @@ from loops_nb.observers import ObserverSet
 from loops_nb.rl.config import RLConfig
 from loops_nb.rl.loop import Outcome, RLRun
 from loops_nb.rl.policy import Policy
+from loops_nb.resources import ResourceJournal, ResourceRegistry
 from loops_nb.run_dir import RunDirectory, atomic_write_json
+from loops_nb.runtime import RunContext
 from loops_nb.tokenization import load_model_tokenizer
 
 if TYPE_CHECKING:
@@ -63,6 +66,25 @@ def open_file_problem(max_concurrent: int, per_attempt: int = FILES_PER_ATTEMPT)
     return None
 
 
+def bind_run(
+    runtime: Any, project: Project, state_dir: Path, resources: ResourceRegistry, *, checking: bool = False
+) -> None:
+    """Give a runtime that asks for it (`bind`) the config directory, providers, state and registry."""
+    bind = getattr(runtime, "bind", None)
+    if bind is None:
+        return
+    config: RLConfig = project.config  # type: ignore[assignment]
+    bind(
+        RunContext(
+            config_dir=project.path.parent,
+            state_dir=state_dir,
+            providers=config.providers,
+            resources=resources,
+            checking=checking,
+        )
+    )
+
+
 @dataclass
 class RLCheckReport:
     ok: bool = True
@@ -85,9 +107,7 @@ async def check(project: Project, **_: Any) -> RLCheckReport:
     preflight = RunDirectory(config.output.output_dir / "preflight" / stamp)
     report.preflight_dir = str(preflight.root)
     preflight.state.mkdir(parents=True, exist_ok=True)
-    from loops_nb.resources import ResourceJournal
-
-    ResourceJournal(preflight.state / "journal.jsonl")  # created before any resource could exist
+    journal = ResourceJournal.at(preflight.state / "journal.jsonl")  # exists before any resource could
     report.lines.append(f"recipe: rl, scope {config.compute.scope}, model {config.model.base_model}")
     report.lines.append(f"preflight: {preflight.root}")
 
@@ -112,6 +132,10 @@ async def check(project: Project, **_: Any) -> RLCheckReport:
     try:
         runtime = load_runtime(config.runtime.factory, config.runtime.options)
         access = model_access_of(runtime)
+        bind_run(runtime, project, preflight.state, ResourceRegistry(journal), checking=True)
+        preflight_problems = getattr(runtime, "preflight", None)
+        if preflight_problems is not None:
+            report.problems += await preflight_problems()
         tasks = await runtime.tasks()
         report.tasks = len(tasks)
         report.lines.append(
@@ -149,6 +173,9 @@ async def train(
         raise UserError(problem)
     run_dir = RunDirectory.create(config.output.output_dir, config.output.run_name, project.path.stem)
     resumed = run_dir.read_run_json()
+    # The journal exists before the runtime can create anything; `loops cleanup` reads it after a crash.
+    resources = ResourceRegistry(ResourceJournal.at(run_dir.state / "journal.jsonl"))
+    bind_run(runtime, project, run_dir.state, resources)
     header = project.describe()
     with (run_dir.root / "run.log").open("a") as log_file:
         log_file.write("\n".join(header) + "\n")
@@ -199,6 +226,7 @@ async def train(
             observer_set,
             custom_loss=custom_loss,
             stop=stop,
+            resources=resources,
         )
         start = await run.resume_point()
         observer_set.emit(

@@ -1,0 +1,28 @@
+"""Harbor as one runtime among others: `create_runtime`, and `LoopsAgent` for the agent you write.
+
+`[runtime] factory = "loops_nb.harbor:create_runtime"` runs each attempt as a Harbor trial; the agent
+(a `LoopsAgent` subclass) calls the model through loops_nb, and the task's verifier gives the reward.
+Needs the `harbor` extra (plus `harbor-blaxel` / `harbor-daytona` for those sandboxes).
+docs/reference/harbor.md has the whole contract.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loops_nb.harbor.runtime import HarborRuntime, create_runtime
+
+__all__ = ["HarborRuntime", "LoopsAgent", "LoopsProgramAgent", "create_runtime"]
+
+
+def __getattr__(name: str) -> Any:
+    # The agent classes subclass Harbor's BaseAgent: import Harbor only when they are asked for.
+    if name == "LoopsAgent":
+        from loops_nb.harbor.agent import LoopsAgent
+
+        return LoopsAgent
+    if name == "LoopsProgramAgent":
+        from loops_nb.harbor.program_agent import LoopsProgramAgent
+
+        return LoopsProgramAgent
+    raise AttributeError(name)

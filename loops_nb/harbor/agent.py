@@ -1,0 +1,114 @@
+"""`LoopsAgent`: a Harbor agent whose model calls go through loops_nb, so every trial trains.
+
+Subclass it and implement Harbor's `run`; call the model with `self.llm` (or `llm()`), and act on the
+sandbox through `environment.exec(...)`:
+
+    from loops_nb.harbor import LoopsAgent
+
+    class OneCall(LoopsAgent):
+        async def run(self, instruction, environment, context):
+            reply = await self.llm.chat([{"role": "user", "content": instruction}])
+            self.transcript += [{"role": "user", "content": instruction}, reply.message]
+            await self.write_file(environment, "/app/answer.txt", reply.content)
+
+The agent object lives in the training process (Harbor runs only what it `exec`s in the sandbox), so
+`self.llm` is the attempt's own model handle and each sampled token is captured exactly. Harbor builds
+agents from an import path and JSON kwargs; the runtime passes `loops_attempt`, a key into this
+process's table of running attempts, plus the `[runtime.options] agent_kwargs`.
+"""
+
+from __future__ import annotations
+
+import shlex
+import uuid
+from pathlib import Path
+from typing import Any, ClassVar
+
+from harbor.agents.base import BaseAgent
+from harbor.environments.base import BaseEnvironment
+from harbor.models.agent.context import AgentContext
+
+from loops_nb.llm.client import LoopsLLM
+from loops_nb.runtime import Attempt
+
+_running: dict[str, Attempt] = {}
+
+
+def register_attempt(attempt: Attempt) -> str:
+    """Make an attempt findable by the agent Harbor will construct; returns the key to pass it."""
+    key = f"{attempt.id}#{uuid.uuid4().hex[:8]}"
+    _running[key] = attempt
+    return key
+
+
+def forget_attempt(key: str) -> None:
+    _running.pop(key, None)
+
+
+class LoopsAgent(BaseAgent):
+    """Base class of in-process Harbor agents trained by loops_nb. Implement `async run(...)`."""
+
+    SUPPORTS_ATIF: ClassVar[bool] = False
+
+    def __init__(
+        self, *args: Any, loops_attempt: str | None = None, loops_config_dir: str | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.config_dir = Path(loops_config_dir) if loops_config_dir else None
+        """The training config's directory (relative paths in agent_kwargs are relative to it)."""
+        self.attempt: Attempt | None = _running.get(loops_attempt) if loops_attempt else None
+        if loops_attempt and self.attempt is None:
+            raise RuntimeError(f"attempt {loops_attempt} is not running in this process")
+        self.transcript: list[dict[str, Any]] = []
+        """The conversation as the agent saw it; it becomes the attempt's transcript."""
+
+    @staticmethod
+    def name() -> str:
+        return "loops-agent"
+
+    def version(self) -> str | None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return version("loops-nb")
+        except PackageNotFoundError:
+            return None
+
+    async def setup(self, environment: BaseEnvironment) -> None:
+        """Nothing to install: the agent runs here. Override to prepare the sandbox."""
+
+    @property
+    def llm(self) -> LoopsLLM:
+        """This attempt's model handle (exact token capture, the run's sampling settings)."""
+        if self.attempt is None:
+            raise RuntimeError(
+                f"{type(self).__name__} runs outside a loops_nb run (no loops_attempt): train it with "
+                '[runtime] factory = "loops_nb.harbor:create_runtime"'
+            )
+        return self.attempt.services.llm
+
+    async def write_file(self, environment: BaseEnvironment, path: str, content: str) -> None:
+        """Write `content` to `path` in the sandbox (any backend), creating parent directories."""
+        quoted = shlex.quote(path)
+        result = await environment.exec(
+            f"mkdir -p $(dirname {quoted}) && printf %s {shlex.quote(content)} > {quoted}"
+        )
+        if result.return_code != 0:
+            raise RuntimeError(f"writing {path} in the sandbox failed: {(result.stderr or '')[-500:]}")
+
+    def populate_context_post_run(self, context: AgentContext) -> None:
+        """Record what the model did in Harbor's own result: per-call tokens and logprobs, counts."""
+        if self.attempt is None:
+            return
+        calls = self.attempt.services.capture.calls
+        context.n_input_tokens = sum(len(c.prompt_tokens) for c in calls)
+        context.n_output_tokens = sum(len(c.completion_tokens) for c in calls)
+        context.rollout_details = [
+            {
+                "prompt_token_ids": [c.prompt_tokens for c in calls],
+                "completion_token_ids": [c.completion_tokens for c in calls],
+                "logprobs": [c.logprobs for c in calls],
+                "extra": {"policy_version": [c.policy_version for c in calls]},
+            }
+        ]
+        context.metadata = {**(context.metadata or {}), "loops_transcript": self.transcript}

@@ -1,0 +1,92 @@
+"""A Harbor `TrialResult` as loops_nb `Evidence`: Harbor's reward files become the episode reward.
+
+The verifier writes `/logs/verifier/reward.txt` (one number) or `reward.json` (named numbers); Harbor
+reads them into `verifier_result.rewards`. The reward is the `reward_key` entry (the only entry when
+there is one); the other entries become metrics `harbor/<name>`. A trial Harbor says has no valid reward
+(no reward file, a verifier error or timeout, an environment that never started, an agent that raised)
+is a discarded attempt with its reason and Harbor's message, never a crash of the run.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from loops_nb.runtime import Evidence
+
+# Harbor exception type -> loops_nb discard reason (anything else is `error`).
+DISCARD_REASONS = {
+    "ContextTooLong": "truncated",
+    "AgentTimeoutError": "timeout",
+    "AgentSetupTimeoutError": "timeout",
+    "EnvironmentStartTimeoutError": "timeout",
+    "VerifierTimeoutError": "verifier_error",
+    "VerifierOutputParseError": "verifier_error",
+    "DownloadVerifierDirError": "verifier_error",
+    "AddTestsDirError": "verifier_error",
+    "RewardFileNotFoundError": "no_reward",
+    "RewardFileEmptyError": "no_reward",
+}
+
+
+def _seconds(timing: Any) -> float | None:
+    if timing is None or timing.started_at is None or timing.finished_at is None:
+        return None
+    return (timing.finished_at - timing.started_at).total_seconds()
+
+
+def trial_metrics(result: Any) -> dict[str, float]:
+    metrics: dict[str, float] = {}
+    for name in ("environment_setup", "agent_setup", "agent_execution", "verifier"):
+        seconds = _seconds(getattr(result, name, None))
+        if seconds is not None:
+            metrics[f"harbor/{name}_seconds"] = seconds
+    return metrics
+
+
+def evidence_from_trial(result: Any, reward_key: str = "reward", verifier_output: str = "") -> Evidence:
+    """Evidence of one finished trial (a harbor `TrialResult`)."""
+    metrics = trial_metrics(result)
+    transcript = list(
+        ((result.agent_result and result.agent_result.metadata) or {}).get("loops_transcript") or []
+    )
+    if verifier_output:
+        transcript.append({"role": "verifier", "content": verifier_output[-4000:]})
+    rewards = dict((result.verifier_result and result.verifier_result.rewards) or {})
+    problems = [e for e in result.recorded_exceptions() if not e.policy.has_valid_reward]
+    if problems:
+        first = problems[0]
+        reason = DISCARD_REASONS.get(first.exception_type, "error")
+        detail = f"{first.exception_type}: {first.exception_message}".strip()
+        if reason == "error":
+            # The user's agent raised: the last lines of the traceback say where.
+            detail += "\n" + "\n".join(first.exception_traceback.strip().splitlines()[-6:])
+        evidence = Evidence.discard(reason, detail, **metrics)
+        evidence.transcript = transcript
+        return evidence
+    if not rewards:
+        evidence = Evidence.discard(
+            "no_reward", "the verifier wrote no /logs/verifier/reward.txt or reward.json", **metrics
+        )
+        evidence.transcript = transcript
+        return evidence
+    if reward_key in rewards:
+        reward = rewards.pop(reward_key)
+    elif len(rewards) == 1:
+        reward = rewards.pop(next(iter(rewards)))
+    else:
+        evidence = Evidence.discard(
+            "verifier_error",
+            f"reward.json has {sorted(rewards)} but no {reward_key!r}: name one entry {reward_key!r}, "
+            "or set [runtime.options] reward_key",
+            **metrics,
+        )
+        evidence.transcript = transcript
+        return evidence
+    reward = float(reward)
+    if not math.isfinite(reward):
+        return Evidence.discard("verifier_error", f"the verifier's reward is {reward}", **metrics)
+    metrics.update({f"harbor/{name}": float(value) for name, value in rewards.items()})
+    for exc in result.recorded_exceptions():  # graded anyway (an agent timeout): keep, but say so
+        metrics[f"harbor/graded_after_{exc.exception_type}"] = 1.0
+    return Evidence(reward=reward, metrics=metrics, transcript=transcript)

@@ -1,0 +1,81 @@
+"""`LoopsProgramAgent`: the Harbor local-program pattern. The agent is its own program on this machine.
+
+Each trial launches `command` with `OPENAI_BASE_URL` / `OPENAI_API_KEY` set to the attempt's gateway
+lease (the run starts the gateway when `[runtime.options] model_access = "openai_http"`), writes the
+instruction to its stdin, and puts what it prints into the sandbox at `output_path`, where the task's
+verifier looks. The program can be anything that speaks OpenAI chat completions; the tokens it samples
+through the gateway are captured and trained exactly as an in-process agent's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from harbor.environments.base import BaseEnvironment
+from harbor.models.agent.context import AgentContext
+
+from loops_nb.harbor.agent import LoopsAgent
+from loops_nb.model_access import model_env
+
+
+class LoopsProgramAgent(LoopsAgent):
+    """Runs a program per trial; `agent_kwargs`: `command`, `output_path`, `program_timeout`."""
+
+    def __init__(
+        self,
+        *args: Any,
+        command: str | list[str] = "",
+        output_path: str = "/app/answer.txt",
+        program_timeout: float = 300.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        argv = shlex.split(command) if isinstance(command, str) else list(command)
+        if not argv:
+            raise ValueError('LoopsProgramAgent needs agent_kwargs.command, e.g. ["python", "agent.py"]')
+        # `python` means this interpreter, so the program sees the same installed packages.
+        self.argv = [sys.executable if argv[0] in ("python", "python3") else argv[0], *argv[1:]]
+        self.output_path = output_path
+        self.program_timeout = program_timeout
+
+    @staticmethod
+    def name() -> str:
+        return "loops-program-agent"
+
+    async def run(self, instruction: str, environment: BaseEnvironment, context: AgentContext) -> None:
+        if self.attempt is None:
+            raise RuntimeError("LoopsProgramAgent runs only inside a loops_nb run")
+        env = {**os.environ, **model_env(self.attempt)}
+        # The gateway is on loopback: never send it through a proxy the environment may configure.
+        env["NO_PROXY"] = env["no_proxy"] = ",".join(
+            filter(None, [env.get("NO_PROXY"), "127.0.0.1,localhost"])
+        )
+        proc = await asyncio.create_subprocess_exec(
+            *self.argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+            cwd=str(self.config_dir or Path.cwd()),
+        )
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(instruction.encode()), self.program_timeout)
+        finally:
+            if proc.returncode is None:  # timed out or cancelled: no orphan programs
+                proc.kill()
+                await proc.wait()
+        if proc.returncode != 0:
+            raise RuntimeError(
+                f"{shlex.join(self.argv)} exited {proc.returncode}: {err.decode(errors='replace')[-1500:]}"
+            )
+        answer = out.decode(errors="replace").strip()
+        self.transcript += [
+            {"role": "user", "content": instruction},
+            {"role": "assistant", "content": answer},
+        ]
+        await self.write_file(environment, self.output_path, answer + "\n")

@@ -1,0 +1,250 @@
+"""`HarborRuntime`: Harbor as one RolloutRuntime among others. Each attempt is one Harbor trial.
+
+Harbor brings the environment (a sandbox built from the task), the instruction and the verifier; the
+user brings only the agent, a `LoopsAgent` subclass named by import path. `[runtime] factory =
+"loops_nb.harbor:create_runtime"` with `[runtime.options]`:
+
+    tasks = "tasks/hidden_game"        # a task directory, or a directory of them (relative to the config)
+    dataset = "terminal-bench@2.0"     # or a Harbor registry dataset (needs network to resolve)
+    agent = "agent:OneCall"            # the agent class (modules beside the config are importable)
+    provider = "local"                 # a [providers.<name>] table: local, docker, blaxel, daytona
+
+Trials run with the run's sandbox journal, so `loops cleanup` can release what a crash left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import logging
+import os
+import shutil
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from loops_nb.errors import ConfigError, UserError
+from loops_nb.harbor.evidence import evidence_from_trial
+from loops_nb.llm.client import bind_llm, unbind_llm
+from loops_nb.model_access import ModelAccessMode
+from loops_nb.providers.adapters import ProviderAdapter, provider_adapter
+from loops_nb.runtime import Attempt, Evidence, RolloutRuntime, RunContext, Task
+
+# litellm (a Harbor dependency) otherwise fetches its cost map from GitHub on import, offline or not.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+
+def quiet_harbor_logging() -> None:
+    """Harbor pins its loggers at DEBUG; a run prints only their warnings unless it logs at DEBUG."""
+    if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
+        logging.getLogger("harbor.utils.logger").setLevel(logging.WARNING)
+
+
+class HarborRuntime(RolloutRuntime):
+    """Runs each attempt as a Harbor trial of `agent` in a sandbox of `provider`."""
+
+    def __init__(
+        self,
+        *,
+        agent: str,
+        tasks: str | Sequence[str] | None = None,
+        dataset: str | None = None,
+        task_names: Sequence[str] | None = None,
+        n_tasks: int | None = None,
+        provider: str = "local",
+        agent_kwargs: dict[str, Any] | None = None,
+        reward_key: str = "reward",
+        keep_trials: Literal["all", "failed", "none"] = "failed",
+        agent_timeout_seconds: float | None = None,
+        model_access: str = "in_process",
+    ) -> None:
+        if (tasks is None) == (dataset is None):
+            raise ConfigError(
+                "runtime.options: set exactly one of `tasks` (directories) or `dataset` (a name)"
+            )
+        self.agent = agent
+        self.task_sources = [tasks] if isinstance(tasks, str) else list(tasks or [])
+        self.dataset = dataset
+        self.task_names = list(task_names) if task_names else None
+        self.n_tasks = n_tasks
+        self.provider_name = provider
+        self.agent_kwargs = dict(agent_kwargs or {})
+        self.reward_key = reward_key
+        self.keep_trials = keep_trials
+        self.agent_timeout_seconds = agent_timeout_seconds
+        self.model_access = ModelAccessMode(model_access)
+        self.context: RunContext | None = None
+        self._tasks: list[Task] | None = None
+
+    # -- wiring -------------------------------------------------------------------------------
+    def bind(self, context: RunContext) -> None:
+        self.context = context
+
+    @property
+    def provider(self) -> ProviderAdapter:
+        return provider_adapter(self.provider_name, dict(self.context.providers) if self.context else {})
+
+    def _path(self, value: str) -> Path:
+        path = Path(value).expanduser()
+        if not path.is_absolute() and self.context is not None:
+            path = self.context.config_dir / path
+        return path.resolve()
+
+    async def preflight(self) -> list[str]:
+        """Problems `loops check` reports: the agent class, the provider's extra, tools and credentials."""
+        problems: list[str] = []
+        try:
+            self._agent_class()
+        except UserError as exc:
+            problems.append(str(exc))
+        problems += await asyncio.to_thread(self.provider.problems)
+        return problems
+
+    def _agent_class(self) -> type:
+        from loops_nb.episodes import import_object
+        from loops_nb.harbor.agent import LoopsAgent
+
+        cls = import_object(self.agent, "runtime.options.agent")
+        if not (isinstance(cls, type) and issubclass(cls, LoopsAgent)):
+            raise ConfigError(
+                f"runtime.options.agent = {self.agent!r} is not a LoopsAgent subclass "
+                "(from loops_nb.harbor import LoopsAgent)"
+            )
+        return cls
+
+    # -- tasks --------------------------------------------------------------------------------
+    async def tasks(self) -> Sequence[Task]:
+        if self._tasks is None:
+            configs = await self._task_configs()
+            if not configs:
+                raise ConfigError("runtime.options: the Harbor task sources hold no tasks")
+            self._tasks = [
+                Task(id=_task_name(cfg), data={"harbor_task": cfg.model_dump(mode="json", exclude_none=True)})
+                for cfg in configs
+            ]
+        return self._tasks
+
+    async def _task_configs(self) -> list[Any]:
+        from harbor.models.job.config import DatasetConfig
+        from harbor.models.task.task import Task as HarborTask
+        from harbor.models.trial.config import TaskConfig
+
+        if self.dataset is not None:
+            name, _, version = self.dataset.partition("@")
+            try:
+                dataset = DatasetConfig(
+                    name=name, version=version or None, task_names=self.task_names, n_tasks=self.n_tasks
+                )
+                return await dataset.get_task_configs()
+            except Exception as exc:  # noqa: BLE001 -- registry errors are httpx/supabase types
+                raise UserError(
+                    f"runtime.options.dataset = {self.dataset!r}: cannot resolve it from the Harbor registry "
+                    f"({type(exc).__name__}: {str(exc)[:200]}); it needs network, or download the tasks and "
+                    "point `tasks` at their directory"
+                ) from None
+        configs = []
+        for source in self.task_sources:
+            path = self._path(source)
+            if not path.is_dir():
+                raise ConfigError(f"runtime.options.tasks: {path} is not a directory")
+            if (path / "task.toml").is_file():
+                candidates = [path]
+            else:
+                candidates = sorted(p for p in path.iterdir() if (p / "task.toml").is_file())
+                if not candidates:
+                    raise ConfigError(
+                        f"runtime.options.tasks: {path} has no task.toml, nor task directories with one"
+                    )
+            for candidate in candidates:
+                if not HarborTask.is_valid_dir(candidate):
+                    raise ConfigError(
+                        f"Harbor task {candidate}: needs task.toml, instruction.md, tests/test.sh and an "
+                        "environment/ directory (or [environment] docker_image)"
+                    )
+                if self.task_names and not any(fnmatch.fnmatch(candidate.name, p) for p in self.task_names):
+                    continue
+                configs.append(TaskConfig(path=candidate))
+        return configs[: self.n_tasks] if self.n_tasks else configs
+
+    # -- attempts -----------------------------------------------------------------------------
+    def _trials_dir(self) -> Path:
+        base = self.context.state_dir.parent if self.context else Path.cwd()
+        return base / "harbor_trials"
+
+    def _journal(self) -> Path:
+        if self.context is None:
+            raise RuntimeError("HarborRuntime.bind(context) must be called before attempts run")
+        return self.context.state_dir / "journal.jsonl"
+
+    async def run_attempt(self, attempt: Attempt) -> Evidence:
+        from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig
+        from harbor.trial.trial import Trial
+
+        from loops_nb.harbor.agent import forget_attempt, register_attempt
+
+        key = register_attempt(attempt)
+        config = TrialConfig(
+            task=TaskConfig.model_validate(attempt.task.data["harbor_task"]),
+            trial_name=_trial_name(attempt),
+            trials_dir=self._trials_dir(),
+            agent=AgentConfig(
+                import_path=self.agent,
+                kwargs={
+                    "loops_attempt": key,
+                    "loops_config_dir": str(self.context.config_dir) if self.context else None,
+                    **self.agent_kwargs,
+                },
+                override_timeout_sec=self.agent_timeout_seconds,
+            ),
+            environment=EnvironmentConfig(**self.provider.harbor_environment(self._journal())),
+        )
+        token = bind_llm(attempt.services.llm)
+        try:
+            trial = await Trial.create(config)
+            result = await trial.run()
+        finally:
+            unbind_llm(token)
+            forget_attempt(key)
+        trial_dir = Path(result.trial_uri.removeprefix("file://"))
+        evidence = evidence_from_trial(
+            result, self.reward_key, _read(trial_dir / "verifier" / "test-stdout.txt")
+        )
+        evidence.metrics.setdefault("harbor/trial", 1.0)
+        if self.keep_trials == "none" or (self.keep_trials == "failed" and evidence.discarded is None):
+            await asyncio.to_thread(shutil.rmtree, trial_dir, True)
+        elif evidence.discarded:
+            evidence.detail += f"\n(trial directory: {trial_dir})"
+        return evidence
+
+    async def close(self) -> None:
+        pass
+
+
+def _task_name(config: Any) -> str:
+    if config.path is not None and config.name is None:
+        return Path(config.path).name
+    return str(config.name or config.path)
+
+
+def _trial_name(attempt: Attempt) -> str:
+    # Harbor names trial directories after this; keep it unique per attempt and filesystem-safe.
+    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in attempt.task.id)[:40]
+    return f"{safe}__v{attempt.policy_version}g{attempt.group}a{attempt.index}-{uuid.uuid4().hex[:6]}"
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def create_runtime(**options: Any) -> HarborRuntime:
+    """`[runtime] factory = "loops_nb.harbor:create_runtime"`: `[runtime.options]` are its keywords."""
+    try:
+        import harbor  # noqa: F401
+    except ImportError:
+        raise UserError("the Harbor runtime needs the harbor extra: `uv sync --extra harbor`") from None
+    quiet_harbor_logging()
+    return HarborRuntime(**options)

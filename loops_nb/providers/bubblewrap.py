@@ -1,0 +1,150 @@
+"""`BubblewrapSandbox`: a sandbox on this machine without Docker, built from bubblewrap (`bwrap`).
+
+The host's filesystem is visible read-only; a per-sandbox host directory backs every writable path
+(the task's workdir, Harbor's `/logs/*`, `/tests`, `/solution`, `/tmp`), so files persist across
+commands while processes do not: every `run()` is a fresh `bwrap` with new PID, IPC and UTS namespaces
+(and a new, empty network namespace when the sandbox has no network). The environment is cleared and
+only the given variables are passed, so the run's credentials never reach a task.
+
+Deliberate limits (docs/reference/harbor.md): no image builds, the task's tools must exist on the host,
+no background process outlives its command, everything runs as the calling user, no CPU or memory caps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+BWRAP = "bwrap"
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# Host entries never bound from the host: the sandbox gets its own /proc, /dev and /tmp.
+_OWN_MOUNTS = {"proc", "dev", "tmp", "sys"}
+
+
+class SandboxUnavailable(RuntimeError):
+    """bubblewrap is missing or cannot create namespaces here."""
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    return_code: int
+    stdout: str
+    stderr: str
+
+
+def bwrap_path() -> str:
+    """The `bwrap` executable, or a SandboxUnavailable saying how to install it."""
+    found = shutil.which(BWRAP)
+    if found is None:
+        raise SandboxUnavailable(
+            "the local sandbox needs bubblewrap: install it (`apt-get install bubblewrap`) "
+            "or use a docker, blaxel or daytona provider"
+        )
+    return found
+
+
+class BubblewrapSandbox:
+    """One sandbox: a host directory tree behind its writable paths, and commands run inside it."""
+
+    def __init__(
+        self,
+        root: Path,
+        writable: Iterable[str],
+        workdir: str = "/app",
+        *,
+        network: bool = True,
+        hidden: Iterable[str] = (),
+        host_binds: Mapping[str, Path] | None = None,
+    ) -> None:
+        self.root = root
+        self.workdir = workdir
+        self.network = network
+        self.hidden = [str(PurePosixPath(h)) for h in hidden]
+        # A writable sandbox path -> the host directory behind it. Explicit host binds (Harbor's
+        # auto-mounted trial directories) win over a directory under the sandbox root.
+        self.mounts: dict[str, Path] = {}
+        for path in {*writable, workdir, "/tmp"}:
+            clean = str(PurePosixPath("/") / path)
+            self.mounts[clean] = root / "fs" / clean.lstrip("/")
+        for target, source in (host_binds or {}).items():
+            self.mounts[str(PurePosixPath("/") / target)] = Path(source)
+
+    def create(self) -> None:
+        for host in self.mounts.values():
+            host.mkdir(parents=True, exist_ok=True)
+
+    def remove(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def host_path(self, sandbox_path: str) -> Path:
+        """The host path behind a sandbox path; only paths under a writable mount have one."""
+        path = PurePosixPath("/") / sandbox_path
+        best: str | None = None
+        for target in self.mounts:
+            if path == PurePosixPath(target) or PurePosixPath(target) in path.parents:
+                if best is None or len(target) > len(best):
+                    best = target
+        if best is None:
+            raise FileNotFoundError(
+                f"{sandbox_path} is outside the local sandbox's writable paths ({', '.join(sorted(self.mounts))})"
+            )
+        return self.mounts[best] / path.relative_to(best)
+
+    def argv(self, command: str, cwd: str | None = None, env: Mapping[str, str] | None = None) -> list[str]:
+        claimed = {PurePosixPath(t).parts[1] for t in self.mounts if t != "/"}
+        args = [bwrap_path(), "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
+        if not self.network:
+            args.append("--unshare-net")
+        for entry in sorted(Path("/").iterdir()):
+            if entry.name in _OWN_MOUNTS or entry.name in claimed:
+                continue
+            if entry.is_symlink():
+                args += ["--symlink", os.readlink(entry), str(entry)]
+            elif entry.is_dir():
+                args += ["--ro-bind", str(entry), str(entry)]
+        args += ["--dev", "/dev", "--proc", "/proc"]
+        for hidden in self.hidden:
+            args += ["--tmpfs", hidden]
+        for target in sorted(self.mounts, key=lambda t: len(PurePosixPath(t).parts)):
+            args += ["--dir", target, "--bind", str(self.mounts[target]), target]
+        # Root is bwrap's own tmpfs: make it read-only so a stray write fails loudly instead of vanishing.
+        args += ["--remount-ro", "/", "--chdir", cwd or self.workdir, "--clearenv"]
+        variables = {"PATH": DEFAULT_PATH, "HOME": "/tmp", "LANG": "C.UTF-8", **(env or {})}
+        for key, value in variables.items():
+            args += ["--setenv", key, value]
+        return [*args, "bash", "-c", command]
+
+    async def run(
+        self,
+        command: str,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> CommandResult:
+        """Run `bash -c command` in the sandbox; a timeout kills it and raises TimeoutError."""
+        proc = await asyncio.create_subprocess_exec(
+            *self.argv(command, cwd, env),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,  # one process group: a timeout or cancel kills all of it
+        )
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), timeout)
+        finally:
+            if proc.returncode is None:
+                _kill_group(proc.pid)
+                await proc.wait()
+        return CommandResult(proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace"))
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass

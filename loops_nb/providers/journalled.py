@@ -1,0 +1,40 @@
+"""`JournalledSandbox`: the journal bookkeeping a Harbor environment does around its own start and stop.
+
+Harbor builds environments by import path, with JSON keyword arguments; the run passes the journal's
+path as `loops_journal`. The environment journals `intent` before it asks its backend for a sandbox,
+`created` with the backend's id once it exists, and `released` after it is deleted, so a crash at any
+point leaves a journal line `loops cleanup` can act on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loops_nb.resources import ResourceEntry, ResourceJournal
+
+
+class JournalledSandbox:
+    """Mixed into a Harbor environment class; `provider` names the `[providers.<name>]` adapter type."""
+
+    provider: str = ""
+
+    def _journal_open(self, path: str | None) -> None:
+        self._journal = ResourceJournal.at(path) if path else None
+        self._journal_entry: ResourceEntry | None = None
+
+    def _journal_intent(self, **detail: Any) -> None:
+        if self._journal is not None:
+            self._journal_entry = self._journal.intent(self.provider, "sandbox", **detail)
+
+    def _journal_created(self, provider_id: str, **detail: Any) -> None:
+        if self._journal is not None and self._journal_entry is not None:
+            self._journal.created(self._journal_entry, provider_id, **detail)
+
+    def _journal_released(self, status: str = "released") -> None:
+        if self._journal is not None and self._journal_entry is not None:
+            self._journal.released(self._journal_entry, status)
+            self._journal_entry = None
+
+    @property
+    def journal_key(self) -> str | None:
+        return self._journal_entry.key if self._journal_entry is not None else None

@@ -1,0 +1,258 @@
+"""The `local` provider: Harbor trials in bubblewrap sandboxes on this machine (no Docker, no network).
+
+`LocalSandboxEnvironment` is a Harbor environment (`EnvironmentConfig(import_path=...)`, or
+`harbor run -e loops_nb.providers.local:LocalSandboxEnvironment`). Each trial gets a host directory
+behind the sandbox's writable paths; every `exec` is a fresh `bwrap` (see `bubblewrap.py` for what that
+sandbox is and is not). The task's Dockerfile is read, not built: `WORKDIR` and `ENV` are honoured,
+`COPY`/`ADD` of files from `environment/` into writable paths are replayed, and anything that needs an
+image build (`RUN`, `FROM` another stage's files, a `docker_image`) refuses the task with the line at
+fault, unless `[providers.local] ignore_dockerfile = true`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+import shutil
+import tempfile
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any, Literal
+
+from harbor.environments.base import BaseEnvironment, ExecResult
+from harbor.environments.capabilities import EnvironmentCapabilities
+from harbor.environments.options import EnvironmentOptions
+from harbor.models.trial.paths import EnvironmentPaths
+from pydantic import Field
+
+from loops_nb.providers.bubblewrap import BubblewrapSandbox, bwrap_path
+from loops_nb.providers.journalled import JournalledSandbox
+
+DEFAULT_WORKDIR = "/app"
+
+
+class LocalSandboxOptions(EnvironmentOptions):
+    loops_journal: str | None = None
+    """The run's resource journal (set by loops_nb; absent when Harbor is used directly)."""
+    scratch_dir: str | None = None
+    """Where sandbox directories are made (default: the system temp directory)."""
+    network: Literal["task", "none"] = "task"
+    """`none` denies network to every sandbox; `task` follows the task's network_mode."""
+    hidden_paths: list[str] = Field(default_factory=list)
+    """Host paths covered by an empty directory inside the sandbox."""
+    ignore_dockerfile: bool = False
+    """Run tasks whose Dockerfile needs a build anyway, on the host's tools."""
+    keep_sandboxes: bool = False
+    """Leave sandbox directories behind (still journalled) for debugging."""
+
+
+class TaskNeedsImage(RuntimeError):
+    """The task needs an image build, which the local sandbox cannot do."""
+
+
+@dataclass
+class DockerfilePlan:
+    """What the local sandbox takes from a task's Dockerfile."""
+
+    workdir: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    copies: list[tuple[str, str]] = field(default_factory=list)
+    """(source relative to environment/, destination in the sandbox)."""
+    needs_build: list[str] = field(default_factory=list)
+    """The lines that need an image build, as `line N: TEXT`."""
+
+
+def read_dockerfile(path: Path) -> DockerfilePlan:
+    plan = DockerfilePlan()
+    if not path.is_file():
+        return plan
+    logical: list[tuple[int, str]] = []
+    pending, start = "", 0
+    for number, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        if not pending:
+            start = number
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        logical.append((start, pending + line))
+        pending = ""
+    if pending:
+        logical.append((start, pending))
+    for number, line in logical:
+        keyword, _, rest = line.partition(" ")
+        keyword, rest = keyword.upper(), rest.strip()
+        if keyword in ("FROM", "LABEL", "EXPOSE", "CMD", "ENTRYPOINT", "USER", "ARG", "SHELL", "HEALTHCHECK"):
+            continue  # the host is the image; these change nothing a task's commands can see
+        if keyword == "WORKDIR":
+            plan.workdir = rest
+        elif keyword == "ENV":
+            plan.env.update(_env_pairs(rest))
+        elif keyword in ("COPY", "ADD") and not rest.startswith("--from") and "://" not in rest:
+            parts = [p for p in shlex.split(rest) if not p.startswith("--")]
+            *sources, dest = parts
+            for source in sources:
+                plan.copies.append((source, dest))
+        else:
+            plan.needs_build.append(f"line {number}: {line[:120]}")
+    return plan
+
+
+def _env_pairs(text: str) -> dict[str, str]:
+    parts = shlex.split(text)
+    if parts and "=" not in parts[0]:  # legacy `ENV KEY value with spaces`
+        return {parts[0]: " ".join(parts[1:])}
+    return dict(part.split("=", 1) for part in parts if "=" in part)
+
+
+class LocalSandboxEnvironment(JournalledSandbox, BaseEnvironment):
+    """A Harbor environment whose sandbox is bubblewrap on this machine."""
+
+    options_model = LocalSandboxOptions
+    provider = "local"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        options: LocalSandboxOptions = self.options  # type: ignore[assignment]
+        self._journal_open(options.loops_journal)
+        self._plan = read_dockerfile(self.environment_dir / "Dockerfile")
+        self._sandbox: BubblewrapSandbox | None = None
+
+    @staticmethod
+    def type() -> str:
+        return "loops-local"
+
+    @property
+    def capabilities(self) -> EnvironmentCapabilities:
+        return EnvironmentCapabilities(mounted=True, disable_internet=True)
+
+    def _validate_definition(self) -> None:
+        pass  # a task without environment/ is fine: the host is the image
+
+    def _refusal(self) -> str | None:
+        options: LocalSandboxOptions = self.options  # type: ignore[assignment]
+        if options.ignore_dockerfile:
+            return None
+        image = getattr(self.task_env_config, "docker_image", None)
+        if image:
+            return f"it names docker_image = {image!r}"
+        if self._plan.needs_build:
+            return (
+                "environment/Dockerfile needs an image build (" + "; ".join(self._plan.needs_build[:3]) + ")"
+            )
+        return None
+
+    async def start(self, force_build: bool) -> None:
+        refusal = self._refusal()
+        if refusal:
+            raise TaskNeedsImage(
+                f"task {self.environment_name}: the local sandbox builds no images and {refusal}. Run it "
+                "on a docker, blaxel or daytona provider, or set [providers.local] ignore_dockerfile = true "
+                "if this machine already has what it installs"
+            )
+        bwrap_path()
+        options: LocalSandboxOptions = self.options  # type: ignore[assignment]
+        scratch = Path(options.scratch_dir or tempfile.gettempdir()) / "loops_nb_sandboxes"
+        root = scratch / f"{self.session_id}-{uuid.uuid4().hex[:8]}"
+        self._journal_intent(session=self.session_id, task=self.environment_name, path=str(root))
+        paths = EnvironmentPaths.for_os(self.os)
+        workdir = self.task_env_config.workdir or self._plan.workdir or DEFAULT_WORKDIR
+        writable = [
+            str(p)
+            for p in (
+                paths.agent_dir,
+                paths.verifier_dir,
+                paths.artifacts_dir,
+                paths.tests_dir,
+                paths.solution_dir,
+            )
+        ] + ["/installed-agent"]
+        host_binds = {
+            str(m["target"]): Path(m["source"]) for m in self._host_mounts if m.get("type") == "bind"
+        }
+        no_network = options.network == "none" or self._network_disabled
+        self._sandbox = BubblewrapSandbox(
+            root,
+            writable,
+            workdir,
+            network=not no_network,
+            hidden=options.hidden_paths,
+            host_binds=host_binds,
+        )
+        self._sandbox.create()
+        self._journal_created(str(root), path=str(root))
+        task_env = {**self._plan.env, **(self.task_env_config.env or {})}
+        self._persistent_env = {**task_env, **self._persistent_env}
+        for source, dest in self._plan.copies:
+            target = dest if dest.startswith("/") else str(PurePosixPath(workdir) / dest)
+            await self._copy_in(self.environment_dir / source, target)
+
+    async def _copy_in(self, source: Path, target: str) -> None:
+        try:
+            host = self._require().host_path(target)
+        except FileNotFoundError as exc:
+            raise TaskNeedsImage(
+                f"task {self.environment_name}: Dockerfile COPY to {target}: {exc}"
+            ) from None
+        if source.is_dir():
+            await asyncio.to_thread(shutil.copytree, source, host, dirs_exist_ok=True)
+        else:
+            if target.endswith("/") or host.is_dir():
+                host = host / source.name
+            host.parent.mkdir(parents=True, exist_ok=True)
+            await asyncio.to_thread(shutil.copy2, source, host)
+
+    def _require(self) -> BubblewrapSandbox:
+        if self._sandbox is None:
+            raise RuntimeError("the local sandbox is not started")
+        return self._sandbox
+
+    async def stop(self, delete: bool) -> None:
+        sandbox, self._sandbox = self._sandbox, None
+        options: LocalSandboxOptions = self.options  # type: ignore[assignment]
+        if sandbox is None or options.keep_sandboxes:
+            return
+        await asyncio.to_thread(sandbox.remove)
+        self._journal_released()
+
+    async def exec(
+        self,
+        command: str,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout_sec: int | None = None,
+        user: str | int | None = None,
+    ) -> ExecResult:
+        sandbox = self._require()
+        try:
+            result = await sandbox.run(command, cwd, self._merge_env(env), timeout_sec)
+        except TimeoutError:
+            raise RuntimeError(f"command timed out after {timeout_sec} seconds: {command[:200]}") from None
+        return ExecResult(stdout=result.stdout, stderr=result.stderr, return_code=result.return_code)
+
+    async def upload_file(self, source_path: Path | str, target_path: str) -> None:
+        host = self._require().host_path(target_path)
+        host.parent.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(shutil.copy2, source_path, host)
+
+    async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
+        host = self._require().host_path(target_dir)
+        await asyncio.to_thread(shutil.copytree, source_dir, host, dirs_exist_ok=True)
+
+    async def download_file(self, source_path: str, target_path: Path | str) -> None:
+        host = self._require().host_path(source_path)
+        if not host.is_file():
+            raise FileNotFoundError(f"{source_path} does not exist in the sandbox")
+        Path(target_path).parent.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(shutil.copy2, host, target_path)
+
+    async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
+        host = self._require().host_path(source_dir)
+        if not host.is_dir():
+            raise FileNotFoundError(f"{source_dir} does not exist in the sandbox")
+        if host.resolve() == Path(target_dir).resolve():
+            return  # auto-mounted: the sandbox wrote straight into the trial directory
+        await asyncio.to_thread(shutil.copytree, host, target_dir, dirs_exist_ok=True)
