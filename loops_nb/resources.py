@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 
 @dataclass
@@ -37,8 +37,8 @@ class ResourceEntry:
 class ResourceJournal:
     """An append-only JSONL journal of resource events, fsynced line by line."""
 
-    _open: dict[Path, ResourceJournal] = {}
-    _open_lock = threading.Lock()
+    _open: ClassVar[dict[Path, ResourceJournal]] = {}
+    _open_lock: ClassVar[threading.Lock] = threading.Lock()
 
     @classmethod
     def at(cls, path: Path | str) -> ResourceJournal:

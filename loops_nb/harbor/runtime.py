@@ -137,7 +137,7 @@ class HarborRuntime(RolloutRuntime):
                     name=name, version=version or None, task_names=self.task_names, n_tasks=self.n_tasks
                 )
                 return await dataset.get_task_configs()
-            except Exception as exc:  # noqa: BLE001 -- registry errors are httpx/supabase types
+            except Exception as exc:
                 raise UserError(
                     f"runtime.options.dataset = {self.dataset!r}: cannot resolve it from the Harbor registry "
                     f"({type(exc).__name__}: {str(exc)[:200]}); it needs network, or download the tasks and "

@@ -171,7 +171,7 @@ class BlaxelProvider:
             return "skipped: no sandbox name in the journal"
         try:
             await SandboxInstance.delete(name)
-        except Exception as exc:  # noqa: BLE001 -- Blaxel raises its own types; a gone sandbox is fine
+        except Exception as exc:
             if "not found" in str(exc).lower() or "404" in str(exc):
                 return f"already gone: {name}"
             raise
@@ -213,7 +213,7 @@ class DaytonaProvider:
             if entry.provider_id:
                 try:
                     sandbox = await client.get(entry.provider_id)
-                except Exception as exc:  # noqa: BLE001 -- the SDK's not-found type varies by version
+                except Exception as exc:
                     if "not found" in str(exc).lower() or "404" in str(exc):
                         return f"already gone: {entry.provider_id}"
                     raise

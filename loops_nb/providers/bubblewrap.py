@@ -13,6 +13,7 @@ no background process outlives its command, everything runs as the calling user,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
@@ -86,9 +87,9 @@ class BubblewrapSandbox:
         path = PurePosixPath("/") / sandbox_path
         best: str | None = None
         for target in self.mounts:
-            if path == PurePosixPath(target) or PurePosixPath(target) in path.parents:
-                if best is None or len(target) > len(best):
-                    best = target
+            inside = path == PurePosixPath(target) or PurePosixPath(target) in path.parents
+            if inside and (best is None or len(target) > len(best)):
+                best = target
         if best is None:
             raise FileNotFoundError(
                 f"{sandbox_path} is outside the local sandbox's writable paths ({', '.join(sorted(self.mounts))})"
@@ -144,7 +145,5 @@ class BubblewrapSandbox:
 
 
 def _kill_group(pid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass

@@ -27,10 +27,10 @@ from loops_nb.model_access import (
     model_access_of,
 )
 from loops_nb.observers import ObserverSet
+from loops_nb.resources import ResourceJournal, ResourceRegistry
 from loops_nb.rl.config import RLConfig
 from loops_nb.rl.loop import Outcome, RLRun
 from loops_nb.rl.policy import Policy
-from loops_nb.resources import ResourceJournal, ResourceRegistry
 from loops_nb.run_dir import RunDirectory, atomic_write_json
 from loops_nb.runtime import RunContext
 from loops_nb.tokenization import load_model_tokenizer
