@@ -4,6 +4,7 @@
     loops run   CONFIG [--KEY VALUE ...]   train (resumes an existing run directory)
     loops serve [--port N] [--model ID]     a local Loops for several notebooks or scripts
     loops deactivate RUN_ID [--config C]    end a dedicated (or local) run
+    loops cleanup CONFIG --state-dir DIR    release sandboxes a crashed run left (its journal)
     loops glossary [--write | --check]      the settings reference, from the schema
 
 A user's mistake is printed as one clear line (exit 2), never a traceback.
@@ -66,6 +67,13 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("deactivate", help="end a run and its paired sampler (checkpoints stay)")
     p.add_argument("run_id")
     p.add_argument("--config", help="a config whose [compute] says where the run is")
+    p = sub.add_parser("cleanup", help="release what a crashed run's resource journal lists as alive")
+    p.add_argument("config", help="the run's config (its [providers.<name>] tables)")
+    p.add_argument(
+        "--state-dir", type=Path, required=True, help="the run's state directory: runs/<run>/state"
+    )
+    p.add_argument("--dry-run", action="store_true", help="list what would be released; release nothing")
+    p.add_argument("--force", action="store_true", help="release even while the run's process still holds it")
     p = sub.add_parser("glossary", help="print or write docs/reference/KNOB_GLOSSARY.md")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--write", action="store_true", help="write the file (in a checkout)")
@@ -152,6 +160,18 @@ def _deactivate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cleanup(args: argparse.Namespace) -> int:
+    from loops_nb.cleanup import cleanup
+    from loops_nb.config import load_config
+
+    config = load_config(args.config, cli_env=True).config
+    providers = getattr(config, "providers", {}) or {}
+    report = asyncio.run(cleanup(args.state_dir, providers, dry_run=args.dry_run, force=args.force))
+    for line in report.describe():
+        print(line)
+    return 0 if report.ok else 1
+
+
 def _glossary(args: argparse.Namespace) -> int:
     from loops_nb.config.glossary import GLOSSARY_PATH, glossary_markdown
     from loops_nb.shipped import shipped_root
@@ -199,6 +219,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _serve(args)
         if args.command == "deactivate":
             return _deactivate(args)
+        if args.command == "cleanup":
+            return _cleanup(args)
         return _glossary(args)
     except UserError as exc:
         print(f"loops: error: {exc}", file=sys.stderr)

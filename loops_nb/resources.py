@@ -150,3 +150,43 @@ class ResourceRegistry:
     @property
     def live(self) -> list[ResourceEntry]:
         return list(self._live.values())
+
+
+class RunLock:
+    """An exclusive lock on a run's state directory, held while the run lives.
+
+    The OS drops a `flock` when its process dies, however it dies, so a lock that can be taken means
+    no process is using the run: `loops cleanup` refuses a run whose lock is held, and a second
+    `loops run` on the same run directory is refused instead of interleaving with the first.
+    """
+
+    def __init__(self, state_dir: Path) -> None:
+        self.path = Path(state_dir) / "run.lock"
+        self._fd: int | None = None
+
+    def acquire(self) -> bool:
+        """Take the lock; False when another process holds it."""
+        import fcntl
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd = fd
+        return True
+
+    def holder(self) -> str:
+        try:
+            return self.path.read_text().strip() or "?"
+        except OSError:
+            return "?"
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing drops the flock
+            self._fd = None

@@ -56,9 +56,12 @@ class DockerfilePlan:
     """What the local sandbox takes from a task's Dockerfile."""
 
     workdir: str | None = None
+    """The last WORKDIR: the task's working directory unless task.toml sets one."""
+    workdirs: list[str] = field(default_factory=list)
+    """Every WORKDIR: each is writable in the sandbox, as in an image where it was created."""
     env: dict[str, str] = field(default_factory=dict)
     copies: list[tuple[str, str]] = field(default_factory=list)
-    """(source relative to environment/, destination in the sandbox)."""
+    """(source relative to environment/, absolute destination in the sandbox)."""
     needs_build: list[str] = field(default_factory=list)
     """The lines that need an image build, as `line N: TEXT`."""
 
@@ -88,14 +91,19 @@ def read_dockerfile(path: Path) -> DockerfilePlan:
         if keyword in ("FROM", "LABEL", "EXPOSE", "CMD", "ENTRYPOINT", "USER", "ARG", "SHELL", "HEALTHCHECK"):
             continue  # the host is the image; these change nothing a task's commands can see
         if keyword == "WORKDIR":
-            plan.workdir = rest
+            plan.workdir = str(PurePosixPath(plan.workdir or "/") / rest)
+            plan.workdirs.append(plan.workdir)
         elif keyword == "ENV":
             plan.env.update(_env_pairs(rest))
         elif keyword in ("COPY", "ADD") and not rest.startswith("--from") and "://" not in rest:
             parts = [p for p in shlex.split(rest) if not p.startswith("--")]
             *sources, dest = parts
+            # A relative destination is relative to the WORKDIR in force at this line, as Docker does.
+            absolute = dest if dest.startswith("/") else str(PurePosixPath(plan.workdir or "/") / dest)
+            if dest.endswith("/") and not absolute.endswith("/"):
+                absolute += "/"
             for source in sources:
-                plan.copies.append((source, dest))
+                plan.copies.append((source, absolute))
         else:
             plan.needs_build.append(f"line {number}: {line[:120]}")
     return plan
@@ -169,7 +177,7 @@ class LocalSandboxEnvironment(JournalledSandbox, BaseEnvironment):
                 paths.tests_dir,
                 paths.solution_dir,
             )
-        ] + ["/installed-agent"]
+        ] + ["/installed-agent", *self._plan.workdirs]
         host_binds = {
             str(m["target"]): Path(m["source"]) for m in self._host_mounts if m.get("type") == "bind"
         }
@@ -187,8 +195,7 @@ class LocalSandboxEnvironment(JournalledSandbox, BaseEnvironment):
         task_env = {**self._plan.env, **(self.task_env_config.env or {})}
         self._persistent_env = {**task_env, **self._persistent_env}
         for source, dest in self._plan.copies:
-            target = dest if dest.startswith("/") else str(PurePosixPath(workdir) / dest)
-            await self._copy_in(self.environment_dir / source, target)
+            await self._copy_in(self.environment_dir / source, dest)
 
     async def _copy_in(self, source: Path, target: str) -> None:
         try:

@@ -27,7 +27,7 @@ from loops_nb.model_access import (
     model_access_of,
 )
 from loops_nb.observers import ObserverSet
-from loops_nb.resources import ResourceJournal, ResourceRegistry
+from loops_nb.resources import ResourceJournal, ResourceRegistry, RunLock
 from loops_nb.rl.config import RLConfig
 from loops_nb.rl.loop import Outcome, RLRun
 from loops_nb.rl.policy import Policy
@@ -172,6 +172,27 @@ async def train(
         await runtime.close()
         raise UserError(problem)
     run_dir = RunDirectory.create(config.output.output_dir, config.output.run_name, project.path.stem)
+    lock = RunLock(run_dir.state)
+    if not lock.acquire():
+        await runtime.close()
+        raise UserError(
+            f"run directory {run_dir.root} is in use by process {lock.holder()}: wait for it, or stop it"
+        )
+    try:
+        return await _train_holding_lock(project, runtime, access, run_dir, observers, stop)
+    finally:
+        lock.release()
+
+
+async def _train_holding_lock(
+    project: Project,
+    runtime: Any,
+    access: ModelAccessMode,
+    run_dir: RunDirectory,
+    observers: list[Any] | None,
+    stop: asyncio.Event | None,
+) -> Outcome:
+    config: RLConfig = project.config  # type: ignore[assignment]
     resumed = run_dir.read_run_json()
     # The journal exists before the runtime can create anything; `loops cleanup` reads it after a crash.
     resources = ResourceRegistry(ResourceJournal.at(run_dir.state / "journal.jsonl"))

@@ -1,0 +1,112 @@
+"""`loops cleanup`: release what a crashed run's resource journal lists as still alive.
+
+    uv run loops cleanup patterns/harbor/in_process_direct/train_blaxel.toml --state-dir runs/<run>/state
+
+The journal (`<state-dir>/journal.jsonl`) has a line for every sandbox before it was requested, with
+the provider's id once it existed; a run that ended cleanly marked each one released. Cleanup asks each
+provider adapter to release the rest, journals each release, and leaves anything it could not release
+live in the journal (so running it again retries). The config supplies the `[providers.<name>]` tables;
+credentials come from the environment or `.env` as for a run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from loops_nb.errors import UserError
+from loops_nb.providers.adapters import ADAPTERS, ProviderAdapter, provider_adapter
+from loops_nb.resources import ResourceEntry, ResourceJournal, RunLock
+
+JOURNAL_NAME = "journal.jsonl"
+
+
+@dataclass
+class CleanupReport:
+    released: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    pending: list[str] = field(default_factory=list)
+    """Dry run: what would be released."""
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+    def describe(self) -> list[str]:
+        lines = [f"released: {line}" for line in self.released]
+        lines += [f"would release: {line}" for line in self.pending]
+        lines += [f"failed: {line}" for line in self.failed]
+        if not lines:
+            lines.append("nothing to release: every journalled resource is released")
+        return lines
+
+
+def journal_path(state_dir: Path) -> Path:
+    path = Path(state_dir)
+    if path.name == JOURNAL_NAME:
+        return path
+    journal = path / JOURNAL_NAME
+    if not journal.is_file():
+        hint = " (pass the run's state directory: runs/<run-dir>/state)" if (path / "state").is_dir() else ""
+        raise UserError(f"--state-dir {state_dir}: no {JOURNAL_NAME} there{hint}")
+    return journal
+
+
+def adapter_for(entry: ResourceEntry, providers: Mapping[str, Any]) -> ProviderAdapter:
+    """The adapter that releases an entry: the config's table of that type, else the type's defaults."""
+    for name, config in providers.items():
+        if getattr(config, "type", None) == entry.provider:
+            return provider_adapter(name, dict(providers))
+    if entry.provider in ADAPTERS:
+        return provider_adapter(entry.provider, {})
+    raise UserError(f"journal entry {entry.key}: unknown provider {entry.provider!r}")
+
+
+def _label(entry: ResourceEntry) -> str:
+    ident = (
+        entry.provider_id
+        or entry.detail.get("name")
+        or entry.detail.get("path")
+        or entry.detail.get("session")
+    )
+    return f"{entry.provider} {entry.kind} {ident} ({entry.key}, {entry.status})"
+
+
+async def cleanup(
+    state_dir: Path, providers: Mapping[str, Any], *, dry_run: bool = False, force: bool = False
+) -> CleanupReport:
+    path = journal_path(state_dir)
+    lock = RunLock(path.parent)
+    if not force and not dry_run and not lock.acquire():
+        raise UserError(
+            f"the run using {path.parent} is still running (process {lock.holder()}): stop it first, "
+            "or pass --force to release its resources under it"
+        )
+    try:
+        return await _release_live(ResourceJournal.at(path), providers, dry_run)
+    finally:
+        lock.release()
+
+
+async def _release_live(
+    journal: ResourceJournal, providers: Mapping[str, Any], dry_run: bool
+) -> CleanupReport:
+    report = CleanupReport()
+    for entry in journal.live():
+        label = _label(entry)
+        if dry_run:
+            report.pending.append(label)
+            continue
+        try:
+            done = await adapter_for(entry, providers).release(entry)
+        except UserError as exc:
+            report.failed.append(f"{label}: {exc}")
+            continue
+        except Exception as exc:  # one failure must not stop the rest; it stays live for a retry
+            report.failed.append(f"{label}: {type(exc).__name__}: {exc}")
+            continue
+        journal.released(entry)
+        report.released.append(f"{label}: {done}")
+    return report

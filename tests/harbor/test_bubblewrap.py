@@ -1,0 +1,87 @@
+"""The bubblewrap sandbox: host read-only, writable paths persist, no network, no leaked env, timeouts kill."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from loops_nb.providers.bubblewrap import BubblewrapSandbox
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("bwrap") is None, reason="bubblewrap is not installed (.ci/run installs it)"
+)
+
+
+@pytest.fixture
+def sandbox(tmp_path: Path) -> BubblewrapSandbox:
+    box = BubblewrapSandbox(tmp_path / "box", ["/logs/verifier", "/tests"], "/app", network=False)
+    box.create()
+    return box
+
+
+async def test_writable_paths_persist_across_commands_and_map_to_the_host(sandbox: BubblewrapSandbox) -> None:
+    first = await sandbox.run(
+        "echo hello > note.txt && mkdir -p /logs/verifier && echo 1 > /logs/verifier/reward.txt"
+    )
+    assert first.return_code == 0, first.stderr
+    second = await sandbox.run("cat /app/note.txt; pwd")
+    assert second.stdout.split() == ["hello", "/app"]
+    assert sandbox.host_path("/logs/verifier/reward.txt").read_text() == "1\n"
+    assert sandbox.host_path("/app/note.txt").read_text() == "hello\n"
+
+
+async def test_the_host_is_read_only_and_outside_writes_fail_loudly(sandbox: BubblewrapSandbox) -> None:
+    result = await sandbox.run("touch /usr/loops_nb_probe; echo rc=$?; touch /newfile; echo rc=$?")
+    assert "Read-only file system" in result.stderr
+    assert result.stdout.split() == ["rc=1", "rc=1"]
+    assert not Path("/usr/loops_nb_probe").exists()
+    with pytest.raises(FileNotFoundError, match="outside the local sandbox's writable paths"):
+        sandbox.host_path("/etc/passwd")
+
+
+async def test_no_network_means_only_loopback(sandbox: BubblewrapSandbox) -> None:
+    result = await sandbox.run("cat /proc/net/dev")
+    interfaces = [line.split(":")[0].strip() for line in result.stdout.splitlines() if ":" in line]
+    assert interfaces == ["lo"]
+
+
+async def test_the_environment_is_cleared_so_run_secrets_never_reach_a_task(
+    sandbox: BubblewrapSandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BASETEN_API_KEY", "secret-key")
+    result = await sandbox.run("env", env={"TASK_VAR": "given"})
+    assert "secret-key" not in result.stdout
+    assert "TASK_VAR=given" in result.stdout
+
+
+async def test_a_timeout_kills_the_command_and_everything_it_started(sandbox: BubblewrapSandbox) -> None:
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        await sandbox.run("(sleep 30 &) ; echo started > /app/marker; sleep 30", timeout=1.0)
+    assert time.monotonic() - started < 10
+    assert sandbox.host_path("/app/marker").read_text() == "started\n"
+    # Nothing from the sandbox is left running: its PID namespace died with bwrap.
+    survivors = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline(p) == "sleep 30"]
+    assert not survivors
+
+
+def _cmdline(proc: Path) -> str:
+    try:
+        return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+    except OSError:
+        return ""
+
+
+async def test_hidden_paths_are_covered(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "key").write_text("x")
+    box = BubblewrapSandbox(tmp_path / "box", [], "/app", hidden=[str(secret)])
+    box.create()
+    result = await box.run(f"ls -A {secret} | wc -l")
+    assert result.stdout.strip() == "0"
+    assert os.path.exists(secret / "key")
