@@ -74,6 +74,9 @@ class LoopsAgent(BaseAgent):
         except PackageNotFoundError:
             return None
 
+    async def set_web_tools_disabled(self, disabled: bool, environment: BaseEnvironment) -> None:
+        """An in-process agent has no native web tools; the sandbox's network policy covers its commands."""
+
     async def setup(self, environment: BaseEnvironment) -> None:
         """Nothing to install: the agent runs here. Override to prepare the sandbox."""
 

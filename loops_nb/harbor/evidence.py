@@ -4,7 +4,8 @@ The verifier writes `/logs/verifier/reward.txt` (one number) or `reward.json` (n
 reads them into `verifier_result.rewards`. The reward is the `reward_key` entry (the only entry when
 there is one); the other entries become metrics `harbor/<name>`. A trial Harbor says has no valid reward
 (no reward file, a verifier error or timeout, an environment that never started, an agent that raised)
-is a discarded attempt with its reason and Harbor's message, never a crash of the run.
+is a discarded attempt with its reason and Harbor's message, never a crash of the run. So is a trial
+whose agent raised: Harbor would grade it, but loops_nb never trains on an agent's crash.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from loops_nb.runtime import Evidence
 # Harbor exception type -> loops_nb discard reason (anything else is `error`).
 DISCARD_REASONS = {
     "ContextTooLong": "truncated",
-    "AgentTimeoutError": "timeout",
+    "AgentTimeoutError": "timeout",  # only when Harbor's policy is overridden not to grade it
     "AgentSetupTimeoutError": "timeout",
     "EnvironmentStartTimeoutError": "timeout",
     "VerifierTimeoutError": "verifier_error",
@@ -44,6 +45,23 @@ def trial_metrics(result: Any) -> dict[str, float]:
     return metrics
 
 
+def _graded(exc: Any) -> bool:
+    """Whether a trial that recorded `exc` may still train on its reward.
+
+    Harbor grades an exception type it does not know (it treats it as the agent's business); loops_nb
+    does not: an agent that raised is discarded as `error`, as it is in every runtime, so a bug in agent
+    code never trains the model towards reward 0. Types Harbor knows keep Harbor's policy (an agent
+    timeout is graded), except the ones loops_nb maps to a discard reason.
+    """
+    from harbor.models.trial.error_policy import ERROR_POLICIES
+
+    if exc.exception_type in DISCARD_REASONS and exc.exception_type != "AgentTimeoutError":
+        return False
+    if exc.exception_type not in ERROR_POLICIES:
+        return False
+    return bool(exc.policy.has_valid_reward)
+
+
 def evidence_from_trial(result: Any, reward_key: str = "reward", verifier_output: str = "") -> Evidence:
     """Evidence of one finished trial (a harbor `TrialResult`)."""
     metrics = trial_metrics(result)
@@ -53,7 +71,7 @@ def evidence_from_trial(result: Any, reward_key: str = "reward", verifier_output
     if verifier_output:
         transcript.append({"role": "verifier", "content": verifier_output[-4000:]})
     rewards = dict((result.verifier_result and result.verifier_result.rewards) or {})
-    problems = [e for e in result.recorded_exceptions() if not e.policy.has_valid_reward]
+    problems = [e for e in result.recorded_exceptions() if not _graded(e)]
     if problems:
         first = problems[0]
         reason = DISCARD_REASONS.get(first.exception_type, "error")

@@ -1,0 +1,157 @@
+"""The Harbor runtime end to end on a tiny model: trials train, and every failure is a discard, not a crash."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("harbor")
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+
+import loops_nb  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+HIDDEN_GAME = REPO / "patterns" / "harbor" / "tasks" / "hidden_game"
+
+AGENTS = """
+from loops_nb.harbor import LoopsAgent
+from loops_nb.llm.client import llm
+
+
+class Answer(LoopsAgent):
+    async def run(self, instruction, environment, context):
+        reply = await llm().chat([{"role": "user", "content": instruction}], max_tokens=4)
+        self.transcript.append(reply.message)
+        await self.write_file(environment, "/app/answer.txt", "Monopoly" if self.attempt.index % 2 else reply.content)
+
+
+class Crash(LoopsAgent):
+    async def run(self, instruction, environment, context):
+        await self.llm.chat([{"role": "user", "content": instruction}], max_tokens=4)
+        raise ValueError("the agent's own bug")
+
+
+class Silent(LoopsAgent):
+    async def run(self, instruction, environment, context):
+        await self.write_file(environment, "/app/answer.txt", "Monopoly")
+
+
+class NotAnAgent:
+    pass
+"""
+
+CONFIG = """
+recipe = "rl"
+[model]
+base_model = "{model}"
+lora_rank = 4
+max_seq_len = 256
+[compute.local]
+device = "cpu"
+[runtime]
+factory = "loops_nb.harbor:create_runtime"
+[runtime.options]
+tasks = "{tasks}"
+agent = "agents:{agent}"
+provider = "sandbox"
+keep_trials = "failed"
+[providers.sandbox]
+type = "local"
+scratch_dir = "{scratch}"
+[sampling]
+max_tokens = 4
+[training]
+max_steps = 1
+group_size = 4
+groups_per_step = 1
+save_every = 0
+[output]
+output_dir = "{out}"
+run_name = "{agent}"
+trace = "full"
+"""
+
+
+def make(tmp_path: Path, model: Path, agent: str) -> Path:
+    (tmp_path / "agents.py").write_text(AGENTS)
+    config = tmp_path / f"{agent}.toml"
+    config.write_text(
+        CONFIG.format(
+            model=model, tasks=HIDDEN_GAME, agent=agent, scratch=tmp_path / "scratch", out=tmp_path / "runs"
+        )
+    )
+    return config
+
+
+def rollouts(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()]
+
+
+def journal(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "state" / "journal.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+async def test_trials_train_and_their_sandboxes_are_released(
+    tmp_path: Path, tiny_chat_model_path: Path
+) -> None:
+    project = loops_nb.load(make(tmp_path, tiny_chat_model_path, "Answer"))
+    outcome = await project.train()
+    run = Path(outcome.run_dir)
+    records = rollouts(run)
+    assert len(records) == 4
+    assert all(r["discarded"] is None and r["sampled_tokens"] > 0 for r in records)
+    assert sorted(r["reward"] for r in records)[-2:] == [1.0, 1.0], "odd attempts write the hidden answer"
+    events = journal(run)
+    created = [e["key"] for e in events if e["event"] == "created"]
+    released = [e["key"] for e in events if e["event"] == "released"]
+    assert len(created) == 4 and sorted(created) == sorted(released)
+    assert not list((tmp_path / "scratch" / "loops_nb_sandboxes").iterdir())
+    assert not (run / "harbor_trials").exists() or not list((run / "harbor_trials").iterdir()), (
+        "successful trial directories are not kept under keep_trials = failed"
+    )
+    transcript = json.loads(next((run / "transcripts").iterdir()).read_text())
+    assert "verifier" in json.dumps(transcript), "the verifier's output is part of the attempt's transcript"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("agent", "reason", "detail"),
+    [("Crash", "error", "the agent's own bug"), ("Silent", "no_model_calls", "")],
+)
+async def test_a_failing_agent_is_discarded_with_its_reason(
+    tmp_path: Path, tiny_chat_model_path: Path, agent: str, reason: str, detail: str
+) -> None:
+    project = loops_nb.load(make(tmp_path, tiny_chat_model_path, agent))
+    outcome = await project.train()
+    records = rollouts(Path(outcome.run_dir))
+    assert {r["discarded"] for r in records} == {reason}
+    assert all(detail in r["detail"] for r in records)
+    if reason == "error":
+        assert all("trial directory:" in r["detail"] for r in records), (
+            "a failed trial's directory is kept and named"
+        )
+
+
+async def test_check_refuses_an_agent_that_is_not_a_loops_agent(
+    tmp_path: Path, tiny_chat_model_path: Path
+) -> None:
+    report = await loops_nb.load(make(tmp_path, tiny_chat_model_path, "NotAnAgent")).check()
+    assert not report.ok
+    assert any("is not a LoopsAgent subclass" in p for p in report.problems)
+
+
+async def test_check_reports_a_task_directory_that_is_not_a_harbor_task(
+    tmp_path: Path, tiny_chat_model_path: Path
+) -> None:
+    broken = tmp_path / "broken"
+    (broken / "environment").mkdir(parents=True)
+    (broken / "task.toml").write_text("[task]\nname = 'x/y'\n")
+    config = make(tmp_path, tiny_chat_model_path, "Answer")
+    config.write_text(config.read_text().replace(str(HIDDEN_GAME), str(broken)))
+    report = await loops_nb.load(config).check()
+    assert not report.ok
+    assert any(f"Harbor task {broken}" in p and "instruction.md" in p for p in report.problems)
