@@ -21,6 +21,8 @@ SMOKE: dict[str, dict] = {
     "rl_quickstart.ipynb": {"max_steps": 2, "group_size": 4, "groups_per_step": 2, "max_tokens": 8},
     "pattern_local_openai.ipynb": {"max_steps": 2, "group_size": 4, "groups_per_step": 2, "max_tokens": 8},
     "pattern_in_process_tools.ipynb": {"max_steps": 1, "group_size": 2, "groups_per_step": 2, "max_tokens": 32},
+    "pattern_harbor_in_process_direct.ipynb": {"max_steps": 2, "group_size": 4, "groups_per_step": 1, "max_tokens": 8},
+    "pattern_harbor_local_openai.ipynb": {"max_steps": 1, "group_size": 2, "groups_per_step": 1, "max_tokens": 8},
     "sft_tool_use.ipynb": {"max_steps": 1, "max_rows": 4, "eval_examples": 2, "compare_rows": 1},
     "sft_toucan.ipynb": {"max_steps": 1, "max_rows": 4, "eval_examples": 2, "compare_rows": 0},
 }
@@ -28,6 +30,8 @@ EXPECT: dict[str, list[str]] = {
     "rl_quickstart.ipynb": ["check: ok", "status: completed", "reward/mean: step 1 ="],
     "pattern_local_openai.ipynb": ["model access openai_http", "status: completed", "reward/mean: step 1 ="],
     "pattern_in_process_tools.ipynb": ["check: ok", "status: completed"],
+    "pattern_harbor_in_process_direct.ipynb": ["check: ok", "status: completed", "released", "reward/mean: step 1 ="],
+    "pattern_harbor_local_openai.ipynb": ["model access openai_http", "status: completed", "released"],
     "sft_tool_use.ipynb": ["rows read: 4", "trained", "status: completed", "train loss: first", "accuracy: base"],
     "sft_toucan.ipynb": ["rows read: 4", "status: completed", "train loss: first"],
 }
