@@ -1,6 +1,6 @@
 """Run the benchmarks and print one table of ratios.
 
-uv run python -m benchmarks [trainer] [sampler] [sft_check] [orchestration]
+uv run python -m benchmarks [trainer] [sampler] [sft_check] [orchestration] [async_vs_sync] [learning_speed]
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-ALL = ("trainer", "sampler", "sft_check", "orchestration")
+ALL = ("trainer", "sampler", "sft_check", "orchestration", "async_vs_sync", "learning_speed")
 
 
 def main(argv: list[str]) -> int:

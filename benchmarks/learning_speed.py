@@ -1,0 +1,43 @@
+"""Learning speed: wall time until the quickstart's mean reward reaches 0.7 on the local default model,
+median of 3 seeds, with the settings the quickstart ships (patterns/custom_runtime/in_process_direct/
+train_local.toml). The clock starts when `train()` is called, so it includes starting the embedded
+Loops and loading the model, as a user waits for them. A seed that never reaches 0.7 within
+max_steps counts as infinite (and the median says so).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+from benchmarks.common import Result
+from benchmarks.quickstart_runs import run_quickstart
+
+SEEDS = (0, 1, 2)
+TARGET = 0.7
+
+
+def run() -> list[Result]:
+    seconds = []
+    for seed in SEEDS:
+        clock = run_quickstart({"training.seed": seed})
+        reached = clock.seconds_to_reward(TARGET)
+        seconds.append(reached if reached is not None else math.inf)
+        print(
+            f"  seed {seed}: reward >= {TARGET} after {reached if reached is not None else 'never'} s "
+            f"(rewards {[round(r or 0, 3) for _, r in clock.steps]})",
+            flush=True,
+        )
+    median = statistics.median(seconds)
+    return [
+        Result(
+            f"quickstart wall time to reward/mean >= {TARGET}, median of seeds {list(SEEDS)}",
+            median,
+            float("nan"),
+            "s",
+            "informational (seeds: "
+            + ", ".join("never" if math.isinf(s) else f"{s:.0f}s" for s in seconds)
+            + ")",
+            higher_is_better=False,
+        )
+    ]
