@@ -26,10 +26,12 @@ import asyncio
 import json
 import shlex
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, ClassVar
 
+from harbor.agents.options import AgentOptions
 from harbor.environments.base import BaseEnvironment
 from harbor.models.agent.context import AgentContext
+from pydantic import Field
 
 from loops_nb.harbor.agent import LoopsAgent
 
@@ -104,34 +106,40 @@ class ShellStats:
     """`answered` (a reply without a tool call), `max_turns`, or `running` while it runs."""
 
 
+class ShellAgentOptions(AgentOptions):
+    """`[runtime.options] agent_kwargs` of a ShellAgent; an unknown key fails when Harbor builds the agent.
+
+    A subclass with options of its own extends this model and names it in `options_model`.
+    """
+
+    max_turns: int = Field(default=20, ge=1, description="Model calls per attempt.")
+    command_timeout: float = Field(default=60.0, gt=0, description="Seconds per shell command.")
+    max_output_chars: int = Field(
+        default=4000, ge=200, description="Characters of stdout + stderr shown to the model per command."
+    )
+    system_prompt: str | None = Field(
+        default=None, description='Replaces DEFAULT_SYSTEM_PROMPT; "" sends no system message.'
+    )
+
+
 class ShellAgent(LoopsAgent):
     """A terminal agent: `shell` and `write_file` tools, up to `max_turns` model calls.
 
-    `agent_kwargs` (all JSON-able): `max_turns` (model calls, default 20), `command_timeout` (seconds per
-    `shell` command, default 60), `max_output_chars` (characters of stdout + stderr shown to the model per
-    command, default 4000), `system_prompt` (replaces `DEFAULT_SYSTEM_PROMPT`; "" sends none).
+    `agent_kwargs` (all JSON-able, see `ShellAgentOptions`): `max_turns` (model calls, default 20),
+    `command_timeout` (seconds per `shell` command, default 60), `max_output_chars` (characters of stdout +
+    stderr shown to the model per command, default 4000), `system_prompt` (replaces `DEFAULT_SYSTEM_PROMPT`;
+    "" sends none).
     """
 
-    def __init__(
-        self,
-        *args: Any,
-        max_turns: int = 20,
-        command_timeout: float = 60.0,
-        max_output_chars: int = 4000,
-        system_prompt: str | None = None,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(*args, **kwargs)
-        if int(max_turns) < 1:
-            raise ValueError(f"ShellAgent: max_turns must be at least 1, got {max_turns!r}")
-        if float(command_timeout) <= 0:
-            raise ValueError(f"ShellAgent: command_timeout must be positive, got {command_timeout!r}")
-        if int(max_output_chars) < 200:
-            raise ValueError(f"ShellAgent: max_output_chars must be at least 200, got {max_output_chars!r}")
-        self.max_turns = int(max_turns)
-        self.command_timeout = float(command_timeout)
-        self.max_output_chars = int(max_output_chars)
-        self.system_prompt = DEFAULT_SYSTEM_PROMPT if system_prompt is None else system_prompt
+    options_model: ClassVar[type[AgentOptions] | None] = ShellAgentOptions
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # Harbor validates the options against `options_model`
+        options = self.options if isinstance(self.options, ShellAgentOptions) else ShellAgentOptions()
+        self.max_turns = options.max_turns
+        self.command_timeout = options.command_timeout
+        self.max_output_chars = options.max_output_chars
+        self.system_prompt = DEFAULT_SYSTEM_PROMPT if options.system_prompt is None else options.system_prompt
         self.tools = TOOLS
         self.stats = ShellStats()
 
@@ -145,24 +153,26 @@ class ShellAgent(LoopsAgent):
         if self.system_prompt:
             messages.append({"role": "system", "content": self.system_prompt})
         messages.append({"role": "user", "content": instruction.strip()})
-        try:
-            for _ in range(self.max_turns):
-                reply = await self.llm.chat(messages, tools=self.tools)
-                self.stats.turns += 1
-                messages.append(reply.message)
-                if not reply.tool_calls and not reply.tool_call_errors:
-                    self.stats.stop = "answered"
-                    return
-                for call in reply.tool_calls:
-                    result = await self.call_tool(call, environment)
-                    messages.append({"role": "tool", "tool_call_id": call.get("id", ""), "content": result})
-                if reply.tool_call_errors:
-                    # Unparsed blocks have no call id to answer: say what was wrong in a user turn.
-                    self.stats.tool_errors += len(reply.tool_call_errors)
-                    messages.append({"role": "user", "content": unparsed_calls_message(reply)})
-            self.stats.stop = "max_turns"
-        finally:
-            context.metadata = {**(context.metadata or {}), "shell_agent": asdict(self.stats)}
+        # `context` is left alone: Harbor fills an empty one afterwards (populate_context_post_run).
+        for _ in range(self.max_turns):
+            reply = await self.llm.chat(messages, tools=self.tools)
+            self.stats.turns += 1
+            messages.append(reply.message)
+            if not reply.tool_calls and not reply.tool_call_errors:
+                self.stats.stop = "answered"
+                return
+            for call in reply.tool_calls:
+                result = await self.call_tool(call, environment)
+                messages.append({"role": "tool", "tool_call_id": call.get("id", ""), "content": result})
+            if reply.tool_call_errors:
+                # Unparsed blocks have no call id to answer: say what was wrong in a user turn.
+                self.stats.tool_errors += len(reply.tool_call_errors)
+                messages.append({"role": "user", "content": unparsed_calls_message(reply)})
+        self.stats.stop = "max_turns"
+
+    def populate_context_post_run(self, context: AgentContext) -> None:
+        super().populate_context_post_run(context)
+        context.metadata = {**(context.metadata or {}), "shell_agent": asdict(self.stats)}
 
     async def call_tool(self, call: dict[str, Any], environment: BaseEnvironment) -> str:
         """Run one OpenAI-shaped tool call; the text the model reads back (errors included)."""
