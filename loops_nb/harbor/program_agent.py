@@ -10,7 +10,6 @@ through the gateway are captured and trained exactly as an in-process agent's.
 from __future__ import annotations
 
 import asyncio
-import os
 import shlex
 import sys
 from pathlib import Path
@@ -20,7 +19,7 @@ from harbor.environments.base import BaseEnvironment
 from harbor.models.agent.context import AgentContext
 
 from loops_nb.harbor.agent import LoopsAgent
-from loops_nb.model_access import model_env
+from loops_nb.model_access import agent_process_env
 
 
 class LoopsProgramAgent(LoopsAgent):
@@ -50,11 +49,7 @@ class LoopsProgramAgent(LoopsAgent):
     async def run(self, instruction: str, environment: BaseEnvironment, context: AgentContext) -> None:
         if self.attempt is None:
             raise RuntimeError("LoopsProgramAgent runs only inside a loops_nb run")
-        env = {**os.environ, **model_env(self.attempt)}
-        # The gateway is on loopback: never send it through a proxy the environment may configure.
-        env["NO_PROXY"] = env["no_proxy"] = ",".join(
-            filter(None, [env.get("NO_PROXY"), "127.0.0.1,localhost"])
-        )
+        env = agent_process_env(self.attempt)  # its lease, never the run's credentials
         proc = await asyncio.create_subprocess_exec(
             *self.argv,
             stdin=asyncio.subprocess.PIPE,

@@ -9,7 +9,7 @@ one code path.
 from loops_nb.model_access.gateway import ModelGateway
 from loops_nb.model_access.leases import AttemptLease, LeaseRegistry
 from loops_nb.model_access.mode import ModelAccessMode, files_per_attempt, model_access_of
-from loops_nb.model_access.runtime import LeasedRuntime, model_env
+from loops_nb.model_access.runtime import LeasedRuntime, agent_process_env, model_env
 
 __all__ = [
     "AttemptLease",
@@ -17,6 +17,7 @@ __all__ = [
     "LeasedRuntime",
     "ModelAccessMode",
     "ModelGateway",
+    "agent_process_env",
     "files_per_attempt",
     "model_access_of",
     "model_env",

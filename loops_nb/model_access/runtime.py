@@ -10,6 +10,7 @@ attempt returns, raises, or is cancelled by its timeout, so a straggling agent c
 from __future__ import annotations
 
 import contextvars
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -54,6 +55,34 @@ class LeasedRuntime(RolloutRuntime):
     def __getattr__(self, name: str) -> Any:
         # Anything else (an Episode's options, custom helpers) is the wrapped runtime's.
         return getattr(self.inner, name)
+
+
+SECRET_VARIABLES = frozenset(
+    {
+        "BASETEN_API_KEY",
+        "LOOPS_LOCAL_API_KEY",
+        "HF_TOKEN",
+        "HUGGING_FACE_HUB_TOKEN",
+        "WANDB_API_KEY",
+        "BL_API_KEY",
+        "BL_CLIENT_CREDENTIALS",
+        "DAYTONA_API_KEY",
+        "DAYTONA_JWT_TOKEN",
+        "OPENAI_API_KEY",
+        "ANTHROPIC_API_KEY",
+    }
+)
+"""Credentials the run holds that an agent program must never inherit: it gets its lease instead."""
+
+
+def agent_process_env(attempt: Attempt | None = None) -> dict[str, str]:
+    """The environment to launch an agent program with: this process's, minus the run's credentials,
+    plus the attempt's `OPENAI_BASE_URL` / `OPENAI_API_KEY`, and loopback kept off any proxy."""
+    env = {k: v for k, v in os.environ.items() if k not in SECRET_VARIABLES}
+    env.update(model_env(attempt))
+    loopback = "127.0.0.1,localhost"
+    env["NO_PROXY"] = env["no_proxy"] = ",".join(filter(None, [env.get("NO_PROXY"), loopback]))
+    return env
 
 
 def model_env(attempt: Attempt | None = None) -> dict[str, str]:

@@ -3,8 +3,9 @@
     uv run loops run patterns/custom_runtime/local_openai/train_local.toml
 
 `model_access = ModelAccessMode.OPENAI_HTTP` makes the run start its model gateway and give every
-attempt a lease: `model_env(attempt)` is `OPENAI_BASE_URL` (the gateway) and `OPENAI_API_KEY` (the
-lease key, valid only while this attempt runs; the run revokes it when `run_attempt` returns). The
+attempt a lease: `agent_process_env(attempt)` is this process's environment minus the run's
+credentials, plus `OPENAI_BASE_URL` (the gateway) and `OPENAI_API_KEY` (the lease key, valid only
+while this attempt runs; the run revokes it when `run_attempt` returns). The
 agent (`agent.py`) is launched with those variables, its stdout is scored like the quickstart's reply,
 and the tokens it sampled through the gateway train exactly as an in-process agent's would. Swap
 `agent.py` for any program (another language, a framework) that speaks OpenAI chat completions.
@@ -13,12 +14,11 @@ and the tokens it sampled through the gateway train exactly as an in-process age
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from loops_nb.model_access import ModelAccessMode, model_env
+from loops_nb.model_access import ModelAccessMode, agent_process_env
 from loops_nb.runtime import Attempt, Evidence, Task
 
 AGENT = Path(__file__).with_name("agent.py")
@@ -39,11 +39,8 @@ class LocalOpenAIAgent:
         return [Task(id=f"hidden-{self.answer}", data={"answer": self.answer, "prompt": self.prompt})]
 
     async def run_attempt(self, attempt: Attempt) -> Evidence:
-        env = {**os.environ, **model_env(attempt)}
-        # The gateway is on loopback: never send it through a proxy the environment may configure.
-        env["NO_PROXY"] = env["no_proxy"] = ",".join(
-            filter(None, [env.get("NO_PROXY"), "127.0.0.1,localhost"])
-        )
+        # Its lease, not the run's credentials: BASETEN_API_KEY and friends are left out.
+        env = agent_process_env(attempt)
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             str(AGENT),

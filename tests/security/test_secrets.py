@@ -1,0 +1,143 @@
+"""Secrets: credentials planted as canaries never reach logs, run files, transcripts, sandboxes or agent
+programs, and `loops check` never prints them."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+HIDDEN_GAME = REPO / "patterns" / "harbor" / "tasks" / "hidden_game"
+CANARIES = {
+    "BASETEN_API_KEY": "canary-baseten-7f3a9c",
+    "HF_TOKEN": "canary-hf-52e1b0",
+    "BL_API_KEY": "canary-blaxel-a81d44",
+    "DAYTONA_API_KEY": "canary-daytona-e6b270",
+    "WANDB_API_KEY": "canary-wandb-19fd3e",
+}
+
+PROGRAM = '''
+import json, os, sys
+from openai import OpenAI
+sys.stdin.read()
+reply = OpenAI(timeout=120).chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+print(json.dumps({"program_env": dict(os.environ)}))
+'''
+
+AGENT = '''
+from loops_nb.harbor.program_agent import LoopsProgramAgent
+
+
+class EnvDumper(LoopsProgramAgent):
+    async def run(self, instruction, environment, context):
+        await super().run(instruction, environment, context)
+        result = await environment.exec("env")
+        self.transcript.append({"role": "tool", "content": "SANDBOX_ENV " + (result.stdout or "")})
+'''
+
+CONFIG = """
+recipe = "rl"
+[model]
+base_model = "{model}"
+lora_rank = 4
+[compute.local]
+device = "cpu"
+[runtime]
+factory = "loops_nb.harbor:create_runtime"
+[runtime.options]
+tasks = "{tasks}"
+agent = "dumper:EnvDumper"
+model_access = "openai_http"
+keep_trials = "all"
+[runtime.options.agent_kwargs]
+command = ["python", "program.py"]
+[sampling]
+max_tokens = 2
+[training]
+max_steps = 1
+group_size = 2
+groups_per_step = 1
+[output]
+output_dir = "{out}"
+run_name = "canary"
+trace = "full"
+"""
+
+
+def files_containing(root: Path, needles: list[str]) -> list[str]:
+    found = []
+    for path in root.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            data = path.read_bytes()
+            found += [f"{path}: {n}" for n in needles if n.encode() in data]
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+def test_a_run_never_writes_or_passes_on_its_credentials(tmp_path: Path, tiny_chat_model_path: Path) -> None:
+    pytest.importorskip("harbor")
+    (tmp_path / "program.py").write_text(PROGRAM)
+    (tmp_path / "dumper.py").write_text(AGENT)
+    config = tmp_path / "train.toml"
+    config.write_text(CONFIG.format(model=tiny_chat_model_path, tasks=HIDDEN_GAME, out=tmp_path / "runs"))
+    env = {**os.environ, **CANARIES, "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "loops_nb.cli", "-v", "run", str(config)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = tmp_path / "runs" / "canary"
+    everything = "\n".join(p.read_text(errors="replace") for p in run.rglob("*") if p.is_file())
+    # The test can fail: the program's and the sandbox's environments really are recorded in the run.
+    assert "OPENAI_BASE_URL" in everything and "SANDBOX_ENV" in everything and "PATH=" in everything
+    canaries = list(CANARIES.values())
+    assert files_containing(run, canaries) == []
+    assert not [c for c in canaries if c in done.stdout or c in done.stderr]
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        "patterns/custom_runtime/in_process_direct/train.toml",
+        "patterns/harbor/in_process_direct/train_blaxel.toml",
+        "patterns/harbor/in_process_direct/train_daytona.toml",
+    ],
+)
+def test_loops_check_never_prints_credentials(config: str, tmp_path: Path) -> None:
+    env = {**os.environ, **CANARIES, "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "loops_nb.cli", "check", str(REPO / config), "--output.output_dir", str(tmp_path)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert "Traceback" not in done.stderr
+    output = done.stdout + done.stderr
+    assert not [c for c in CANARIES.values() if c in output], output[-2000:]
+    assert files_containing(tmp_path, list(CANARIES.values())) == []
+
+
+def test_agent_programs_get_their_lease_not_the_runs_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from loops_nb.model_access import agent_process_env
+
+    for key, value in CANARIES.items():
+        monkeypatch.setenv(key, value)
+    attempt = SimpleNamespace(services=SimpleNamespace(model_base_url="http://127.0.0.1:9/v1", model_api_key="lease-1"))
+    env = agent_process_env(attempt)  # type: ignore[arg-type]
+    assert env["OPENAI_BASE_URL"] == "http://127.0.0.1:9/v1" and env["OPENAI_API_KEY"] == "lease-1"
+    assert not set(CANARIES) & set(env)
+    assert "127.0.0.1" in env["NO_PROXY"]
