@@ -8,6 +8,7 @@ replace its template.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -51,10 +52,51 @@ def load_model_tokenizer(model: ModelConfig, scope: str, *, cache_dir: Path | No
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
     except Exception as exc:
-        raise UserError(
-            f"cannot load the tokenizer of {source!r}: {exc}. Gated or private repos need HF_TOKEN; "
-            "a local directory works too ([model] tokenizer)."
-        ) from None
+        raise UserError(tokenizer_problem(source, exc)) from None
     if template is not None:
         tokenizer.chat_template = template
     return tokenizer
+
+
+def tokenizer_problem(source: str, exc: BaseException) -> str:
+    """One line saying why the tokenizer of `source` did not load, and what to do about it."""
+    text = " ".join(str(exc).split())
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+    if offline or "couldn't connect" in text or "offline mode" in text:
+        why = "HF_HUB_OFFLINE is set" if offline else "huggingface.co is unreachable"
+        return (
+            f"cannot load the tokenizer of {source!r}: it is not in the Hugging Face cache and {why}; run "
+            "once with network to cache it, or set [model] tokenizer to a local directory holding it"
+        )
+    first = text.split(". ")[0].rstrip(".")
+    return (
+        f"cannot load the tokenizer of {source!r}: {first[:300]}. Gated or private repos need HF_TOKEN; "
+        "a local directory works too ([model] tokenizer)"
+    )
+
+
+def load_model_processor(model: ModelConfig, scope: str, *, cache_dir: Path | None = None) -> Any | None:
+    """The base model's processor when it is a vision-language model (the `vision` extra), else None."""
+    from loops_nb.llm.vision import load_processor
+
+    source = model.base_model
+    if scope == "local" or Path(source).expanduser().is_dir():
+        from loops_nb.local.model_store import resolve_model
+
+        source = str(resolve_model(source, cache_dir=cache_dir).path)
+    return load_processor(source, cache_dir=cache_dir)
+
+
+def load_model_renderer(model: ModelConfig, scope: str, *, cache_dir: Path | None = None) -> Any:
+    """The run's renderer: a `VisionRenderer` (images through the processor) for a vision-language model,
+    else a `ChatRenderer`; both use the configured tokenizer and chat template."""
+    from loops_nb.llm.renderer import ChatRenderer
+
+    tokenizer = load_model_tokenizer(model, scope, cache_dir=cache_dir)
+    processor = load_model_processor(model, scope, cache_dir=cache_dir)
+    if processor is None:
+        return ChatRenderer(tokenizer)
+    from loops_nb.llm.vision import VisionRenderer
+
+    processor.tokenizer = tokenizer
+    return VisionRenderer(processor)

@@ -1,0 +1,61 @@
+"""examples/terminal_bench: `loops check` without credentials names exactly what is missing, as one line each.
+
+Here there is no BASETEN_API_KEY, no Blaxel credentials and (under tests/conftest.py) no Hugging Face Hub:
+the check must say so and exit non-zero, never with a traceback. The agent class must import cleanly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("harbor")
+
+from loops_nb import cli
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG = REPO / "examples" / "terminal_bench" / "train.toml"
+CREDENTIALS = ("BASETEN_API_KEY", "BL_API_KEY", "BL_CLIENT_CREDENTIALS", "BL_WORKSPACE", "BL_REGION")
+
+
+def test_check_without_credentials_names_what_is_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name in CREDENTIALS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.blaxel/config.yaml from a `bl login`
+    monkeypatch.chdir(tmp_path)  # no .env from the working directory
+    rc = cli.main(["check", str(CONFIG), "--output.output_dir", str(tmp_path / "runs")])
+    out, err = capsys.readouterr()
+
+    assert "Traceback" not in out + err
+    assert rc == 1, "problems found: check exits 1 (2 is a config the loader refused)"
+    problems = [line.removeprefix("problem: ") for line in out.splitlines() if line.startswith("problem: ")]
+    assert f"check: {len(problems)} problem(s)" in out
+    assert any("BASETEN_API_KEY" in p and ".env" in p for p in problems), problems
+    assert any(p.startswith("providers.blaxel: ") and "BL_API_KEY and BL_WORKSPACE" in p for p in problems)
+    assert not any("runtime.options.agent" in p for p in problems), "agent:TerminalBenchAgent imports"
+    # Every line printed is a problem, a setting or the summary: nothing spills over from an exception.
+    known = ("problem: ", "check: ", "Config: ", "  ", "recipe: ", "preflight: ", "runtime: ", "schedule: ")
+    assert all(line.startswith(known) for line in out.splitlines() if line), out
+    assert "schedule: 50 steps x 8 groups x 8 attempts = 64 attempts a step, async" in out
+
+
+def test_the_terminal_bench_agent_is_a_shell_agent_with_its_own_prompt(tmp_path: Path) -> None:
+    import importlib.util
+
+    # Loaded under its own name: other examples and patterns have an `agent` module too.
+    spec = importlib.util.spec_from_file_location("terminal_bench_agent", CONFIG.parent / "agent.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    TerminalBenchAgent, TERMINAL_BENCH_PROMPT = module.TerminalBenchAgent, module.TERMINAL_BENCH_PROMPT
+
+    from loops_nb.harbor.shell_agent import ShellAgent
+
+    assert issubclass(TerminalBenchAgent, ShellAgent)
+    agent = TerminalBenchAgent(logs_dir=tmp_path, max_turns=40, command_timeout=180, max_output_chars=6000)
+    assert agent.system_prompt == TERMINAL_BENCH_PROMPT
+    assert (agent.max_turns, agent.command_timeout, agent.max_output_chars) == (40, 180.0, 6000)
+    assert TerminalBenchAgent(logs_dir=tmp_path, system_prompt="Be terse.").system_prompt == "Be terse."
