@@ -27,6 +27,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from loops_nb.errors import UserError
 from loops_nb.local import trainer_ops
 from loops_nb.local.sampling_types import SampleRequestError
 from loops_nb.local.state import LocalLoopsError, LocalLoopsState
@@ -304,7 +305,8 @@ def _guard(handler: Any) -> Any:
     async def wrapped(request: Request) -> Response:
         try:
             return await handler(request)
-        except (InvalidRequest, LocalLoopsError, SampleRequestError) as exc:
+        except (InvalidRequest, LocalLoopsError, SampleRequestError, UserError) as exc:
+            # UserError: an unknown or unreachable base model, a bad checkpoint path -- the caller's to fix.
             return _error(422, str(exc))
         except Exception:
             log.exception("embedded Loops: %s %s failed", request.method, request.url.path)
