@@ -99,7 +99,34 @@ class HarborRuntime(RolloutRuntime):
         except UserError as exc:
             problems.append(str(exc))
         problems += await asyncio.to_thread(self.provider.problems)
+        if self.provider.type == "local" and not getattr(self.provider, "config", None).ignore_dockerfile:  # type: ignore[union-attr]
+            problems += await self._local_refusals()
         return problems
+
+    async def _local_refusals(self) -> list[str]:
+        """Tasks the local sandbox would refuse at start: say so now, not once per attempt."""
+        import tomllib
+
+        from loops_nb.providers.local import local_refusal, read_dockerfile
+
+        refusals = []
+        for task in await self.tasks():
+            path = task.data["harbor_task"].get("path")
+            if not path:
+                continue  # a registry task: its files arrive when the trial starts
+            task_dir = Path(path)
+            try:
+                image = (
+                    tomllib.loads((task_dir / "task.toml").read_text())
+                    .get("environment", {})
+                    .get("docker_image")
+                )
+            except (OSError, tomllib.TOMLDecodeError):
+                image = None
+            refusal = local_refusal(task.id, read_dockerfile(task_dir / "environment" / "Dockerfile"), image)
+            if refusal:
+                refusals.append(refusal)
+        return refusals
 
     def _agent_class(self) -> type:
         from loops_nb.episodes import import_object

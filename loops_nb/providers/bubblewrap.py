@@ -97,17 +97,12 @@ class BubblewrapSandbox:
         return self.mounts[best] / path.relative_to(best)
 
     def argv(self, command: str, cwd: str | None = None, env: Mapping[str, str] | None = None) -> list[str]:
-        claimed = {PurePosixPath(t).parts[1] for t in self.mounts if t != "/"}
         args = [bwrap_path(), "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
         if not self.network:
             args.append("--unshare-net")
-        for entry in sorted(Path("/").iterdir()):
-            if entry.name in _OWN_MOUNTS or entry.name in claimed:
-                continue
-            if entry.is_symlink():
-                args += ["--symlink", os.readlink(entry), str(entry)]
-            elif entry.is_dir():
-                args += ["--ro-bind", str(entry), str(entry)]
+        targets = {PurePosixPath(t) for t in self.mounts if t != "/"}
+        ancestors = {parent for t in targets for parent in t.parents if parent != PurePosixPath("/")}
+        args += _host_tree(Path("/"), targets, ancestors)
         args += ["--dev", "/dev", "--proc", "/proc"]
         for hidden in self.hidden:
             args += ["--tmpfs", hidden]
@@ -142,6 +137,35 @@ class BubblewrapSandbox:
                 _kill_group(proc.pid)
                 await proc.wait()
         return CommandResult(proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace"))
+
+
+def _host_tree(directory: Path, targets: set[PurePosixPath], ancestors: set[PurePosixPath]) -> list[str]:
+    """bwrap arguments showing the host under `directory` read-only, with room for the writable targets.
+
+    A target's own path is left to its bind; a directory on the way to a target is recreated (empty, on
+    bwrap's tmpfs root) and its other entries are bound one by one, so `WORKDIR /usr/src/app` still
+    sees the rest of /usr.
+    """
+    args: list[str] = []
+    try:
+        entries = sorted(directory.iterdir())
+    except OSError:
+        return args
+    for entry in entries:
+        path = PurePosixPath(entry)
+        if directory == Path("/") and entry.name in _OWN_MOUNTS:
+            continue
+        if path in targets:
+            continue
+        if entry.is_symlink():
+            args += ["--symlink", os.readlink(entry), str(entry)]
+        elif path in ancestors and entry.is_dir():
+            args += ["--dir", str(entry), *_host_tree(entry, targets, ancestors)]
+        elif entry.is_dir():
+            args += ["--ro-bind", str(entry), str(entry)]
+        elif directory != Path("/"):
+            args += ["--ro-bind", str(entry), str(entry)]  # a file beside a target's directory
+    return args
 
 
 def _kill_group(pid: int) -> None:

@@ -109,6 +109,21 @@ def read_dockerfile(path: Path) -> DockerfilePlan:
     return plan
 
 
+def local_refusal(task: str, plan: DockerfilePlan, docker_image: str | None) -> str | None:
+    """Why the local sandbox cannot run a task, or None. `loops check` and `start()` both ask."""
+    if docker_image:
+        why = f"it names docker_image = {docker_image!r}"
+    elif plan.needs_build:
+        why = "environment/Dockerfile needs an image build (" + "; ".join(plan.needs_build[:3]) + ")"
+    else:
+        return None
+    return (
+        f"task {task}: the local sandbox builds no images and {why}. Run it on a docker, blaxel or "
+        "daytona provider, or set [providers.local] ignore_dockerfile = true if this machine already "
+        "has what it installs"
+    )
+
+
 def _env_pairs(text: str) -> dict[str, str]:
     parts = shlex.split(text)
     if parts and "=" not in parts[0]:  # legacy `ENV KEY value with spaces`
@@ -140,29 +155,14 @@ class LocalSandboxEnvironment(JournalledSandbox, BaseEnvironment):
     def _validate_definition(self) -> None:
         pass  # a task without environment/ is fine: the host is the image
 
-    def _refusal(self) -> str | None:
-        options: LocalSandboxOptions = self.options  # type: ignore[assignment]
-        if options.ignore_dockerfile:
-            return None
-        image = getattr(self.task_env_config, "docker_image", None)
-        if image:
-            return f"it names docker_image = {image!r}"
-        if self._plan.needs_build:
-            return (
-                "environment/Dockerfile needs an image build (" + "; ".join(self._plan.needs_build[:3]) + ")"
-            )
-        return None
-
     async def start(self, force_build: bool) -> None:
-        refusal = self._refusal()
-        if refusal:
-            raise TaskNeedsImage(
-                f"task {self.environment_name}: the local sandbox builds no images and {refusal}. Run it "
-                "on a docker, blaxel or daytona provider, or set [providers.local] ignore_dockerfile = true "
-                "if this machine already has what it installs"
-            )
-        bwrap_path()
         options: LocalSandboxOptions = self.options  # type: ignore[assignment]
+        if not options.ignore_dockerfile:
+            image = getattr(self.task_env_config, "docker_image", None)
+            refusal = local_refusal(self.environment_name, self._plan, image)
+            if refusal:
+                raise TaskNeedsImage(refusal)
+        bwrap_path()
         scratch = Path(options.scratch_dir or tempfile.gettempdir()) / "loops_nb_sandboxes"
         root = scratch / f"{self.session_id}-{uuid.uuid4().hex[:8]}"
         self._journal_intent(session=self.session_id, task=self.environment_name, path=str(root))
@@ -193,7 +193,7 @@ class LocalSandboxEnvironment(JournalledSandbox, BaseEnvironment):
         self._sandbox.create()
         self._journal_created(str(root), path=str(root))
         task_env = {**self._plan.env, **(self.task_env_config.env or {})}
-        self._persistent_env = {**task_env, **self._persistent_env}
+        self._persistent_env: dict[str, str] = {**task_env, **self._persistent_env}
         for source, dest in self._plan.copies:
             await self._copy_in(self.environment_dir / source, dest)
 

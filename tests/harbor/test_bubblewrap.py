@@ -85,3 +85,16 @@ async def test_hidden_paths_are_covered(tmp_path: Path) -> None:
     result = await box.run(f"ls -A {secret} | wc -l")
     assert result.stdout.strip() == "0"
     assert os.path.exists(secret / "key")
+
+
+async def test_a_workdir_inside_a_host_directory_keeps_the_rest_of_it_visible(tmp_path: Path) -> None:
+    box = BubblewrapSandbox(tmp_path / "box", [], "/usr/src/loops_nb_app")
+    box.create()
+    result = await box.run(
+        "echo made > here.txt && ls /usr/bin/bash && touch /usr/loops_nb_probe 2>&1; cat here.txt"
+    )
+    assert "/usr/bin/bash" in result.stdout, result.stderr
+    assert "made" in result.stdout
+    assert "Read-only file system" in result.stdout + result.stderr
+    assert box.host_path("/usr/src/loops_nb_app/here.txt").read_text() == "made\n"
+    assert not Path("/usr/src/loops_nb_app").exists(), "the host itself is untouched"

@@ -155,3 +155,19 @@ async def test_check_reports_a_task_directory_that_is_not_a_harbor_task(
     report = await loops_nb.load(config).check()
     assert not report.ok
     assert any(f"Harbor task {broken}" in p and "instruction.md" in p for p in report.problems)
+
+
+async def test_check_reports_tasks_the_local_sandbox_would_refuse(
+    tmp_path: Path, tiny_chat_model_path: Path
+) -> None:
+    task = tmp_path / "tasks" / "needs_build"
+    shutil.copytree(HIDDEN_GAME, task)
+    (task / "environment" / "Dockerfile").write_text("FROM python:3.12\nRUN pip install numpy\n")
+    config = make(tmp_path, tiny_chat_model_path, "Answer")
+    config.write_text(config.read_text().replace(str(HIDDEN_GAME), str(tmp_path / "tasks")))
+    report = await loops_nb.load(config).check()
+    assert not report.ok
+    assert any("needs_build" in p and "line 2: RUN pip install numpy" in p for p in report.problems)
+    ignored = config.read_text().replace('type = "local"', 'type = "local"\nignore_dockerfile = true')
+    config.write_text(ignored)
+    assert (await loops_nb.load(config).check()).ok
