@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Callable, Literal  # noqa: UP035 (typing.Callable reads better in the glossary)
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_serializer, model_validator
 
 from loops_nb.config.sections import ComputeConfig, ModelConfig, OutputConfig, Section
 from loops_nb.providers.config import ProviderConfig
@@ -56,12 +56,14 @@ class RLTrainingConfig(Section):
     attempt_timeout_seconds: float = Field(600.0, gt=0)
     """An attempt running longer is discarded with reason `timeout`."""
 
-    loss: str = "importance_sampling"
-    """Loss: `importance_sampling`, `ppo` or `cispo` (built into Loops), or `module:function` for a
-    custom loss through forward_backward_custom (the `custom-loss` extra)."""
+    loss: str | Callable[..., Any] = "importance_sampling"
+    """Loss: `importance_sampling`, `ppo` or `cispo` (built into Loops), or `module:function` (from
+    Python also the function itself) for a custom loss through forward_backward_custom (the
+    `custom-loss` extra; see docs/reference/vision_and_custom_loss.md)."""
 
     loss_config: dict[str, float] = Field(default_factory=dict)
-    """The loss's settings, e.g. clip_low_threshold and clip_high_threshold for ppo and cispo."""
+    """The loss's settings, e.g. clip_low_threshold and clip_high_threshold for ppo and cispo; a
+    custom loss gets them as keyword arguments."""
 
     learning_rate: float = Field(4e-5, gt=0)
     """Adam learning rate."""
@@ -87,10 +89,16 @@ class RLTrainingConfig(Section):
     seed: int = 0
     """Seed of task order, sampling and the LoRA initialisation."""
 
+    @field_serializer("loss", when_used="json")
+    def _loss_name(self, loss: str | Callable[..., Any]) -> str:
+        from loops_nb.rl.custom_loss import loss_name
+
+        return loss_name(loss)
+
     @model_validator(mode="after")
     def _known_loss(self) -> RLTrainingConfig:
         builtin = {"importance_sampling", "ppo", "cispo"}
-        if self.loss not in builtin and ":" not in self.loss:
+        if isinstance(self.loss, str) and self.loss not in builtin and ":" not in self.loss:
             raise ValueError(
                 f"training.loss = {self.loss!r}: use one of {sorted(builtin)} or `module:function`"
             )

@@ -28,6 +28,12 @@ class SequenceDatum:
     def trained_tokens(self) -> int:
         return sum(self.sampled[1:])
 
+    def model_input(self) -> Any:
+        """All the tokens as a `ModelInput` (for scoring the whole sequence)."""
+        from baseten.loops import ModelInput
+
+        return ModelInput.from_ints(self.tokens)
+
     def to_datum(self) -> Any:
         from baseten.loops import Datum, ModelInput, TensorData
 

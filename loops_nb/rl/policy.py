@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from loops_nb.rl.custom_loss import SdkLoss, bare_datum, needs_reference_logprobs
 from loops_nb.rl.datums import SequenceDatum, token_batches
 
 FORWARD_BACKWARD_TOKENS = 32768
@@ -55,6 +56,7 @@ class Policy:
         self.base_model = base_model
         self._sampling_client: Any = None
         self._version = 0
+        self._reference: Any = None
         self.trainer_steps = 0
         """Optimizer steps the trainer has applied: the version the next publish serves."""
 
@@ -74,7 +76,32 @@ class Policy:
         step = self.trainer_steps
         client = await self.training_client.save_weights_and_get_sampling_client_async(f"step-{step:06d}")
         self._sampling_client, self._version = client, step
+        if step == 0 and self._reference is None:
+            self._reference = client  # the fresh LoRA (B = 0) is the base model: the reference policy
         return time.perf_counter() - started
+
+    @property
+    def reference_client(self) -> Any:
+        """The version-0 policy (the base model), which scores `ref_logprobs` for a custom loss."""
+        if self._reference is None:
+            raise RuntimeError(
+                "the reference policy (version 0) is not available: it is the first policy a run publishes, "
+                "so a run resumed past step 0 cannot use a loss that needs ref_logprobs"
+            )
+        return self._reference
+
+    async def reference_logprobs(self, datums: Sequence[SequenceDatum]) -> list[list[float]]:
+        """The base model's logprob of every target token of each datum (aligned with `target_tokens`)."""
+        import asyncio
+
+        client = self.reference_client
+
+        async def score(d: SequenceDatum) -> list[float]:
+            lps = await client.compute_logprobs_async(d.model_input())
+            # compute_logprobs is aligned with the input (entry 0 is None); targets are tokens[1:].
+            return [0.0 if lp is None else float(lp) for lp in lps[1 : len(d.tokens)]]
+
+        return list(await asyncio.gather(*(score(d) for d in datums)))
 
     async def train_step(
         self,
@@ -86,20 +113,36 @@ class Policy:
         learning_rate: float | None = None,
         custom_loss: Any = None,
     ) -> dict[str, float]:
-        """forward_backward over every datum (in token-bounded requests), then one optim_step."""
+        """forward_backward over every datum (in token-bounded requests), then one optim_step.
+
+        A custom loss sees the whole step in one `forward_backward_custom` call (the SDK splits the wire
+        requests itself), so it can normalise over the step as the built-in losses do.
+        """
         tc = self.training_client
         metrics: dict[str, float] = {}
         losses: list[tuple[float, int]] = []
         sampler_lp: list[float] = []
         trainer_lp: list[float] = []
-        for batch in token_batches(datums, FORWARD_BACKWARD_TOKENS):
+        batches = (
+            [list(datums)] if custom_loss is not None else token_batches(datums, FORWARD_BACKWARD_TOKENS)
+        )
+        for batch in batches:
             wire = [d.to_datum() for d in batch]
             if custom_loss is not None:
-                fut = await tc.forward_backward_custom_async(wire, custom_loss)
+                if needs_reference_logprobs(custom_loss):
+                    refs = await self.reference_logprobs(batch)
+                    wire = [with_input(w, "ref_logprobs", r) for w, r in zip(wire, refs, strict=True)]
+                # The SDK's custom path accepts only target_tokens (and weights) on the wire; the loss
+                # reads the full datums through for_batch.
+                bare = [bare_datum(w) for w in wire]
+                fut = await tc.forward_backward_custom_async(bare, _for_batch(custom_loss, wire))
             else:
                 fut = await tc.forward_backward_async(wire, loss_fn=loss, loss_fn_config=loss_config or None)
             out = await fut.result_async()
-            losses.append((float(out.loss), len(batch)))
+            out_metrics = getattr(out, "metrics", None) or {}
+            custom = {k: float(v) for k, v in out_metrics.items() if k.startswith("custom/")}
+            metrics.update(custom)
+            losses.append((custom.get("custom/loss", float(out.loss)), len(batch)))
             for d, lf in zip(batch, out.loss_fn_outputs, strict=True):
                 lp = lf["logprobs"].data if hasattr(lf["logprobs"], "data") else lf["logprobs"]
                 for q, p, s in zip(d.logprobs[1:], lp, d.sampled[1:], strict=True):
@@ -127,6 +170,21 @@ class Policy:
         out = await fut.result_async()
         self.trainer_steps = int(out.step)
         return self.trainer_steps
+
+
+def _for_batch(loss: Any, full: list[Any]) -> Any:
+    if isinstance(loss, SdkLoss):
+        return loss.for_batch(full)
+    # A plain SDK-shaped callable: give it the full datums too.
+    return lambda data, logprobs: loss(full, logprobs)
+
+
+def with_input(datum: Any, name: str, values: list[float]) -> Any:
+    """`datum` with one more float `loss_fn_inputs` entry (shaped like its targets)."""
+    from baseten.loops import TensorData
+
+    inputs = {**datum.loss_fn_inputs, name: TensorData(data=values, dtype="float32", shape=[len(values)])}
+    return datum.model_copy(update={"loss_fn_inputs": inputs})
 
 
 def sample_train_divergence(sampler: Sequence[float], trainer: Sequence[float]) -> dict[str, float]:

@@ -29,6 +29,7 @@ from loops_nb.model_access import (
 from loops_nb.observers import ObserverSet
 from loops_nb.resources import ResourceJournal, ResourceRegistry, RunLock
 from loops_nb.rl.config import RLConfig
+from loops_nb.rl.custom_loss import loss_name, needs_reference_logprobs, resolve_custom_loss
 from loops_nb.rl.loop import Outcome, RLRun
 from loops_nb.rl.policy import Policy
 from loops_nb.run_dir import RunDirectory, atomic_write_json
@@ -151,6 +152,17 @@ async def check(project: Project, **_: Any) -> RLCheckReport:
         f"{per_step} attempts a step, {t.mode}"
         + (f" (max_staleness {t.max_staleness}, {t.stale_policy})" if t.mode == "async" else "")
     )
+    try:
+        custom = resolve_custom_loss(t.loss, t.loss_config)
+        if custom is not None:
+            reference = (
+                " (scores ref_logprobs with the version-0 policy)" if needs_reference_logprobs(custom) else ""
+            )
+            report.lines.append(
+                f"loss: custom {loss_name(t.loss)} through forward_backward_custom{reference}"
+            )
+    except UserError as exc:
+        report.problems.append(str(exc))
     problem = open_file_problem(t.max_concurrent_rollouts, files_per_attempt(access))
     if problem:
         report.problems.append(problem)
@@ -232,11 +244,7 @@ async def _train_holding_lock(
                 "started": time.time(),
             }
         )
-        custom_loss = None
-        if ":" in config.training.loss:
-            from loops_nb.episodes import import_object
-
-            custom_loss = import_object(config.training.loss, "training.loss")
+        custom_loss = resolve_custom_loss(config.training.loss, config.training.loss_config)
         policy = Policy(tc, config.model.base_model)
         run = RLRun(
             config,

@@ -1,0 +1,248 @@
+"""Your own RL loss, through the SDK's `forward_backward_custom` (the `custom-loss` extra).
+
+`[training] loss = "module:function"` (or, from Python, `training.loss = function`) names a function
+
+    def my_loss(data: list[Datum], logprobs: list[torch.Tensor]) -> torch.Tensor | tuple[torch.Tensor, dict]
+
+that gets one step's datums (their `loss_fn_inputs` carry `target_tokens`, the sampler's `logprobs`, the
+`advantages` and the `mask` of sampled tokens; `ref_logprobs` too when the loss asks for them) and, for
+each, the trainer's current logprob of every target token as a float tensor that requires grad. It returns
+the loss as a scalar tensor, optionally with a dict of numbers that become `custom/<name>` metrics.
+
+How it runs (protocol notes §5.4): the SDK asks the trainer for the logprobs (`/forward`, cross-entropy
+with `skip_token_normalization` and all-zero weights), runs the function here with torch, differentiates it
+with respect to the logprobs, and sends `weights = -dC/dlogprobs` back in a second, linear
+cross-entropy `/forward_backward`: the trainer applies exactly the gradient of the function. The trainer
+does not normalise it by the token count, so the function owns its normalisation: the whole step's
+datums go to one call, and `mean_over_active_tokens` divides as the built-in losses do.
+
+`importance_sampling` here is the built-in loss written as a custom one (tests check both give one update);
+`kl_to_reference` adds a KL penalty against the base model's logprobs, which no built-in has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+from loops_nb.errors import ConfigError
+
+__all__ = [
+    "REFERENCE_ATTRIBUTE",
+    "CustomLoss",
+    "SdkLoss",
+    "bare_datum",
+    "importance_sampling",
+    "kl_to_reference",
+    "loss_name",
+    "mean_over_active_tokens",
+    "needs_reference_logprobs",
+    "resolve_custom_loss",
+    "rl_inputs",
+    "uses_reference_logprobs",
+]
+
+REFERENCE_ATTRIBUTE = "loops_nb_reference_logprobs"
+"""Set (by `uses_reference_logprobs`) on a loss that needs `ref_logprobs` in each datum."""
+
+BUILTIN_LOSSES = ("importance_sampling", "ppo", "cispo")
+
+CustomLoss = Callable[[list[Any], list[Any]], Any]
+"""`(data, logprobs) -> loss` or `(loss, metrics)`."""
+
+
+def uses_reference_logprobs(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark a loss that reads `ref_logprobs`: the base model's logprob of each target token.
+
+    The run then scores every datum with the policy of version 0 (the LoRA before any update, which equals
+    the base model) and adds `ref_logprobs` to its `loss_fn_inputs` before calling the loss.
+    """
+    setattr(fn, REFERENCE_ATTRIBUTE, True)
+    return fn
+
+
+def needs_reference_logprobs(fn: Any) -> bool:
+    return bool(getattr(fn, REFERENCE_ATTRIBUTE, False))
+
+
+def loss_name(loss: str | Callable[..., Any]) -> str:
+    """How a loss is written in the run's config.json: its `module:qualname` for a callable."""
+    if isinstance(loss, str):
+        return loss
+    module = getattr(loss, "__module__", None) or "?"
+    return f"{module}:{getattr(loss, '__qualname__', type(loss).__name__)}"
+
+
+def resolve_custom_loss(
+    loss: str | Callable[..., Any], options: dict[str, Any] | None = None
+) -> SdkLoss | None:
+    """The SDK-shaped loss for `[training] loss`, or None for a built-in loss name.
+
+    A custom loss gets `[training] loss_config` as keyword arguments (`loss_config = {beta = 0.1}`).
+    """
+    if isinstance(loss, str):
+        if ":" not in loss:
+            return None
+        from loops_nb.episodes import import_object
+
+        fn = import_object(loss, "training.loss")
+        if not callable(fn):
+            raise ConfigError(f"training.loss = {loss!r} is not a function")
+    elif callable(loss):
+        fn = loss
+    else:
+        raise ConfigError(f"training.loss must be a loss name, `module:function` or a callable, got {loss!r}")
+    try:
+        import torch  # noqa: F401
+    except ImportError:  # pragma: no cover - torch is a core dependency today
+        raise ConfigError(
+            "a custom training.loss needs torch: install the `custom-loss` extra (uv sync --extra custom-loss)"
+        ) from None
+    if options:
+        reference = needs_reference_logprobs(fn)
+        fn = partial(fn, **options)
+        setattr(fn, REFERENCE_ATTRIBUTE, reference)
+    return as_sdk_loss(fn)
+
+
+def as_sdk_loss(fn: Callable[..., Any]) -> SdkLoss:
+    """Wrap `fn` (a bare tensor or a `(tensor, metrics)` result) into what `forward_backward_custom` calls."""
+    return SdkLoss(fn)
+
+
+class SdkLoss:
+    """A user loss in the SDK's shape: `(data, logprobs) -> (loss, metrics)`.
+
+    The SDK's custom path only lets `target_tokens` and `weights` travel in `loss_fn_inputs`
+    (bl/training_client.py `_CustomLossFnInputs`, extra keys forbidden), so the run sends bare datums and
+    `for_batch(full)` hands the function the step's full datums (sampler logprobs, advantages, mask,
+    ref_logprobs) in the same order. Metrics become floats named `custom/<key>`, and `custom/loss` is the
+    function's own value (the trainer's `loss` is that of the linear surrogate).
+    """
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.function = fn
+        inner = fn.func if isinstance(fn, partial) else fn
+        self.name = loss_name(inner)
+        self.__name__ = getattr(inner, "__name__", self.name)
+        self.__qualname__ = getattr(inner, "__qualname__", self.name)
+        self.__module__ = getattr(inner, "__module__", __name__)
+        setattr(self, REFERENCE_ATTRIBUTE, needs_reference_logprobs(fn))
+
+    def for_batch(
+        self, full: Sequence[Any]
+    ) -> Callable[[list[Any], list[Any]], tuple[Any, dict[str, float]]]:
+        """The callable to pass to `forward_backward_custom(bare, ...)`, reading `full` instead of `bare`."""
+
+        def call(data: list[Any], logprobs: list[Any]) -> tuple[Any, dict[str, float]]:
+            if len(data) != len(full):
+                raise ValueError(f"the SDK passed {len(data)} datums to the loss, the step has {len(full)}")
+            return self(list(full), logprobs)
+
+        return call
+
+    def __call__(self, data: list[Any], logprobs: list[Any]) -> tuple[Any, dict[str, float]]:
+        import torch
+
+        out = self.function(data, logprobs)
+        loss, metrics = out if isinstance(out, tuple) else (out, {})
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise TypeError(
+                f"custom loss {self.name} must return a scalar torch tensor (optionally with a metrics "
+                f"dict), got {type(loss).__name__}"
+            )
+        if not loss.requires_grad:
+            raise ValueError(
+                f"custom loss {self.name} returned a tensor that does not depend on the logprobs"
+            )
+        named = {f"custom/{k}": float(v) for k, v in dict(metrics or {}).items()}
+        named["custom/loss"] = float(loss.detach())
+        return loss.reshape(()), named
+
+
+def bare_datum(datum: Any) -> Any:
+    """`datum` with only its `target_tokens`: what the SDK's custom path accepts (the SDK then sends the
+    trainer all-zero weights for the logprob forward)."""
+    return datum.model_copy(
+        update={"loss_fn_inputs": {"target_tokens": datum.loss_fn_inputs["target_tokens"]}}
+    )
+
+
+# ------------------------------------------------------------------------------------- loss helpers
+
+
+def rl_inputs(datum: Any) -> dict[str, Any]:
+    """A datum's `loss_fn_inputs` as torch tensors: `target_tokens`, `logprobs` (q), `advantages`,
+    `mask` (1 where the token was sampled, so it trains) and `ref_logprobs` when present."""
+    import torch
+
+    out: dict[str, Any] = {}
+    for name, td in datum.loss_fn_inputs.items():
+        t = td.to_torch() if hasattr(td, "to_torch") else torch.tensor(td)
+        out[name] = t if name == "target_tokens" else torch.nan_to_num(t.float(), nan=0.0)
+    n = out["target_tokens"].shape[0]
+    if "mask" not in out:
+        out["mask"] = out.get("weights", torch.ones(n))
+    if "advantages" in out and out["advantages"].numel() == 1:
+        out["advantages"] = out["advantages"].reshape(1).expand(n)
+    return out
+
+
+def mean_over_active_tokens(per_token: Sequence[Any], active: Sequence[Any]) -> Any:
+    """Σ over datums and active positions of `per_token`, divided by the number of active positions:
+    the normalisation the built-in losses get from the trainer (their gradient sums, optim_step divides)."""
+    import torch
+
+    total = sum(
+        (torch.where(a, t, torch.zeros_like(t)).sum() for t, a in zip(per_token, active, strict=True))
+    )
+    count = sum(int(a.sum()) for a in active)
+    return total / max(count, 1)
+
+
+def _active(inputs: dict[str, Any]) -> Any:
+    valid = inputs["target_tokens"] != -100
+    return valid & (inputs["mask"] != 0) & (inputs["advantages"] != 0)
+
+
+def importance_sampling(data: list[Any], logprobs: list[Any]) -> tuple[Any, dict[str, float]]:
+    """The built-in `importance_sampling` loss as a custom one: `−exp(lp − q)·A` per sampled token,
+    averaged over the step's active tokens (A ≠ 0 and sampled)."""
+    import torch
+
+    per_token, active = [], []
+    for datum, lp in zip(data, logprobs, strict=True):
+        x = rl_inputs(datum)
+        per_token.append(-torch.exp(lp - x["logprobs"]) * x["advantages"] * x["mask"])
+        active.append(_active(x))
+    return mean_over_active_tokens(per_token, active), {}
+
+
+def kl_to_reference(beta: float = 0.05) -> CustomLoss:
+    """Importance sampling plus `beta` × KL(policy ‖ base) on the sampled tokens.
+
+    The KL uses the k3 estimator `exp(ref − lp) − (ref − lp) − 1` (≥ 0, unbiased for KL(π‖ref) under samples
+    of π), with `ref` the base model's logprob of each token. It keeps the policy near the base model, which
+    no built-in loss does (`dro` and `dppo` regularise towards the *sampler*, one step behind).
+    """
+    import torch
+
+    @uses_reference_logprobs
+    def loss(data: list[Any], logprobs: list[Any]) -> tuple[Any, dict[str, float]]:
+        pg, kl, active = [], [], []
+        for datum, lp in zip(data, logprobs, strict=True):
+            x = rl_inputs(datum)
+            if "ref_logprobs" not in x:
+                raise ValueError("kl_to_reference needs ref_logprobs in each datum")
+            pg.append(-torch.exp(lp - x["logprobs"]) * x["advantages"] * x["mask"])
+            log_ratio = x["ref_logprobs"] - lp
+            kl.append((torch.exp(log_ratio) - log_ratio - 1) * x["mask"])
+            # The KL applies to every sampled token, even where the advantage is 0.
+            active.append((x["target_tokens"] != -100) & (x["mask"] != 0))
+        pg_loss = mean_over_active_tokens(pg, active)
+        kl_mean = mean_over_active_tokens(kl, active)
+        return pg_loss + beta * kl_mean, {"kl_to_reference": float(kl_mean.detach()), "beta": beta}
+
+    loss.__qualname__ = f"kl_to_reference(beta={beta})"
+    return loss
