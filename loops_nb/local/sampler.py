@@ -29,18 +29,20 @@ from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedTokenizerBase
+from transformers import AutoTokenizer, DynamicCache, PreTrainedTokenizerBase
 
 from loops_nb.local.decoding import select_tokens
 from loops_nb.local.sampler_adapters import AdapterSet, read_adapter_dir
 from loops_nb.local.sampler_batch import DecodeBatch, Job, Row, cache_is_mergeable
 from loops_nb.local.sampling_types import (
     DEFAULT_MAX_TOKENS,
+    IMAGE_POSITION,
     SampledChoice,
     SampleRequest,
     SampleRequestError,
     SampleResult,
 )
+from loops_nb.local.vision import VisionInputs, load_model, max_positions
 
 __all__ = ["SampleRequest", "SampleRequestError", "SampleResult", "SampledChoice", "SamplerEngine"]
 
@@ -69,15 +71,17 @@ class SamplerEngine:
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if dtype is None:
             dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
-        model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype)
-        self.model = model.to(self.device).eval().requires_grad_(False)  # type: ignore[arg-type]
+        model = load_model(model_path, dtype)
+        self.model = model.to(self.device).eval().requires_grad_(False)
+        self.vision = VisionInputs.load(model_path, self.model)
+        """The processor and image token of a vision-language model: image prompts then work."""
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(str(model_path))
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_sequences = max_batch_sequences
         self.max_prefill_tokens = max_prefill_tokens
         config = self.model.config
         self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
-        self.max_positions: int | None = getattr(config, "max_position_embeddings", None)
+        self.max_positions: int | None = max_positions(config)
         self.eos_token_ids = self._eos_ids()
         self._mergeable = cache_is_mergeable(DynamicCache(config=config))
         # transformers 5 calls the cache argument `cache`; 4.x called it `past_key_values`.
@@ -143,7 +147,19 @@ class SamplerEngine:
     def _job(self, request: SampleRequest, adapter: str | None) -> Job:
         max_tokens = self.validate(request, adapter)
         stop_ids = frozenset(self.eos_token_ids) | frozenset(request.stop_token_ids or ())
-        return Job(request, adapter, Future(), max_tokens, stop_ids)
+        job = Job(request, adapter, Future(), max_tokens, stop_ids)
+        if request.images:
+            if self.vision is None:
+                raise SampleRequestError(
+                    "model_input_chunks", "image chunks need a vision-language model; this model is text-only"
+                )
+            try:
+                job.pixels = self.vision.pixels(request.images, "model_input_chunks image")
+            except ValueError as exc:
+                raise SampleRequestError("model_input_chunks", str(exc)) from None
+            image = self.vision.image_token_id
+            job.expanded = [image if t == IMAGE_POSITION else t for t in request.prompt]
+        return job
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()
@@ -238,9 +254,12 @@ class SamplerEngine:
             return []
         if rows == 0:
             adapter = self._queue[0].adapter
+            if self._queue[0].pixels is not None:  # an image prompt decodes alone (its own rotary positions)
+                job = self._queue.popleft()
+                return [job] if job.future.set_running_or_notify_cancel() else []
         taken: list[Job] = []
         for job in list(self._queue):
-            if job.adapter != adapter:
+            if job.adapter != adapter or job.pixels is not None:
                 continue
             total_rows = rows + job.rows
             length = max(cache_length, len(job.prompt))
@@ -267,6 +286,35 @@ class SamplerEngine:
             **{self._cache_kwarg: cache},
         )
         return output.logits
+
+    def _image_forward(self, job: Job) -> Any:
+        """The forward of an image prompt's batch: image features and multimodal positions at the prefill,
+        then each row's text position shifted by the prefill's rotary delta (what `generate` keeps on the
+        model, kept here per batch instead)."""
+        assert self.vision is not None and job.pixels is not None
+        vision, pixels = self.vision, job.pixels
+        marked = torch.tensor([job.request.prompt], dtype=torch.long, device=self.device)
+        delta: dict[str, Tensor] = {}
+
+        def forward(ids: Tensor, mask: Tensor, positions: Tensor, cache: DynamicCache, every: bool) -> Tensor:
+            inputs: dict[str, Any] = {"input_ids": ids, "position_ids": positions}
+            if cache.get_seq_length() == 0:  # the prefill: one row, the job's prompt (unpadded)
+                inputs = vision.inputs(marked, mask, pixels)
+                if "rope_deltas" in inputs:
+                    delta["value"] = inputs.pop("rope_deltas").to(positions.device)
+                inputs.setdefault("position_ids", positions)
+            elif "value" in delta:
+                inputs["position_ids"] = (positions + delta["value"])[None].expand(3, -1, -1)
+            output = self.model(
+                attention_mask=mask,
+                use_cache=True,
+                logits_to_keep=0 if every else 1,
+                **inputs,
+                **{self._cache_kwarg: cache},
+            )
+            return output.logits
+
+        return forward
 
     def _decode(self, ids: list[int]) -> list[str]:
         return self.tokenizer.batch_decode([[i] for i in ids])
@@ -305,13 +353,18 @@ class SamplerEngine:
                 version = self._adapters.activate(adapter)
                 for job in jobs:
                     job.adapter_version = version
-                batch = self._prefill(jobs)
+                vision = jobs[0].pixels is not None
+                forward = self._image_forward(jobs[0]) if vision else self._forward
+                if vision:
+                    batch = DecodeBatch.prefill(jobs, forward, self._new_cache, self.device, self._decode)
+                else:
+                    batch = self._prefill(jobs)
                 self.stats["batches"] += 1
                 self.stats["rows"] += len(batch.rows)
                 while batch.rows:
                     if self._closing:
                         raise SamplerClosedError("the sampler engine was closed mid-generation")
-                    if self._mergeable and self._queue:
+                    if self._mergeable and self._queue and not vision:
                         joined = self._join(batch, adapter, version)
                         running += joined
                     tokens, logprobs = select_tokens(batch.logits, batch.params)
@@ -321,7 +374,7 @@ class SamplerEngine:
                     if len(keep) < len(batch.rows):
                         batch.keep(keep, trim=self._mergeable)
                         tokens = tokens[torch.tensor(keep, device=tokens.device)]
-                    batch.advance(tokens, self._forward)
+                    batch.advance(tokens, forward)
         except Exception as exc:
             if not isinstance(exc, SamplerClosedError):
                 logger.exception("sampling batch failed")

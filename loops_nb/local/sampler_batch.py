@@ -43,6 +43,10 @@ class Job:
     choices: list[SampledChoice | None] = field(default_factory=list)
     prompt_logprobs: list[PromptLogprobEntry | None] | None = None
     adapter_version: int | None = None
+    expanded: list[int] | None = None
+    """An image prompt's ids with its image positions set to the model's image token."""
+    pixels: dict[str, Tensor] | None = None
+    """An image prompt's processed images (`pixel_values`, `image_grid_thw`); such a job decodes alone."""
 
     @property
     def rows(self) -> int:
@@ -50,7 +54,7 @@ class Job:
 
     @property
     def prompt(self) -> list[int]:
-        return self.request.prompt
+        return self.expanded if self.expanded is not None else self.request.prompt
 
     def result(self) -> SampleResult:
         assert all(choice is not None for choice in self.choices)
@@ -60,6 +64,7 @@ class Job:
             adapter=self.adapter,
             adapter_version=self.adapter_version,
             prompt_logprobs=self.prompt_logprobs,
+            echo_prompt=self.expanded is not None,
         )
 
 

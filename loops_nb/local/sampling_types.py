@@ -18,6 +18,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+IMAGE_POSITION = -1
+"""A prompt position covered by an image chunk, until the engine expands it (= `vision.IMAGE_POSITION`)."""
+
 # vLLM's default when a request carries no max_tokens (the SDK omits it when SamplingParams.max_tokens is None).
 DEFAULT_MAX_TOKENS = 16
 # Upper bound on `n` for one request; a GRPO group is typically 4-64 samples.
@@ -97,16 +100,20 @@ class SampleRequest(BaseModel):
 
     @field_validator("model_input_chunks")
     @classmethod
-    def _text_chunks_only(cls, value: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    def _known_chunks(cls, value: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
         if value is None:
             return None
         for i, chunk in enumerate(value):
             kind = chunk.get("type")
+            if kind == "image":
+                count = chunk.get("expected_tokens")
+                if type(count) is not int or count <= 0:
+                    raise ValueError(f"chunk {i}: an image chunk needs expected_tokens, a positive integer")
+                if chunk.get("format") not in ("png", "jpeg") or not isinstance(chunk.get("data"), str):
+                    raise ValueError(f"chunk {i}: an image chunk needs base64 'data' and format png or jpeg")
+                continue
             if kind != "encoded_text":
-                raise ValueError(
-                    f"chunk {i} is of type {kind!r}: image prompts need a vision model, and the local "
-                    "sampler serves a text-only causal LM"
-                )
+                raise ValueError(f"chunk {i} is of type {kind!r}: expected encoded_text or image")
             tokens = chunk.get("tokens")
             if not isinstance(tokens, list) or not all(
                 isinstance(t, int) and not isinstance(t, bool) for t in tokens
@@ -116,16 +123,28 @@ class SampleRequest(BaseModel):
 
     @model_validator(mode="after")
     def _resolve_prompt(self) -> SampleRequest:
-        # Text-only chunks are just a split prompt: flatten them (the SDK only sends chunks for images, which
-        # the validator above refuses, so this is for hand-written clients).
+        # The SDK sends chunks only for image prompts (`prompt` is then empty); an image chunk stands for
+        # `expected_tokens` positions, marked IMAGE_POSITION until the engine expands them.
         if self.model_input_chunks and not self.prompt:
-            flat = [t for chunk in self.model_input_chunks for t in chunk["tokens"]]
+            flat: list[int] = []
+            for chunk in self.model_input_chunks:
+                if chunk["type"] == "image":
+                    flat += [IMAGE_POSITION] * chunk["expected_tokens"]
+                else:
+                    flat += chunk["tokens"]
             object.__setattr__(self, "prompt", flat)
         if not self.prompt:
             raise ValueError("prompt: must contain at least one token id")
-        if min(self.prompt) < 0:
+        if min(self.prompt) < (IMAGE_POSITION if self.images else 0):
             raise ValueError("prompt: token ids must be non-negative")
         return self
+
+    @property
+    def images(self) -> list[dict[str, Any]]:
+        """The image chunks of the prompt, in order (empty for a text prompt)."""
+        if self.prompt and self.model_input_chunks is None:
+            return []
+        return [c for c in self.model_input_chunks or () if c.get("type") == "image"]
 
     @property
     def stop_strings(self) -> tuple[str, ...]:
@@ -166,6 +185,9 @@ class SampleResult:
     adapter: str | None = None
     adapter_version: int | None = None
     prompt_logprobs: list[PromptLogprobEntry | None] | None = None
+    echo_prompt: bool = False
+    """Echo `prompt_token_ids` on each choice: an image prompt's expanded ids, which the SDK aligns its
+    prompt logprobs with (its own request carried only chunks)."""
 
     def to_wire(self) -> dict[str, Any]:
         """The `/sample` 200 body, shaped like vLLM's `/v1/completions` answer with token ids."""
@@ -184,5 +206,7 @@ class SampleResult:
             # vLLM repeats prompt_logprobs on every choice; the SDK reads the first one it finds.
             if self.prompt_logprobs is not None:
                 wire["prompt_logprobs"] = self.prompt_logprobs
+            if self.echo_prompt:
+                wire["prompt_token_ids"] = list(self.prompt_token_ids)
             choices.append(wire)
         return {"choices": choices}

@@ -111,6 +111,12 @@ class LocalLoopsState:
         size = config.get("vocab_size") or config.get("text_config", {}).get("vocab_size")
         return int(size) if size else None
 
+    def is_vision(self, base_model: str) -> bool:
+        """Whether the base model is a vision-language model (it then takes image chunks)."""
+        from loops_nb.local.vision import is_vision_model
+
+        return is_vision_model(self.model_path(base_model))
+
     def device_and_dtype(self) -> tuple[Any, Any]:
         from loops_nb.local.model_store import device_and_dtype
 

@@ -37,10 +37,10 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model, set_peft_model_state_dict
 from peft.utils import get_peft_model_state_dict
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM
 from transformers.pytorch_utils import Conv1D
 
 from loops_nb.local.losses import LOSSES, collate, micro_batches, needed_positions, target_logprobs
+from loops_nb.local.vision import VisionInputs, load_model, max_positions
 from loops_nb.local.wire import (
     InvalidRequest,
     ParsedDatum,
@@ -85,11 +85,13 @@ class LoraTrainer:
         if dtype is None:  # bf16 where it is fast, float32 on CPU for exact, reproducible maths
             dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         self.model_path = str(model_path)
-        base: Any = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype)
+        base: Any = load_model(self.model_path, dtype)
         base.to(self.device).eval().requires_grad_(False)
         self._base: Any = base
+        self.vision = VisionInputs.load(self.model_path, base)
+        """The processor and image token when the model is a vision-language model (image chunks)."""
         self.vocab_size: int = base.get_output_embeddings().weight.shape[0]
-        self.max_length: int | None = getattr(base.config, "max_position_embeddings", None)
+        self.max_length: int | None = max_positions(base.config)
         self.target_modules = list(target_modules) if target_modules else discover_target_modules(base)
         self.lora_alpha = lora_alpha
         self.max_batch_tokens = max_batch_tokens
@@ -242,7 +244,13 @@ class LoraTrainer:
             if loss_fn == "dpo" and len(data) % 2:
                 raise InvalidRequest(f"dpo needs an even number of datums, got {len(data)}")
             return list(data)
-        return parse_datums(data, loss_fn, vocab_size=self.vocab_size, max_length=self.max_length)
+        return parse_datums(
+            data,
+            loss_fn,
+            vocab_size=self.vocab_size,
+            max_length=self.max_length,
+            allow_images=self.vision is not None,
+        )
 
     def _micro_batch(
         self,
@@ -268,7 +276,13 @@ class LoraTrainer:
         top: tuple[torch.Tensor, torch.Tensor] | None = None
         if pos[0].numel():  # else nothing to compute (e.g. all advantages 0): skip the model entirely
             mask = None if min(lengths) == max(lengths) else batch.real.long()  # no mask: SDPA is_causal path
-            logits = self._logits(batch.tokens, mask, pos).to(self._lp_dtype)
+            tokens, extra = batch.tokens, {}
+            chunks = [chunk for d in rows for _, chunk in d.images]
+            if chunks and self.vision is not None:
+                pixels = self.vision.pixels(chunks, "model_input image")
+                extra = self.vision.inputs(tokens, mask, pixels)
+                extra.pop("rope_deltas", None)
+            logits = self._logits(tokens, mask, pos, extra).to(self._lp_dtype)
             picked, top = target_logprobs(logits, batch.target_tokens[pos], top_k)
             batch.lp = batch.lp.index_put(pos, picked)
         out = LOSSES[loss_fn](batch, cfg)
@@ -290,10 +304,16 @@ class LoraTrainer:
         return out.loss.detach(), out.count
 
     def _logits(
-        self, tokens: torch.Tensor, mask: torch.Tensor | None, pos: tuple[torch.Tensor, ...]
+        self,
+        tokens: torch.Tensor,
+        mask: torch.Tensor | None,
+        pos: tuple[torch.Tensor, ...],
+        extra: Mapping[str, Any] | None = None,
     ) -> torch.Tensor:
-        """Logits [M, V] at the selected positions only."""
+        """Logits [M, V] at the selected positions only (`extra`: image inputs of a vision model)."""
         lm: Any = self.model.get_base_model()
+        if extra:  # image inputs: embeddings with the image features in place, multimodal positions
+            return lm(attention_mask=mask, use_cache=False, **extra).logits[pos]
         if self._plain_head:
             hidden = lm.get_decoder()(
                 input_ids=tokens, attention_mask=mask, use_cache=False

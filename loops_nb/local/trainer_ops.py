@@ -44,7 +44,12 @@ def prepare(state: LocalLoopsState, run: LocalRun, op: str, body: dict[str, Any]
         config = body.get("loss_fn_config")
         resolve_loss_config(loss_fn, config)
         # Parsed once here so a bad datum is answered 422 at submit; the worker reuses the parse.
-        data = parse_datums(data, loss_fn, vocab_size=state.vocab_size(run.base_model))
+        data = parse_datums(
+            data,
+            loss_fn,
+            vocab_size=state.vocab_size(run.base_model),
+            allow_images=state.is_vision(run.base_model),
+        )
         top_k = body.get("top_k_logprobs") or 0
         if not isinstance(top_k, int) or not 0 <= top_k <= 20:
             raise InvalidRequest(f"top_k_logprobs must be an integer in 0..20, got {top_k!r}")

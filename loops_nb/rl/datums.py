@@ -23,6 +23,8 @@ class SequenceDatum:
     logprobs: list[float]
     advantage: float
     attempt_id: str
+    images: tuple[Any, ...] = ()
+    """Images in `tokens` (`vision.PromptImage`): they travel as the SDK's image chunks."""
 
     @property
     def trained_tokens(self) -> int:
@@ -30,12 +32,14 @@ class SequenceDatum:
 
     def model_input(self) -> Any:
         """All the tokens as a `ModelInput` (for scoring the whole sequence)."""
-        from baseten.loops import ModelInput
+        from loops_nb.llm.vision import model_input
 
-        return ModelInput.from_ints(self.tokens)
+        return model_input(self.tokens, self.images)
 
     def to_datum(self) -> Any:
-        from baseten.loops import Datum, ModelInput, TensorData
+        from baseten.loops import Datum, TensorData
+
+        from loops_nb.llm.vision import model_input
 
         n = len(self.tokens) - 1
         mask = [1.0 if s else 0.0 for s in self.sampled[1:]]
@@ -44,7 +48,7 @@ class SequenceDatum:
             return TensorData(data=values, dtype="float32", shape=[n])
 
         return Datum(
-            model_input=ModelInput.from_ints(self.tokens[:-1]),
+            model_input=model_input(self.tokens[:-1], self.images),
             loss_fn_inputs={
                 "target_tokens": TensorData(data=self.tokens[1:], dtype="int64", shape=[n]),
                 "logprobs": floats([lp if m else 0.0 for lp, m in zip(self.logprobs[1:], mask, strict=True)]),
@@ -63,7 +67,14 @@ def sequence_datums(
         if len(seq.tokens) < 2 or not any(seq.sampled[1:]):
             continue
         out.append(
-            SequenceDatum(list(seq.tokens), list(seq.sampled), list(seq.logprobs), advantage, attempt_id)
+            SequenceDatum(
+                list(seq.tokens),
+                list(seq.sampled),
+                list(seq.logprobs),
+                advantage,
+                attempt_id,
+                tuple(getattr(seq, "images", ())),
+            )
         )
     return out
 

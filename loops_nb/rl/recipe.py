@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 from loops_nb.compute import LoopsConnection, require_api_key
 from loops_nb.episodes import load_runtime
 from loops_nb.errors import UserError
-from loops_nb.llm.renderer import ChatRenderer
 from loops_nb.mirrors import run_observers
 from loops_nb.model_access import (
     LeasedRuntime,
@@ -34,7 +33,7 @@ from loops_nb.rl.loop import Outcome, RLRun
 from loops_nb.rl.policy import Policy
 from loops_nb.run_dir import RunDirectory, atomic_write_json
 from loops_nb.runtime import RunContext
-from loops_nb.tokenization import load_model_tokenizer
+from loops_nb.tokenization import load_model_renderer
 
 if TYPE_CHECKING:
     from loops_nb.project import Project
@@ -118,10 +117,10 @@ async def check(project: Project, **_: Any) -> RLCheckReport:
         except UserError as exc:
             report.problems.append(str(exc))
     try:
-        tokenizer = await asyncio.to_thread(
-            load_model_tokenizer, config.model, config.compute.scope, cache_dir=config.compute.local.cache_dir
+        renderer = await asyncio.to_thread(
+            load_model_renderer, config.model, config.compute.scope, cache_dir=config.compute.local.cache_dir
         )
-        renderer = ChatRenderer(tokenizer)
+        tokenizer = renderer.tokenizer
         sample = renderer.prompt_tokens([{"role": "user", "content": "hello"}])
         report.lines.append(
             f"tokenizer: {len(tokenizer)} tokens, chat template renders a 1-message prompt in {len(sample)} tokens; "
@@ -129,6 +128,7 @@ async def check(project: Project, **_: Any) -> RLCheckReport:
         )
     except UserError as exc:
         report.problems.append(str(exc))
+        renderer = None
     access = ModelAccessMode.IN_PROCESS
     try:
         runtime = load_runtime(config.runtime.factory, config.runtime.options)
@@ -142,6 +142,13 @@ async def check(project: Project, **_: Any) -> RLCheckReport:
         report.lines.append(
             f"runtime: {config.runtime.factory} with {len(tasks)} task(s), model access {access.value}"
         )
+        # An Episode that can show its first prompt (`prompt_messages(task)`) gets it rendered here: token
+        # counts, and for a vision model each prompt's images and their token cost.
+        preview = getattr(getattr(runtime, "episode", None), "prompt_messages", None)
+        if preview is not None and renderer is not None:
+            from loops_nb.llm.vision import describe_prompts
+
+            report.lines += describe_prompts(renderer, [(t.id, preview(t)) for t in tasks])
         await runtime.close()
     except UserError as exc:
         report.problems.append(str(exc))
@@ -222,8 +229,8 @@ async def _train_holding_lock(
             # per-attempt lease, through the same LoopsLLM (and exact capture) as in-process agents.
             gateway = await ModelGateway(model_name=config.model.base_model).astart()
             runtime = LeasedRuntime(runtime, gateway)
-        tokenizer = await asyncio.to_thread(
-            load_model_tokenizer, config.model, config.compute.scope, cache_dir=config.compute.local.cache_dir
+        renderer = await asyncio.to_thread(
+            load_model_renderer, config.model, config.compute.scope, cache_dir=config.compute.local.cache_dir
         )
         tc = await connection.training_client(
             config.model.base_model,
@@ -251,7 +258,7 @@ async def _train_holding_lock(
             run_dir,
             policy,
             runtime,
-            ChatRenderer(tokenizer),
+            renderer,
             observer_set,
             custom_loss=custom_loss,
             stop=stop,

@@ -1,0 +1,254 @@
+"""Image inputs for vision-language models (the `vision` extra): messages with image parts, rendered
+through the model's processor into the SDK's image chunks.
+
+A message's `content` may be a list of parts. Image parts, in any of these shapes:
+
+    {"type": "image", "image": <PIL image | path | URL | data URL | bytes>}
+    {"type": "image_url", "image_url": {"url": <URL | data URL | path>}}      # OpenAI's shape
+    {"type": "image", "path": ...} / {"type": "image", "url": ...}
+
+`VisionRenderer` renders the conversation with the chat template (each image becomes the template's
+image marker, e.g. Qwen's `<|vision_start|><|image_pad|><|vision_end|>`), runs the model's processor on
+text and images, and keeps the *expanded* token ids: each image is one run of image tokens as long as
+the processor makes it. `model_input()` turns those ids into the SDK's `ModelInput`: text chunks around
+one `ImageChunk` per image (PNG bytes, `expected_tokens` = the run's length), which is what Loops and the
+embedded sampler and trainer expand again on their side.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from loops_nb.errors import UserError
+from loops_nb.llm.renderer import ChatRenderer
+
+URL_TIMEOUT_SECONDS = 30
+
+
+@dataclass(frozen=True)
+class PromptImage:
+    """One image of a prompt: where its image tokens sit in the (expanded) ids, and its encoded bytes."""
+
+    offset: int
+    length: int
+    data: bytes
+    format: str = "png"
+
+    def chunk(self) -> Any:
+        from baseten.loops import ImageChunk
+
+        return ImageChunk(data=self.data, format=self.format, expected_tokens=self.length)  # type: ignore[arg-type]
+
+    def shifted(self, by: int) -> PromptImage:
+        return PromptImage(self.offset + by, self.length, self.data, self.format)
+
+
+def is_image_part(part: Any) -> bool:
+    return isinstance(part, dict) and part.get("type") in ("image", "image_url", "input_image")
+
+
+def image_source(part: dict[str, Any]) -> Any:
+    """What an image part points at: a PIL image, bytes, a path, a URL or a data URL."""
+    if part.get("type") == "image_url":
+        value = part.get("image_url")
+        return value.get("url") if isinstance(value, dict) else value
+    for key in ("image", "image_url", "url", "path"):
+        if part.get(key) is not None:
+            return part[key]
+    raise UserError(f"an image part needs `image`, `url` or `path`: {sorted(part)}")
+
+
+def load_image(source: Any, base_dir: Path | None = None) -> Any:
+    """A PIL image (RGB) from a PIL image, bytes, a file path, an http(s) URL or a base64 data URL."""
+    from PIL import Image
+
+    if isinstance(source, Image.Image):
+        image = source
+    else:
+        if isinstance(source, bytes | bytearray):
+            raw = bytes(source)
+        elif isinstance(source, str) and source.startswith("data:"):
+            header, _, payload = source.partition(",")
+            if ";base64" not in header:
+                raise UserError("an image data URL must be base64 (data:image/png;base64,...)")
+            raw = base64.b64decode(payload)
+        elif isinstance(source, str) and source.startswith(("http://", "https://")):
+            with urllib.request.urlopen(source, timeout=URL_TIMEOUT_SECONDS) as response:
+                raw = response.read()
+        elif isinstance(source, str | Path):
+            path = Path(source).expanduser()
+            if not path.is_absolute() and base_dir is not None:
+                path = base_dir / path
+            try:
+                raw = path.read_bytes()
+            except OSError as exc:
+                raise UserError(f"cannot read image {path}: {exc.strerror}") from None
+        else:
+            raise UserError(f"unsupported image source {type(source).__name__}")
+        try:
+            image = Image.open(io.BytesIO(raw))
+            image.load()
+        except OSError as exc:
+            raise UserError(f"not a readable image: {exc}") from None
+    return image.convert("RGB")
+
+
+def encode_png(image: Any) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def split_images(messages: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[Any]]:
+    """Messages for the chat template (each image part becomes `{"type": "image"}`) and the images' sources."""
+    out, sources = [], []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list) and any(is_image_part(p) for p in content):
+            parts = []
+            for part in content:
+                if is_image_part(part):
+                    sources.append(image_source(part))
+                    parts.append({"type": "image"})
+                else:
+                    parts.append(part)
+            message = {**message, "content": parts}
+        out.append(message)
+    return out, sources
+
+
+def count_images(messages: Sequence[dict[str, Any]]) -> int:
+    return sum(
+        1 for m in messages if isinstance(m.get("content"), list) for p in m["content"] if is_image_part(p)
+    )
+
+
+class VisionRenderer(ChatRenderer):
+    """A `ChatRenderer` for a vision-language model: image parts go through the model's processor."""
+
+    def __init__(self, processor: Any, chat_template: str | None = None) -> None:
+        super().__init__(processor.tokenizer, chat_template)
+        self.processor = processor
+        token = getattr(processor, "image_token_id", None)
+        if token is None:
+            token = self.tokenizer.convert_tokens_to_ids(getattr(processor, "image_token", "<|image_pad|>"))
+        self.image_token_id = int(token)
+
+    def render_prompt(
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]] | None = None,
+        previous: Sequence[int] | None = None,
+    ) -> tuple[list[int], tuple[PromptImage, ...]]:
+        template_messages, sources = split_images(messages)
+        if not sources:
+            return super().render_prompt(messages, tools, previous)
+        images = [load_image(s) for s in sources]
+        text = self.render_text(template_messages, tools)
+        out = self.processor(text=[text], images=images, return_tensors="pt")
+        ids = [int(t) for t in out["input_ids"][0]]
+        spans = image_runs(ids, self.image_token_id)
+        if len(spans) != len(images):
+            raise UserError(
+                f"the chat template placed {len(spans)} image(s) but the messages have {len(images)}: "
+                "does this model's template render image parts?"
+            )
+        return ids, tuple(
+            PromptImage(start, length, encode_png(image))
+            for (start, length), image in zip(spans, images, strict=True)
+        )
+
+
+def image_runs(ids: Sequence[int], image_token: int) -> list[tuple[int, int]]:
+    """(offset, length) of each run of `image_token` in `ids`."""
+    runs: list[tuple[int, int]] = []
+    start = None
+    for i, t in enumerate([*ids, None]):
+        if t == image_token and start is None:
+            start = i
+        elif t != image_token and start is not None:
+            runs.append((start, i - start))
+            start = None
+    return runs
+
+
+def model_input(tokens: Sequence[int], images: Sequence[PromptImage] = ()) -> Any:
+    """`ModelInput` of expanded `tokens`: text chunks, and an `ImageChunk` in place of each image's run."""
+    from baseten.loops import EncodedTextChunk, ModelInput
+
+    if not images:
+        return ModelInput.from_ints(list(tokens))
+    chunks: list[Any] = []
+    at = 0
+    for image in sorted(images, key=lambda im: im.offset):
+        if image.offset + image.length > len(tokens):
+            raise ValueError(
+                f"an image at {image.offset} (+{image.length}) lies past the {len(tokens)} tokens"
+            )
+        if image.offset > at:
+            chunks.append(EncodedTextChunk(tokens=list(tokens[at : image.offset])))
+        chunks.append(image.chunk())
+        at = image.offset + image.length
+    if at < len(tokens):
+        chunks.append(EncodedTextChunk(tokens=list(tokens[at:])))
+    return ModelInput(chunks=chunks)
+
+
+def load_processor(source: str, *, cache_dir: Path | None = None) -> Any | None:
+    """The model's processor when `source` (a Hub id or a local directory) is a vision-language model."""
+    from transformers import AutoConfig, AutoProcessor
+
+    try:
+        config = AutoConfig.from_pretrained(source)
+    except Exception:
+        return None
+    if getattr(config, "vision_config", None) is None:
+        return None
+    try:
+        processor = AutoProcessor.from_pretrained(source)
+    except Exception as exc:
+        raise UserError(f"cannot load the processor of the vision model {source!r}: {exc}") from None
+    if getattr(processor, "image_processor", None) is None:
+        return None
+    return processor
+
+
+PREVIEW_ROWS = 5
+"""Prompts `describe_prompts` lists one by one; the rest are summed up."""
+
+
+def describe_prompts(renderer: Any, prompts: Sequence[tuple[str, Sequence[dict[str, Any]]]]) -> list[str]:
+    """`loops check` lines: each prompt's tokens, images and image tokens (the first few), then totals."""
+    lines: list[str] = []
+    totals = [0, 0, 0]
+    for i, (task_id, messages) in enumerate(prompts):
+        tokens, images = renderer.render_prompt(list(messages))
+        image_tokens = sum(im.length for im in images)
+        totals[0] += len(tokens)
+        totals[1] += len(images)
+        totals[2] += image_tokens
+        if i < PREVIEW_ROWS:
+            seen = f", {len(images)} image(s) = {image_tokens} image tokens" if images else ""
+            sizes = ", ".join(f"{_size(im)}" for im in images)
+            lines.append(f"  prompt {task_id}: {len(tokens)} tokens{seen}" + (f" ({sizes})" if sizes else ""))
+    if prompts:
+        n = len(prompts)
+        lines.insert(
+            0,
+            f"prompts: {n} rendered, {totals[0] / n:.0f} tokens each on average"
+            + (f", {totals[1]} image(s) costing {totals[2]} image tokens in all" if totals[1] else ""),
+        )
+    return lines
+
+
+def _size(image: PromptImage) -> str:
+    from PIL import Image
+
+    with Image.open(io.BytesIO(image.data)) as im:
+        return f"{im.width}x{im.height} px -> {image.length} tokens"

@@ -1,0 +1,139 @@
+"""Image inputs for the embedded trainer and sampler, when the local model is a vision-language model.
+
+The SDK sends an image as an `ImageChunk` (protocol notes §5.2): `{"type": "image", "data": <base64>,
+"format": "png" | "jpeg", "expected_tokens": N}` between text chunks, the text around it holding the
+model's own markers (Qwen: `<|vision_start|>` … `<|vision_end|>`). The server expands the chunk into N
+image-placeholder tokens and runs the model's processor on the image; N must equal what the processor
+makes of the image, or the request is refused (as Loops and Tinker refuse it).
+
+Supported: models whose processor turns one image into one run of image tokens and whose model takes
+`pixel_values` + `image_grid_thw` (the Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3.5 families, the vision
+models Loops serves). Their multimodal rotary positions are computed here with the model's own
+`get_rope_index`, so the sampler can batch and cache without the model's stateful position bookkeeping.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+IMAGE_POSITION = -1
+"""How a parsed prompt or datum marks a position covered by an image chunk (before expansion)."""
+
+
+def is_vision_model(model_path: str | Path) -> bool:
+    """Whether the model directory's config.json describes a vision-language model."""
+    try:
+        config = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config.get("vision_config"), dict)
+
+
+def load_model(model_path: str | Path, dtype: torch.dtype) -> Any:
+    """The base model: `AutoModelForImageTextToText` for a vision model, else `AutoModelForCausalLM`."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    cls = AutoModelForImageTextToText if is_vision_model(model_path) else AutoModelForCausalLM
+    return cls.from_pretrained(str(model_path), dtype=dtype)
+
+
+def max_positions(config: Any) -> int | None:
+    for source in (config, getattr(config, "text_config", None)):
+        value = getattr(source, "max_position_embeddings", None)
+        if value:
+            return int(value)
+    return None
+
+
+def decode_image_chunk(chunk: Mapping[str, Any], where: str) -> Any:
+    """The PIL image of one wire image chunk (RGB)."""
+    from PIL import Image
+
+    data = chunk.get("data")
+    try:
+        raw = base64.b64decode(data, validate=True) if isinstance(data, str) else bytes(data or b"")
+        image = Image.open(io.BytesIO(raw))
+        image.load()
+    except (binascii.Error, TypeError, ValueError, OSError) as exc:
+        raise ValueError(f"{where}: the image data does not decode ({exc})") from None
+    return image.convert("RGB")
+
+
+class VisionInputs:
+    """A vision model's processor and image token, and the extra forward arguments for image prompts."""
+
+    def __init__(self, model_path: str | Path, model: Any) -> None:
+        from transformers import AutoProcessor
+
+        self.processor = AutoProcessor.from_pretrained(str(model_path))
+        self.image_processor = self.processor.image_processor
+        config = model.config
+        token = getattr(config, "image_token_id", None) or getattr(config, "image_token_index", None)
+        if token is None:
+            raise ValueError(f"{model_path}: the vision model's config names no image_token_id")
+        self.image_token_id = int(token)
+        self.merge = int(getattr(self.image_processor, "merge_size", 1) or 1)
+        self._model = model
+
+    @classmethod
+    def load(cls, model_path: str | Path, model: Any) -> VisionInputs | None:
+        return cls(model_path, model) if is_vision_model(model_path) else None
+
+    def pixels(self, chunks: Sequence[Mapping[str, Any]], where: str = "image") -> dict[str, torch.Tensor]:
+        """`pixel_values` and `image_grid_thw` of wire image chunks, checking each `expected_tokens`."""
+        images = [decode_image_chunk(c, f"{where}[{i}]") for i, c in enumerate(chunks)]
+        out = self.image_processor(images=images, return_tensors="pt")
+        grid = out["image_grid_thw"]
+        for i, (chunk, thw) in enumerate(zip(chunks, grid, strict=True)):
+            tokens = int(thw.prod()) // (self.merge**2)
+            if tokens != chunk.get("expected_tokens"):
+                raise ValueError(
+                    f"{where}[{i}]: expected_tokens is {chunk.get('expected_tokens')}, but the model's processor "
+                    f"makes {tokens} image tokens of this {images[i].width}x{images[i].height} image"
+                )
+        return {"pixel_values": out["pixel_values"], "image_grid_thw": grid}
+
+    def expand(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Token ids with the image positions (`IMAGE_POSITION`) set to the model's image token."""
+        return torch.where(tokens == IMAGE_POSITION, torch.full_like(tokens, self.image_token_id), tokens)
+
+    def inputs(
+        self, marked: torch.Tensor, attention_mask: torch.Tensor | None, pixels: Mapping[str, torch.Tensor]
+    ) -> dict[str, Any]:
+        """`inputs_embeds` (and multimodal `position_ids`) for one cache-less forward over `marked` ids,
+        whose image positions hold `IMAGE_POSITION`.
+
+        The image features are placed at exactly those positions, not wherever the image token occurs: a
+        completion that samples the image token (a random model does) stays an ordinary token.
+        """
+        model = self._model
+        device = marked.device
+        is_image = marked == IMAGE_POSITION
+        ids = self.expand(marked)
+        embeds = model.get_input_embeddings()(ids)
+        grid = pixels["image_grid_thw"].to(device)
+        owner = getattr(model, "model", model)
+        features = owner.get_image_features(
+            pixels["pixel_values"].to(device, model.dtype), image_grid_thw=grid
+        )
+        pooled = getattr(features, "pooler_output", features)
+        flat = torch.cat(list(pooled)) if isinstance(pooled, list | tuple) else pooled
+        if flat.shape[0] != int(is_image.sum()):
+            raise ValueError(f"{flat.shape[0]} image features for {int(is_image.sum())} image positions")
+        embeds = embeds.masked_scatter(is_image[..., None].expand_as(embeds), flat.to(embeds.dtype))
+        out: dict[str, Any] = {"inputs_embeds": embeds}
+        get_rope_index = getattr(owner, "get_rope_index", None)
+        if get_rope_index is not None:
+            positions, deltas = get_rope_index(
+                ids, mm_token_type_ids=is_image.int(), image_grid_thw=grid, attention_mask=attention_mask
+            )
+            out["position_ids"], out["rope_deltas"] = positions, deltas
+        return out
