@@ -37,6 +37,8 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 def quiet_harbor_logging() -> None:
     """Harbor pins its loggers at DEBUG; a run prints only their warnings unless it logs at DEBUG."""
+    import harbor.utils.logger  # noqa: F401 -- its import sets DEBUG: import it first, then override
+
     if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
         logging.getLogger("harbor.utils.logger").setLevel(logging.WARNING)
 

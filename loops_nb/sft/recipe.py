@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from loops_nb.compute import LoopsConnection
-from loops_nb.errors import DataError
+from loops_nb.errors import DataError, UserError
 from loops_nb.mirrors import run_observers
 from loops_nb.observers import ObserverSet
+from loops_nb.resources import RunLock
 from loops_nb.run_dir import RunDirectory
 from loops_nb.sft.batching import SFTData
 from loops_nb.sft.config import SFTConfig
@@ -166,45 +167,55 @@ async def train(
     if not len(data.train):
         raise DataError(f"no row of {config.data.train} trains: run `loops check {project.path}` to see why")
     run_dir = RunDirectory.create(config.output.output_dir, config.output.run_name, project.path.stem)
-    resumed = run_dir.read_run_json()
-    with (run_dir.root / "run.log").open("a") as log_file:
-        log_file.write("\n".join(project.describe() + plan_lines(config, data)) + "\n")
-    observer_set = ObserverSet(run_observers(config.output, json.loads(config.model_dump_json()), observers))
-    connection = await LoopsConnection.open(config.compute, state_dir=run_dir.state / "local_loops")
+    lock = RunLock(run_dir.state)
+    if not lock.acquire():
+        raise UserError(
+            f"run directory {run_dir.root} is in use by process {lock.holder()}: wait for it, or stop it"
+        )
     try:
-        tc = await connection.training_client(
-            config.model.base_model,
-            rank=config.model.lora_rank,
-            seed=config.training.seed,
-            max_seq_len=config.model.max_seq_len,
+        resumed = run_dir.read_run_json()
+        with (run_dir.root / "run.log").open("a") as log_file:
+            log_file.write("\n".join(project.describe() + plan_lines(config, data)) + "\n")
+        observer_set = ObserverSet(
+            run_observers(config.output, json.loads(config.model_dump_json()), observers)
         )
-        previous = (resumed or {}).get("previous_run_ids", []) + ([resumed["run_id"]] if resumed else [])
-        run_dir.write_run_json(
-            {
-                "recipe": "sft",
-                "run_id": tc.run_id,
-                "previous_run_ids": previous,
-                "model": config.model.base_model,
-                "scope": config.compute.scope,
-                "config_path": str(project.path),
-                "config": json.loads(config.model_dump_json()),
-                "data": _data_summary(data),
-                "started": (resumed or {}).get("started", time.time()),
-            }
-        )
-        run = SFTRun(config, run_dir, tc, data, observer_set, stop=stop)
-        start = await run.resume_point()
-        observer_set.emit(
-            "on_start",
-            {
-                "run_dir": str(run_dir.root),
-                "recipe": "sft",
-                "model": config.model.base_model,
-                "scope": config.compute.scope,
-                "max_steps": data.plan.total_steps,
-                "start_step": start,
-            },
-        )
-        return await run.execute(start)
+        connection = await LoopsConnection.open(config.compute, state_dir=run_dir.state / "local_loops")
+        try:
+            tc = await connection.training_client(
+                config.model.base_model,
+                rank=config.model.lora_rank,
+                seed=config.training.seed,
+                max_seq_len=config.model.max_seq_len,
+            )
+            previous = (resumed or {}).get("previous_run_ids", []) + ([resumed["run_id"]] if resumed else [])
+            run_dir.write_run_json(
+                {
+                    "recipe": "sft",
+                    "run_id": tc.run_id,
+                    "previous_run_ids": previous,
+                    "model": config.model.base_model,
+                    "scope": config.compute.scope,
+                    "config_path": str(project.path),
+                    "config": json.loads(config.model_dump_json()),
+                    "data": _data_summary(data),
+                    "started": (resumed or {}).get("started", time.time()),
+                }
+            )
+            run = SFTRun(config, run_dir, tc, data, observer_set, stop=stop)
+            start = await run.resume_point()
+            observer_set.emit(
+                "on_start",
+                {
+                    "run_dir": str(run_dir.root),
+                    "recipe": "sft",
+                    "model": config.model.base_model,
+                    "scope": config.compute.scope,
+                    "max_steps": data.plan.total_steps,
+                    "start_step": start,
+                },
+            )
+            return await run.execute(start)
+        finally:
+            await connection.close()
     finally:
-        await connection.close()
+        lock.release()

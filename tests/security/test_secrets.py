@@ -103,6 +103,7 @@ def test_a_run_never_writes_or_passes_on_its_credentials(tmp_path: Path, tiny_ch
     canaries = list(CANARIES.values())
     assert files_containing(run, canaries) == []
     assert not [c for c in canaries if c in done.stdout or c in done.stderr]
+    assert "DEBUG harbor" not in done.stderr, "Harbor's DEBUG loggers are quieted"
 
 
 @pytest.mark.parametrize(
