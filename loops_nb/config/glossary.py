@@ -38,11 +38,24 @@ def _type_name(annotation: Any) -> str:
     args = typing.get_args(annotation)
     if args and typing.get_origin(annotation) in (typing.Union, types.UnionType):
         return " | ".join(_type_name(a) for a in args)
+    if args and typing.get_origin(annotation) is dict:
+        return f"table of {_type_name(args[1])} by name"
     if args:
         return str(annotation).replace("typing.", "")
     if annotation is type(None):
         return "none"
     return getattr(annotation, "__name__", str(annotation))
+
+
+def _table_variants(annotation: Any) -> list[type[BaseModel]]:
+    """The models a `dict[str, Model | Model ...]` field's tables can be (empty for anything else)."""
+    if typing.get_origin(annotation) is not dict:
+        return []
+    value = typing.get_args(annotation)[1]
+    if typing.get_origin(value) is typing.Annotated:
+        value = typing.get_args(value)[0]
+    options = typing.get_args(value) if typing.get_origin(value) in (typing.Union, types.UnionType) else (value,)
+    return [o for o in options if isinstance(o, type) and issubclass(o, BaseModel)]
 
 
 def _default(info: Any) -> str:
@@ -65,6 +78,14 @@ def iter_knobs(model: type[BaseModel], prefix: str = "") -> Iterator[Knob]:
         key = f"{prefix}{name}"
         if sub is not None and typing.get_origin(info.annotation) is None:
             yield from iter_knobs(sub, key + ".")
+            continue
+        variants = _table_variants(info.annotation)
+        if variants:
+            # `[providers.<name>]`-style tables: the table itself, then each kind's own settings.
+            description = " ".join((info.description or "").split())
+            yield Knob(key, "tables by name", _default(info), description)
+            for variant in variants:
+                yield from iter_knobs(variant, f"{key}.<name>.")
             continue
         description = " ".join((info.description or "").split())
         yield Knob(key, _type_name(info.rebuild_annotation()), _default(info), description)

@@ -52,7 +52,7 @@ class DockerProviderConfig(Section):
 class BlaxelProviderConfig(Section):
     type: Literal["blaxel"] = "blaxel"
     """`blaxel`: Blaxel sandboxes (extra `harbor-blaxel`; credentials `BL_API_KEY` and `BL_WORKSPACE`,
-    or a `blaxel login`)."""
+    or a `bl login`)."""
 
     region: str | None = None
     """Blaxel region (default: `BL_REGION`, else Blaxel's default)."""
@@ -70,7 +70,8 @@ class DaytonaProviderConfig(Section):
     """Stop an idle sandbox after this many minutes (a backstop if cleanup never runs)."""
 
     ttl_minutes: int | None = Field(None, ge=1)
-    """Delete a sandbox this many minutes after it was created, whatever it is doing."""
+    """Daytona's time-to-live for a sandbox, in minutes (Harbor keeps a sandbox alive while its trial
+    uses it): a backstop that deletes what a crashed run left if `loops cleanup` never runs."""
 
 
 ProviderConfig = Annotated[
