@@ -193,6 +193,23 @@ def resolve_paths(
         table[leaf] = str(value)  # type: ignore[index]
 
 
+def make_importable(config_dir: Path) -> None:
+    """Put the config's directory first on `sys.path`, and forget same-named modules from elsewhere.
+
+    Patterns share module names (`episode.py`, `agent.py`): after one config's `episode` was imported, a
+    second config in the same process (a notebook kernel) must get its own `episode`, not the cached one.
+    """
+    here = str(config_dir)
+    if here in sys.path:
+        sys.path.remove(here)
+    sys.path.insert(0, here)
+    for path in config_dir.glob("*.py"):
+        module = sys.modules.get(path.stem)
+        origin = getattr(module, "__file__", None)
+        if module is not None and origin and Path(origin).resolve().parent != config_dir.resolve():
+            del sys.modules[path.stem]
+
+
 def load_env_file(path: Path) -> bool:
     """Set the variables of a `.env` file that the process does not already set."""
     from dotenv import dotenv_values
@@ -292,7 +309,6 @@ def load_config(
     if not config.output.output_dir.is_absolute():
         config.output.output_dir = cwd / config.output.output_dir
 
-    if str(real.parent) not in sys.path:
-        sys.path.insert(0, str(real.parent))
+    make_importable(real.parent)
     source = ConfigSource(given=given, path=real, cwd=cwd, env_files=tuple(loaded_env), overrides=overrides)
     return LoadedConfig(config=config, source=source)

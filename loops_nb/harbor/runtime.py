@@ -15,10 +15,12 @@ Trials run with the run's sandbox journal, so `loops cleanup` can release what a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fnmatch
 import logging
 import os
 import shutil
+import sys
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -76,12 +78,15 @@ class HarborRuntime(RolloutRuntime):
         self.keep_trials = keep_trials
         self.agent_timeout_seconds = agent_timeout_seconds
         self.model_access = ModelAccessMode(model_access)
+        self._agent_import_path: str | None = None
         self.context: RunContext | None = None
         self._tasks: list[Task] | None = None
 
     # -- wiring -------------------------------------------------------------------------------
     def bind(self, context: RunContext) -> None:
         self.context = context
+        with contextlib.suppress(UserError):  # a bad agent path is reported by preflight / the first trial
+            self.agent_import_path()  # now, while this config's directory is first on sys.path
 
     @property
     def provider(self) -> ProviderAdapter:
@@ -141,6 +146,23 @@ class HarborRuntime(RolloutRuntime):
                 "(from loops_nb.harbor import LoopsAgent)"
             )
         return cls
+
+    def agent_import_path(self) -> str:
+        """The import path Harbor gets: the agent's module pinned under a name no other config shares.
+
+        Harbor imports the agent by path when each trial starts. Two configs in one process (a notebook)
+        may both have an `agent.py`; pinning this runtime's module keeps its trials on its own agent.
+        """
+        if self._agent_import_path is None:
+            cls = self._agent_class()
+            module = sys.modules[cls.__module__]
+            if cls.__module__.startswith(("loops_nb.", "harbor.")):
+                alias = cls.__module__
+            else:
+                alias = f"loops_nb_agent_{uuid.uuid4().hex[:12]}_{cls.__module__.replace('.', '_')}"
+                sys.modules[alias] = module
+            self._agent_import_path = f"{alias}:{cls.__qualname__}"
+        return self._agent_import_path
 
     # -- tasks --------------------------------------------------------------------------------
     async def tasks(self) -> Sequence[Task]:
@@ -218,7 +240,7 @@ class HarborRuntime(RolloutRuntime):
             trial_name=_trial_name(attempt),
             trials_dir=self._trials_dir(),
             agent=AgentConfig(
-                import_path=self.agent,
+                import_path=self.agent_import_path(),
                 kwargs={
                     "loops_attempt": key,
                     "loops_config_dir": str(self.context.config_dir) if self.context else None,

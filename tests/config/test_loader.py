@@ -185,3 +185,25 @@ def test_override_values_parse_as_toml_literals():
     assert parse_override_value('"5"') == "5"
     with pytest.raises(ConfigError, match="training.max_steps is a value, not a table"):
         apply_overrides({"training": {"max_steps": 1}}, {"training.max_steps.x": 1})
+
+
+def test_two_configs_with_same_named_modules_each_get_their_own(tmp_path, monkeypatch):
+    from loops_nb.episodes import load_runtime
+
+    monkeypatch.chdir(tmp_path)
+    for name, answer in (("first", 1.0), ("second", 2.0)):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "episode.py").write_text(
+            "from loops_nb.episodes import Episode\n"
+            f"class Game(Episode):\n    ANSWER = {answer}\n    def tasks(self):\n        return ['t']\n"
+        )
+        (d / "train.toml").write_text('recipe = "rl"\n[runtime]\nfactory = "episode:Game"\n')
+    first = load(tmp_path / "first" / "train.toml")
+    assert load_runtime(first.config.runtime.factory, {}).episode.ANSWER == 1.0
+    second = load(tmp_path / "second" / "train.toml")
+    assert load_runtime(second.config.runtime.factory, {}).episode.ANSWER == 2.0, (
+        "not the cached first episode.py"
+    )
+    load(tmp_path / "first" / "train.toml")
+    assert load_runtime(first.config.runtime.factory, {}).episode.ANSWER == 1.0

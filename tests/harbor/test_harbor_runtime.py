@@ -171,3 +171,26 @@ async def test_check_reports_tasks_the_local_sandbox_would_refuse(
     ignored = config.read_text().replace('type = "local"', 'type = "local"\nignore_dockerfile = true')
     config.write_text(ignored)
     assert (await loops_nb.load(config).check()).ok
+
+
+def test_each_runtime_pins_its_own_agent_module_for_harbor(tmp_path: Path) -> None:
+    from harbor.utils.import_path import import_symbol
+
+    from loops_nb.episodes import load_runtime
+
+    paths = []
+    for mark in (1, 2):
+        d = tmp_path / f"pattern{mark}"
+        d.mkdir()
+        (d / "agent.py").write_text(
+            f"from loops_nb.harbor import LoopsAgent\nclass Agent(LoopsAgent):\n    MARK = {mark}\n"
+        )
+        (d / "train.toml").write_text(
+            'recipe = "rl"\n[runtime]\nfactory = "loops_nb.harbor:create_runtime"\n'
+            f'[runtime.options]\ntasks = "{HIDDEN_GAME}"\nagent = "agent:Agent"\n'
+        )
+        project = loops_nb.load(d / "train.toml")
+        runtime = load_runtime(project.config.runtime.factory, project.config.runtime.options)
+        paths.append(runtime.agent_import_path())
+    # Harbor imports by path when each trial starts, long after both configs were loaded.
+    assert [import_symbol(p).MARK for p in paths] == [1, 2]
