@@ -54,7 +54,9 @@ def _table_variants(annotation: Any) -> list[type[BaseModel]]:
     value = typing.get_args(annotation)[1]
     if typing.get_origin(value) is typing.Annotated:
         value = typing.get_args(value)[0]
-    options = typing.get_args(value) if typing.get_origin(value) in (typing.Union, types.UnionType) else (value,)
+    options = (
+        typing.get_args(value) if typing.get_origin(value) in (typing.Union, types.UnionType) else (value,)
+    )
     return [o for o in options if isinstance(o, type) and issubclass(o, BaseModel)]
 
 
