@@ -1,0 +1,2 @@
+#!/bin/bash
+wc -l < /app/inventory.txt > /app/answer.txt

@@ -1,0 +1,7 @@
+#!/bin/bash
+cat > /app/greet.sh <<'SCRIPT'
+#!/bin/bash
+# greet.sh NAME: print a greeting for NAME.
+name="$1"
+echo "Hello, $name!"
+SCRIPT
