@@ -25,6 +25,8 @@ SMOKE: dict[str, dict] = {
     "pattern_harbor_local_openai.ipynb": {"max_steps": 1, "group_size": 2, "groups_per_step": 1, "max_tokens": 8},
     "sft_tool_use.ipynb": {"max_steps": 1, "max_rows": 4, "eval_examples": 2, "compare_rows": 1},
     "sft_toucan.ipynb": {"max_steps": 1, "max_rows": 4, "eval_examples": 2, "compare_rows": 0},
+    "vision_counting.ipynb": {"max_steps": 1, "group_size": 4, "groups_per_step": 2, "tasks": 8},
+    "custom_loss.ipynb": {"max_steps": 1, "group_size": 4, "groups_per_step": 2, "max_tokens": 8, "answer": "o"},
 }
 EXPECT: dict[str, list[str]] = {
     "rl_quickstart.ipynb": ["check: ok", "status: completed", "reward/mean: step 1 ="],
@@ -34,6 +36,8 @@ EXPECT: dict[str, list[str]] = {
     "pattern_harbor_local_openai.ipynb": ["model access openai_http", "status: completed", "released"],
     "sft_tool_use.ipynb": ["rows read: 4", "trained", "status: completed", "train loss: first", "accuracy: base"],
     "sft_toucan.ipynb": ["rows read: 4", "status: completed", "train loss: first"],
+    "vision_counting.ipynb": ["image chunk: png", "8 image(s) costing 128 image tokens", "check: ok", "status: completed"],
+    "custom_loss.ipynb": ["largest LoRA weight difference", "loss: custom", "check: ok", "status: completed"],
 }
 MAX_OUTPUT_BYTES = 1_000_000
 """A saved notebook must stay small: no megabytes of widget state."""
