@@ -191,3 +191,23 @@ async def test_train_local_runs_end_to_end(tmp_path: Path) -> None:
     assert len(created) == 6
     assert created == sorted(e["key"] for e in events if e["event"] == "released"), "every sandbox released"
     assert not list((scratch / "loops_nb_sandboxes").iterdir())
+
+
+@pytest.mark.parametrize("task_id", sorted(SCRIPTS))
+async def test_harbors_oracle_scores_1_with_the_reference_solution(task_id: str, tmp_path: Path) -> None:
+    """Harbor's own `oracle` agent runs `solution/solve.sh` in the local sandbox: the check gives it 1."""
+    from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig
+    from harbor.trial.trial import Trial
+
+    config = TrialConfig(
+        task=TaskConfig(path=EXAMPLE / "tasks" / task_id),
+        trials_dir=tmp_path / "trials",
+        agent=AgentConfig(name="oracle"),
+        environment=EnvironmentConfig(
+            import_path="loops_nb.providers.local:LocalSandboxEnvironment",
+            kwargs={"scratch_dir": str(tmp_path / "scratch"), "network": "none"},
+        ),
+    )
+    result = await (await Trial.create(config)).run()
+    assert result.exception_info is None, result.exception_info
+    assert result.verifier_result is not None and result.verifier_result.rewards == {"reward": 1}
