@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from loops_nb.errors import UserError
+from loops_nb.errors import RunFailed, UserError
 
 EXIT_USER_ERROR = 2
 
@@ -225,6 +225,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as exc:
         print(f"loops: error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
+    except RunFailed as exc:
+        print(f"loops: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("loops: interrupted", file=sys.stderr)
         return 130

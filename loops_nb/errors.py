@@ -21,3 +21,19 @@ class DataError(UserError):
 
 class CredentialsError(UserError):
     """A scope or provider that needs credentials the environment does not hold."""
+
+
+class RunFailed(RuntimeError):
+    """A fault the run could not survive (a trainer error, a full disk) stopped it between steps.
+
+    Nothing is lost: every finished step is logged and the run resumes from its last checkpoint. The
+    message says where it stopped, why, and the command that resumes it.
+    """
+
+    def __init__(self, run_dir: str, step: int, resume_step: int, cause: BaseException) -> None:
+        self.run_dir, self.step, self.resume_step, self.cause = run_dir, step, resume_step, cause
+        name = run_dir.rstrip("/").rsplit("/", 1)[-1]
+        super().__init__(
+            f"run {run_dir} stopped at step {step}: {type(cause).__name__}: {cause}. Its state is kept: run "
+            f"the same config with --output.run_name {name} to resume from step {resume_step} (its last checkpoint)"
+        )

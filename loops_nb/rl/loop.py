@@ -19,6 +19,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from loops_nb.errors import RunFailed
 from loops_nb.llm.client import LoopsLLM, SamplingDefaults
 from loops_nb.llm.renderer import ChatRenderer
 from loops_nb.observers import ObserverSet
@@ -153,6 +154,21 @@ class RLRun:
             resources=self.resources,
             on_attempt=self._on_attempt,
         )
+        last = self.run_dir.last_checkpoint()
+        if start_step >= t.max_steps and last is not None and last.sampler_path:
+            # A rerun of a finished run: nothing to train, nothing to save again.
+            await scheduler.close()
+            outcome = Outcome(
+                run_dir=str(self.run_dir.root),
+                status="completed",
+                steps=start_step,
+                start_step=start_step,
+                last_metrics=next(iter(reversed(list(self.run_dir.steps.records()))), {}),
+                checkpoint=last.path,
+                sampler_path=last.sampler_path,
+            )
+            self.observers.emit("on_end", {"status": "completed", "steps": start_step, "seconds": 0.0})
+            return outcome
         await self.policy.publish()
         if t.mode == "async":
             scheduler.start(start_step, t.max_steps)
@@ -173,6 +189,8 @@ class RLRun:
                     await self._checkpoint(step + 1, sampler=False)
             else:
                 step = t.max_steps
+        except Exception as exc:
+            raise self._failed(step, exc) from exc
         finally:
             progress.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -192,6 +210,14 @@ class RLRun:
         )
         self.observers.emit("on_end", {"status": status, "steps": done, "seconds": outcome.seconds})
         return outcome
+
+    def _failed(self, step: int, exc: Exception) -> RunFailed:
+        last = self.run_dir.last_checkpoint()
+        failure = RunFailed(str(self.run_dir.root), step, last.step if last else 0, exc)
+        log.error("%s", failure, exc_info=exc)
+        with (self.run_dir.root / "run.log").open("a") as log_file:
+            log_file.write(f"failed: {failure}\n")
+        return failure
 
     def _on_attempt(self, record: AttemptRecord) -> None:
         if not self.observers.wants("on_attempt"):

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from loops_nb.errors import UserError
+from loops_nb.errors import RunFailed, UserError
 from loops_nb.observers import ObserverSet
 from loops_nb.rl.loop import Outcome
 from loops_nb.rl.policy import AdamSettings
@@ -125,16 +125,23 @@ class SFTRun:
             # Nothing left to train: this run already finished (a rerun of a completed run).
             return self._outcome("completed", start, start, last, started, before)
         status, metrics, step = "completed", {}, start
-        for batch in plan.batches(start):
-            if self.stop.is_set():
-                status = "stopped"
-                break
-            metrics = await self._train_step(batch.step, batch.epoch, batch.indices)
-            step = batch.step + 1
-            if t.save_every and step % t.save_every == 0 and step < plan.total_steps:
-                await self._checkpoint(step, sampler=False)
-        else:
-            step = plan.total_steps
+        try:
+            for batch in plan.batches(start):
+                if self.stop.is_set():
+                    status = "stopped"
+                    break
+                metrics = await self._train_step(batch.step, batch.epoch, batch.indices)
+                step = batch.step + 1
+                if t.save_every and step % t.save_every == 0 and step < plan.total_steps:
+                    await self._checkpoint(step, sampler=False)
+            else:
+                step = plan.total_steps
+        except Exception as exc:
+            last = self.run_dir.last_checkpoint()
+            failure = RunFailed(str(self.run_dir.root), step, last.step if last else 0, exc)
+            with (self.run_dir.root / "run.log").open("a") as log_file:
+                log_file.write(f"failed: {failure}\n")
+            raise failure from exc
         if status == "stopped" and self._eval_examples and step > start:
             # A completed run evaluated with its last step; a stopped one is measured where it stopped.
             metrics = {**metrics, **(await self._evaluate(step)).record()}

@@ -1,0 +1,197 @@
+"""Faults during an RL run, injected into a scripted trainer and sampler: each is retried, discarded with
+its reason, or stops the run cleanly with resumable state — and the logs stay consistent."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from loops_nb import load
+from loops_nb.episodes import load_runtime
+from loops_nb.errors import RunFailed
+from loops_nb.llm.renderer import ChatRenderer
+from loops_nb.observers import ObserverSet
+from loops_nb.rl.loop import RLRun
+from loops_nb.rl.policy import Policy
+from loops_nb.run_dir import RunDirectory
+
+REPO = Path(__file__).resolve().parents[2]
+QUICKSTART = REPO / "patterns/custom_runtime/in_process_direct/train_local.toml"
+
+
+class Done:
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    async def result_async(self) -> Any:
+        return self.value
+
+
+MONOPOLY = [11278, 32969, 2]  # SmolLM2's tokens for "Monopoly" and its end of turn (checked below)
+
+
+class ScriptedSampler:
+    """Answers right on even calls and wrong on odd ones, so groups have reward variance and train;
+    `fail` / `hang` make chosen calls misbehave."""
+
+    def __init__(self, fail: set[int] | None = None, hang: set[int] | None = None) -> None:
+        self.calls = 0
+        self.fail, self.hang = fail or set(), hang or set()
+
+    async def sample_async(self, model_input: Any, num_samples: int, sampling_params: Any) -> Any:
+        self.calls += 1
+        if self.calls in self.fail:
+            raise ConnectionError("sampler returned 503 after the SDK's retries")
+        if self.calls in self.hang:
+            await asyncio.sleep(3600)
+        tokens = MONOPOLY if self.calls % 2 == 0 else [44, 45, 46, 2]
+        seq = SimpleNamespace(tokens=tokens, logprobs=[-1.0] * len(tokens), stop_reason="stop")
+        return SimpleNamespace(sequences=[seq] * num_samples, policy_version=None)
+
+
+class ScriptedTrainer:
+    """A training client whose chosen calls fail: `fail_forward_at` (1-based calls), `disk_full_at_save`."""
+
+    run_id = "scripted"
+
+    def __init__(
+        self,
+        sampler: ScriptedSampler,
+        fail_forward_at: int | None = None,
+        disk_full_at_save: int | None = None,
+    ):
+        self.sampler = sampler
+        self.fail_forward_at, self.disk_full_at_save = fail_forward_at, disk_full_at_save
+        self.forwards = self.saves = 0
+
+    async def forward_backward_async(
+        self, data: Any, loss_fn: str = "cross_entropy", loss_fn_config: Any = None
+    ) -> Done:
+        self.forwards += 1
+        if self.forwards == self.fail_forward_at:
+            raise RuntimeError("trainer operation failed: CUDA error: an illegal memory access")
+        outputs = [{"logprobs": SimpleNamespace(data=list(d.loss_fn_inputs["logprobs"].data))} for d in data]
+        return Done(SimpleNamespace(loss=0.0, loss_fn_outputs=outputs, metrics={}))
+
+    async def optim_step_async(self, params: Any) -> Done:
+        return Done(SimpleNamespace(metrics={}))
+
+    async def save_weights_and_get_sampling_client_async(self, name: str) -> ScriptedSampler:
+        return self.sampler
+
+    async def save_state_async(self, name: str) -> Done:
+        self.saves += 1
+        if self.saves == self.disk_full_at_save:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return Done(SimpleNamespace(path=f"scripted://{name}"))
+
+    async def save_weights_for_sampler_async(self, name: str) -> Done:
+        return Done(SimpleNamespace(path=f"scripted://sampler/{name}"))
+
+
+def make_run(tmp_path: Path, trainer: ScriptedTrainer, **training: Any) -> RLRun:
+    from loops_nb.tokenization import load_model_tokenizer
+
+    overrides = {
+        "output.output_dir": str(tmp_path),
+        "training.max_steps": 4,
+        "training.group_size": 2,
+        "training.groups_per_step": 2,
+        "training.save_every": 1,
+        **{f"training.{k}": v for k, v in training.items()},
+    }
+    config = load(QUICKSTART, overrides=overrides).config
+    renderer = ChatRenderer(load_model_tokenizer(config.model, "local"))
+    runtime = load_runtime(config.runtime.factory, config.runtime.options)
+    return RLRun(
+        config,
+        RunDirectory(tmp_path / "run"),
+        Policy(trainer, "scripted"),
+        runtime,
+        renderer,
+        ObserverSet([]),
+    )
+
+
+def test_the_scripted_right_answer_is_monopoly() -> None:
+    from transformers import AutoTokenizer
+
+    from loops_nb.local.model_store import resolve_model
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct").path)
+    assert "monopoly" in tokenizer.decode(MONOPOLY[:-1]).lower()
+
+
+def lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+async def test_a_trainer_error_stops_the_run_cleanly_and_it_resumes_where_it_stopped(tmp_path: Path) -> None:
+    sampler = ScriptedSampler()
+    run = make_run(tmp_path, ScriptedTrainer(sampler, fail_forward_at=3))
+    with pytest.raises(RunFailed) as info:
+        await run.execute(0)
+    failure = info.value
+    assert failure.step == 2 and failure.resume_step == 2
+    assert "stopped at step 2" in str(failure) and "--output.run_name run" in str(failure)
+    assert "CUDA error" in str(failure)
+    root = tmp_path / "run"
+    assert [s["step"] for s in lines(root / "steps.jsonl")] == [0, 1], "no half-recorded step"
+    assert "failed: run" in (root / "run.log").read_text()
+
+    # Resume from the last checkpoint with a healthy trainer: every step exactly once.
+    resumed = make_run(tmp_path, ScriptedTrainer(sampler))
+    resumed.policy.load_state_with_optimizer = _no_load  # the scripted trainer keeps no state
+    start = await resumed.resume_point()
+    assert start == 2
+    outcome = await resumed.execute(start)
+    assert outcome.status == "completed"
+    assert [s["step"] for s in lines(root / "steps.jsonl")] == [0, 1, 2, 3]
+    assert sorted({r["step"] for r in lines(root / "rollouts.jsonl")}) == [0, 1, 2, 3]
+    assert len(lines(root / "rollouts.jsonl")) == 4 * 4, "no rollout recorded twice"
+
+
+async def _no_load(path: str) -> int:
+    return 0
+
+
+async def test_a_full_disk_when_saving_a_checkpoint_stops_the_run_with_the_previous_checkpoint(
+    tmp_path: Path,
+) -> None:
+    run = make_run(tmp_path, ScriptedTrainer(ScriptedSampler(), disk_full_at_save=2))
+    with pytest.raises(RunFailed) as info:
+        await run.execute(0)
+    assert "No space left on device" in str(info.value)
+    assert info.value.resume_step == 1, "the checkpoint that was written is the one to resume from"
+    checkpoints = lines(tmp_path / "run" / "checkpoints.jsonl")
+    assert [c["step"] for c in checkpoints] == [1]
+
+
+async def test_sampler_errors_and_hangs_discard_those_attempts_and_the_run_goes_on(tmp_path: Path) -> None:
+    sampler = ScriptedSampler(fail={1, 2}, hang={3})
+    run = make_run(tmp_path, ScriptedTrainer(sampler), attempt_timeout_seconds=2, max_steps=2)
+    outcome = await run.execute(0)
+    assert outcome.status == "completed"
+    records = lines(tmp_path / "run" / "rollouts.jsonl")
+    reasons = [r["discarded"] for r in records if r["discarded"]]
+    assert sorted(reasons) == ["error", "error", "timeout"]
+    assert any("503" in r["detail"] for r in records)
+    assert sum(r["discarded"] is None for r in records) == len(records) - 3
+
+
+async def test_a_rerun_of_a_finished_run_trains_and_saves_nothing(tmp_path: Path) -> None:
+    trainer = ScriptedTrainer(ScriptedSampler())
+    run = make_run(tmp_path, trainer, max_steps=2)
+    await run.execute(0)
+    saves, forwards = trainer.saves, trainer.forwards
+    again = make_run(tmp_path, trainer, max_steps=2)
+    again.policy.load_state_with_optimizer = _no_load
+    outcome = await again.execute(await again.resume_point())
+    assert outcome.status == "completed" and outcome.steps == 2
+    assert (trainer.saves, trainer.forwards) == (saves, forwards)
