@@ -272,6 +272,10 @@ def _string(args: dict[str, Any], key: str) -> str:
     value = args[key]
     if not isinstance(value, str):
         raise ValueError(f"argument {key!r} must be a string, got {type(value).__name__}")
+    try:
+        value.encode("utf-8")  # JSON allows lone surrogates; no sandbox command line does
+    except UnicodeEncodeError:
+        raise ValueError(f"argument {key!r} is not valid UTF-8 text") from None
     return value
 
 

@@ -186,6 +186,7 @@ async def test_malformed_calls_are_answered_not_raised(sandbox, tmp_path) -> Non
                 call("write_file", {"path": "x.txt", "content": 42}, 3),
                 call("shell", "[1, 2]", 4),
                 call("shell", {"command": "   "}, 5),
+                call("write_file", '{"path": "y.txt", "content": "\\ud800"}', 6),
             ),
             # Blocks the parser could not read: no call ids, so the agent answers in a user turn.
             tool_reply(errors=["tool call 0: no closing </tool_call>"], finish="length"),
@@ -204,6 +205,7 @@ async def test_malformed_calls_are_answered_not_raised(sandbox, tmp_path) -> Non
         "error: argument 'content' must be a string, got int",
         "error: arguments must be a JSON object",
         "error: command is empty",
+        "error: argument 'content' is not valid UTF-8 text",
     ]
     feedback = agent.transcript[-2]
     assert feedback["role"] == "user"
@@ -215,8 +217,8 @@ async def test_malformed_calls_are_answered_not_raised(sandbox, tmp_path) -> Non
     assert not host(sandbox, "/app/x.txt").exists()
     stats = stats_of(agent, context)
     assert (stats["tool_calls"], stats["tool_errors"], stats["commands"], stats["stop"]) == (
-        6,
         7,
+        8,
         0,
         "answered",
     )
