@@ -8,6 +8,7 @@ output back, as a user reopening a batch-run notebook would.
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 
 import nbformat
@@ -25,6 +26,8 @@ SMOKE: dict[str, dict] = {
     "pattern_harbor_local_openai.ipynb": {"max_steps": 1, "group_size": 2, "groups_per_step": 1, "max_tokens": 8},
     "sft_tool_use.ipynb": {"max_steps": 1, "max_rows": 4, "eval_examples": 2, "compare_rows": 1},
     "sft_toucan.ipynb": {"max_steps": 1, "max_rows": 4, "eval_examples": 2, "compare_rows": 0},
+    "tool_agent.ipynb": {"max_steps": 1, "group_size": 2, "groups_per_step": 3, "max_tokens": 32, "max_turns": 2},
+    "terminal_bench.ipynb": {"n_tasks": 2, "max_steps": 1, "run_training": False},
     "vision_counting.ipynb": {"max_steps": 1, "group_size": 4, "groups_per_step": 2, "tasks": 8},
     "custom_loss.ipynb": {"max_steps": 1, "group_size": 4, "groups_per_step": 2, "max_tokens": 8, "answer": "o"},
 }
@@ -36,6 +39,8 @@ EXPECT: dict[str, list[str]] = {
     "pattern_harbor_local_openai.ipynb": ["model access openai_http", "status: completed", "released"],
     "sft_tool_use.ipynb": ["rows read: 4", "trained", "status: completed", "train loss: first", "accuracy: base"],
     "sft_toucan.ipynb": ["rows read: 4", "status: completed", "train loss: first"],
+    "tool_agent.ipynb": ["check: ok", "status: completed", "AttemptsTable(6 of 6 attempts", "6 created, 6 released"],
+    "terminal_bench.ipynb": ["scope serverless", "schedule: 1 steps x 8 groups", "ready to train:", "not training:"],
     "vision_counting.ipynb": ["image chunk: png", "8 image(s) costing 128 image tokens", "check: ok", "status: completed"],
     "custom_loss.ipynb": ["largest LoRA weight difference", "loss: custom", "check: ok", "status: completed"],
 }
@@ -63,7 +68,8 @@ def test_notebook_runs_under_papermill(notebook: Path, tmp_path: Path) -> None:
     params = pm.inspect_notebook(str(notebook))
     smoke = {k: v for k, v in SMOKE.get(notebook.name, {}).items() if k in params}
     if "run_name" in params:
-        smoke["run_name"] = f"papermill-{tmp_path.name}"
+        # Unique on every run: a name reused from an earlier session would resume (and skip) that run.
+        smoke["run_name"] = f"papermill-{notebook.stem}-{uuid.uuid4().hex[:8]}"
     out = tmp_path / notebook.name
     pm.execute_notebook(
         str(notebook),
