@@ -45,10 +45,14 @@ def renderer(vlm_path: Path) -> VisionRenderer:
 
 @pytest.fixture(scope="module")
 def circles():
-    sys.path.insert(0, str(COUNTING))
-    from episode import draw_circles
+    import importlib.util
 
-    return draw_circles(3, seed=1)
+    # By path, under its own name: other tests import other examples' `episode` modules.
+    spec = importlib.util.spec_from_file_location("counting_episode", COUNTING / "episode.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.draw_circles(3, seed=1)
 
 
 def _messages(part):
