@@ -26,7 +26,6 @@ def run() -> list[Result]:
             asynchronous.seconds_per_step_after_first(),
             sync.seconds_per_step_after_first(),
             "s",
-            "<= 0.7",
-            higher_is_better=False,
+            "<= 0.7 (async / sync)",
         )
     ]
