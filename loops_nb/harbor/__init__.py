@@ -12,17 +12,19 @@ from typing import Any
 
 from loops_nb.harbor.runtime import HarborRuntime, create_runtime
 
-__all__ = ["HarborRuntime", "LoopsAgent", "LoopsProgramAgent", "create_runtime"]
+__all__ = ["HarborRuntime", "LoopsAgent", "LoopsProgramAgent", "ShellAgent", "create_runtime"]
+
+_AGENTS = {
+    "LoopsAgent": "loops_nb.harbor.agent",
+    "LoopsProgramAgent": "loops_nb.harbor.program_agent",
+    "ShellAgent": "loops_nb.harbor.shell_agent",
+}
 
 
 def __getattr__(name: str) -> Any:
     # The agent classes subclass Harbor's BaseAgent: import Harbor only when they are asked for.
-    if name == "LoopsAgent":
-        from loops_nb.harbor.agent import LoopsAgent
+    if name in _AGENTS:
+        import importlib
 
-        return LoopsAgent
-    if name == "LoopsProgramAgent":
-        from loops_nb.harbor.program_agent import LoopsProgramAgent
-
-        return LoopsProgramAgent
+        return getattr(importlib.import_module(_AGENTS[name]), name)
     raise AttributeError(name)
