@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from loops_nb.compute import LoopsConnection
+from loops_nb.compute import LoopsConnection, require_api_key
 from loops_nb.errors import DataError, UserError
 from loops_nb.mirrors import run_observers
 from loops_nb.observers import ObserverSet
@@ -117,10 +116,15 @@ async def check(project: Project, **_: Any) -> SFTCheckReport:
     report.lines.append(
         f"recipe: sft, scope {config.compute.scope}, model {m.base_model}, LoRA rank {m.lora_rank}"
     )
-    tokenizer = await _tokenizer(config)
+    if config.compute.scope != "local":
+        try:
+            require_api_key(config.compute.scope)
+        except UserError as exc:
+            report.problems.append(str(exc))
     try:
+        tokenizer = await _tokenizer(config)
         data = await asyncio.to_thread(SFTData.load, config, tokenizer, config_path=project.path)
-    except DataError as exc:
+    except UserError as exc:
         report.problems.append(str(exc))
         report.ok = False
         return report
@@ -135,8 +139,6 @@ async def check(project: Project, **_: Any) -> SFTCheckReport:
     report.total_steps = data.plan.total_steps
     if not len(data.train):
         report.problems.append(f"no row of {config.data.train} trains (see the refusals above)")
-    if config.compute.scope != "local" and not os.environ.get("BASETEN_API_KEY"):
-        report.notes.append(f'compute.scope = "{config.compute.scope}" needs BASETEN_API_KEY to train')
     report.ok = not report.problems
     return report
 

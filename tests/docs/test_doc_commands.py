@@ -503,17 +503,7 @@ def test_loops_check_of_a_baseten_config_fails_cleanly_without_the_key(
     overrides: tuple[str, ...],
     isolated: Path,
     capsys: pytest.CaptureFixture[str],
-    request: pytest.FixtureRequest,
 ) -> None:
-    if config_recipe(config) == "sft":
-        # A known gap, strict so that the fix shows up here: remove this marker then.
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                reason="the SFT check loads the tokenizer before it looks at BASETEN_API_KEY (offline it stops "
-                "at the tokenizer) and reports a missing key only as a note",
-            )
-        )
     code, output = run_loops(["check", str(REPO / config), *overrides], capsys)
     assert code in (1, 2), output
     assert "Traceback" not in output, output
