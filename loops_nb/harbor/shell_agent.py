@@ -157,7 +157,12 @@ class ShellAgent(LoopsAgent):
         for _ in range(self.max_turns):
             reply = await self.llm.chat(messages, tools=self.tools)
             self.stats.turns += 1
-            messages.append(reply.message)
+            if reply.tool_call_errors and not reply.tool_calls:
+                # Keep the text as sampled, unreadable block included: the next prompt then extends the
+                # exact sampled tokens (reply.message drops the block, which would start a new sequence).
+                messages.append({"role": "assistant", "content": reply.text})
+            else:
+                messages.append(reply.message)
             if not reply.tool_calls and not reply.tool_call_errors:
                 self.stats.stop = "answered"
                 return
@@ -281,9 +286,8 @@ def _string(args: dict[str, Any], key: str) -> str:
 
 def unparsed_calls_message(reply: Any) -> str:
     reasons = "; ".join(reply.tool_call_errors)
-    hint = (
-        " (the reply hit the token limit: keep tool calls short)" if reply.finish_reason == "length" else ""
-    )
+    cut = reply.finish_reason == "length" and any("no closing" in e for e in reply.tool_call_errors)
+    hint = " (the reply hit the token limit: keep tool calls short)" if cut else ""
     return (
         f"error: {len(reply.tool_call_errors)} tool call(s) could not be read{hint}: {reasons}. Write each call "
         'as <tool_call>{"name": "shell", "arguments": {"command": "..."}}</tool_call>.'

@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -36,7 +38,8 @@ from loops_nb.harbor.shell_agent import (
     format_result,
 )
 from loops_nb.llm.capture import TokenCapture
-from loops_nb.llm.client import Reply
+from loops_nb.llm.client import LoopsLLM, Reply, SamplingDefaults
+from loops_nb.llm.renderer import ChatRenderer
 from loops_nb.providers.local import LocalSandboxEnvironment
 
 
@@ -189,7 +192,17 @@ async def test_malformed_calls_are_answered_not_raised(sandbox, tmp_path) -> Non
                 call("write_file", '{"path": "y.txt", "content": "\\ud800"}', 6),
             ),
             # Blocks the parser could not read: no call ids, so the agent answers in a user turn.
-            tool_reply(errors=["tool call 0: no closing </tool_call>"], finish="length"),
+            Reply(
+                "",
+                [],
+                '<tool_call>\n{"name": "shell", "argu',
+                "length",
+                9,
+                ["tool call 0: no closing </tool_call>"],
+            ),
+            Reply(
+                "", [], '<tool_call>{"name": shell}</tool_call>', "stop", 9, ["tool call 0: not valid JSON"]
+            ),
             answer("giving up"),
         ]
     )
@@ -207,18 +220,24 @@ async def test_malformed_calls_are_answered_not_raised(sandbox, tmp_path) -> Non
         "error: command is empty",
         "error: argument 'content' is not valid UTF-8 text",
     ]
-    feedback = agent.transcript[-2]
-    assert feedback["role"] == "user"
-    assert feedback["content"].startswith(
+    cut_off, cut_feedback, bad_json, json_feedback = agent.transcript[-5:-1]
+    # The unreadable reply stays as sampled, so the next prompt extends its exact tokens.
+    assert cut_off == {"role": "assistant", "content": '<tool_call>\n{"name": "shell", "argu'}
+    assert cut_feedback["role"] == "user"
+    assert cut_feedback["content"].startswith(
         "error: 1 tool call(s) could not be read (the reply hit the token limit"
     )
-    assert "no closing </tool_call>" in feedback["content"]
-    assert len(llm.requests) == 3, "an unreadable call is not an answer: the loop went on"
+    assert "no closing </tool_call>" in cut_feedback["content"]
+    assert bad_json == {"role": "assistant", "content": '<tool_call>{"name": shell}</tool_call>'}
+    assert json_feedback["content"].startswith(
+        "error: 1 tool call(s) could not be read: tool call 0: not valid"
+    )
+    assert len(llm.requests) == 4, "an unreadable call is not an answer: the loop went on"
     assert not host(sandbox, "/app/x.txt").exists()
     stats = stats_of(agent, context)
     assert (stats["tool_calls"], stats["tool_errors"], stats["commands"], stats["stop"]) == (
         7,
-        8,
+        9,
         0,
         "answered",
     )
@@ -342,3 +361,66 @@ def test_clip_and_format_keep_both_ends_within_budget() -> None:
     formatted = format_result(1, "o" * 5000, long_err, 1000)
     out, err = formatted.split("\nstderr:\n")
     assert len(out) < 800 and 200 <= len(err) <= 250, "stderr keeps a quarter of the budget"
+
+
+@dataclass
+class _Seq:
+    tokens: list[int]
+    logprobs: list[float]
+    stop_reason: str
+
+
+@dataclass
+class _Resp:
+    sequences: list[_Seq]
+    policy_version: int = 0
+
+
+class ScriptedSampler:
+    """A sampling client returning scripted completions as tokens (what the real LoopsLLM parses)."""
+
+    version = 0
+
+    def __init__(self, renderer: ChatRenderer, texts: list[str]) -> None:
+        self.renderer, self.texts = renderer, texts
+
+    @property
+    def sampling_client(self) -> ScriptedSampler:
+        return self
+
+    async def sample_async(self, prompt: Any, num_samples: int, sampling_params: Any) -> _Resp:
+        tokens = self.renderer.encode(self.texts.pop(0))
+        return _Resp([_Seq(tokens, [-0.5] * len(tokens), "stop")])
+
+
+async def test_every_turn_extends_the_exact_sampled_tokens(sandbox, tmp_path) -> None:
+    """Through the real LoopsLLM: tool calls, an unreadable call and tool results make ONE training
+    sequence, in which exactly the sampled tokens train and the sandbox's answers are context."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tiny_models import build_tiny_tokenizer
+
+    renderer = ChatRenderer(build_tiny_tokenizer())
+    script = [
+        '<tool_call>\n{"name": "shell", "arguments": {"command": "echo from-the-sandbox"}}\n</tool_call>',
+        '<tool_call>\n{"name": "write_file", "arguments": {"path": "n.txt"\n</tool_call>',
+        '<tool_call>\n{"name": "write_file", "arguments": {"path": "n.txt", "content": "7"}}\n</tool_call>',
+        "Wrote 7 to n.txt.",
+    ]
+    capture = TokenCapture()
+    real = LoopsLLM(
+        renderer, ScriptedSampler(renderer, list(script)), capture, SamplingDefaults(max_tokens=64)
+    )
+    agent = make_agent(tmp_path, ScriptedLLM([]))
+    agent.attempt.services.llm = real  # type: ignore[union-attr]
+    await agent.run("Write 7 to n.txt.", sandbox, AgentContext())
+
+    assert host(sandbox, "/app/n.txt").read_text() == "7"
+    assert [m["role"] for m in agent.transcript] == [
+        *["system", "user", "assistant", "tool", "assistant", "user", "assistant", "tool", "assistant"]
+    ]
+    assert not capture.breaks, "every prompt extends the previous prompt + completion exactly"
+    [sequence] = capture.sequences()
+    trained = [t for t, s in zip(sequence.tokens, sequence.sampled, strict=True) if s]
+    assert trained == [t for call in capture.calls for t in call.completion_tokens]
+    context = renderer.decode([t for t, s in zip(sequence.tokens, sequence.sampled, strict=True) if not s])
+    assert "from-the-sandbox" in context and "could not be read" in context and "wrote 1 bytes" in context
