@@ -59,3 +59,30 @@ def test_the_terminal_bench_agent_is_a_shell_agent_with_its_own_prompt(tmp_path:
     assert agent.system_prompt == TERMINAL_BENCH_PROMPT
     assert (agent.max_turns, agent.command_timeout, agent.max_output_chars) == (40, 180.0, 6000)
     assert TerminalBenchAgent(logs_dir=tmp_path, system_prompt="Be terse.").system_prompt == "Be terse."
+
+
+def test_a_tokenizer_that_cannot_load_is_one_actionable_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from loops_nb.tokenization import tokenizer_problem
+
+    offline = OSError(
+        "We couldn't connect to 'https://huggingface.co' to load the files, and couldn't find them in the "
+        "cached files.\nCheck your internet connection or see how to run the library in offline mode at "
+        "'https://huggingface.co/docs/transformers/installation#offline-mode'."
+    )
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    line = tokenizer_problem("Qwen/Qwen3.6-35B-A3B", offline)
+    assert "\n" not in line
+    assert "not in the Hugging Face cache and huggingface.co is unreachable" in line
+    assert "[model] tokenizer" in line
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert "HF_HUB_OFFLINE is set" in tokenizer_problem("Qwen/Qwen3.6-35B-A3B", offline)
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    gated = OSError(
+        "You are trying to access a gated repo.\nMake sure to have access to it. 401 Client Error."
+    )
+    line = tokenizer_problem("meta-llama/Llama-3.1-8B", gated)
+    assert line == (
+        "cannot load the tokenizer of 'meta-llama/Llama-3.1-8B': You are trying to access a gated repo. "
+        "Gated or private repos need HF_TOKEN; a local directory works too ([model] tokenizer)"
+    )
