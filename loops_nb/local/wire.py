@@ -86,7 +86,7 @@ class ParsedDatum:
 
 def resolve_loss_config(loss_fn: str, loss_fn_config: Mapping[str, Any] | None) -> dict[str, float | bool]:
     """Validate `loss_fn` and merge `loss_fn_config` over its defaults; unknown keys are refused."""
-    if loss_fn not in LOSS_CONFIG_DEFAULTS:
+    if not isinstance(loss_fn, str) or loss_fn not in LOSS_CONFIG_DEFAULTS:
         raise InvalidRequest(f"loss_fn {loss_fn!r} is not one of: {', '.join(LOSS_FNS)}")
     defaults = LOSS_CONFIG_DEFAULTS[loss_fn]
     if loss_fn_config is None:
@@ -136,7 +136,7 @@ def parse_datums(
     Raises `InvalidRequest` with the datum index and key, for example
     "data[3].loss_fn_inputs['weights']: length 7 does not match model_input length 9".
     """
-    if loss_fn not in LOSS_CONFIG_DEFAULTS:
+    if not isinstance(loss_fn, str) or loss_fn not in LOSS_CONFIG_DEFAULTS:
         raise InvalidRequest(f"loss_fn {loss_fn!r} is not one of: {', '.join(LOSS_FNS)}")
     if not isinstance(data, Sequence) or isinstance(data, str | bytes):
         raise InvalidRequest(f"data must be a list of datums, got {type(data).__name__}")
@@ -334,7 +334,7 @@ def _tensor(where: str, td: Any, *, integer: bool = False) -> torch.Tensor:
             if t.dtype == torch.bool or (t.is_floating_point() and not bool((t == t.round()).all())):
                 raise InvalidRequest(f"{where}: expected integer token ids, got dtype {dtype!r}")
             return t.to(torch.int64).reshape(shape)
-        if dtype not in _FLOAT_DTYPES | _INT_DTYPES | {"bool"}:
+        if not isinstance(dtype, str) or dtype not in _FLOAT_DTYPES | _INT_DTYPES | {"bool"}:
             raise InvalidRequest(f"{where}: unsupported dtype {dtype!r}")
         try:
             t = torch.tensor(data, dtype=torch.float32)

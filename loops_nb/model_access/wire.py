@@ -108,7 +108,7 @@ def _message(raw: Any, i: int) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise BadRequest(f"{where} must be an object", where)
     role = raw.get("role")
-    if role not in ROLES:
+    if not isinstance(role, str) or role not in ROLES:
         raise BadRequest(
             f"{where}.role: unknown role {role!r}; expected one of {sorted(ROLES)}", f"{where}.role"
         )

@@ -66,6 +66,14 @@ def live_sandboxes(state: Path) -> list[dict]:
     return [vars(e) for e in ResourceJournal(journal).live() if e.status == "created"]
 
 
+def all_thinking(state: Path) -> bool:
+    """Three sandboxes exist and each agent has written its answer: the run is mid-attempt everywhere."""
+    live = live_sandboxes(state)
+    return len(live) == 3 and all(
+        (Path(e["provider_id"]) / "fs" / "app" / "answer.txt").exists() for e in live
+    )
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 def test_cleanup_releases_the_sandboxes_of_a_killed_run(
@@ -87,8 +95,8 @@ def test_cleanup_releases_the_sandboxes_of_a_killed_run(
         stderr=subprocess.PIPE,
     )
     try:
-        deadline = time.monotonic() + 240
-        while len(live_sandboxes(state)) < 3 and proc.poll() is None and time.monotonic() < deadline:
+        deadline = time.monotonic() + 420
+        while not all_thinking(state) and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
         assert len(live_sandboxes(state)) == 3, (
             proc.stderr.read().decode()[-3000:] if proc.poll() is not None else ""

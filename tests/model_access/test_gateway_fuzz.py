@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from loops_nb.model_access import ModelGateway
@@ -64,6 +64,13 @@ async def test_random_requests_get_a_4xx_naming_the_problem_never_a_500(
 
     @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
     @given(body=BODY)
+    @example(body={"messages": [{"role": []}]})  # once a 500: an unhashable role
+    @example(
+        body={
+            "messages": [{"role": "user", "content": [{"type": []}]}],
+            "tools": [{"type": "function", "function": {"name": []}}],
+        }
+    )
     def one(body: dict) -> None:
         nonlocal served
         before = len(llm.capture.calls)
