@@ -19,7 +19,9 @@ process's table of running attempts, plus the `[runtime.options] agent_kwargs`.
 
 from __future__ import annotations
 
+import posixpath
 import shlex
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Any, ClassVar
@@ -91,13 +93,18 @@ class LoopsAgent(BaseAgent):
         return self.attempt.services.llm
 
     async def write_file(self, environment: BaseEnvironment, path: str, content: str) -> None:
-        """Write `content` to `path` in the sandbox (any backend), creating parent directories."""
-        quoted = shlex.quote(path)
-        result = await environment.exec(
-            f"mkdir -p $(dirname {quoted}) && printf %s {shlex.quote(content)} > {quoted}"
-        )
-        if result.return_code != 0:
-            raise RuntimeError(f"writing {path} in the sandbox failed: {(result.stderr or '')[-500:]}")
+        """Write `content` to `path` in the sandbox (any backend), creating parent directories.
+
+        The content travels as a file upload, not on a command line, so its size and bytes are free.
+        """
+        parent = posixpath.dirname(path) or "."
+        made = await environment.exec(f"mkdir -p {shlex.quote(parent)}")
+        if made.return_code != 0:
+            raise RuntimeError(f"creating {parent} in the sandbox failed: {(made.stderr or '')[-500:]}")
+        with tempfile.TemporaryDirectory() as tmp:
+            local = Path(tmp) / "content"
+            local.write_text(content, encoding="utf-8")
+            await environment.upload_file(local, path)
 
     def populate_context_post_run(self, context: AgentContext) -> None:
         """Record what the model did in Harbor's own result: per-call tokens and logprobs, counts."""

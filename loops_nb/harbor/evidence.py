@@ -62,6 +62,19 @@ def _graded(exc: Any) -> bool:
     return bool(exc.policy.has_valid_reward)
 
 
+def agent_metrics(result: Any) -> dict[str, float]:
+    """Numbers an agent reported in Harbor's result metadata (e.g. ShellAgent's turns and tool calls)."""
+    metadata = (result.agent_result and result.agent_result.metadata) or {}
+    out: dict[str, float] = {}
+    for group, values in metadata.items():
+        if group == "loops_transcript" or not isinstance(values, dict):
+            continue
+        for name, value in values.items():
+            if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+                out[f"agent/{name}"] = float(value)
+    return out
+
+
 def evidence_from_trial(result: Any, reward_key: str = "reward", verifier_output: str = "") -> Evidence:
     """Evidence of one finished trial (a harbor `TrialResult`)."""
     metrics = trial_metrics(result)
@@ -105,6 +118,7 @@ def evidence_from_trial(result: Any, reward_key: str = "reward", verifier_output
     if not math.isfinite(reward):
         return Evidence.discard("verifier_error", f"the verifier's reward is {reward}", **metrics)
     metrics.update({f"harbor/{name}": float(value) for name, value in rewards.items()})
+    metrics.update(agent_metrics(result))
     for exc in result.recorded_exceptions():  # graded anyway (an agent timeout): keep, but say so
         metrics[f"harbor/graded_after_{exc.exception_type}"] = 1.0
     return Evidence(reward=reward, metrics=metrics, transcript=transcript)

@@ -102,7 +102,11 @@ class HarborRuntime(RolloutRuntime):
         """Problems `loops check` reports: the agent class, the provider's extra, tools and credentials."""
         problems: list[str] = []
         try:
-            self._agent_class()
+            agent_class = self._agent_class()
+            try:  # an agent with a Harbor options model refuses a misspelled agent_kwargs key here
+                agent_class.parse_options(self.agent_kwargs)  # type: ignore[attr-defined]
+            except ValueError as exc:
+                problems.append(f"runtime.options.agent_kwargs: {' '.join(str(exc).split())}")
         except UserError as exc:
             problems.append(str(exc))
         problems += await asyncio.to_thread(self.provider.problems)

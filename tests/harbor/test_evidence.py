@@ -98,3 +98,16 @@ def test_an_agent_timeout_is_still_graded_as_harbor_says() -> None:
 def test_no_rewards_at_all_is_no_reward() -> None:
     evidence = evidence_from_trial(result({}))
     assert evidence.discarded == "no_reward"
+
+
+def test_numbers_an_agent_reports_in_its_metadata_become_metrics() -> None:
+    trial = result({"reward": 1})
+    trial.agent_result.metadata["shell_agent"] = {
+        "turns": 3,
+        "tool_calls": 2,
+        "stopped": "answer",
+        "ok": True,
+    }
+    evidence = evidence_from_trial(trial)
+    assert evidence.metrics["agent/turns"] == 3.0 and evidence.metrics["agent/tool_calls"] == 2.0
+    assert "agent/stopped" not in evidence.metrics and "agent/ok" not in evidence.metrics

@@ -122,3 +122,39 @@ def test_read_dockerfile_understands_continuations_env_forms_and_copies(tmp_path
         "line 9: COPY --from=builder /x /y",
         "line 10: RUN apt-get update &&  apt-get install -y git",
     ]
+
+
+WRITER = """
+from loops_nb.harbor import LoopsAgent
+
+
+class Writer(LoopsAgent):
+    async def run(self, instruction, environment, context):
+        await self.write_file(environment, "/app/a dir/it's big.txt", "x" * 300_000 + "\\n$(not run) `nor this`")
+        await self.write_file(environment, "/app/answer.txt", "Monopoly")
+"""
+
+
+async def test_write_file_takes_any_path_and_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "writer_agent.py").write_text(WRITER)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    journal = tmp_path / "state" / "journal.jsonl"
+    config = TrialConfig(
+        task=TaskConfig(path=HIDDEN_GAME),
+        trials_dir=tmp_path / "trials",
+        agent=AgentConfig(import_path="writer_agent:Writer"),
+        environment=EnvironmentConfig(
+            import_path="loops_nb.providers.local:LocalSandboxEnvironment",
+            kwargs={
+                "loops_journal": str(journal),
+                "scratch_dir": str(tmp_path / "scratch"),
+                "keep_sandboxes": True,
+            },
+        ),
+    )
+    result = await (await Trial.create(config)).run()
+    assert result.exception_info is None, result.exception_info
+    assert result.verifier_result.rewards == {"reward": 1.0}
+    sandbox = Path(journal_events(journal)[1]["provider_id"])
+    written = (sandbox / "fs" / "app" / "a dir" / "it's big.txt").read_text()
+    assert len(written) == 300_000 + len("\n$(not run) `nor this`") and written.endswith("`nor this`")
