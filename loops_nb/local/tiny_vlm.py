@@ -105,7 +105,7 @@ def build_tiny_vlm(out: Path, *, seed: int = 0) -> Path:
         "temporal_patch_size": 2,
         "in_chans": 3,
     }
-    config = Qwen2VLConfig(
+    config = Qwen2VLConfig(  # type: ignore[call-arg]  # token ids are accepted as **kwargs
         text_config=text,
         vision_config=vision,
         image_token_id=ids[2],

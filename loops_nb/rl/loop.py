@@ -270,7 +270,7 @@ class RLRun:
         if datums:
             train_metrics = await self.policy.train_step(
                 datums,
-                loss=t.loss if self.custom_loss is None else "custom",
+                loss=t.loss if self.custom_loss is None and isinstance(t.loss, str) else "custom",
                 loss_config=t.loss_config,
                 adam=self.adam,
                 custom_loss=self.custom_loss,

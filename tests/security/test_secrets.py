@@ -21,15 +21,15 @@ CANARIES = {
     "WANDB_API_KEY": "canary-wandb-19fd3e",
 }
 
-PROGRAM = '''
+PROGRAM = """
 import json, os, sys
 from openai import OpenAI
 sys.stdin.read()
 reply = OpenAI(timeout=120).chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
 print(json.dumps({"program_env": dict(os.environ)}))
-'''
+"""
 
-AGENT = '''
+AGENT = """
 from loops_nb.harbor.program_agent import LoopsProgramAgent
 
 
@@ -38,7 +38,7 @@ class EnvDumper(LoopsProgramAgent):
         await super().run(instruction, environment, context)
         result = await environment.exec("env")
         self.transcript.append({"role": "tool", "content": "SANDBOX_ENV " + (result.stdout or "")})
-'''
+"""
 
 CONFIG = """
 recipe = "rl"
@@ -117,7 +117,15 @@ def test_a_run_never_writes_or_passes_on_its_credentials(tmp_path: Path, tiny_ch
 def test_loops_check_never_prints_credentials(config: str, tmp_path: Path) -> None:
     env = {**os.environ, **CANARIES, "HF_HUB_OFFLINE": "1"}
     done = subprocess.run(
-        [sys.executable, "-m", "loops_nb.cli", "check", str(REPO / config), "--output.output_dir", str(tmp_path)],
+        [
+            sys.executable,
+            "-m",
+            "loops_nb.cli",
+            "check",
+            str(REPO / config),
+            "--output.output_dir",
+            str(tmp_path),
+        ],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -137,7 +145,9 @@ def test_agent_programs_get_their_lease_not_the_runs_credentials(monkeypatch: py
 
     for key, value in CANARIES.items():
         monkeypatch.setenv(key, value)
-    attempt = SimpleNamespace(services=SimpleNamespace(model_base_url="http://127.0.0.1:9/v1", model_api_key="lease-1"))
+    attempt = SimpleNamespace(
+        services=SimpleNamespace(model_base_url="http://127.0.0.1:9/v1", model_api_key="lease-1")
+    )
     env = agent_process_env(attempt)  # type: ignore[arg-type]
     assert env["OPENAI_BASE_URL"] == "http://127.0.0.1:9/v1" and env["OPENAI_API_KEY"] == "lease-1"
     assert not set(CANARIES) & set(env)
