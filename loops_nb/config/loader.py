@@ -286,7 +286,7 @@ def load_config(
     raw = apply_overrides(read_config_file(real), overrides)
 
     recipe = raw.get("recipe")
-    if recipe not in RECIPES:
+    if not isinstance(recipe, str) or recipe not in RECIPES:
         valid = " or ".join(f'"{r}"' for r in RECIPES)
         got = "missing" if recipe is None else f"{recipe!r}"
         raise ConfigError(f"{real}: recipe is {got}; set recipe = {valid}")

@@ -212,6 +212,7 @@ class HarborRuntime(RolloutRuntime):
                         f"runtime.options.tasks: {path} has no task.toml, nor task directories with one"
                     )
             for candidate in candidates:
+                _refuse_links_out(candidate)
                 if not HarborTask.is_valid_dir(candidate):
                     raise ConfigError(
                         f"Harbor task {candidate}: needs task.toml, instruction.md, tests/test.sh and an "
@@ -274,6 +275,19 @@ class HarborRuntime(RolloutRuntime):
 
     async def close(self) -> None:
         pass
+
+
+def _refuse_links_out(task_dir: Path) -> None:
+    """A task's files are copied into sandboxes (remote ones too): none may point outside the task."""
+    root = task_dir.resolve()
+    for path in task_dir.rglob("*"):
+        if path.is_symlink():
+            target = path.resolve()
+            if not target.is_relative_to(root):
+                raise ConfigError(
+                    f"Harbor task {task_dir}: {path.relative_to(task_dir)} links outside the task (to {target}); "
+                    "a task's files are uploaded into sandboxes, so copy the file into the task instead"
+                )
 
 
 def _task_name(config: Any) -> str:

@@ -195,7 +195,13 @@ class LocalSandboxEnvironment(JournalledSandbox, BaseEnvironment):
         task_env = {**self._plan.env, **(self.task_env_config.env or {})}
         self._persistent_env: dict[str, str] = {**task_env, **self._persistent_env}
         for source, dest in self._plan.copies:
-            await self._copy_in(self.environment_dir / source, dest)
+            path = (self.environment_dir / source).resolve()
+            if not path.is_relative_to(self.environment_dir.resolve()):
+                raise TaskNeedsImage(
+                    f"task {self.environment_name}: Dockerfile COPY {source} is outside environment/; "
+                    "a build context cannot reach it either"
+                )
+            await self._copy_in(path, dest)
 
     async def _copy_in(self, source: Path, target: str) -> None:
         try:
