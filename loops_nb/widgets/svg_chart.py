@@ -254,7 +254,9 @@ def _pad(lo: float, hi: float, *, integer: bool = False) -> tuple[float, float]:
         margin = (hi - lo) * 0.06
         return lo - margin, hi + margin
     # One point, or a flat line: centre it in a range that still shows its value.
-    half = 1.0 if integer or lo == 0 else abs(lo) * 0.1
+    if integer:  # steps: never label an axis "step -1"
+        return (lo - 1.0 if lo >= 1 else lo), hi + 1.0
+    half = 1.0 if lo == 0 else abs(lo) * 0.1
     return lo - half, hi + half
 
 

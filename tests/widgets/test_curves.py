@@ -115,3 +115,10 @@ def test_sparkline() -> None:
     assert sparkline([0, 1, 2, 3, 4, 5, 6, 7]) == "▁▂▃▄▅▆▇█"
     assert sparkline([None, 1.0]) == "▁"
     assert dot_chart([]).startswith("<div")
+
+
+def test_a_one_step_chart_never_labels_a_negative_step() -> None:
+    from loops_nb.widgets.svg_chart import Series, dot_chart
+
+    html = dot_chart([Series("reward/mean", [0.0], [0.5])])
+    assert "step -1" not in html and "step 0" in html
