@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from loops_nb.errors import UserError
+from loops_nb.errors import RunFailed, UserError
 
 _NAME = re.compile(r"^[A-Za-z0-9_.@+-]{1,200}$")
 
@@ -152,6 +152,18 @@ class RunDirectory:
                 "time": time.time(),
             }
         )
+
+    def last_step_record(self) -> dict[str, Any]:
+        """The last line of `steps.jsonl` ({} before the first step)."""
+        return next(iter(reversed(list(self.steps.records()))), {})
+
+    def record_failure(self, step: int, exc: BaseException) -> RunFailed:
+        """The `RunFailed` for a fault at `step`, resuming from the last checkpoint; noted in `run.log`."""
+        last = self.last_checkpoint()
+        failure = RunFailed(str(self.root), step, last.step if last else 0, exc)
+        with (self.root / "run.log").open("a") as log_file:
+            log_file.write(f"failed: {failure}\n")
+        return failure
 
     def rewind_to(self, step: int) -> None:
         """Forget every record past `step`: they will be redone from the checkpoint at `step`."""

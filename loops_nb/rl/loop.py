@@ -163,7 +163,7 @@ class RLRun:
                 status="completed",
                 steps=start_step,
                 start_step=start_step,
-                last_metrics=next(iter(reversed(list(self.run_dir.steps.records()))), {}),
+                last_metrics=self.run_dir.last_step_record(),
                 checkpoint=last.path,
                 sampler_path=last.sampler_path,
             )
@@ -212,11 +212,8 @@ class RLRun:
         return outcome
 
     def _failed(self, step: int, exc: Exception) -> RunFailed:
-        last = self.run_dir.last_checkpoint()
-        failure = RunFailed(str(self.run_dir.root), step, last.step if last else 0, exc)
+        failure = self.run_dir.record_failure(step, exc)
         log.error("%s", failure, exc_info=exc)
-        with (self.run_dir.root / "run.log").open("a") as log_file:
-            log_file.write(f"failed: {failure}\n")
         return failure
 
     def _on_attempt(self, record: AttemptRecord) -> None:

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from loops_nb.errors import RunFailed, UserError
+from loops_nb.errors import UserError
 from loops_nb.observers import ObserverSet
 from loops_nb.rl.loop import Outcome
 from loops_nb.rl.policy import AdamSettings
@@ -137,11 +137,7 @@ class SFTRun:
             else:
                 step = plan.total_steps
         except Exception as exc:
-            last = self.run_dir.last_checkpoint()
-            failure = RunFailed(str(self.run_dir.root), step, last.step if last else 0, exc)
-            with (self.run_dir.root / "run.log").open("a") as log_file:
-                log_file.write(f"failed: {failure}\n")
-            raise failure from exc
+            raise self.run_dir.record_failure(step, exc) from exc
         if status == "stopped" and self._eval_examples and step > start:
             # A completed run evaluated with its last step; a stopped one is measured where it stopped.
             metrics = {**metrics, **(await self._evaluate(step)).record()}
@@ -159,7 +155,7 @@ class SFTRun:
         metrics: dict[str, Any] | None = None,
     ) -> SFTOutcome:
         if metrics is None:
-            metrics = next(iter(reversed(list(self.run_dir.steps.records()))), {})
+            metrics = self.run_dir.last_step_record()
         last_eval = next(iter(reversed(list(self.evals.records()))), None)
         outcome = SFTOutcome(
             run_dir=str(self.run_dir.root),
