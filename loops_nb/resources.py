@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
+from loops_nb.errors import UserError
+
 
 @dataclass
 class ResourceEntry:
@@ -179,6 +181,16 @@ class RunLock:
         os.write(fd, f"{os.getpid()}\n".encode())
         self._fd = fd
         return True
+
+    @classmethod
+    def claim(cls, run_root: Path) -> RunLock:
+        """The held lock of the run at `run_root`, or a UserError naming the process that holds it."""
+        lock = cls(Path(run_root) / "state")
+        if not lock.acquire():
+            raise UserError(
+                f"run directory {run_root} is in use by process {lock.holder()}: wait for it, or stop it"
+            )
+        return lock
 
     def holder(self) -> str:
         try:

@@ -191,12 +191,11 @@ async def train(
         await runtime.close()
         raise UserError(problem)
     run_dir = RunDirectory.create(config.output.output_dir, config.output.run_name, project.path.stem)
-    lock = RunLock(run_dir.state)
-    if not lock.acquire():
+    try:
+        lock = RunLock.claim(run_dir.root)
+    except UserError:
         await runtime.close()
-        raise UserError(
-            f"run directory {run_dir.root} is in use by process {lock.holder()}: wait for it, or stop it"
-        )
+        raise
     try:
         return await _train_holding_lock(project, runtime, access, run_dir, observers, stop)
     finally:

@@ -169,11 +169,7 @@ async def train(
     if not len(data.train):
         raise DataError(f"no row of {config.data.train} trains: run `loops check {project.path}` to see why")
     run_dir = RunDirectory.create(config.output.output_dir, config.output.run_name, project.path.stem)
-    lock = RunLock(run_dir.state)
-    if not lock.acquire():
-        raise UserError(
-            f"run directory {run_dir.root} is in use by process {lock.holder()}: wait for it, or stop it"
-        )
+    lock = RunLock.claim(run_dir.root)
     try:
         resumed = run_dir.read_run_json()
         with (run_dir.root / "run.log").open("a") as log_file:
