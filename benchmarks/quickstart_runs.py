@@ -1,9 +1,18 @@
 """Timed runs of the shipped quickstart on the embedded local Loops, shared by the benchmarks that need
-whole runs (async vs sync, learning speed). A `StepClock` observer stamps each finished step."""
+whole runs (async vs sync, learning speed). A `StepClock` observer stamps each finished step.
+
+`python -m benchmarks.quickstart_runs '{"training.mode": "sync"}'` runs one in this process and prints
+its clock as JSON; `run_quickstart_isolated` does that in a child process, so each run starts from a
+fresh interpreter (and can get its own environment, e.g. OpenMP settings read at start-up).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -22,12 +31,16 @@ class StepClock:
     started: float = field(default_factory=time.perf_counter)
     first_step_at: float | None = None
     steps: list[tuple[float, float | None]] = field(default_factory=list)
+    splits: list[tuple[float, float]] = field(default_factory=list)
+    """(seconds waiting for rollouts, seconds training + publishing) of each step, as the run logs them."""
 
     def on_step(self, record: dict[str, Any]) -> None:
         now = time.perf_counter() - self.started
         if self.first_step_at is None:
             self.first_step_at = now
         self.steps.append((now, record.get("reward/mean")))
+        train = float(record.get("time/train_s") or 0) + float(record.get("time/publish_s") or 0)
+        self.splits.append((float(record.get("time/rollout_s") or 0), train))
 
     def seconds_to_reward(self, target: float) -> float | None:
         return next((t for t, reward in self.steps if reward is not None and reward >= target), None)
@@ -36,6 +49,11 @@ class StepClock:
         """Mean step time excluding the first step (which also pays model load and warm-up)."""
         times = [t for t, _ in self.steps]
         return (times[-1] - times[0]) / (len(times) - 1)
+
+    def mean_split_after_first(self) -> tuple[float, float]:
+        """Mean (rollout wait, train + publish) seconds per step, excluding the first step."""
+        later = self.splits[1:] or self.splits
+        return (sum(r for r, _ in later) / len(later), sum(t for _, t in later) / len(later))
 
 
 def run_quickstart(overrides: dict[str, Any]) -> StepClock:
@@ -48,3 +66,29 @@ def run_quickstart(overrides: dict[str, Any]) -> StepClock:
         clock = StepClock()
         asyncio.run(project.train(observers=[clock]))
     return clock
+
+
+def run_quickstart_isolated(overrides: dict[str, Any], env: dict[str, str] | None = None) -> StepClock:
+    """`run_quickstart` in a fresh Python process with `env` added to this one's environment."""
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.quickstart_runs", json.dumps(overrides)],
+        env={**os.environ, **(env or {})},
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"quickstart run {overrides} failed:\n{done.stderr[-3000:]}")
+    clock = json.loads(done.stdout.strip().splitlines()[-1])
+    return StepClock(
+        started=0.0,
+        first_step_at=clock["first_step_at"],
+        steps=[tuple(s) for s in clock["steps"]],  # type: ignore[misc]
+        splits=[tuple(s) for s in clock["splits"]],  # type: ignore[misc]
+    )
+
+
+if __name__ == "__main__":
+    result = run_quickstart(json.loads(sys.argv[1]))
+    print(json.dumps({"first_step_at": result.first_step_at, "steps": result.steps, "splits": result.splits}))
