@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from loops_nb.errors import ConfigError
-from loops_nb.providers.bubblewrap import SandboxUnavailable, bwrap_path
+from loops_nb.providers.bubblewrap import SandboxUnavailable, bwrap_path, remove_tree
 from loops_nb.providers.config import (
     BlaxelProviderConfig,
     DaytonaProviderConfig,
@@ -102,7 +102,9 @@ class LocalProvider:
             return f"skipped: {path} is not a local sandbox directory"
         if not path.exists():
             return f"already gone: {path}"
-        await asyncio.to_thread(shutil.rmtree, path, True)
+        if not await asyncio.to_thread(remove_tree, path):
+            # Raising keeps the entry live, so the next cleanup tries again instead of forgetting it.
+            raise OSError(f"could not remove {path}")
         return f"removed {path}"
 
 

@@ -31,6 +31,15 @@ class SandboxUnavailable(RuntimeError):
     """bubblewrap is missing or cannot create namespaces here."""
 
 
+class SandboxDied(RuntimeError):
+    """The sandbox died under a running trial: its `bwrap` was killed, or its host directory was removed.
+
+    Not the task's doing and not the model's: the attempt must be discarded, never graded. The message
+    never says "timed out" (nor quotes the command, which might), so agents that answer a timeout to the
+    model as its own mistake (`ShellAgent`) raise this one instead.
+    """
+
+
 @dataclass(frozen=True)
 class CommandResult:
     return_code: int
@@ -79,8 +88,22 @@ class BubblewrapSandbox:
         for host in self.mounts.values():
             host.mkdir(parents=True, exist_ok=True)
 
-    def remove(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)
+    def remove(self) -> bool:
+        """Delete the sandbox's host directory; True when it is gone."""
+        return remove_tree(self.root)
+
+    def check(self) -> None:
+        """Raise SandboxDied when a host directory behind a writable path is gone.
+
+        Without this, bwrap fails to bind it ("Can't find source path", exit code 1), which an agent may
+        take for its command's failure; and a file upload would quietly recreate part of the tree.
+        """
+        for target, host in self.mounts.items():
+            if not host.is_dir():
+                raise SandboxDied(
+                    f"the local sandbox died: its directory {host} (behind {target}) was removed from the "
+                    "host while the trial ran"
+                )
 
     def host_path(self, sandbox_path: str) -> Path:
         """The host path behind a sandbox path; only paths under a writable mount have one."""
@@ -122,7 +145,12 @@ class BubblewrapSandbox:
         env: Mapping[str, str] | None = None,
         timeout: float | None = None,
     ) -> CommandResult:
-        """Run `bash -c command` in the sandbox; a timeout kills it and raises TimeoutError."""
+        """Run `bash -c command` in the sandbox; a timeout kills it and raises TimeoutError.
+
+        Raises SandboxDied when the sandbox's directory is gone, before or after the command, or when the
+        bwrap process itself was killed by a signal from outside.
+        """
+        self.check()
         proc = await asyncio.create_subprocess_exec(
             *self.argv(command, cwd, env),
             stdin=asyncio.subprocess.DEVNULL,
@@ -136,6 +164,16 @@ class BubblewrapSandbox:
             if proc.returncode is None:
                 _kill_group(proc.pid)
                 await proc.wait()
+        if proc.returncode is not None and proc.returncode < 0:
+            # bwrap reports a command that died of signal N as exit code 128 + N, as a shell does; a
+            # negative code is bwrap itself killed (an operator's kill, the OOM killer, a crash). Its
+            # --die-with-parent and PID namespace take the command down with it, and whatever the
+            # command left half done is no state to grade.
+            raise SandboxDied(
+                f"the local sandbox died: its bwrap process was killed by {_signal_name(-proc.returncode)} "
+                "from outside the sandbox while a command ran"  # not the command: it may say "timed out"
+            )
+        self.check()  # removed while the command ran: what it wrote went with the directory
         return CommandResult(proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace"))
 
 
@@ -166,6 +204,34 @@ def _host_tree(directory: Path, targets: set[PurePosixPath], ancestors: set[Pure
         elif directory != Path("/"):
             args += ["--ro-bind", str(entry), str(entry)]  # a file beside a target's directory
     return args
+
+
+def remove_tree(path: Path) -> bool:
+    """Delete a sandbox directory, also what a task made read-only; True when it is gone.
+
+    A task running as this user may leave a directory without write permission (`chmod 555 dir`), and
+    `rmtree` cannot empty it: open such directories up and try again, rather than report a removal that
+    did not happen. Links are never followed, so nothing outside the directory changes mode.
+    """
+    shutil.rmtree(path, ignore_errors=True)
+    if path.exists() and not path.is_symlink():
+        with contextlib.suppress(OSError):
+            os.chmod(path, 0o700)
+        for parent, dirs, _ in os.walk(path):  # top-down: each directory is opened before it is entered
+            for name in dirs:
+                child = os.path.join(parent, name)
+                if not os.path.islink(child):
+                    with contextlib.suppress(OSError):
+                        os.chmod(child, 0o700)
+        shutil.rmtree(path, ignore_errors=True)
+    return not os.path.lexists(path)
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def _kill_group(pid: int) -> None:

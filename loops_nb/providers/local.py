@@ -12,6 +12,7 @@ fault, unless `[providers.local] ignore_dockerfile = true`.
 from __future__ import annotations
 
 import asyncio
+import logging
 import shlex
 import shutil
 import tempfile
@@ -26,10 +27,11 @@ from harbor.environments.options import EnvironmentOptions
 from harbor.models.trial.paths import EnvironmentPaths
 from pydantic import Field
 
-from loops_nb.providers.bubblewrap import BubblewrapSandbox, bwrap_path
+from loops_nb.providers.bubblewrap import BubblewrapSandbox, SandboxDied, bwrap_path
 from loops_nb.providers.journalled import JournalledSandbox
 
 DEFAULT_WORKDIR = "/app"
+logger = logging.getLogger(__name__)
 
 
 class LocalSandboxOptions(EnvironmentOptions):
@@ -143,6 +145,7 @@ class LocalSandboxEnvironment(JournalledSandbox, BaseEnvironment):
         self._journal_open(options.loops_journal)
         self._plan = read_dockerfile(self.environment_dir / "Dockerfile")
         self._sandbox: BubblewrapSandbox | None = None
+        self._died: SandboxDied | None = None
 
     @staticmethod
     def type() -> str:
@@ -219,8 +222,18 @@ class LocalSandboxEnvironment(JournalledSandbox, BaseEnvironment):
             await asyncio.to_thread(shutil.copy2, source, host)
 
     def _require(self) -> BubblewrapSandbox:
+        """The running sandbox; SandboxDied when it died earlier in this trial or its directory is gone."""
+        if self._died is not None:
+            # A dead sandbox stays dead: an agent that swallowed the first error must not go on, nor
+            # its verifier grade what is left, even where a later upload recreates part of the tree.
+            raise SandboxDied(f"{self._died} (earlier in this trial)")
         if self._sandbox is None:
             raise RuntimeError("the local sandbox is not started")
+        try:
+            self._sandbox.check()
+        except SandboxDied as exc:
+            self._died = exc
+            raise
         return self._sandbox
 
     async def stop(self, delete: bool) -> None:
@@ -228,8 +241,14 @@ class LocalSandboxEnvironment(JournalledSandbox, BaseEnvironment):
         options: LocalSandboxOptions = self.options  # type: ignore[assignment]
         if sandbox is None or options.keep_sandboxes:
             return
-        await asyncio.to_thread(sandbox.remove)
-        self._journal_released()
+        if await asyncio.to_thread(sandbox.remove):
+            self._journal_released()
+        else:
+            # Never journal a removal that did not happen: the entry stays live for `loops cleanup`.
+            logger.warning(
+                "could not remove the local sandbox %s; it stays live in the journal for `loops cleanup`",
+                sandbox.root,
+            )
 
     async def exec(
         self,
@@ -244,6 +263,9 @@ class LocalSandboxEnvironment(JournalledSandbox, BaseEnvironment):
             result = await sandbox.run(command, cwd, self._merge_env(env), timeout_sec)
         except TimeoutError:
             raise RuntimeError(f"command timed out after {timeout_sec} seconds: {command[:200]}") from None
+        except SandboxDied as exc:
+            self._died = exc  # every later exec, upload and download raises too (see _require)
+            raise
         return ExecResult(stdout=result.stdout, stderr=result.stderr, return_code=result.return_code)
 
     async def upload_file(self, source_path: Path | str, target_path: str) -> None:
