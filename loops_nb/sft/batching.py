@@ -26,12 +26,12 @@ import hashlib
 import random
 from array import array
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from loops_nb.errors import DataError
-from loops_nb.sft.data import RefusedRow, parse_line
+from loops_nb.sft.data import RefusedRow, is_blank, parse_line
 from loops_nb.sft.rendering import Example, RenderedRow, Renderer, RenderResult
 from loops_nb.sft.report import CheckReport
 
@@ -151,7 +151,7 @@ def stream_rendered(
         offset = 0
         for row_number, line in enumerate(f, start=1):
             start, offset = offset, offset + len(line)
-            if not line.strip():
+            if is_blank(line):
                 continue
             if (max_rows is not None and read >= max_rows) or (stop is not None and stop()):
                 return
@@ -274,10 +274,20 @@ class HeldOut:
     refused: int = 0
     truncated: bool = False
     """True when the eval file was read only until ``eval_max_examples`` examples were found."""
+    path: Path | None = None
+    """The file the held-out rows are read from (the eval file, or the training file)."""
+    refusals: list[tuple[int, str]] = field(default_factory=list)
+    """``(row_number, reason)`` of every refused held-out row: `check` lists them as it lists training rows."""
 
     @property
     def examples(self) -> int:
         return 0 if self.index is None else len(self.index)
+
+    def count(self, result: RenderResult) -> None:
+        self.rows += 1
+        if isinstance(result, RefusedRow):
+            self.refused += 1
+            self.refusals.append((result.row_number, result.reason))
 
 
 @dataclass
@@ -303,12 +313,13 @@ class SFTData:
         if d.eval is not None:
             if not d.eval.is_file():
                 raise DataError(missing_data_message(d.eval, "data.eval", config_path))
-            held = HeldOut(f"the eval file {d.eval.name}", ExampleIndex(d.eval))
+            held = HeldOut(f"the eval file {d.eval.name}", ExampleIndex(d.eval), path=d.eval)
         elif d.eval_fraction > 0:
             held = HeldOut(
                 f"{d.eval_fraction:.0%} of the training rows, chosen by a hash of the row number and "
                 f"data.shuffle_seed ({d.shuffle_seed})",
                 ExampleIndex(d.train),
+                path=d.train,
             )
         else:
             held = HeldOut("none (data.eval_fraction = 0 and no data.eval)")
@@ -323,18 +334,17 @@ class SFTData:
                 if index is train:
                     yield result
                 else:  # a held-out row (maybe past the cap): counted, never trained
-                    held.rows += 1
-                    held.refused += isinstance(result, RefusedRow)
+                    held.count(result)
 
         report = CheckReport.build(training_rows(), _AlreadyRendered(), epochs=t.epochs)  # type: ignore[arg-type]
+        report.source = str(d.train)
         if d.eval is not None:
             assert held.index is not None
             eval_index = held.index
             for _, result in stream_rendered(
                 d.eval, renderer, route=lambda _: eval_index, stop=lambda: len(eval_index) >= cap
             ):
-                held.rows += 1
-                held.refused += isinstance(result, RefusedRow)
+                held.count(result)
             held.truncated = len(eval_index) >= cap
         plan = BatchPlan(
             train, batch_tokens=t.batch_tokens, epochs=t.epochs, seed=d.shuffle_seed, max_steps=t.max_steps

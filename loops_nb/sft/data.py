@@ -37,6 +37,11 @@ from pydantic import (
 from loops_nb.errors import DataError
 
 ROLES = ("system", "user", "assistant", "tool")
+# Deeper rows are refused before validation. Without a bound, JSON nested a few thousand levels deep raises
+# RecursionError in json.loads, and a few hundred levels inside tool arguments passes validation but makes pydantic's
+# serializer (and Jinja's tojson) fail mid-render. 100 levels leaves ample room for real tool argument schemas.
+MAX_DEPTH = 100
+_BOM = b"\xef\xbb\xbf"
 _CHAT_KEYS = frozenset({"messages", "tools"})
 _TOKENIZED_KEYS = frozenset({"input_ids", "weights"})
 
@@ -61,6 +66,14 @@ class FunctionCall(_Strict):
                 value = json.loads(value)
             except json.JSONDecodeError as exc:
                 raise ValueError(f"not valid JSON ({exc.msg} at character {exc.pos})") from None
+            except RecursionError:
+                raise ValueError(f"JSON nested more than {MAX_DEPTH} levels deep") from None
+            except ValueError as exc:  # e.g. an integer of more than 4300 digits
+                raise ValueError(f"not valid JSON ({str(exc).split(';')[0]})") from None
+            # The string was not seen by the row's own check: bound its depth and surrogates too.
+            problem = _unreadable(value, root="the decoded arguments")
+            if problem:
+                raise ValueError(problem)
         if not isinstance(value, dict):
             raise ValueError(f"must be a JSON object, got {_json_type(value)}")
         return value
@@ -106,7 +119,7 @@ class Message(_Strict):
     @classmethod
     def _check_role(cls, value: Any) -> Any:
         if value not in ROLES:
-            raise ValueError(f"unknown role {value!r}; expected one of {', '.join(ROLES)}")
+            raise ValueError(f"unknown role {show(value)}; expected one of {', '.join(ROLES)}")
         return value
 
     @field_validator("content", mode="before")
@@ -119,7 +132,7 @@ class Message(_Strict):
             if not isinstance(part, dict) or part.get("type") != "text":
                 kind = part.get("type") if isinstance(part, dict) else _json_type(part)
                 raise ValueError(
-                    f"part {i} is {kind!r}; only text parts ({{'type': 'text', 'text': ...}}) train"
+                    f"part {i} is {show(kind)}; only text parts ({{'type': 'text', 'text': ...}}) train"
                 )
             if set(part) != {"type", "text"} or not isinstance(part["text"], str):
                 raise ValueError(f"part {i} must be exactly {{'type': 'text', 'text': <string>}}")
@@ -132,7 +145,7 @@ class Message(_Strict):
         # OpenAI's contract is 0 or 1; True/False and 0.5 are refused rather than guessed at.
         if value is None or (type(value) in (int, float) and value in (0, 1)):
             return None if value is None else int(value)
-        raise ValueError(f"must be 0 or 1, got {value!r}")
+        raise ValueError(f"must be 0 or 1, got {show(value)}")
 
     @property
     def trains(self) -> bool:
@@ -165,7 +178,7 @@ class ChatRow(_Strict):
         tool_names = [t.function.name for t in self.tools or ()]
         if len(set(tool_names)) != len(tool_names):
             dup = next(n for n in tool_names if tool_names.count(n) > 1)
-            raise ValueError(f"tools: the tool {dup!r} is defined twice")
+            raise ValueError(f"tools: the tool {show(dup)} is defined twice")
         call_ids: set[str] = set()
         for i, m in enumerate(self.messages):
             _check_message(i, m, tool_names if self.tools else None, call_ids)
@@ -212,16 +225,21 @@ def _check_message(i: int, m: Message, tool_names: list[str] | None, call_ids: s
             raise ValueError(f"{at}: empty assistant turn (no content and no tool_calls)")
         for k, call in enumerate(m.tool_calls or ()):
             if tool_names is not None and call.function.name not in tool_names:
+                # Listed as written when short and printable; a long or odd name is cut and quoted.
+                named = ", ".join(n if n.isprintable() and len(n) <= 40 else show(n) for n in tool_names[:10])
+                named += ", ..." if len(tool_names) > 10 else ""
                 raise ValueError(
-                    f"{at}.tool_calls[{k}].function.name: {call.function.name!r} is not one of the row's tools "
-                    f"({', '.join(tool_names)})"
+                    f"{at}.tool_calls[{k}].function.name: {show(call.function.name)} is not one of the row's "
+                    f"tools ({named})"
                 )
             call_ids.add(call.id)
     elif m.role == "tool":
         if m.tool_call_id is None:
             raise ValueError(f"{at}.tool_call_id: a tool message needs the id of the call it answers")
         if m.tool_call_id not in call_ids:
-            raise ValueError(f"{at}.tool_call_id: {m.tool_call_id!r} matches no earlier assistant tool call")
+            raise ValueError(
+                f"{at}.tool_call_id: {show(m.tool_call_id)} matches no earlier assistant tool call"
+            )
         if m.content is None:
             raise ValueError(f"{at}.content: a tool message needs content (the tool's result)")
     else:
@@ -233,7 +251,7 @@ def _check_message(i: int, m: Message, tool_names: list[str] | None, call_ids: s
 
 def _finite_weight(value: Any) -> Any:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"must be a finite number >= 0, got {value!r}")
+        raise ValueError(f"must be a finite number >= 0, got {show(value)}")
     return float(value)
 
 
@@ -257,7 +275,7 @@ class TokenizedRow(_Strict):
             raise ValueError(f"must be a list of token ids, got {_json_type(value)}")
         for i, v in enumerate(value):
             if type(v) is not int or v < 0:
-                raise ValueError(f"[{i}]: must be a token id (an integer >= 0), got {v!r}")
+                raise ValueError(f"[{i}]: must be a token id (an integer >= 0), got {show(v)}")
         return value
 
     @field_validator("weights", mode="before")
@@ -302,6 +320,9 @@ def parse_row(obj: Any, row_number: int = 0) -> RowResult:
     """Validate one decoded JSON value as a chat or tokenized row; never raises for bad data."""
     if not isinstance(obj, Mapping):
         return RefusedRow(row_number, f"a row must be a JSON object, got {_json_type(obj)}")
+    problem = _unreadable(obj)
+    if problem:
+        return RefusedRow(row_number, problem)
     keys = set(obj)
     chat, tokenized = keys & _CHAT_KEYS, keys & _TOKENIZED_KEYS
     if chat and tokenized:
@@ -328,14 +349,31 @@ def parse_row(obj: Any, row_number: int = 0) -> RowResult:
 
 
 def parse_line(line: bytes | str, row_number: int) -> RowResult:
-    """Decode and validate one JSONL line."""
+    """Decode and validate one JSONL line. A leading UTF-8 byte order mark is skipped: editors on Windows write
+    one at the start of a file, and ``cat`` of such files puts one at the start of later lines too."""
     try:
-        obj = json.loads(line.decode("utf-8") if isinstance(line, bytes) else line)
+        text = (
+            line.removeprefix(_BOM).decode("utf-8")
+            if isinstance(line, bytes)
+            else line.removeprefix("\ufeff")
+        )
+        obj = json.loads(text)
     except UnicodeDecodeError as exc:
-        return RefusedRow(row_number, f"not UTF-8 text ({exc.reason} at byte {exc.start})")
+        return RefusedRow(
+            row_number, f"not UTF-8 text ({exc.reason} at byte {exc.start}); save the file as UTF-8"
+        )
     except json.JSONDecodeError as exc:
         return RefusedRow(row_number, f"invalid JSON: {exc.msg} (column {exc.colno})")
+    except RecursionError:
+        return RefusedRow(row_number, f"JSON nested more than {MAX_DEPTH} levels deep")
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits
+        return RefusedRow(row_number, f"invalid JSON: {str(exc).split(';')[0]}")
     return parse_row(obj, row_number)
+
+
+def is_blank(line: bytes) -> bool:
+    """Whether a line of a JSONL file holds no row (only whitespace, maybe after a byte order mark)."""
+    return not line.removeprefix(_BOM).strip()
 
 
 def read_rows(path: str | Path) -> Iterator[RowResult]:
@@ -353,7 +391,7 @@ def read_rows(path: str | Path) -> Iterator[RowResult]:
 def _stream(path: Path) -> Iterator[RowResult]:
     with path.open("rb") as f:
         for row_number, line in enumerate(f, start=1):
-            if line.strip():
+            if not is_blank(line):
                 yield parse_line(line, row_number)
 
 
@@ -380,7 +418,8 @@ def _reason(exc: ValidationError) -> str:
     err = exc.errors(include_url=False)[0]
     path = ""
     for part in err["loc"]:
-        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+        path = _path(path, part)
+    path = _cut(path)
     kind = err["type"]
     if kind == "value_error":
         msg = str(err["ctx"]["error"])
@@ -400,15 +439,71 @@ def _reason(exc: ValidationError) -> str:
     return f"{path}: {msg}"
 
 
+def _unreadable(obj: Any, root: str = "the row") -> str | None:
+    """Why a decoded row cannot be read as text at all, naming the place: nesting deeper than `MAX_DEPTH`, or a
+    string holding a lone UTF-16 surrogate (JSON's ``"\\ud800"`` decodes to one). Such a string is not text: the
+    tokenizer cannot encode it and printing it fails, so it is refused here rather than crash a later stage.
+
+    Iterative, so it never recurses itself; in-memory records that contain themselves stop at the depth bound.
+    """
+    stack: list[tuple[Any, str, int]] = [(obj, root, 0)]
+    while stack:
+        value, where, depth = stack.pop()
+        if isinstance(value, str):
+            if not value.isascii():
+                try:
+                    value.encode("utf-8")
+                except UnicodeEncodeError as exc:
+                    return (
+                        f"{_cut(where)}: contains a lone surrogate ({value[exc.start]!r} at character {exc.start}), "
+                        f"which is not text; fix the program that wrote the file"
+                    )
+        elif isinstance(value, Mapping | list | tuple):
+            if depth >= MAX_DEPTH:
+                return f"{_cut(where)}: JSON nested more than {MAX_DEPTH} levels deep"
+            path = "" if depth == 0 else where
+            items = value.items() if isinstance(value, Mapping) else enumerate(value)
+            for key, item in items:
+                if isinstance(key, str):
+                    stack.append((key, f"the key {show(key)} of {path or root}", depth + 1))
+                stack.append((item, _path(path, key), depth + 1))
+    return None
+
+
+def _cut(path: str, limit: int = 80) -> str:
+    return path if len(path) <= limit else f"{path[:limit]}..."
+
+
+def _path(path: str, key: Any) -> str:
+    """``path`` extended by a list index or an object key; odd keys (not identifiers) are quoted and cut."""
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    if isinstance(key, str) and key.isidentifier() and len(key) <= 40:
+        return f"{path}.{key}" if path else key
+    return f"{path}[{show(key)}]"
+
+
+def show(value: Any, limit: int = 40) -> str:
+    """A value as it may appear in a refusal: ``repr`` cut to ``limit`` characters, so one line stays one short
+    line (repr escapes newlines and surrogates) however long the value the row holds."""
+    if isinstance(value, str) and len(value) > limit:
+        return f"{value[:limit]!r}... ({len(value):,} characters)"
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**limit:
+        # repr of a huge int is long, and past 4300 digits raises ValueError
+        return f"an integer of about {int(value.bit_length() * 0.30103):,} digits"
+    text = repr(value) if isinstance(value, str | int | float | bool) or value is None else _json_type(value)
+    return text if len(text) <= limit + 2 else f"{text[:limit]}..."
+
+
 def _json_type(value: Any) -> str:
     if value is None:
         return "null"
     if isinstance(value, bool):
         return "a boolean"
     if isinstance(value, int | float):
-        return f"the number {value!r}"
+        return f"the number {show(value)}"
     if isinstance(value, str):
-        return f"the string {value[:40]!r}"
+        return f"the string {show(value)}"
     if isinstance(value, list):
         return "a list"
     if isinstance(value, dict):

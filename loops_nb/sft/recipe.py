@@ -21,7 +21,7 @@ from loops_nb.resources import RunLock
 from loops_nb.run_dir import RunDirectory
 from loops_nb.sft.batching import SFTData
 from loops_nb.sft.config import SFTConfig
-from loops_nb.sft.report import CheckReport
+from loops_nb.sft.report import CheckReport, refusal_lines
 from loops_nb.sft.schedule import describe_schedule
 from loops_nb.sft.train import SFTOutcome, SFTRun
 from loops_nb.tokenization import load_model_tokenizer
@@ -84,6 +84,11 @@ def plan_lines(config: SFTConfig, data: SFTData) -> list[str]:
             f"{held.refused:,} refused; the held-out loss uses the first {min(held.examples, data.eval_cap):,} "
             f"(training.eval_max_examples {data.eval_cap:,})"
         )
+        # Held-out rows are not in the training report: list their refusals here, or a bad row that the split
+        # happened to hold out would be counted but never named.
+        if held.refused:
+            path = str(held.path) if held.path is not None else None
+            lines += refusal_lines("held-out rows refused", held.refusals, held.refused, path, rest="")
     per_epoch = " + ".join(f"{n:,}" for n in plan.steps_per_epoch[:4]) + (" + ..." if t.epochs > 4 else "")
     capped = f"; max_steps {t.max_steps:,}" if t.max_steps is not None else ""
     lines.append(

@@ -272,7 +272,10 @@ class Renderer:
             return self.template.render(messages, tools, add_generation_prompt=prompt)
         except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
             upto = f"messages[:{j}] with the generation prompt" if prompt else f"messages[:{j + 1}]"
-            raise _Refusal(f"messages[{j}]: the chat template failed to render {upto}: {exc}") from None
+            # The error text may quote the row (a KeyError repeats the key): keep it to one short line.
+            error = " ".join(str(exc).split())
+            error = error if len(error) <= 200 else f"{error[:200]}..."
+            raise _Refusal(f"messages[{j}]: the chat template failed to render {upto}: {error}") from None
 
     def _locate_turn(self, row: ChatRow, messages: list[dict[str, Any]], tools: Any, j: int) -> _Turn:
         if j == 0:

@@ -40,6 +40,8 @@ class CheckReport:
     batch_size: int | None = None
     epochs: int = 1
     steps_per_epoch: int | None = None
+    source: str | None = None
+    """The data file the rows came from, named where refusals are listed (None for in-memory rows)."""
     length_counts: list[int] = field(default_factory=lambda: [0] * (len(LENGTH_BINS) + 1))
     samples: list[RenderedRow] = field(default_factory=list)
     _row_numbers: array = field(default_factory=lambda: array("q"), repr=False)
@@ -83,7 +85,9 @@ class CheckReport:
     @classmethod
     def from_file(cls, path: str | Path, renderer: Renderer, **kwargs: int | None) -> CheckReport:
         """`build` over a JSONL file, read line by line."""
-        return cls.build(read_rows(path), renderer, **kwargs)  # type: ignore[arg-type]
+        report = cls.build(read_rows(path), renderer, **kwargs)  # type: ignore[arg-type]
+        report.source = str(path)
+        return report
 
     def _add(self, result: RenderedRow | RefusedRow, n_samples: int) -> None:
         self.rows_read += 1
@@ -185,11 +189,7 @@ class CheckReport:
             lines.append(f"  split per turn: {self.rows_split:,} rows into {self.split_examples:,} examples")
             first = next(i for i, s in enumerate(self._status) if s == 1)
             lines.append(f"    e.g. row {self._row_numbers[first]}: {self._reasons.get(first)}")
-        lines.append(f"  refused: {self.rows_refused:,}")
-        for row_number, reason in self.refusals[:_LISTED_REFUSALS]:
-            lines.append(f"    row {row_number}: {reason}")
-        if self.rows_refused > _LISTED_REFUSALS:
-            lines.append(f"    ... and {self.rows_refused - _LISTED_REFUSALS:,} more (see report.rows)")
+        lines += refusal_lines("refused", self.refusals, self.rows_refused, self.source)
         share = f" ({self.trained_tokens / self.tokens:.1%})" if self.tokens else ""
         lines.append(
             f"examples: {self.n_examples:,}; tokens: {self.tokens:,}, trained {self.trained_tokens:,}{share}, "
@@ -215,6 +215,27 @@ class CheckReport:
                 f"~{self.total_steps:,} steps"
             )
         return lines
+
+
+def refusal_lines(
+    what: str,
+    refusals: list[tuple[int, str]],
+    count: int,
+    source: str | None,
+    *,
+    rest: str = " (see report.rows)",
+) -> list[str]:
+    """``what: N`` and the first refused rows, one line each, under a line naming the file and what to do:
+    a user reading ``row 12: ...`` must know which file row 12 is in, and that the other rows still count."""
+    if not count:
+        return [f"  {what}: 0"]
+    rows = " row" if count == 1 else " rows"
+    of = f"{rows} of {source}" if source else rows
+    lines = [f"  {what}: {count:,}{of} (the other rows are unaffected); fix or remove these:"]
+    lines += [f"    row {row_number}: {reason}" for row_number, reason in refusals[:_LISTED_REFUSALS]]
+    if count > _LISTED_REFUSALS:
+        lines.append(f"    ... and {count - _LISTED_REFUSALS:,} more{rest}")
+    return lines
 
 
 def _bin(n: int) -> int:

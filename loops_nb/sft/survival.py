@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from loops_nb.sft.data import ChatRow, Message
+from loops_nb.sft.data import ChatRow, Message, show
 
 _FIX_TOOLS = 'set [model] chat_template to a tool-capable template (e.g. "chatml-tools")'
 
@@ -75,13 +75,13 @@ def _missing_calls(at: str, m: Message, rendered: str, where: str) -> str | None
         fn = call.function
         if not _found(fn.name, rendered):
             return (
-                f"{at}.tool_calls[{k}]: the chat template dropped this tool call (its name {fn.name!r} is not in "
+                f"{at}.tool_calls[{k}]: the chat template dropped this tool call (its name {show(fn.name)} is not in "
                 f"the rendered {where}); {_FIX_TOOLS}"
             )
         for leaf in _leaves(fn.arguments):
             if not _found(leaf, rendered):
                 return (
-                    f"{at}.tool_calls[{k}]: the chat template dropped this tool call's arguments ({leaf!r} is not "
+                    f"{at}.tool_calls[{k}]: the chat template dropped this tool call's arguments ({show(leaf)} is not "
                     f"in the rendered {where}); {_FIX_TOOLS}"
                 )
     return None
@@ -117,7 +117,7 @@ def check_context(row: ChatRow, upto: int, skip: set[int], text: str) -> str | N
     for t, tool in enumerate(row.tools or ()):
         if not _found(tool.function.name, text):
             return (
-                f"tools[{t}]: the chat template dropped this tool definition ({tool.function.name!r} is not in "
+                f"tools[{t}]: the chat template dropped this tool definition ({show(tool.function.name)} is not in "
                 f"the rendered text); {_FIX_TOOLS}"
             )
     return None

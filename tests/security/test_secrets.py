@@ -152,3 +152,90 @@ def test_agent_programs_get_their_lease_not_the_runs_credentials(monkeypatch: py
     assert env["OPENAI_BASE_URL"] == "http://127.0.0.1:9/v1" and env["OPENAI_API_KEY"] == "lease-1"
     assert not set(CANARIES) & set(env)
     assert "127.0.0.1" in env["NO_PROXY"]
+
+
+POSITIVE_CONTROL = {
+    "cells": [
+        {
+            "cell_type": "code",
+            "id": "leak",
+            "metadata": {},
+            "execution_count": None,
+            "outputs": [],
+            "source": "import os\nprint(os.environ['BASETEN_API_KEY'], os.environ['BL_API_KEY'])",
+        }
+    ],
+    "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+    "nbformat": 4,
+    "nbformat_minor": 5,
+}
+NOTEBOOKS = {
+    # The same tiny parameters as tests/notebooks/test_notebooks.py; run_name fixes where the run is written.
+    # sft_tool_use.ipynb (max_steps 1, max_rows 4, compare_rows 0) passes too, but took 264 s here against
+    # 160 s for this one on two shared cores, so it is left out to keep the file near two minutes.
+    "rl_quickstart.ipynb": {"max_steps": 2, "group_size": 4, "groups_per_step": 2, "max_tokens": 8},
+}
+
+
+def _plant_canaries(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in CANARIES.items():
+        monkeypatch.setenv(key, value)
+    # LOOPS_BASE_URL would point the local scope at a `loops serve`; without it, an embedded Loops must start.
+    monkeypatch.delenv("LOOPS_BASE_URL", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def _execute(source: Path, out: Path, parameters: dict, cwd: Path) -> None:
+    import papermill as pm
+
+    pm.execute_notebook(
+        str(source),
+        str(out),
+        parameters=parameters,
+        kernel_name="python3",
+        cwd=str(cwd),
+        progress_bar=False,
+        execution_timeout=600,
+    )
+
+
+def test_a_notebook_kernel_sees_the_canaries_and_the_scan_finds_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The control for the test below: the kernel inherits the planted credentials, and a notebook that does
+    print one is caught by the same scan. Without it, the test below could pass by never planting anything."""
+    import nbformat
+
+    pytest.importorskip("papermill")
+    _plant_canaries(monkeypatch)
+    source = tmp_path / "leak.ipynb"
+    nbformat.write(nbformat.from_dict(POSITIVE_CONTROL), source)
+    out = tmp_path / "out" / "leak.ipynb"
+    out.parent.mkdir()
+    _execute(source, out, {}, tmp_path)
+    assert files_containing(out.parent, list(CANARIES.values())) == [
+        f"{out}: {CANARIES['BASETEN_API_KEY']}",
+        f"{out}: {CANARIES['BL_API_KEY']}",
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("notebook", sorted(NOTEBOOKS))
+def test_a_notebook_never_saves_its_credentials(
+    notebook: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A notebook run with every credential planted (papermill, tiny parameters, the local scope): no canary in
+    the saved .ipynb (outputs, widget state, metadata) nor in the run directory; and BASETEN_API_KEY set does not
+    move the local scope off its embedded Loops."""
+    pytest.importorskip("papermill")
+    _plant_canaries(monkeypatch)
+    out = tmp_path / notebook
+    # cwd is tmp_path: the configs' relative output_dir ("runs") lands there, and nothing else is written.
+    _execute(REPO / "notebooks" / notebook, out, {**NOTEBOOKS[notebook], "run_name": "canary"}, tmp_path)
+    saved = out.read_text()
+    assert "status: completed" in saved and "scope local" in saved
+    run = tmp_path / "runs" / "canary"
+    run_json = (run / "run.json").read_text()
+    assert '"scope": "local"' in run_json
+    assert (run / "state" / "local_loops").is_dir(), "the embedded Loops ran, not Baseten"
+    assert files_containing(tmp_path, list(CANARIES.values())) == []
