@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import resource
 import time
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from loops_nb.compute import LoopsConnection, require_api_key
+from loops_nb.config_drift import resume_drift
 from loops_nb.episodes import load_runtime
 from loops_nb.errors import UserError
 from loops_nb.mirrors import run_observers
@@ -42,6 +44,8 @@ FILES_PER_ATTEMPT = 4
 """Sockets and files one live in-process attempt may hold (sampler connection, transcript, spare)."""
 FILES_BASELINE = 256
 """Open files the process needs besides attempts (torch, the servers, logs)."""
+
+log = logging.getLogger(__name__)
 
 
 def files_needed(max_concurrent: int, per_attempt: int = FILES_PER_ATTEMPT) -> int:
@@ -192,12 +196,15 @@ async def train(
         raise UserError(problem)
     run_dir = RunDirectory.create(config.output.output_dir, config.output.run_name, project.path.stem)
     try:
+        drift = resume_drift(
+            "rl", run_dir.read_run_json(), json.loads(config.model_dump_json()), str(run_dir.root)
+        )
         lock = RunLock.claim(run_dir.root)
     except UserError:
         await runtime.close()
         raise
     try:
-        return await _train_holding_lock(project, runtime, access, run_dir, observers, stop)
+        return await _train_holding_lock(project, runtime, access, run_dir, observers, stop, drift)
     finally:
         lock.release()
 
@@ -209,13 +216,16 @@ async def _train_holding_lock(
     run_dir: RunDirectory,
     observers: list[Any] | None,
     stop: asyncio.Event | None,
+    drift: list[str],
 ) -> Outcome:
     config: RLConfig = project.config  # type: ignore[assignment]
     resumed = run_dir.read_run_json()
     # The journal exists before the runtime can create anything; `loops cleanup` reads it after a crash.
     resources = ResourceRegistry(ResourceJournal.at(run_dir.state / "journal.jsonl"))
     bind_run(runtime, project, run_dir.state, resources)
-    header = project.describe()
+    header = project.describe() + drift
+    for line in drift:
+        log.warning("%s: %s", run_dir.root, line)
     with (run_dir.root / "run.log").open("a") as log_file:
         log_file.write("\n".join(header) + "\n")
     config_dump = json.loads(config.model_dump_json())

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from loops_nb.compute import LoopsConnection, require_api_key
+from loops_nb.config_drift import resume_drift
 from loops_nb.errors import DataError, UserError
 from loops_nb.mirrors import run_observers
 from loops_nb.observers import ObserverSet
@@ -28,6 +30,8 @@ from loops_nb.tokenization import load_model_tokenizer
 
 if TYPE_CHECKING:
     from loops_nb.project import Project
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -174,11 +178,16 @@ async def train(
     if not len(data.train):
         raise DataError(f"no row of {config.data.train} trains: run `loops check {project.path}` to see why")
     run_dir = RunDirectory.create(config.output.output_dir, config.output.run_name, project.path.stem)
+    drift = resume_drift(
+        "sft", run_dir.read_run_json(), json.loads(config.model_dump_json()), str(run_dir.root)
+    )
     lock = RunLock.claim(run_dir.root)
     try:
         resumed = run_dir.read_run_json()
+        for line in drift:
+            log.warning("%s: %s", run_dir.root, line)
         with (run_dir.root / "run.log").open("a") as log_file:
-            log_file.write("\n".join(project.describe() + plan_lines(config, data)) + "\n")
+            log_file.write("\n".join(project.describe() + drift + plan_lines(config, data)) + "\n")
         observer_set = ObserverSet(
             run_observers(config.output, json.loads(config.model_dump_json()), observers)
         )
