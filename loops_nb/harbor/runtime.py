@@ -195,8 +195,9 @@ class HarborRuntime(RolloutRuntime):
             except Exception as exc:
                 raise UserError(
                     f"runtime.options.dataset = {self.dataset!r}: cannot resolve it from the Harbor registry "
-                    f"({type(exc).__name__}: {str(exc)[:200]}); it needs network, or download the tasks and "
-                    "point `tasks` at their directory"
+                    f"({type(exc).__name__}: {str(exc)[:200]}); it needs network. Offline, download the tasks "
+                    f"where there is network (`harbor download {self.dataset} -o tasks`) and point "
+                    "`runtime.options.tasks` at the folder it writes"
                 ) from None
         configs = []
         for source in self.task_sources:
