@@ -35,12 +35,9 @@ from pydantic import (
 )
 
 from loops_nb.errors import DataError
+from loops_nb.sft.refusal_wording import MAX_DEPTH, json_type, show, unreadable, validation_reason
 
 ROLES = ("system", "user", "assistant", "tool")
-# Deeper rows are refused before validation. Without a bound, JSON nested a few thousand levels deep raises
-# RecursionError in json.loads, and a few hundred levels inside tool arguments passes validation but makes pydantic's
-# serializer (and Jinja's tojson) fail mid-render. 100 levels leaves ample room for real tool argument schemas.
-MAX_DEPTH = 100
 _BOM = b"\xef\xbb\xbf"
 _CHAT_KEYS = frozenset({"messages", "tools"})
 _TOKENIZED_KEYS = frozenset({"input_ids", "weights"})
@@ -71,11 +68,11 @@ class FunctionCall(_Strict):
             except ValueError as exc:  # e.g. an integer of more than 4300 digits
                 raise ValueError(f"not valid JSON ({str(exc).split(';')[0]})") from None
             # The string was not seen by the row's own check: bound its depth and surrogates too.
-            problem = _unreadable(value, root="the decoded arguments")
+            problem = unreadable(value, root="the decoded arguments")
             if problem:
                 raise ValueError(problem)
         if not isinstance(value, dict):
-            raise ValueError(f"must be a JSON object, got {_json_type(value)}")
+            raise ValueError(f"must be a JSON object, got {json_type(value)}")
         return value
 
 
@@ -130,7 +127,7 @@ class Message(_Strict):
         texts = []
         for i, part in enumerate(value):
             if not isinstance(part, dict) or part.get("type") != "text":
-                kind = part.get("type") if isinstance(part, dict) else _json_type(part)
+                kind = part.get("type") if isinstance(part, dict) else json_type(part)
                 raise ValueError(
                     f"part {i} is {show(kind)}; only text parts ({{'type': 'text', 'text': ...}}) train"
                 )
@@ -272,7 +269,7 @@ class TokenizedRow(_Strict):
     def _check_ids(cls, value: Any) -> Any:
         # Checked by hand: pydantic's lax mode would accept "5" and 5.0, strict mode True.
         if not isinstance(value, list):
-            raise ValueError(f"must be a list of token ids, got {_json_type(value)}")
+            raise ValueError(f"must be a list of token ids, got {json_type(value)}")
         for i, v in enumerate(value):
             if type(v) is not int or v < 0:
                 raise ValueError(f"[{i}]: must be a token id (an integer >= 0), got {show(v)}")
@@ -282,7 +279,7 @@ class TokenizedRow(_Strict):
     @classmethod
     def _check_weights(cls, value: Any) -> Any:
         if not isinstance(value, list):
-            raise ValueError(f"must be a list of numbers, got {_json_type(value)}")
+            raise ValueError(f"must be a list of numbers, got {json_type(value)}")
         out = []
         for i, v in enumerate(value):
             try:
@@ -319,8 +316,8 @@ RowResult = ChatRow | TokenizedRow | RefusedRow
 def parse_row(obj: Any, row_number: int = 0) -> RowResult:
     """Validate one decoded JSON value as a chat or tokenized row; never raises for bad data."""
     if not isinstance(obj, Mapping):
-        return RefusedRow(row_number, f"a row must be a JSON object, got {_json_type(obj)}")
-    problem = _unreadable(obj)
+        return RefusedRow(row_number, f"a row must be a JSON object, got {json_type(obj)}")
+    problem = unreadable(obj)
     if problem:
         return RefusedRow(row_number, problem)
     keys = set(obj)
@@ -343,7 +340,7 @@ def parse_row(obj: Any, row_number: int = 0) -> RowResult:
     try:
         row = model.model_validate(obj)
     except ValidationError as exc:
-        return RefusedRow(row_number, _reason(exc))
+        return RefusedRow(row_number, validation_reason(exc))
     row._row_number = row_number
     return row
 
@@ -399,113 +396,3 @@ def iter_rows(records: Iterable[Any]) -> Iterator[RowResult]:
     """Validate in-memory records (e.g. from a notebook), numbering them from 1 like lines of a file."""
     for row_number, obj in enumerate(records, start=1):
         yield parse_row(obj, row_number)
-
-
-_TYPE_WORDS = {
-    "string_type": "a string",
-    "int_type": "an integer",
-    "float_type": "a number",
-    "bool_type": "true or false",
-    "list_type": "a list",
-    "dict_type": "an object",
-    "model_type": "an object",
-    "model_attributes_type": "an object",
-}
-
-
-def _reason(exc: ValidationError) -> str:
-    """One line naming the first field at fault, e.g. ``messages[2].weight: must be 0 or 1, got 2``."""
-    err = exc.errors(include_url=False)[0]
-    path = ""
-    for part in err["loc"]:
-        path = _path(path, part)
-    path = _cut(path)
-    kind = err["type"]
-    if kind == "value_error":
-        msg = str(err["ctx"]["error"])
-    elif kind == "missing":
-        msg = "required field missing"
-    elif kind == "extra_forbidden":
-        msg = "unknown field"
-    elif kind in _TYPE_WORDS:
-        msg = f"must be {_TYPE_WORDS[kind]}, got {_json_type(err['input'])}"
-    else:
-        msg = err["msg"]
-    # Model-level checks already name their field in the message.
-    if not path:
-        return msg
-    if msg.startswith("["):
-        return f"{path}{msg}"
-    return f"{path}: {msg}"
-
-
-def _unreadable(obj: Any, root: str = "the row") -> str | None:
-    """Why a decoded row cannot be read as text at all, naming the place: nesting deeper than `MAX_DEPTH`, or a
-    string holding a lone UTF-16 surrogate (JSON's ``"\\ud800"`` decodes to one). Such a string is not text: the
-    tokenizer cannot encode it and printing it fails, so it is refused here rather than crash a later stage.
-
-    Iterative, so it never recurses itself; in-memory records that contain themselves stop at the depth bound.
-    """
-    stack: list[tuple[Any, str, int]] = [(obj, root, 0)]
-    while stack:
-        value, where, depth = stack.pop()
-        if isinstance(value, str):
-            if not value.isascii():
-                try:
-                    value.encode("utf-8")
-                except UnicodeEncodeError as exc:
-                    return (
-                        f"{_cut(where)}: contains a lone surrogate ({value[exc.start]!r} at character {exc.start}), "
-                        f"which is not text; fix the program that wrote the file"
-                    )
-        elif isinstance(value, Mapping | list | tuple):
-            if depth >= MAX_DEPTH:
-                return f"{_cut(where)}: JSON nested more than {MAX_DEPTH} levels deep"
-            path = "" if depth == 0 else where
-            items = value.items() if isinstance(value, Mapping) else enumerate(value)
-            for key, item in items:
-                if isinstance(key, str):
-                    stack.append((key, f"the key {show(key)} of {path or root}", depth + 1))
-                stack.append((item, _path(path, key), depth + 1))
-    return None
-
-
-def _cut(path: str, limit: int = 80) -> str:
-    return path if len(path) <= limit else f"{path[:limit]}..."
-
-
-def _path(path: str, key: Any) -> str:
-    """``path`` extended by a list index or an object key; odd keys (not identifiers) are quoted and cut."""
-    if isinstance(key, int):
-        return f"{path}[{key}]"
-    if isinstance(key, str) and key.isidentifier() and len(key) <= 40:
-        return f"{path}.{key}" if path else key
-    return f"{path}[{show(key)}]"
-
-
-def show(value: Any, limit: int = 40) -> str:
-    """A value as it may appear in a refusal: ``repr`` cut to ``limit`` characters, so one line stays one short
-    line (repr escapes newlines and surrogates) however long the value the row holds."""
-    if isinstance(value, str) and len(value) > limit:
-        return f"{value[:limit]!r}... ({len(value):,} characters)"
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**limit:
-        # repr of a huge int is long, and past 4300 digits raises ValueError
-        return f"an integer of about {int(value.bit_length() * 0.30103):,} digits"
-    text = repr(value) if isinstance(value, str | int | float | bool) or value is None else _json_type(value)
-    return text if len(text) <= limit + 2 else f"{text[:limit]}..."
-
-
-def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return f"the number {show(value)}"
-    if isinstance(value, str):
-        return f"the string {show(value)}"
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, dict):
-        return "an object"
-    return type(value).__name__

@@ -17,7 +17,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from loops_nb.sft.data import ChatRow, Message, show
+from loops_nb.sft.data import ChatRow, Message
+from loops_nb.sft.refusal_wording import show
 
 _FIX_TOOLS = 'set [model] chat_template to a tool-capable template (e.g. "chatml-tools")'
 

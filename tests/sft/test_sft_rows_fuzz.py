@@ -22,7 +22,8 @@ from sft_fixtures import build_tokenizer
 from loops_nb import load
 from loops_nb.cli import main as loops_main
 from loops_nb.sft.batching import SFTData, is_held_out
-from loops_nb.sft.data import MAX_DEPTH, ChatRow, RefusedRow, parse_line, read_rows
+from loops_nb.sft.data import ChatRow, RefusedRow, parse_line, read_rows
+from loops_nb.sft.refusal_wording import MAX_DEPTH
 from loops_nb.sft.rendering import Renderer
 from loops_nb.tokenization import load_model_tokenizer
 
