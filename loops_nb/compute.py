@@ -26,6 +26,17 @@ log = logging.getLogger(__name__)
 
 BASETEN_URL = "https://api.baseten.co"
 
+LOCAL_SERVER_READY_TIMEOUT_SECONDS = 600.0
+"""How long the SDK waits on a `loops serve` that stopped answering before a call fails.
+
+The SDK retries connection errors and "not ready" answers for an hour by default, sized for Baseten
+cold starts; a separate local server has none past its own start, so a dead one would stall a run
+for hours (each attempt and each trainer call waiting out the hour). The same bound also caps how
+long one trainer op may take from submit to result, so it is minutes, not seconds; it is the SDK's
+own default for a `TrainingClient`. The embedded server runs in the run's process and cannot vanish
+alone, so it keeps the SDK default.
+"""
+
 
 class _QuietSdkHint(logging.Filter):
     """Drop the SDK's hint to turn on INFO logs, printed by every ServiceClient in a notebook or CLI
@@ -59,6 +70,8 @@ class LoopsConnection:
     api_key: str
     embedded: EmbeddedLoops | None = None
     runs: list[str] = field(default_factory=list)
+    ready_timeout: float | None = None
+    """The SDK's retry window for this connection's clients; None keeps the SDK's default."""
 
     @classmethod
     async def open(cls, compute: ComputeConfig, *, state_dir: Path | None = None) -> LoopsConnection:
@@ -67,10 +80,12 @@ class LoopsConnection:
         from baseten.loops import ServiceClient
 
         embedded = None
+        ready_timeout = None
         if compute.scope == "local":
             base_url = compute.base_url or os.environ.get("LOOPS_BASE_URL")
             if base_url:
                 api_key = os.environ.get("BASETEN_API_KEY", "")
+                ready_timeout = LOCAL_SERVER_READY_TIMEOUT_SECONDS
             else:
                 from loops_nb.local.embedded import EmbeddedLoops
 
@@ -100,13 +115,16 @@ class LoopsConnection:
             if embedded is not None:
                 await embedded.astop()
             raise
-        return cls(compute.scope, compute, service, base_url, api_key, embedded)
+        return cls(compute.scope, compute, service, base_url, api_key, embedded, ready_timeout=ready_timeout)
 
     async def training_client(
         self, base_model: str, *, rank: int, seed: int | None = None, max_seq_len: int | None = None
     ) -> TrainingClient:
         """A fresh LoRA training client; on serverless, refuse a run that came back dedicated."""
         kwargs: dict[str, Any] = {"base_model": base_model, "rank": rank, "seed": seed}
+        if self.ready_timeout is not None:
+            # Its paired sampling clients inherit it: a sample retries the server no longer than this.
+            kwargs["ready_timeout"] = self.ready_timeout
         if self.scope != "local":
             kwargs["max_seq_len"] = max_seq_len
         if self.scope == "dedicated":

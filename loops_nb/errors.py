@@ -34,6 +34,23 @@ class RunFailed(RuntimeError):
         self.run_dir, self.step, self.resume_step, self.cause = run_dir, step, resume_step, cause
         name = run_dir.rstrip("/").rsplit("/", 1)[-1]
         super().__init__(
-            f"run {run_dir} stopped at step {step}: {type(cause).__name__}: {cause}. Its state is kept: run "
+            f"run {run_dir} stopped at step {step}: {describe_cause(cause)}. Its state is kept: run "
             f"the same config with --output.run_name {name} to resume from step {resume_step} (its last checkpoint)"
         )
+
+
+def describe_cause(cause: BaseException) -> str:
+    """`ExceptionType: message`, plus the request it was about when the message does not say.
+
+    httpx's connection errors read "All connection attempts failed" with no address; naming the
+    request says which server (a Loops that went away, say) the run could not reach.
+    """
+    text = f"{type(cause).__name__}: {cause}"
+    try:
+        request = getattr(cause, "request", None)  # httpx raises RuntimeError when none was attached
+    except RuntimeError:
+        request = None
+    url, method = getattr(request, "url", None), getattr(request, "method", None)
+    if url is not None and method and str(url) not in text:
+        text += f" ({method} {url})"
+    return text

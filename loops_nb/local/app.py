@@ -7,7 +7,9 @@ Routes follow baseten-loops 0.32.0 (see ../shared/reference/loops_local_protocol
 - samplers under `/samplers/{sampler_id}/` (`/sample`, `/v1/models`, `/trainers_policy_version`).
 
 Validation errors are answered 422 with a `detail` that names the problem: the SDK retries 400, 404,
-408 and 502 for up to an hour, so those statuses are never used for a caller's mistake.
+408 and 502 for up to an hour, so those statuses are never used for a caller's mistake. A run whose
+live state died with an earlier server process is answered 410 Gone (`RunLost`, see run_records):
+the SDK raises that at once too, so a run stops instead of hanging or training on a fresh adapter.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from loops_nb.errors import UserError
 from loops_nb.local import trainer_ops
+from loops_nb.local.run_records import RunLost
 from loops_nb.local.sampling_types import SampleRequestError
 from loops_nb.local.state import LocalLoopsError, LocalLoopsState
 from loops_nb.local.wire import InvalidRequest
@@ -136,8 +139,10 @@ class LoopsRoutes:
 
     async def deployment_status(self, request: Request) -> Response:
         dep = request.path_params["deployment_id"]
-        run = self.state.runs.get(dep.removeprefix("dep-"))
-        name = "ACTIVE" if run is None or run.active else "INACTIVE"
+        run_id = dep.removeprefix("dep-")
+        run = self.state.runs.get(run_id)
+        lost = run is None and self.state.records.earlier_run(run_id) is not None
+        name = "INACTIVE" if lost or (run is not None and not run.active) else "ACTIVE"
         return JSONResponse({"deployment": {"id": dep, "status": {"name": name}}})
 
     async def create_sampler(self, request: Request) -> Response:
@@ -155,6 +160,7 @@ class LoopsRoutes:
             await asyncio.to_thread(self.state.model_path, base_model)
             sampler_id = "smp-base-" + hashlib.sha256(base_model.encode()).hexdigest()[:12]
             self.samplers[sampler_id] = (base_model, None)
+            self.state.records.write_base_sampler(sampler_id, base_model)
         return JSONResponse(
             {
                 "sampler": {
@@ -243,9 +249,18 @@ class LoopsRoutes:
     # -- sampler ------------------------------------------------------------------------------
     def _sampler(self, request: Request) -> tuple[str, str | None]:
         sampler_id = request.path_params["sampler_id"]
-        if sampler_id not in self.samplers:
-            raise LocalLoopsError(f"unknown sampler {sampler_id!r}")
-        return self.samplers[sampler_id]
+        if sampler_id in self.samplers:
+            return self.samplers[sampler_id]
+        # Not created by this process: an earlier one on the same state directory may have.
+        base_model = self.state.records.base_sampler(sampler_id)
+        if base_model is not None:
+            # A base-model sampler holds no state, so a restarted server serves it as before.
+            self.samplers[sampler_id] = (base_model, None)
+            return self.samplers[sampler_id]
+        paired_run = sampler_id.removeprefix("smp-")
+        if self.state.records.earlier_run(paired_run) is not None:
+            raise RunLost(paired_run)
+        raise LocalLoopsError(f"unknown sampler {sampler_id!r}")
 
     async def sample(self, request: Request) -> Response:
         from loops_nb.local.sampler import SampleRequest
@@ -305,6 +320,8 @@ def _guard(handler: Any) -> Any:
     async def wrapped(request: Request) -> Response:
         try:
             return await handler(request)
+        except RunLost as exc:
+            return _error(410, str(exc))
         except (InvalidRequest, LocalLoopsError, SampleRequestError, UserError) as exc:
             # UserError: an unknown or unreachable base model, a bad checkpoint path -- the caller's to fix.
             return _error(422, str(exc))

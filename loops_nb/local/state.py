@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from loops_nb.local.operations import OperationQueue
+from loops_nb.local.run_records import RunLost, RunRecords
 
 if TYPE_CHECKING:
     from loops_nb.local.sampler import SamplerEngine
@@ -89,6 +90,8 @@ class LocalLoopsState:
         self._lock = threading.RLock()
         self.published = threading.Condition(self._lock)
         state_dir.mkdir(parents=True, exist_ok=True)
+        self.records = RunRecords(state_dir, instance=uuid.uuid4().hex)
+        """Runs and samplers an earlier process on this state directory created (see run_records)."""
 
     # -- models -------------------------------------------------------------------------------
     def model_path(self, base_model: str) -> Path:
@@ -161,8 +164,7 @@ class LocalLoopsState:
             name=name,
         )
         run.directory.mkdir(parents=True, exist_ok=True)
-        meta = {"id": run_id, "base_model": base_model, "lora_rank": lora_rank, "name": name}
-        (run.directory / "run.json").write_text(json.dumps(meta))
+        self.records.write_run(run_id, base_model, lora_rank, name, run.created_at.isoformat())
         with self._lock:
             self.runs[run_id] = run
         return run
@@ -171,6 +173,8 @@ class LocalLoopsState:
         with self._lock:
             run = self.runs.get(run_id)
         if run is None:
+            if self.records.earlier_run(run_id) is not None:
+                raise RunLost(run_id)
             raise LocalLoopsError(f"unknown run {run_id!r} (this embedded Loops did not create it)")
         if active and not run.active:
             raise LocalLoopsError(f"run {run_id} was deactivated; create a new training client")
@@ -205,8 +209,14 @@ class LocalLoopsState:
             shutil.rmtree(self.checkpoint_dir(run.id, "sampler_weights", old), ignore_errors=True)
 
     def deactivate(self, run_id: str) -> bool:
-        """End a run: its trainer is dropped and its adapter leaves the sampler; checkpoints stay."""
-        run = self.run(run_id, active=False)
+        """End a run: its trainer is dropped and its adapter leaves the sampler; checkpoints stay.
+
+        A run lost in a restart has nothing left to end, so deactivating it succeeds and changes nothing.
+        """
+        try:
+            run = self.run(run_id, active=False)
+        except RunLost:
+            return False
         if not run.active:
             return False
         run.active = False

@@ -1,0 +1,102 @@
+"""What a `loops serve` remembers across its own restarts: one small record per run and per sampler.
+
+A run's trainer (the LoRA weights and optimizer since its last checkpoint) lives only in the server
+process. When that process dies and a new one starts on the same state directory, the run's
+checkpoints are still on disk but its live state is gone. Without a record, the new process would
+call the run "unknown", which reads like a client bug; with it, every request for the run is answered
+`RunLost`: a terminal error that says the trainer restarted and the run must be resumed from its last
+checkpoint. The SDK raises it at once instead of retrying, so a run neither hangs nor carries on
+against a trainer that has silently forgotten its weights.
+
+A standalone (base-model) sampler holds no state of its own, so its record lets a restarted server
+serve it again: a client holding its id rides the restart out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+RUN_ID = re.compile(r"^run-[0-9a-f]{12}$")
+"""The shape `LocalLoopsState.create_run` gives run ids; anything else is never looked up on disk."""
+BASE_SAMPLER_ID = re.compile(r"^smp-base-[0-9a-f]{12}$")
+
+RUN_RECORD = "run.json"
+
+
+class RunLost(ValueError):
+    """A run this server's state directory knows, whose live trainer state died with an earlier process.
+
+    Answered 410 Gone: the SDK retries only 400, 404, 408 and 502 (and 503 on /sample), so a 410
+    reaches the caller at once, with this message.
+    """
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(
+            f"run {run_id} is gone: the Loops server restarted after creating it, and the trainer state "
+            "the run held there (its weights and optimizer since the last checkpoint) died with the old "
+            "process; resume the run from its last checkpoint"
+        )
+
+
+def _write_atomic(path: Path, payload: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(payload))
+    os.replace(tmp, path)
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        payload = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return payload if isinstance(payload, dict) else None
+
+
+class RunRecords:
+    """Records under `<state_dir>/runs/<run id>/run.json` and `<state_dir>/samplers/<sampler id>.json`."""
+
+    def __init__(self, state_dir: Path, instance: str) -> None:
+        self.state_dir = state_dir
+        self.instance = instance
+        """This server process's id: a record written under another id belongs to an earlier process."""
+
+    def write_run(
+        self, run_id: str, base_model: str, lora_rank: int, name: str | None, created_at: str
+    ) -> None:
+        record = {
+            "id": run_id,
+            "base_model": base_model,
+            "lora_rank": lora_rank,
+            "name": name,
+            "created_at": created_at,
+            "server_instance": self.instance,
+        }
+        _write_atomic(self.state_dir / "runs" / run_id / RUN_RECORD, record)
+
+    def earlier_run(self, run_id: str) -> dict[str, Any] | None:
+        """The record of a run an earlier process of this server created, or None if there is none."""
+        if not RUN_ID.match(run_id):
+            return None
+        record = _read(self.state_dir / "runs" / run_id / RUN_RECORD)
+        if record is None or record.get("server_instance") == self.instance:
+            return None
+        return record
+
+    def write_base_sampler(self, sampler_id: str, base_model: str) -> None:
+        path = self.state_dir / "samplers" / f"{sampler_id}.json"
+        if _read(path) is None:
+            _write_atomic(path, {"id": sampler_id, "base_model": base_model})
+
+    def base_sampler(self, sampler_id: str) -> str | None:
+        """The base model of a standalone sampler created by any process of this server, or None."""
+        if not BASE_SAMPLER_ID.match(sampler_id):
+            return None
+        record = _read(self.state_dir / "samplers" / f"{sampler_id}.json")
+        model = record.get("base_model") if record else None
+        return model if isinstance(model, str) and model else None
