@@ -8,7 +8,7 @@ sampled ids and logprobs in the attempt's `TokenCapture`.
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -68,9 +68,12 @@ class LoopsLLM:
         capture: TokenCapture | None = None,
         defaults: SamplingDefaults | None = None,
         seed: int | None = None,
+        on_sampling_error: Callable[[Exception], None] | None = None,
     ) -> None:
         self.renderer = renderer
         self.policy = policy
+        self.on_sampling_error = on_sampling_error
+        """Told of every failed sample before it is raised (the run uses it to see Loops itself gone)."""
         self.capture = capture if capture is not None else TokenCapture()
         self.defaults = defaults or SamplingDefaults()
         self._seed = seed
@@ -131,7 +134,14 @@ class LoopsLLM:
             seed=self._next_seed(),
         )
         client, version = self.policy.sampling_client, self.policy.version
-        resp = await client.sample_async(model_input(prompt, images), num_samples=n, sampling_params=params)
+        try:
+            resp = await client.sample_async(
+                model_input(prompt, images), num_samples=n, sampling_params=params
+            )
+        except Exception as exc:
+            if self.on_sampling_error is not None:
+                self.on_sampling_error(exc)
+            raise
         replies = []
         for i, seq in enumerate(resp.sequences):
             logprobs = list(seq.logprobs or [])

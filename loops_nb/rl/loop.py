@@ -121,7 +121,14 @@ class RLRun:
         )
 
     def _make_llm(self, capture: Any, seed: int) -> LoopsLLM:
-        return LoopsLLM(self.renderer, self.policy, capture, self.defaults, seed=seed)
+        return LoopsLLM(
+            self.renderer,
+            self.policy,
+            capture,
+            self.defaults,
+            seed=seed,
+            on_sampling_error=self.policy.sampling_failed,
+        )
 
     async def resume_point(self) -> int:
         checkpoint = self.run_dir.last_checkpoint()
@@ -184,6 +191,8 @@ class RLRun:
                     scheduler.next_groups(step) if t.mode == "async" else scheduler.collect_sync(step)
                 )
                 rollout_s = time.perf_counter() - step_started
+                if self.policy.lost is not None:  # its attempts were discarded; so would all later ones be
+                    raise self.policy.lost
                 metrics = await self._train_and_log(step, groups, scheduler, rollout_s, step_started)
                 if t.save_every and (step + 1) % t.save_every == 0 and step + 1 < t.max_steps:
                     await self._checkpoint(step + 1, sampler=False)
@@ -197,7 +206,10 @@ class RLRun:
                 await progress
             await scheduler.close()
         done = step if status == "stopped" else t.max_steps
-        checkpoint = await self._checkpoint(done, sampler=True)
+        try:
+            checkpoint = await self._checkpoint(done, sampler=True)
+        except Exception as exc:  # e.g. a full disk or a restarted Loops: the last periodic checkpoint stands
+            raise self._failed(done, exc) from exc
         outcome = Outcome(
             run_dir=str(self.run_dir.root),
             status=status,

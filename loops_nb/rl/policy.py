@@ -48,6 +48,21 @@ class AdamSettings:
         )
 
 
+def run_is_gone(exc: BaseException) -> bool:
+    """True when a sampling error says the run's Loops is gone, not that one attempt failed.
+
+    410: the server restarted and lost the run's trainer state (it says so; the SDK does not retry it). A
+    connection error: the SDK raises one only after retrying for its whole ready window, so the server has
+    been unreachable for minutes. Either way every later attempt would fail the same way, and the trainer's
+    next call would too, only later: the run stops at the end of the step instead of discarding steps.
+    """
+    import httpx
+
+    if isinstance(exc, httpx.HTTPStatusError):
+        return exc.response.status_code == 410
+    return isinstance(exc, httpx.ConnectError)
+
+
 class Policy:
     """The run's current policy: a trainer behind it and a sampling client in front of it."""
 
@@ -59,6 +74,13 @@ class Policy:
         self._reference: Any = None
         self.trainer_steps = 0
         """Optimizer steps the trainer has applied: the version the next publish serves."""
+        self.lost: Exception | None = None
+        """The first sampling error that means the run's Loops is gone (`run_is_gone`), else None."""
+
+    def sampling_failed(self, exc: Exception) -> None:
+        """Note a failed sample; one that means Loops lost the run makes `lost` stop the run."""
+        if self.lost is None and run_is_gone(exc):
+            self.lost = exc
 
     @property
     def sampling_client(self) -> Any:

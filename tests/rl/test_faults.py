@@ -40,12 +40,21 @@ class ScriptedSampler:
     """Answers right on even calls and wrong on odd ones, so groups have reward variance and train;
     `fail` / `hang` make chosen calls misbehave."""
 
-    def __init__(self, fail: set[int] | None = None, hang: set[int] | None = None) -> None:
+    def __init__(
+        self,
+        fail: set[int] | None = None,
+        hang: set[int] | None = None,
+        gone_from: int | None = None,
+        gone_with: Any = None,
+    ) -> None:
         self.calls = 0
-        self.fail, self.hang = fail or set(), hang or set()
+        self.fail, self.hang, self.gone_from = fail or set(), hang or set(), gone_from
+        self.gone_with = gone_with or gone
 
     async def sample_async(self, model_input: Any, num_samples: int, sampling_params: Any) -> Any:
         self.calls += 1
+        if self.gone_from is not None and self.calls >= self.gone_from:
+            raise self.gone_with()
         if self.calls in self.fail:
             raise ConnectionError("sampler returned 503 after the SDK's retries")
         if self.calls in self.hang:
@@ -53,6 +62,17 @@ class ScriptedSampler:
         tokens = MONOPOLY if self.calls % 2 == 0 else [44, 45, 46, 2]
         seq = SimpleNamespace(tokens=tokens, logprobs=[-1.0] * len(tokens), stop_reason="stop")
         return SimpleNamespace(sequences=[seq] * num_samples, policy_version=None)
+
+
+def gone() -> Exception:
+    """What the SDK raises when a restarted `loops serve` answers for a run it lost."""
+    import httpx
+
+    request = httpx.Request("POST", "http://127.0.0.1:9/samplers/smp-scripted/sample")
+    response = httpx.Response(410, request=request, text="run scripted is gone: the Loops server restarted")
+    return httpx.HTTPStatusError(
+        "410 Gone: run scripted is gone: the Loops server restarted", request=request, response=response
+    )
 
 
 class ScriptedTrainer:
@@ -65,9 +85,11 @@ class ScriptedTrainer:
         sampler: ScriptedSampler,
         fail_forward_at: int | None = None,
         disk_full_at_save: int | None = None,
+        fail_sampler_save: bool = False,
     ):
         self.sampler = sampler
         self.fail_forward_at, self.disk_full_at_save = fail_forward_at, disk_full_at_save
+        self.fail_sampler_save = fail_sampler_save
         self.forwards = self.saves = 0
 
     async def forward_backward_async(
@@ -92,6 +114,8 @@ class ScriptedTrainer:
         return Done(SimpleNamespace(path=f"scripted://{name}"))
 
     async def save_weights_for_sampler_async(self, name: str) -> Done:
+        if self.fail_sampler_save:
+            raise gone()
         return Done(SimpleNamespace(path=f"scripted://sampler/{name}"))
 
 
@@ -195,3 +219,52 @@ async def test_a_rerun_of_a_finished_run_trains_and_saves_nothing(tmp_path: Path
     outcome = await again.execute(await again.resume_point())
     assert outcome.status == "completed" and outcome.steps == 2
     assert (trainer.saves, trainer.forwards) == (saves, forwards)
+
+
+@pytest.mark.parametrize("how", ["410 from a restarted server", "unreachable after the SDK's retries"])
+async def test_a_sampler_that_lost_the_run_stops_it_at_that_step(tmp_path: Path, how: str) -> None:
+    """Not one failed attempt but Loops itself gone: every later attempt would fail too, so the run stops
+    with RunFailed at the end of the step instead of logging untrained steps until the trainer notices."""
+    import httpx
+
+    def unreachable() -> Exception:
+        return httpx.ConnectError("All connection attempts failed")
+
+    # Step 0 samples calls 1-4; every call of step 1 fails.
+    sampler = ScriptedSampler(gone_from=5, gone_with=gone if how.startswith("410") else unreachable)
+    trainer = ScriptedTrainer(sampler)
+    run = make_run(tmp_path, trainer)
+    with pytest.raises(RunFailed) as info:
+        await run.execute(0)
+    assert info.value.step == 1 and info.value.resume_step == 1
+    assert ("restarted" in str(info.value)) if how.startswith("410") else ("ConnectError" in str(info.value))
+    root = tmp_path / "run"
+    assert [s["step"] for s in lines(root / "steps.jsonl")] == [0], "the lost step is not recorded"
+    assert sorted({r["step"] for r in lines(root / "rollouts.jsonl")}) == [0]
+    assert trainer.forwards == 1, "nothing trained after Loops was gone"
+
+
+async def test_a_plain_sampler_error_is_not_taken_for_a_lost_run() -> None:
+    import httpx
+
+    from loops_nb.rl.policy import run_is_gone
+
+    request = httpx.Request("POST", "http://x/sample")
+    assert run_is_gone(gone())
+    assert run_is_gone(httpx.ConnectError("refused", request=request))
+    assert not run_is_gone(
+        httpx.HTTPStatusError("500", request=request, response=httpx.Response(500, request=request))
+    )
+    assert not run_is_gone(httpx.ReadTimeout("slow", request=request))
+    assert not run_is_gone(ConnectionError("sampler returned 503 after the SDK's retries"))
+
+
+async def test_a_failed_final_checkpoint_is_a_run_failure_with_the_resume_command(tmp_path: Path) -> None:
+    run = make_run(tmp_path, ScriptedTrainer(ScriptedSampler(), fail_sampler_save=True), max_steps=2)
+    with pytest.raises(RunFailed) as info:
+        await run.execute(0)
+    # The final checkpoint is not recorded, so a resume starts from the last periodic one (step 1).
+    assert info.value.step == 2 and info.value.resume_step == 1
+    assert "--output.run_name run" in str(info.value)
+    assert [c["step"] for c in lines(tmp_path / "run" / "checkpoints.jsonl")] == [1]
+    assert [s["step"] for s in lines(tmp_path / "run" / "steps.jsonl")] == [0, 1]
