@@ -15,10 +15,11 @@ serve it again: a client holding its id rides the restart out.
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any
+
+from loops_nb.run_dir import atomic_write_json
 
 RUN_ID = re.compile(r"^run-[0-9a-f]{12}$")
 """The shape `LocalLoopsState.create_run` gives run ids; anything else is never looked up on disk."""
@@ -41,13 +42,6 @@ class RunLost(ValueError):
             "the run held there (its weights and optimizer since the last checkpoint) died with the old "
             "process; resume the run from its last checkpoint"
         )
-
-
-def _write_atomic(path: Path, payload: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(payload))
-    os.replace(tmp, path)
 
 
 def _read(path: Path) -> dict[str, Any] | None:
@@ -77,7 +71,7 @@ class RunRecords:
             "created_at": created_at,
             "server_instance": self.instance,
         }
-        _write_atomic(self.state_dir / "runs" / run_id / RUN_RECORD, record)
+        atomic_write_json(self.state_dir / "runs" / run_id / RUN_RECORD, record)
 
     def earlier_run(self, run_id: str) -> dict[str, Any] | None:
         """The record of a run an earlier process of this server created, or None if there is none."""
@@ -91,7 +85,7 @@ class RunRecords:
     def write_base_sampler(self, sampler_id: str, base_model: str) -> None:
         path = self.state_dir / "samplers" / f"{sampler_id}.json"
         if _read(path) is None:
-            _write_atomic(path, {"id": sampler_id, "base_model": base_model})
+            atomic_write_json(path, {"id": sampler_id, "base_model": base_model})
 
     def base_sampler(self, sampler_id: str) -> str | None:
         """The base model of a standalone sampler created by any process of this server, or None."""
