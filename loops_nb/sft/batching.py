@@ -277,7 +277,8 @@ class HeldOut:
     path: Path | None = None
     """The file the held-out rows are read from (the eval file, or the training file)."""
     refusals: list[tuple[int, str]] = field(default_factory=list)
-    """``(row_number, reason)`` of every refused held-out row: `check` lists them as it lists training rows."""
+    """``(row_number, reason)`` of the first refused held-out rows (`check` lists them as it lists training
+    rows); only the first 100 are kept, so memory stays flat however many rows a file gets wrong."""
 
     @property
     def examples(self) -> int:
@@ -287,7 +288,8 @@ class HeldOut:
         self.rows += 1
         if isinstance(result, RefusedRow):
             self.refused += 1
-            self.refusals.append((result.row_number, result.reason))
+            if len(self.refusals) < 100:
+                self.refusals.append((result.row_number, result.reason))
 
 
 @dataclass
