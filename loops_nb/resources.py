@@ -59,9 +59,14 @@ class ResourceJournal:
         path.touch(exist_ok=True)
 
     def _append(self, event: dict[str, Any]) -> None:
-        line = json.dumps({**event, "time": time.time()}, default=str) + "\n"
-        with self._lock, self.path.open("a", encoding="utf-8") as f:
-            f.write(line)
+        line = (json.dumps({**event, "time": time.time()}, default=str) + "\n").encode()
+        with self._lock, self.path.open("a+b") as f:
+            if f.seek(0, os.SEEK_END):
+                f.seek(-1, os.SEEK_END)
+                if f.read(1) != b"\n":
+                    # A line cut by a crash: end it, or this event would join it and be lost with it.
+                    line = b"\n" + line
+            f.write(line)  # append mode: always at the end, whatever was read
             f.flush()
             os.fsync(f.fileno())
 
