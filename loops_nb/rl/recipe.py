@@ -257,7 +257,7 @@ async def _train_holding_lock(
                 "scope": config.compute.scope,
                 "config_path": str(project.path),
                 "config": config_dump,
-                "started": time.time(),
+                "started": (resumed or {}).get("started", time.time()),  # the first start, as SFT
             }
         )
         custom_loss = resolve_custom_loss(config.training.loss, config.training.loss_config)
