@@ -83,8 +83,19 @@ def _measure(path: str, out) -> None:
     started = time.process_time()
     report = CheckReport.from_file(path, renderer, batch_tokens=8192)
     cpu = time.process_time() - started
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    out.put((report.rows_read, report.rows_trained, cpu, peak / 1024))
+    out.put((report.rows_read, report.rows_trained, cpu, peak_rss_mb()))
+
+
+def peak_rss_mb() -> float:
+    """This process's own peak RSS. Not `ru_maxrss`: Linux keeps it across fork and exec, so a child of a
+    parent that once held a model would report the parent's peak."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def measure(path: Path) -> tuple[int, int, float, float]:
