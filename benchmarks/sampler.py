@@ -2,6 +2,11 @@
 SDK against plain `model.generate`, and 16 concurrent one-sample requests against the same 16 served
 one by one. Aims: >= 1.0 and >= 4x.
 
+Run: `uv run python -m benchmarks sampler`.
+
+The SDK call and `model.generate` run alternately (as the trainer benchmark does), so load from other
+processes falls on both alike.
+
 Deliberate simplifications: sampling at temperature 1 with EOS disabled on both sides, so every row
 generates exactly 64 tokens and tokens/s compares like with like.
 """
@@ -10,16 +15,18 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 import torch
 
 from benchmarks.common import MODEL, Result, median_time, model_path
+from benchmarks.trainer import alternate
 
 N, NEW_TOKENS, CONCURRENT = 16, 64, 16
 PROMPT = [{"role": "user", "content": "Write a short story about a lighthouse keeper."}]
 
 
-def reference_generate(path, prompt: list[int]) -> float:
+def reference_generate(path, prompt: list[int]) -> Callable[[], None]:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(path).eval()
@@ -39,11 +46,10 @@ def reference_generate(path, prompt: list[int]) -> float:
                 pad_token_id=0,
             )
 
-    gen()
-    return median_time(gen, 3)
+    return gen
 
 
-def through_sdk(prompt: list[int]) -> tuple[float, float, float]:
+def through_sdk(prompt: list[int], reference: Callable[[], None]) -> tuple[float, float, float, float]:
     from baseten.loops import ModelInput, SamplingParams
 
     from loops_nb.local.embedded import EmbeddedLoops
@@ -58,8 +64,8 @@ def through_sdk(prompt: list[int]) -> tuple[float, float, float]:
         def grpo() -> None:
             sc.sample(model_input, num_samples=N, sampling_params=params)
 
-        grpo()
-        grpo_s = median_time(grpo, 3)
+        times = alternate({"ours": grpo, "reference": reference}, 3)
+        grpo_s, reference_s = times["ours"][0], times["reference"][0]
         one = SamplingParams(max_tokens=NEW_TOKENS, temperature=1.0)
 
         def one_by_one() -> None:
@@ -75,7 +81,7 @@ def through_sdk(prompt: list[int]) -> tuple[float, float, float]:
         started = time.perf_counter()
         asyncio.run(together())
         concurrent_s = time.perf_counter() - started
-    return grpo_s, serial_s, concurrent_s
+    return grpo_s, reference_s, serial_s, concurrent_s
 
 
 def run() -> list[Result]:
@@ -86,8 +92,7 @@ def run() -> list[Result]:
     prompt = list(
         tok.apply_chat_template(PROMPT, add_generation_prompt=True, tokenize=True, return_dict=False)
     )
-    reference = reference_generate(path, prompt)
-    grpo_s, serial_s, concurrent_s = through_sdk(prompt)
+    grpo_s, reference, serial_s, concurrent_s = through_sdk(prompt, reference_generate(path, prompt))
     tokens = N * NEW_TOKENS
     return [
         Result("sampler n=16 x 64 tokens/s", tokens / grpo_s, tokens / reference, "tok/s", ">= 1.0"),
