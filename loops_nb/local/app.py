@@ -44,6 +44,8 @@ POLL_HOLD_SECONDS = 25.0
 """Long-poll hold for `/operations/{id}`; the SDK's read timeout per poll is 35 s."""
 PUBLISH_WAIT_SECONDS = 20.0
 """How long `/sample` waits for a policy version it was asked for before answering 408."""
+DISCONNECT_POLL_SECONDS = 0.5
+"""How often a `/sample` waiting on the engine checks that its client is still connected."""
 TRAINER_OPS = (
     "init_trainer_server",
     "forward",
@@ -298,7 +300,18 @@ class LoopsRoutes:
             if engine.adapter_version(checkpoint) is None:
                 directory = self.state.resolve_checkpoint(checkpoint)
                 await asyncio.to_thread(engine.load_adapter_dir, checkpoint, directory)
-        result = await engine.sample_async(sample_request, adapter)
+        sampling = asyncio.ensure_future(engine.sample_async(sample_request, adapter))
+        try:
+            # A client that gives up (an attempt past its timeout) closes the connection; stop its decoding
+            # then, or the sampler keeps a core busy for an answer nobody reads.
+            while not sampling.done():
+                await asyncio.wait({sampling}, timeout=DISCONNECT_POLL_SECONDS)
+                if not sampling.done() and await request.is_disconnected():
+                    return _error(499, "the client closed the connection before the sample was ready")
+            result = sampling.result()
+        finally:
+            if not sampling.done():
+                sampling.cancel()  # abandons the request in the engine (SamplerEngine.sample_async)
         return JSONResponse(result.to_wire(), headers={"x-trainers-policy-version": str(served)})
 
     async def sampler_models(self, request: Request) -> Response:

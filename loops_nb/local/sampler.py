@@ -22,6 +22,7 @@ import collections
 import inspect
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from pathlib import Path
@@ -52,6 +53,10 @@ T = TypeVar("T")
 
 class SamplerClosedError(RuntimeError):
     """The engine was closed before the request could finish."""
+
+
+class SampleAbandoned(RuntimeError):
+    """The request's caller gave up before its answer was ready; it was stopped, not finished."""
 
 
 class SamplerEngine:
@@ -93,6 +98,7 @@ class SamplerEngine:
 
         self._cv = threading.Condition()
         self._queue: collections.deque[Job] = collections.deque()
+        self._jobs: weakref.WeakKeyDictionary[Future[SampleResult], Job] = weakref.WeakKeyDictionary()
         self._ops: collections.deque[tuple[Callable[[], Any], Future[Any]]] = collections.deque()
         self._closing = False
         self._worker = threading.Thread(target=self._work, name="loops-sampler", daemon=True)
@@ -111,15 +117,35 @@ class SamplerEngine:
             if self._closing:
                 raise SamplerClosedError("the sampler engine is closed")
             self._queue.extend(jobs)
+            self._jobs.update((job.future, job) for job in jobs)
             self._cv.notify_all()
         return [job.future for job in jobs]
+
+    def abandon(self, future: Future[SampleResult]) -> None:
+        """The caller of `future` gave up (its client went away, its attempt timed out).
+
+        A queued request is dropped; a running one stops decoding at its next token instead of running to
+        `max_tokens`, so no core is spent on an answer nobody will read. Its future then fails with
+        `SampleAbandoned`."""
+        if future.cancel():  # still queued: `_take_jobs` skips a cancelled future
+            return
+        with self._cv:
+            job = self._jobs.get(future)
+        if job is not None:
+            job.abandoned = True
 
     def sample(self, request: SampleRequest, adapter: str | None = None) -> SampleResult:
         """Generate `request.n` completions of `request.prompt` (blocking; safe from any thread)."""
         return self.submit(request, adapter).result()
 
     async def sample_async(self, request: SampleRequest, adapter: str | None = None) -> SampleResult:
-        return await asyncio.wrap_future(self.submit(request, adapter))
+        """`sample` for an event loop; cancelling the await abandons the request (see `abandon`)."""
+        future = self.submit(request, adapter)
+        try:
+            return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            self.abandon(future)
+            raise
 
     def validate(self, request: SampleRequest, adapter: str | None = None) -> int:
         """Check `request` against this model; returns its max_tokens. Raises `SampleRequestError` (a 422)."""
@@ -401,9 +427,14 @@ class SamplerEngine:
         for i, (row, token, logprob) in enumerate(zip(rows, tokens, logprobs, strict=True)):
             if logprob != logprob:  # NaN: the weights are broken, not the request
                 raise FloatingPointError("the model produced NaN logits")
+            job = row.job
+            if job.abandoned:  # dropped from the batch: the rows still running decode on without it
+                self.stats["abandoned_rows"] += 1
+                if not job.future.done():
+                    job.future.set_exception(SampleAbandoned("the caller gave up on this request"))
+                continue
             row.tokens.append(token)
             row.logprobs.append(logprob)
-            job = row.job
             if token in job.stop_ids:
                 self._finish(row, "stop", drop_last=True)
             elif job.request.stop and self._stop_string_hit(row):

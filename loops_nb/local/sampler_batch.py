@@ -47,6 +47,8 @@ class Job:
     """An image prompt's ids with its image positions set to the model's image token."""
     pixels: dict[str, Tensor] | None = None
     """An image prompt's processed images (`pixel_values`, `image_grid_thw`); such a job decodes alone."""
+    abandoned: bool = False
+    """Its caller gave up (the client went away): the batch drops its rows at the next token."""
 
     @property
     def rows(self) -> int:
