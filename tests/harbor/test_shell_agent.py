@@ -13,7 +13,6 @@ import asyncio
 import json
 import shutil
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -363,40 +362,11 @@ def test_clip_and_format_keep_both_ends_within_budget() -> None:
     assert len(out) < 800 and 200 <= len(err) <= 250, "stderr keeps a quarter of the budget"
 
 
-@dataclass
-class _Seq:
-    tokens: list[int]
-    logprobs: list[float]
-    stop_reason: str
-
-
-@dataclass
-class _Resp:
-    sequences: list[_Seq]
-    policy_version: int = 0
-
-
-class ScriptedSampler:
-    """A sampling client returning scripted completions as tokens (what the real LoopsLLM parses)."""
-
-    version = 0
-
-    def __init__(self, renderer: ChatRenderer, texts: list[str]) -> None:
-        self.renderer, self.texts = renderer, texts
-
-    @property
-    def sampling_client(self) -> ScriptedSampler:
-        return self
-
-    async def sample_async(self, prompt: Any, num_samples: int, sampling_params: Any) -> _Resp:
-        tokens = self.renderer.encode(self.texts.pop(0))
-        return _Resp([_Seq(tokens, [-0.5] * len(tokens), "stop")])
-
-
 async def test_every_turn_extends_the_exact_sampled_tokens(sandbox, tmp_path) -> None:
     """Through the real LoopsLLM: tool calls, an unreadable call and tool results make ONE training
     sequence, in which exactly the sampled tokens train and the sandbox's answers are context."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from scripted_policy import ScriptedPolicy
     from tiny_models import build_tiny_tokenizer
 
     renderer = ChatRenderer(build_tiny_tokenizer())
@@ -408,7 +378,7 @@ async def test_every_turn_extends_the_exact_sampled_tokens(sandbox, tmp_path) ->
     ]
     capture = TokenCapture()
     real = LoopsLLM(
-        renderer, ScriptedSampler(renderer, list(script)), capture, SamplingDefaults(max_tokens=64)
+        renderer, ScriptedPolicy(renderer, script, logprob=-0.5), capture, SamplingDefaults(max_tokens=64)
     )
     agent = make_agent(tmp_path, ScriptedLLM([]))
     agent.attempt.services.llm = real  # type: ignore[union-attr]

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_asyncio
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from scripted_policy import ScriptedPolicy
 
 from loops_nb.llm.capture import TokenCapture
 from loops_nb.llm.client import LoopsLLM, SamplingDefaults
@@ -57,46 +60,11 @@ def make_llm(renderer: ChatRenderer, policy: Any) -> Any:
     return make
 
 
-@dataclass
-class _Seq:
-    tokens: list[int]
-    logprobs: list[float]
-    stop_reason: str
-
-
-@dataclass
-class _Resp:
-    sequences: list[_Seq]
-    policy_version: int
-
-
-class ScriptedPolicy:
-    """A policy whose sampler returns scripted completions (texts, tokenized): for tool-call replies a
-    random tiny model would never write."""
-
-    version = 0
-
-    def __init__(self, renderer: ChatRenderer, texts: list[str]) -> None:
-        self.renderer = renderer
-        self.texts = list(texts)
-        self.prompts: list[list[int]] = []
-
-    @property
-    def sampling_client(self) -> ScriptedPolicy:
-        return self
-
-    async def sample_async(self, prompt: Any, num_samples: int, sampling_params: Any) -> _Resp:
-        self.prompts.append(prompt.to_ints())
-        tokens = self.renderer.encode(self.texts.pop(0))
-        end = self.renderer.tokenizer.convert_tokens_to_ids("<|im_end|>")
-        seq = _Seq([*tokens, end], [-0.5] * (len(tokens) + 1), "stop")
-        return _Resp([seq] * num_samples, 0)
-
-
 @pytest.fixture
 def scripted(renderer: ChatRenderer) -> Any:
     def make(*texts: str) -> tuple[LoopsLLM, ScriptedPolicy]:
-        policy = ScriptedPolicy(renderer, list(texts))
+        end = renderer.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        policy = ScriptedPolicy(renderer, list(texts), logprob=-0.5, end_token=end)
         return LoopsLLM(renderer, policy, TokenCapture(), SamplingDefaults(max_tokens=64)), policy
 
     return make

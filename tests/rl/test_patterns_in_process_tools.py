@@ -13,7 +13,6 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ PATTERN = Path(__file__).resolve().parents[2] / "patterns" / "custom_runtime" / 
 sys.path.insert(0, str(PATTERN))
 
 from episode import ToolShopper  # noqa: E402
+from scripted_policy import ScriptedPolicy  # noqa: E402
 from shop_tools import calculate, run_tool  # noqa: E402
 from tiny_models import build_tiny_chat_model, build_tiny_tokenizer  # noqa: E402
 
@@ -48,36 +48,6 @@ def test_the_calculator_and_lookup_answer_the_model_in_text() -> None:
     assert run_tool({"function": {"name": "rm", "arguments": "{}"}})[0].startswith("error: unknown tool")
 
 
-@dataclass
-class _Seq:
-    tokens: list[int]
-    logprobs: list[float]
-    stop_reason: str
-
-
-@dataclass
-class _Resp:
-    sequences: list[_Seq]
-    policy_version: int = 0
-
-
-class Scripted:
-    """A sampler returning scripted completions (the local sampler drops the stop token, as here)."""
-
-    version = 0
-
-    def __init__(self, renderer: ChatRenderer, texts: list[str]) -> None:
-        self.renderer, self.texts = renderer, texts
-
-    @property
-    def sampling_client(self) -> Scripted:
-        return self
-
-    async def sample_async(self, prompt: Any, num_samples: int, sampling_params: Any) -> _Resp:
-        tokens = self.renderer.encode(self.texts.pop(0))
-        return _Resp([_Seq(tokens, [-0.25] * len(tokens), "stop")])
-
-
 def call_text(name: str, **arguments: Any) -> str:
     return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
 
@@ -91,7 +61,7 @@ async def test_tool_calls_are_executed_results_appended_and_only_sampled_turns_t
         "The total is 33.",
     ]
     llm = LoopsLLM(
-        renderer, Scripted(renderer, list(script)), TokenCapture(), SamplingDefaults(max_tokens=64)
+        renderer, ScriptedPolicy(renderer, script), TokenCapture(), SamplingDefaults(max_tokens=64)
     )
     episode = ToolShopper()
     task = episode.tasks()[0]
@@ -123,7 +93,7 @@ async def test_a_wrong_final_answer_and_a_turn_limit_score_zero() -> None:
     renderer = ChatRenderer(build_tiny_tokenizer())
     loop = [call_text("calculator", expression="1 + 1")] * 2
     for script, answered in ((["It is 32."], 1.0), (loop, 0.0)):
-        llm = LoopsLLM(renderer, Scripted(renderer, list(script)), TokenCapture())
+        llm = LoopsLLM(renderer, ScriptedPolicy(renderer, script), TokenCapture())
         token = bind_llm(llm)
         try:
             evidence = await ToolShopper(max_turns=2).run(ToolShopper().tasks()[0])
