@@ -7,6 +7,7 @@ killed with a real SIGKILL.
 
 from __future__ import annotations
 
+import io
 import json
 import multiprocessing
 import os
@@ -16,10 +17,13 @@ import sys
 import time
 from multiprocessing.process import BaseProcess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import loops_nb.cli
+from loops_nb import load
+from loops_nb.observers import TerminalReporter
 
 PRELOAD = [
     "loops_nb.cli",
@@ -140,3 +144,18 @@ def assert_whole_logs(run: Path) -> None:
     assert [c["step"] for c in checkpoints] == sorted({c["step"] for c in checkpoints})
     for c in checkpoints:
         assert trainer_step(run, c["path"]) == c["step"]
+
+
+def resume_to_end(config: Path, run: Path) -> Any:
+    """Run `config` as `run.name` in this process to the end; it must resume at the last checkpoint the kills
+    left (step 0 when they left none) and say so. Returns the run's outcome."""
+    saved = records(run / "checkpoints.jsonl")
+    resume_at = saved[-1]["step"] if saved else 0  # killed before its first checkpoint: from step 0
+    printed = io.StringIO()
+    outcome = load(config, overrides={"output.run_name": run.name}).train_sync(
+        observers=[TerminalReporter(printed)]
+    )
+    assert outcome.status == "completed" and outcome.start_step == resume_at
+    if resume_at:
+        assert f"resumed at step {resume_at}" in printed.getvalue()
+    return outcome

@@ -19,7 +19,6 @@ trains: the optimizer-step count is then the same in any correct run, whatever w
 
 from __future__ import annotations
 
-import io
 import json
 import sys
 from dataclasses import dataclass
@@ -28,10 +27,9 @@ from pathlib import Path
 import pytest
 
 from loops_nb import load
-from loops_nb.observers import TerminalReporter
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from crash_harness import assert_whole_logs, crash, records, trainer_step
+from crash_harness import assert_whole_logs, crash, records, resume_to_end, trainer_step
 from tiny_models import build_tiny_chat_model
 
 RUNTIME = '''
@@ -113,16 +111,8 @@ def test_a_killed_run_resumes_exactly_once(setup: Setup, seed: int, kills: int) 
     run = setup.folder / "runs" / f"killed-{seed}"
     killed_ids = crash(setup.config, run, setup.folder, seed, kills, MAX_STEPS)
 
-    saved = records(run / "checkpoints.jsonl")
-    resume_at = saved[-1]["step"] if saved else 0  # killed before its first checkpoint: from step 0
-    printed = io.StringIO()
-    outcome = load(setup.config, overrides={"output.run_name": run.name}).train_sync(
-        observers=[TerminalReporter(printed)]
-    )
-    assert outcome.status == "completed" and outcome.steps == MAX_STEPS
-    assert outcome.start_step == resume_at
-    if resume_at:
-        assert f"resumed at step {resume_at}" in printed.getvalue()
+    outcome = resume_to_end(setup.config, run)
+    assert outcome.steps == MAX_STEPS
 
     steps, reference = records(run / "steps.jsonl"), records(setup.reference / "steps.jsonl")
     assert [s["step"] for s in steps] == list(range(MAX_STEPS)), "every step exactly once, in order"

@@ -17,7 +17,6 @@ killed process loads in the next one. The kills are `tests/crash_harness.py`'s.
 
 from __future__ import annotations
 
-import io
 import json
 import sys
 from dataclasses import dataclass
@@ -27,10 +26,9 @@ import pytest
 from sft_fixtures import write_jsonl
 
 from loops_nb import load
-from loops_nb.observers import TerminalReporter
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from crash_harness import assert_whole_logs, checkpoint_dir, crash, records, trainer_step
+from crash_harness import assert_whole_logs, checkpoint_dir, crash, records, resume_to_end, trainer_step
 from tiny_models import build_tiny_chat_model
 
 PAIRS = [
@@ -90,15 +88,7 @@ def test_a_killed_run_resumes_with_every_step_exactly_once(setup: Setup, seed: i
     killed = setup.folder / "runs" / f"killed-{seed}"
     killed_ids = crash(setup.config, killed, setup.folder, seed, kills, TOTAL_STEPS)
 
-    saved = records(killed / "checkpoints.jsonl")
-    resume_at = saved[-1]["step"] if saved else 0  # killed before its first checkpoint: from step 0
-    printed = io.StringIO()
-    outcome = load(setup.config, overrides={"output.run_name": killed.name}).train_sync(
-        observers=[TerminalReporter(printed)]
-    )
-    assert outcome.status == "completed" and outcome.start_step == resume_at
-    if resume_at:
-        assert f"resumed at step {resume_at}" in printed.getvalue()
+    outcome = resume_to_end(setup.config, killed)
     straight = setup.reference
 
     a, b = records(killed / "steps.jsonl"), records(straight / "steps.jsonl")
