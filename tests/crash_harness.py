@@ -15,6 +15,7 @@ import random
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,17 @@ PRELOAD = [
     "loops_nb.local.sampler",
 ]
 """What the fork server imports once: a cold interpreter takes some 20 s on two cores to get there."""
+SEEDS = [(1, 1), (2, 1), (3, 2)]
+"""(seed, kills): the seed picks each kill's moment; the last one crashes twice before the final resume."""
+
+
+@dataclass
+class Setup:
+    """A resume test's module fixture: its folder, its config and the uninterrupted reference run."""
+
+    folder: Path
+    config: Path
+    reference: Path
 
 
 def records(path: Path) -> list[dict]:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -29,7 +28,7 @@ import pytest
 from loops_nb import load
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from crash_harness import assert_whole_logs, crash, records, resume_to_end, trainer_step
+from crash_harness import SEEDS, Setup, assert_whole_logs, crash, records, resume_to_end, trainer_step
 from tiny_models import build_tiny_chat_model
 
 RUNTIME = '''
@@ -70,15 +69,6 @@ save_every = 1
 [output]
 output_dir = "{{out}}"
 """
-SEEDS = [(1, 1), (2, 1), (3, 2)]
-"""(seed, kills): the seed picks each kill's moment; the last one crashes twice before the final resume."""
-
-
-@dataclass
-class Setup:
-    folder: Path
-    config: Path
-    reference: Path
 
 
 def final_trainer_step(run: Path) -> int:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -28,7 +27,16 @@ from sft_fixtures import write_jsonl
 from loops_nb import load
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from crash_harness import assert_whole_logs, checkpoint_dir, crash, records, resume_to_end, trainer_step
+from crash_harness import (
+    SEEDS,
+    Setup,
+    assert_whole_logs,
+    checkpoint_dir,
+    crash,
+    records,
+    resume_to_end,
+    trainer_step,
+)
 from tiny_models import build_tiny_chat_model
 
 PAIRS = [
@@ -38,15 +46,6 @@ PAIRS = [
     ("who are you ?", "I am the assistant ."),
 ]
 TOTAL_STEPS = 11
-SEEDS = [(1, 1), (2, 1), (3, 2)]
-"""(seed, kills): the seed picks each kill's moment; the last one crashes twice before the final resume."""
-
-
-@dataclass
-class Setup:
-    folder: Path
-    config: Path
-    reference: Path
 
 
 def _config(folder: Path, model: Path) -> Path:
