@@ -195,16 +195,15 @@ async def train(
         await runtime.close()
         raise UserError(problem)
     run_dir = RunDirectory.create(config.output.output_dir, config.output.run_name, project.path.stem)
+    resumed = run_dir.read_run_json()
     try:
-        drift = resume_drift(
-            "rl", run_dir.read_run_json(), json.loads(config.model_dump_json()), str(run_dir.root)
-        )
+        drift = resume_drift("rl", resumed, json.loads(config.model_dump_json()), str(run_dir.root))
         lock = RunLock.claim(run_dir.root)
     except UserError:
         await runtime.close()
         raise
     try:
-        return await _train_holding_lock(project, runtime, access, run_dir, observers, stop, drift)
+        return await _train_holding_lock(project, runtime, access, run_dir, observers, stop, resumed, drift)
     finally:
         lock.release()
 
@@ -216,10 +215,11 @@ async def _train_holding_lock(
     run_dir: RunDirectory,
     observers: list[Any] | None,
     stop: asyncio.Event | None,
+    resumed: dict[str, Any] | None,
     drift: list[str],
 ) -> Outcome:
+    """`resumed`: the run.json of the run being resumed (None for a new run); `drift`: its allowed changes."""
     config: RLConfig = project.config  # type: ignore[assignment]
-    resumed = run_dir.read_run_json()
     # The journal exists before the runtime can create anything; `loops cleanup` reads it after a crash.
     resources = ResourceRegistry(ResourceJournal.at(run_dir.state / "journal.jsonl"))
     bind_run(runtime, project, run_dir.state, resources)

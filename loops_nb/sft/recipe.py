@@ -178,12 +178,10 @@ async def train(
     if not len(data.train):
         raise DataError(f"no row of {config.data.train} trains: run `loops check {project.path}` to see why")
     run_dir = RunDirectory.create(config.output.output_dir, config.output.run_name, project.path.stem)
-    drift = resume_drift(
-        "sft", run_dir.read_run_json(), json.loads(config.model_dump_json()), str(run_dir.root)
-    )
+    resumed = run_dir.read_run_json()
+    drift = resume_drift("sft", resumed, json.loads(config.model_dump_json()), str(run_dir.root))
     lock = RunLock.claim(run_dir.root)
     try:
-        resumed = run_dir.read_run_json()
         for line in drift:
             log.warning("%s: %s", run_dir.root, line)
         with (run_dir.root / "run.log").open("a") as log_file:
