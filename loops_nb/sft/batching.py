@@ -86,9 +86,9 @@ class ExampleIndex:
 
     def add(self, offset: int, rendered: RenderedRow) -> None:
         self.rows_seen += 1
+        # Every example trains: the renderer refuses a row whose example has no trainable target, so what
+        # `check` counts (the same RenderedRow) is exactly what is indexed here.
         for sub, example in enumerate(rendered.examples):
-            if len(example.input_ids) < 2 or not any(example.weights[1:]):
-                continue  # only a first token trains: no datum can predict it (targets start at token 1)
             self.offsets.append(offset)
             self.rows.append(rendered.row_number)
             self.subs.append(sub)

@@ -297,7 +297,14 @@ class TokenizedRow(_Strict):
                 f"weights: {len(self.weights)} weights for {len(self.input_ids)} input_ids; they must match"
             )
         if not any(self.weights):
-            raise ValueError("weights: all zero, so nothing trains")
+            raise ValueError("weights: all zero, so nothing trains; give the tokens to learn a weight > 0")
+        if not any(self.weights[1:]):
+            # A token's loss is the logprob of it given the tokens before it: input_ids[0] has none, so no
+            # datum can target it (targets are input_ids[1:]).
+            raise ValueError(
+                "weights: only input_ids[0] has a weight, and the first token can never train (its loss needs a "
+                "token before it); put the context it follows before it, or weight a later token"
+            )
         return self
 
 

@@ -90,7 +90,8 @@ class Example:
 
     @property
     def n_trained(self) -> int:
-        return sum(1 for w in self.weights if w > 0)
+        """Tokens that train: weighted positions after the first (a datum's targets are ``input_ids[1:]``)."""
+        return sum(1 for w in self.weights[1:] if w > 0)
 
     def segments(self, tokenizer: Any) -> list[Segment]:
         """The example as decoded runs of trained/untrained text, for previews."""
@@ -125,6 +126,32 @@ class RenderedRow:
 
 
 RenderResult = RenderedRow | RefusedRow
+
+
+def _example(
+    ids: list[int],
+    weights: list[float],
+    row_number: int,
+    turn_indices: tuple[int, ...],
+    token_turns: list[int],
+    split_reason: str | None = None,
+) -> Example:
+    """An example as it trains, or a refusal when nothing in it can.
+
+    The first token is never a target (a datum predicts ``input_ids[1:]`` from the tokens before them), so its
+    weight is cleared here: the example's weights, its counts in `check`, its preview and the trainer's datum
+    then all say the same thing.
+    """
+    if not any(weights[1:]):
+        at = f"messages[{turn_indices[0]}]: the turn" if turn_indices else "the row"
+        raise _Refusal(
+            f"{at} trains only the first token of its example, and the first token can never train (its loss "
+            f"needs a token before it); put the context it follows before it"
+        )
+    if weights[0]:
+        weights = [0.0, *weights[1:]]
+        token_turns = [-1, *token_turns[1:]]
+    return Example(ids, weights, row_number, turn_indices, token_turns, split_reason)
 
 
 @dataclass(slots=True)
@@ -215,8 +242,8 @@ class Renderer:
                     f"input_ids[{i}]: token id {tid} is outside the tokenizer's vocabulary ({self.vocab_size} ids)"
                 )
         self._check_length(len(row.input_ids), "the row")
-        example = Example(
-            list(row.input_ids), list(row.weights), row.row_number, (), [-1] * len(row.input_ids), None
+        example = _example(
+            list(row.input_ids), list(row.weights), row.row_number, (), [-1] * len(row.input_ids)
         )
         return RenderedRow(row.row_number, [example])
 
@@ -264,7 +291,7 @@ class Renderer:
         for ids, weights, token_turns, indices in built:
             what = "the conversation" if len(built) == 1 else f"the example ending at messages[{indices[-1]}]"
             self._check_length(len(ids), what)
-            examples.append(Example(ids, weights, row.row_number, indices, token_turns, split_reason))
+            examples.append(_example(ids, weights, row.row_number, indices, token_turns, split_reason))
         return RenderedRow(row.row_number, examples, split_reason)
 
     def _render(self, messages: list[dict[str, Any]], tools: Any, j: int, *, prompt: bool) -> str:

@@ -75,11 +75,14 @@ def as_sequences(item: Any, tokenizer: Any = None) -> list[TokenSequence]:
 def _from_example(example: Any, suffix: str) -> TokenSequence:
     turns = tuple(example.turn_indices)
     trains = f" · trains messages{list(turns)}" if turns else ""
+    # The first token is never a target (nothing precedes it), so it is never shown as trained.
+    weights = [0.0, *example.weights[1:]] if len(example.weights) else []
+    turns_per_token = [-1, *example.token_turns[1:]] if len(example.token_turns) else []
     return TokenSequence(
         example.input_ids,
-        example.weights,
+        weights,
         f"row {example.row_number}{suffix}{trains}",
-        turns=example.token_turns,
+        turns=turns_per_token,
         note=example.split_reason,
     )
 
