@@ -1,6 +1,7 @@
 """The `loops` command: check, run, serve, deactivate, glossary.
 
     loops check CONFIG [--KEY VALUE ...]   resolve, render and prepare; launches no trainer
+                [--refusals FILE]         SFT: every refused row, as JSONL
     loops run   CONFIG [--KEY VALUE ...]   train (resumes an existing run directory)
     loops serve [--port N] [--model ID]     a local Loops for several notebooks or scripts
     loops deactivate RUN_ID [--config C]    end a dedicated (or local) run
@@ -58,6 +59,10 @@ def _parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=text, add_help=False, description=text)
         p.add_argument("config", nargs="?", help="a .toml or .json config (a shipped one by its path)")
         p.add_argument("-h", "--help", action="store_true", help="show settings with their defaults")
+        if name == "check":
+            p.add_argument(
+                "--refusals", type=Path, metavar="FILE", help="SFT: write every refused row as JSONL"
+            )
     p = sub.add_parser("serve", help="a local Loops for several notebooks or scripts")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0 picks a free port")
@@ -92,12 +97,17 @@ def _print_help(parser: argparse.ArgumentParser, command: str, config: str | Non
             recipe = load(config).recipe
         except UserError:
             recipe = None
-    print(f"usage: loops {command} CONFIG [--KEY VALUE ...]\n")
+    refusals = " [--refusals FILE]" if command == "check" else ""
+    print(f"usage: loops {command} CONFIG{refusals} [--KEY VALUE ...]\n")
+    if refusals:
+        print("--refusals FILE: for an SFT config, write every refused row to FILE as JSONL.\n")
     print('Any setting can be overridden: --training.max_steps 5 (values parse as TOML: 5, true, "x").\n')
     print(knob_help(recipe))
 
 
-async def _check_or_run(command: str, config: str, overrides: dict[str, Any]) -> int:
+async def _check_or_run(
+    command: str, config: str, overrides: dict[str, Any], refusals: Path | None = None
+) -> int:
     from loops_nb.config import load_config
     from loops_nb.project import Project
 
@@ -106,7 +116,9 @@ async def _check_or_run(command: str, config: str, overrides: dict[str, Any]) ->
     for line in project.describe():
         print(line)
     if command == "check":
-        report = await project.check()
+        if refusals is not None and project.recipe != "sft":
+            raise UserError(f"--refusals is for SFT configs; {project.path} is a {project.recipe} config")
+        report = await project.check(**({"refusals": refusals} if refusals is not None else {}))
         for line in report.describe():
             print(line)
         return 0 if getattr(report, "ok", True) else 1
@@ -212,7 +224,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.help or not args.config:
                 _print_help(parser, args.command, args.config)
                 return 0 if args.help else EXIT_USER_ERROR
-            return asyncio.run(_check_or_run(args.command, args.config, split_overrides(rest)))
+            refusals = getattr(args, "refusals", None)
+            return asyncio.run(_check_or_run(args.command, args.config, split_overrides(rest), refusals))
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
         if args.command == "serve":

@@ -304,8 +304,19 @@ class SFTData:
     eval_cap: int
 
     @classmethod
-    def load(cls, config: SFTConfig, tokenizer: Any, *, config_path: Path | None = None) -> SFTData:
-        """Stream the data files once: render every row, split, index, report and plan."""
+    def load(
+        cls,
+        config: SFTConfig,
+        tokenizer: Any,
+        *,
+        config_path: Path | None = None,
+        on_refusal: Callable[[Path, RefusedRow], None] | None = None,
+    ) -> SFTData:
+        """Stream the data files once: render every row, split, index, report and plan.
+
+        ``on_refusal(path, refused)`` is called for every refused row of either file, as it is read (the report
+        keeps only the first held-out refusals).
+        """
         d, t = config.data, config.training
         renderer = Renderer(tokenizer, max_seq_len=config.model.max_seq_len)
         if not d.train.is_file():
@@ -333,6 +344,8 @@ class SFTData:
 
         def training_rows() -> Iterator[RenderResult]:
             for index, result in stream_rendered(d.train, renderer, route=route, max_rows=d.max_rows):
+                if on_refusal is not None and isinstance(result, RefusedRow):
+                    on_refusal(d.train, result)
                 if index is train:
                     yield result
                 else:  # a held-out row (maybe past the cap): counted, never trained
@@ -346,6 +359,8 @@ class SFTData:
             for _, result in stream_rendered(
                 d.eval, renderer, route=lambda _: eval_index, stop=lambda: len(eval_index) >= cap
             ):
+                if on_refusal is not None and isinstance(result, RefusedRow):
+                    on_refusal(d.eval, result)
                 held.count(result)
             held.truncated = len(eval_index) >= cap
         plan = BatchPlan(

@@ -8,10 +8,12 @@ planned before Loops is reached, so a data problem never costs a trainer.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from loops_nb.compute import LoopsConnection, require_api_key
@@ -23,6 +25,7 @@ from loops_nb.resources import RunLock
 from loops_nb.run_dir import RunDirectory
 from loops_nb.sft.batching import SFTData
 from loops_nb.sft.config import SFTConfig
+from loops_nb.sft.refusal_file import RefusalFile
 from loops_nb.sft.report import CheckReport, refusal_lines
 from loops_nb.sft.schedule import describe_schedule
 from loops_nb.sft.train import SFTOutcome, SFTRun
@@ -39,25 +42,35 @@ class SFTCheckReport:
     """What `check` found: header lines, the training data's `CheckReport`, the plan, and problems.
 
     ``ok`` is False only when the data cannot train at all (a data file is missing, or no row trains); refused
-    rows are reported, not fatal.
+    rows are reported, not fatal. ``warnings`` (held-out data that yields no example) do not fail the check, but
+    its last line says there are some.
     """
 
     ok: bool = True
     lines: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     data: CheckReport | None = None
     plan_lines: list[str] = field(default_factory=list)
     total_steps: int | None = None
+    refusals_file: str | None = None
+    """Where `check(refusals=...)` wrote every refusal (None when not asked to)."""
 
     def describe(self) -> list[str]:
         out = list(self.lines)
         if self.data is not None:
-            out += self.data.describe()
+            out += self.data.describe(refusals_written=self.refusals_file)
         out += self.plan_lines
         out += [f"note: {n}" for n in self.notes]
+        out += [f"warning: {w}" for w in self.warnings]
         out += [f"problem: {p}" for p in self.problems]
-        out.append("check: ok" if self.ok else f"check: {len(self.problems)} problem(s)")
+        if not self.ok:
+            out.append(f"check: {len(self.problems)} problem(s)")
+        elif self.warnings:
+            out.append(f"check: ok with {len(self.warnings)} warning(s)")
+        else:
+            out.append("check: ok")
         return out
 
 
@@ -75,7 +88,27 @@ async def _tokenizer(config: SFTConfig) -> Any:
     )
 
 
-def plan_lines(config: SFTConfig, data: SFTData) -> list[str]:
+def held_out_warning(config: SFTConfig, data: SFTData) -> str | None:
+    """Why no held-out loss will be measured although held-out data is configured, naming the data and the first
+    reasons (None when there is held-out data to evaluate, or none was asked for)."""
+    held = data.held_out
+    if held.index is None or held.examples:
+        return None
+    where = str(held.path) if config.data.eval is not None else held.source
+    why = "; ".join(f"row {n}: {reason}" for n, reason in held.refusals[:2])
+    more = f" ({held.refused - 2:,} more refused)" if held.refused > 2 else ""
+    if held.rows:
+        return (
+            f"the held-out data ({where}) yields no example: all {held.rows:,} rows are refused, so no held-out "
+            f"loss will be measured; first reasons: {why}{more}"
+        )
+    return (
+        f"the held-out data ({where}) has no row, so no held-out loss will be measured; raise data.eval_fraction "
+        "or set data.eval to a held-out file"
+    )
+
+
+def plan_lines(config: SFTConfig, data: SFTData, *, refusals_written: str | None = None) -> list[str]:
     """The held-out split, the batch plan, the schedule and the save/eval cadence, as report lines."""
     t, d, plan, held = config.training, config.data, data.plan, data.held_out
     lines = []
@@ -92,7 +125,9 @@ def plan_lines(config: SFTConfig, data: SFTData) -> list[str]:
         # happened to hold out would be counted but never named.
         if held.refused:
             path = str(held.path) if held.path is not None else None
-            lines += refusal_lines("held-out rows refused", held.refusals, held.refused, path, rest="")
+            lines += refusal_lines(
+                "held-out rows refused", held.refusals, held.refused, path, written=refusals_written
+            )
     per_epoch = " + ".join(f"{n:,}" for n in plan.steps_per_epoch[:4]) + (" + ..." if t.epochs > 4 else "")
     capped = f"; max_steps {t.max_steps:,}" if t.max_steps is not None else ""
     lines.append(
@@ -117,8 +152,11 @@ def plan_lines(config: SFTConfig, data: SFTData) -> list[str]:
     return lines
 
 
-async def check(project: Project, **_: Any) -> SFTCheckReport:
-    """Render every row with the configured tokenizer, template and max_seq_len, and plan the run."""
+async def check(project: Project, *, refusals: str | Path | None = None, **_: Any) -> SFTCheckReport:
+    """Render every row with the configured tokenizer, template and max_seq_len, and plan the run.
+
+    ``refusals``: a file to write every refused row to, as JSONL (`RefusalFile`); the report lists the first ones.
+    """
     config: SFTConfig = project.config  # type: ignore[assignment]
     report = SFTCheckReport()
     m = config.model
@@ -132,11 +170,22 @@ async def check(project: Project, **_: Any) -> SFTCheckReport:
             report.problems.append(str(exc))
     try:
         tokenizer = await _tokenizer(config)
-        data = await asyncio.to_thread(SFTData.load, config, tokenizer, config_path=project.path)
+        with contextlib.ExitStack() as stack:
+            sink = stack.enter_context(RefusalFile(refusals)) if refusals is not None else None
+            data = await asyncio.to_thread(
+                SFTData.load,
+                config,
+                tokenizer,
+                config_path=project.path,
+                on_refusal=sink.write if sink is not None else None,
+            )
     except UserError as exc:
         report.problems.append(str(exc))
         report.ok = False
         return report
+    if sink is not None:
+        report.refusals_file = str(sink.path)
+        report.notes.append(f"{sink.count:,} refused row(s) written to {sink.path}")
     report.lines.append(
         f"tokenizer: {len(tokenizer):,} tokens; chat template {_template_name(config)}; stop tokens "
         f"{', '.join(data.renderer.stop_tokens)}; max_seq_len {m.max_seq_len:,}"
@@ -144,8 +193,11 @@ async def check(project: Project, **_: Any) -> SFTCheckReport:
     limit = f" (data.max_rows {config.data.max_rows:,})" if config.data.max_rows else ""
     report.lines.append(f"train: {config.data.train}{limit}")
     report.data = data.report
-    report.plan_lines = plan_lines(config, data)
+    report.plan_lines = plan_lines(config, data, refusals_written=report.refusals_file)
     report.total_steps = data.plan.total_steps
+    warning = held_out_warning(config, data)
+    if warning:
+        report.warnings.append(warning)
     if not len(data.train):
         report.problems.append(f"no row of {config.data.train} trains (see the refusals above)")
     report.ok = not report.problems
@@ -182,10 +234,12 @@ async def train(
     drift = resume_drift("sft", resumed, json.loads(config.model_dump_json()), str(run_dir.root))
     lock = RunLock.claim(run_dir.root)
     try:
-        for line in drift:
+        warning = held_out_warning(config, data)
+        warned = [f"warning: {warning}"] if warning else []
+        for line in drift + warned:
             log.warning("%s: %s", run_dir.root, line)
         with (run_dir.root / "run.log").open("a") as log_file:
-            log_file.write("\n".join(project.describe() + drift + plan_lines(config, data)) + "\n")
+            log_file.write("\n".join(project.describe() + drift + plan_lines(config, data) + warned) + "\n")
         observer_set = ObserverSet(
             run_observers(config.output, json.loads(config.model_dump_json()), observers)
         )

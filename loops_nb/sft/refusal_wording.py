@@ -6,6 +6,7 @@ Also the checks that run before validation because a later stage would crash on 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -124,3 +125,93 @@ def json_type(value: Any) -> str:
     if isinstance(value, dict):
         return "an object"
     return type(value).__name__
+
+
+LENGTH_FIX = (
+    "raise [model] max_seq_len (up to the model's context length) or split the conversation into shorter rows"
+)
+"""What to do about an over-long row; the refusal says it (the renderer appends it to the reason)."""
+
+# What to do about each kind of refusal, by a pattern of its reason (first match wins). A reason that already
+# ends in its fix (``...; save the file as UTF-8``) matches an entry holding that same text, so `with_fix`
+# never says it twice; a pattern starting "!" marks a reason that says it in other words.
+_FIXES: tuple[tuple[re.Pattern[str], str, bool], ...] = tuple(
+    (re.compile(pattern.removeprefix("!")), fix, pattern.startswith("!"))
+    for pattern, fix in (
+        (r"^not UTF-8 text", "save the file as UTF-8"),
+        (r"^invalid JSON", "make the line one JSON object (JSONL holds one row per line)"),
+        (r"nested more than \d+ levels deep", "flatten the row (or its tool arguments) to fewer levels"),
+        (r"lone surrogate", "fix the program that wrote the file"),
+        (
+            r"^a row must be a JSON object|^the row has neither",
+            'write the row as {"messages": [...]} (chat) or {"input_ids": [...], "weights": [...]} (tokenized)',
+        ),
+        (r"^the row mixes the chat format", "use one format per row: messages, or input_ids and weights"),
+        (r"longer than max_seq_len", LENGTH_FIX),
+        (r"first token can never train", "put the context it follows before it"),
+        (r"outside the tokenizer's vocabulary", "tokenize the row with this model's tokenizer"),
+        (r"^input_ids: empty|^weights: all zero", "give the tokens to learn a weight > 0"),
+        (r"^weights: \d+ weights for", "give exactly one weight per input id"),
+        (r"must be a token id", "write token ids as integers >= 0"),
+        (r"must be a finite number >= 0", "write weights as numbers >= 0"),
+        (r": unknown field$", "remove or rename the field (docs/reference/sft.md lists the fields)"),
+        (r": required field missing$", "add the field"),
+        (r"!unknown role .*; expected one of", "use one of the roles system, user, assistant, tool"),
+        (r"only text parts|must be exactly \{'type': 'text'", "send the content as text parts only"),
+        (r"^messages: empty|no assistant turn", "add the assistant turn the model should learn"),
+        (r"every assistant turn has weight 0", "give the turns to learn weight 1, or remove the row"),
+        (r"empty assistant turn", "give the turn content or tool_calls, or remove it"),
+        (r"only assistant turns take a weight", "remove the weight (only assistant turns train)"),
+        (r"\.weight: must be 0 or 1", "set the weight to 0 (context only) or 1 (trains)"),
+        (r"is not one of the row's tools", "add the tool to the row's tools, or fix the call's name"),
+        (r"\.arguments: ", "give the arguments as a JSON object (or a string holding one)"),
+        (
+            r"matches no earlier assistant tool call|needs the id of the call it answers",
+            "set tool_call_id to the id of the assistant tool call it answers",
+        ),
+        (r"only assistant turns (make tool calls|carry reasoning)", "move it to an assistant turn"),
+        (r"only tool messages answer a tool call", "remove the tool_call_id"),
+        (r"needs content", "add the content"),
+        (r"is defined twice", "define each tool once"),
+        (r"contains the special token", "remove the control token from the text: the template writes them"),
+        (r"add the turn it answers, or give it weight 0", "add the turn it answers, or give it weight 0"),
+        (
+            r"chat template failed to render",
+            "change the row to what the template accepts (e.g. alternate user and assistant turns), or set "
+            "[model] chat_template",
+        ),
+        (r"dropped this tool", 'set [model] chat_template to a tool-capable template (e.g. "chatml-tools")'),
+        (r"dropped this text", "set [model] chat_template to a template that renders this text"),
+        (
+            r"generation prompt does not match",
+            "set [model] chat_template to one whose generation prompt opens its turns as they are rendered",
+        ),
+        (r"has no stop token", "set [model] chat_template to one that ends each turn with a stop token"),
+        (r"must be (a|an|true|the) |should be|should have", "give the field the type or value named"),
+    )
+)
+FALLBACK_FIX = "fix or remove the row (docs/reference/sft.md#refusal-reasons lists every reason)"
+_FIELD = re.compile(r"^([A-Za-z_][\w.]*(?:\[[^\]\s]*\][\w.]*)*): ")
+
+
+def _entry(reason: str) -> tuple[str, bool]:
+    return next(
+        ((fix, said) for pattern, fix, said in _FIXES if pattern.search(reason)), (FALLBACK_FIX, False)
+    )
+
+
+def remedy(reason: str) -> str:
+    """What to do about a refused row, from its reason."""
+    return _entry(reason)[0]
+
+
+def with_fix(reason: str) -> str:
+    """The reason, ending in what to do (once: a reason that already says it is kept as it is)."""
+    fix, said = _entry(reason)
+    return reason if said or fix in reason else f"{reason}; {fix}"
+
+
+def refused_field(reason: str) -> str | None:
+    """The field a reason names first (``messages[2].weight``), or None for a row-level reason."""
+    found = _FIELD.match(reason)
+    return found.group(1) if found else None

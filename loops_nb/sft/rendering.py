@@ -38,6 +38,7 @@ import jinja2
 
 from loops_nb.errors import ConfigError
 from loops_nb.sft.data import ChatRow, RefusedRow, Row, RowResult, TokenizedRow
+from loops_nb.sft.refusal_wording import LENGTH_FIX
 from loops_nb.sft.survival import check_context, check_trained_turn
 from loops_nb.sft.templates import ChatTemplate
 from loops_nb.sft.tokenization import AddedTokenEncoder
@@ -405,5 +406,5 @@ class Renderer:
         if self.max_seq_len is not None and n > self.max_seq_len:
             raise _Refusal(
                 f"{what} is {n:,} tokens, longer than max_seq_len {self.max_seq_len:,} (rows are refused, never "
-                f"truncated: a cut turn would teach the model to stop mid-answer or never stop)"
+                f"truncated: a cut turn would teach the model to stop mid-answer or never stop); {LENGTH_FIX}"
             )

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from loops_nb.sft.data import RefusedRow, RowResult, read_rows
+from loops_nb.sft.refusal_wording import with_fix
 from loops_nb.sft.rendering import RenderedRow, Renderer
 
 if TYPE_CHECKING:
@@ -181,15 +182,17 @@ class CheckReport:
 
         return pd.DataFrame({"bin": _bin_labels(), "examples": self.length_counts})
 
-    def describe(self) -> list[str]:
-        """Lines for a CLI print-out."""
+    def describe(self, *, refusals_written: str | None = None) -> list[str]:
+        """Lines for a CLI print-out; ``refusals_written``: the file every refusal was written to, if any."""
         lines = [f"rows read: {self.rows_read:,}"]
         lines.append(f"  train as one example: {self.rows_trained:,}")
         if self.rows_split:
             lines.append(f"  split per turn: {self.rows_split:,} rows into {self.split_examples:,} examples")
             first = next(i for i, s in enumerate(self._status) if s == 1)
             lines.append(f"    e.g. row {self._row_numbers[first]}: {self._reasons.get(first)}")
-        lines += refusal_lines("refused", self.refusals, self.rows_refused, self.source)
+        lines += refusal_lines(
+            "refused", self.refusals, self.rows_refused, self.source, written=refusals_written
+        )
         share = f" ({self.trained_tokens / self.tokens:.1%})" if self.tokens else ""
         lines.append(
             f"examples: {self.n_examples:,}; tokens: {self.tokens:,}, trained {self.trained_tokens:,}{share}, "
@@ -223,18 +226,22 @@ def refusal_lines(
     count: int,
     source: str | None,
     *,
-    rest: str = " (see report.rows)",
+    written: str | None = None,
 ) -> list[str]:
-    """``what: N`` and the first refused rows, one line each, under a line naming the file and what to do:
-    a user reading ``row 12: ...`` must know which file row 12 is in, and that the other rows still count."""
+    """``what: N`` and the first refused rows, one line each and each ending in what to do, under a line naming
+    the file: a user reading ``row 12: ...`` must know which file row 12 is in, and that the other rows still
+    count. ``written`` is the file `loops check --refusals` wrote every refusal to, if it did."""
     if not count:
         return [f"  {what}: 0"]
     rows = " row" if count == 1 else " rows"
     of = f"{rows} of {source}" if source else rows
     lines = [f"  {what}: {count:,}{of} (the other rows are unaffected); fix or remove these:"]
-    lines += [f"    row {row_number}: {reason}" for row_number, reason in refusals[:_LISTED_REFUSALS]]
+    lines += [
+        f"    row {row_number}: {with_fix(reason)}" for row_number, reason in refusals[:_LISTED_REFUSALS]
+    ]
     if count > _LISTED_REFUSALS:
-        lines.append(f"    ... and {count - _LISTED_REFUSALS:,} more{rest}")
+        where = f"all are in {written}" if written else "`loops check CONFIG --refusals FILE` writes them all"
+        lines.append(f"    ... and {count - _LISTED_REFUSALS:,} more ({where})")
     return lines
 
 
