@@ -14,6 +14,8 @@ is scored against the reference turn:
   ``<tool_call>`` block parses;
 * ``direct_answer`` (a row with tools whose reference answers without a call): 1 when the reply makes no
   tool call and says something;
+* a reply with tool markup (``<tool_call>``, ``<tool_response>``, ``<tools>``) that does not parse as a call,
+  e.g. a hallucinated tool result, scores 0 as a call and as a direct answer;
 * ``text`` (a row without tools): 1 when the reply equals the reference after normalising (lower case,
   whitespace collapsed, punctuation and quotes at the ends dropped, ``<think>`` reasoning removed).
 
@@ -59,10 +61,11 @@ COLUMNS = (
 )  # fmt: skip
 SCORING = (
     "tool_call: same tools and arguments in any order (strings stripped and case-insensitive, numbers as "
-    "numbers); direct_answer: no tool call, non-empty reply; text: equal after lower-casing, collapsing "
-    "whitespace and dropping punctuation at the ends"
+    "numbers); direct_answer: no tool call or tool markup, non-empty reply; text: equal after lower-casing, "
+    "collapsing whitespace and dropping punctuation at the ends"
 )
 _EDGE_PUNCTUATION = " \t\n.,;:!?\"'`()[]"
+_TOOL_MARKUP = re.compile(r"</?\s*(tool_call|tool_response|tools)\s*>", re.IGNORECASE)
 
 
 def normalise_text(text: str | None) -> str:
@@ -92,6 +95,10 @@ def _call_key(name: str, arguments: Any) -> str:
 def score_reply(reply: str, reference: Message, *, has_tools: bool) -> tuple[str, float, float | None]:
     """``(kind, score, exact)`` of a generated reply against the reference assistant turn (see the module doc)."""
     parsed = parse_assistant_text(reply)
+    # Tool markup left in the prose (a hallucinated <tool_response> block, a stray </tool_call>) is neither an
+    # answer nor a call: only blocks that parse as calls count, and they are no longer in the content.
+    if _TOOL_MARKUP.search(parsed.content):
+        parsed.errors.append("tool markup outside a parsed <tool_call> block")
     exact = None
     if not reference.tool_calls:
         exact = float(

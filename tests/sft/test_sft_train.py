@@ -160,6 +160,24 @@ def test_scoring_tool_calls_direct_answers_and_text():
     assert normalise_text("<think>hmm</think>\n  The  Answer. ") == "the answer"
 
 
+def test_tool_markup_that_does_not_parse_as_a_call_scores_as_neither_answer_nor_call():
+    answer = Message(role="assistant", content="I can only look up the weather.")
+    hallucinated = 'I can only look up the weather.\n<tool_response>\n{"sky": "sunny"}\n</tool_response>'
+    assert score_reply(hallucinated, answer, has_tools=True) == ("direct_answer", 0.0, 0.0)
+    assert score_reply("Sure.</tool_call>", answer, has_tools=True)[1] == 0.0
+    call = Message.model_validate(
+        {"role": "assistant", "tool_calls": [{"id": "c", "type": "function",
+                                              "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]}
+    )  # fmt: skip
+    good = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    assert score_reply(good, call, has_tools=True)[1] == 1.0
+    assert (
+        score_reply(good + '\n<tool_response>{"sky": "sunny"}</tool_response>', call, has_tools=True)[1]
+        == 0.0
+    )
+    assert score_reply("the weather in paris", answer, has_tools=True)[1] == 1.0
+
+
 # -- check and training through the embedded Loops -------------------------------------------------------------
 
 PAIRS = [
