@@ -3,25 +3,69 @@
 The embedded Loops and the model gateway both run this way, so neither blocks (nor is blocked by) a
 notebook's running event loop or the CLI's. uvicorn captures signals only on the main thread, so the
 caller's own Ctrl-C handling stays in charge.
+
+Against clients that connect and stall, each server has a `ConnectionGuard` (header and body
+timeouts, a cap on connections that have not shown the key); an app names how a request shows it by
+setting `app.state.authorizes` to a function of the request headers. When the process runs out of
+descriptors anyway, asyncio logs every failed accept (up to 4096 a second, with a traceback each);
+`AcceptErrorLog` lets one line through per `ACCEPT_ERROR_LOG_SECONDS` with the count it held back.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from loops_nb.connection_guard import ConnectionGuard, ConnectionLimits
 from loops_nb.errors import UserError
 
 if TYPE_CHECKING:
     import uvicorn
 
 
-class LoopbackServer:
-    def __init__(self, name: str) -> None:
+log = logging.getLogger(__name__)
+
+ACCEPT_ERROR_LOG_SECONDS = 30.0
+"""At most one 'out of descriptors' log line per this many seconds and server."""
+
+
+class AcceptErrorLog:
+    """An event-loop exception handler that rate-limits asyncio's failed-accept reports."""
+
+    def __init__(self, name: str, every: float = ACCEPT_ERROR_LOG_SECONDS) -> None:
         self.name = name
+        self.every = every
+        self.held_back = 0
+        self._last: float | None = None
+
+    def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        if not str(context.get("message", "")).startswith("socket.accept() out of system resource"):
+            loop.default_exception_handler(context)
+            return
+        now = time.monotonic()
+        if self._last is not None and now - self._last < self.every:
+            self.held_back += 1
+            return
+        held, self.held_back, self._last = self.held_back, 0, now
+        exc = context.get("exception")
+        log.error(
+            "%s cannot accept connections: %s (%d more such failures since the last report); raise "
+            "`ulimit -n` or lower the load",
+            self.name,
+            exc,
+            held,
+        )
+
+
+class LoopbackServer:
+    def __init__(self, name: str, limits: ConnectionLimits | None = None) -> None:
+        self.name = name
+        self.limits = limits or ConnectionLimits()
+        self.guard: ConnectionGuard | None = None
         self.port: int | None = None
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -43,8 +87,11 @@ class LoopbackServer:
             sock.close()
             raise UserError(f"cannot bind the {self.name} to {host}:{port}: {exc.strerror}") from None
         self.port = sock.getsockname()[1]
+        state = getattr(app, "state", None)
+        self.guard = ConnectionGuard(self.limits, getattr(state, "authorizes", None))
         config = uvicorn.Config(
             app,
+            http=self.guard.protocol_class(),
             log_level="warning",
             access_log=False,
             timeout_keep_alive=75,
@@ -53,9 +100,13 @@ class LoopbackServer:
         )
         server = uvicorn.Server(config)
         self._server = server
-        self._thread = threading.Thread(
-            target=lambda: asyncio.run(server.serve(sockets=[sock])), name=self.name, daemon=True
-        )
+        accept_errors = AcceptErrorLog(self.name)
+
+        async def serve() -> None:
+            asyncio.get_running_loop().set_exception_handler(accept_errors)
+            await server.serve(sockets=[sock])
+
+        self._thread = threading.Thread(target=lambda: asyncio.run(serve()), name=self.name, daemon=True)
         self._thread.start()
         deadline = time.monotonic() + timeout
         while not server.started:

@@ -29,12 +29,14 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from loops_nb.connection_guard import api_key_authorizes
 from loops_nb.errors import UserError
 from loops_nb.local import trainer_ops
 from loops_nb.local.run_records import RunLost
 from loops_nb.local.sampling_types import SampleRequestError
 from loops_nb.local.state import LocalLoopsError, LocalLoopsState
 from loops_nb.local.wire import InvalidRequest
+from loops_nb.request_body import BodyRefused, parse_json, read_limited
 
 log = logging.getLogger(__name__)
 
@@ -81,18 +83,13 @@ class ApiKeyMiddleware:
 
 
 async def _body(request: Request) -> dict[str, Any]:
-    length = request.headers.get("content-length")
-    if length and int(length) > MAX_BODY_BYTES:
-        raise InvalidRequest(f"request body of {length} bytes exceeds the {MAX_BODY_BYTES} byte limit")
-    raw = await request.body()
-    if len(raw) > MAX_BODY_BYTES:
-        raise InvalidRequest(f"request body exceeds the {MAX_BODY_BYTES} byte limit")
-    if not raw:
-        return {}
     try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+        raw = await read_limited(request, MAX_BODY_BYTES)
+        if not raw:
+            return {}
+        body = parse_json(raw)
+    except BodyRefused as exc:
+        raise InvalidRequest(str(exc)) from None
     if not isinstance(body, dict):
         raise InvalidRequest("request body must be a JSON object")
     return body
@@ -285,6 +282,8 @@ class LoopsRoutes:
         if min_version is not None:
             if run is None:
                 raise InvalidRequest("X-Min-Policy-Version needs a run (X-Run-Id or a paired sampler)")
+            if not min_version.strip().isdigit():
+                raise InvalidRequest(f"X-Min-Policy-Version must be a whole number, got {min_version[:40]!r}")
             wanted = int(min_version)
             if run.published_version >= wanted:
                 adapter, served = run.id, run.published_version
@@ -338,6 +337,9 @@ def _guard(handler: Any) -> Any:
         except (InvalidRequest, LocalLoopsError, SampleRequestError, UserError) as exc:
             # UserError: an unknown or unreachable base model, a bad checkpoint path -- the caller's to fix.
             return _error(422, str(exc))
+        except RecursionError:
+            # Parseable JSON can still be too deep for the code that walks it (validation, hashing).
+            return _error(422, "the request is nested too deeply")
         except Exception:
             log.exception("embedded Loops: %s %s failed", request.method, request.url.path)
             return _error(500, "internal error in the embedded Loops; see its log")
@@ -367,4 +369,6 @@ def build_app(state: LocalLoopsState, api_key: str | None) -> Starlette:
         ("GET", "/samplers/{sampler_id}/trainers_policy_version", r.sampler_policy_version),
     ]
     routes = [Route(path, _guard(handler), methods=[method]) for method, path, handler in table]
-    return Starlette(routes=routes, middleware=[Middleware(ApiKeyMiddleware, api_key=api_key)])
+    app = Starlette(routes=routes, middleware=[Middleware(ApiKeyMiddleware, api_key=api_key)])
+    app.state.authorizes = api_key_authorizes(api_key)  # proves a connection to the LoopbackServer's guard
+    return app

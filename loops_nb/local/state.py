@@ -4,7 +4,8 @@ and where checkpoints live on disk.
 Checkpoint paths use the SDK's own URI shapes, mapped onto the state directory:
 `bt://loops:<run_id>/weights/<name>` (trainer state) and `bt://loops:<run_id>/sampler_weights/<name>`
 (sampler weights). A persistent state directory therefore lets a resumed run, on a fresh server, load
-the state an earlier run saved. Absolute paths and `file://` URIs are accepted too.
+the state an earlier run saved. Absolute paths and `file://` URIs are accepted when they lie inside
+the state directory.
 """
 
 from __future__ import annotations
@@ -232,7 +233,8 @@ class LocalLoopsState:
         return self.state_dir / "runs" / run_id / kind / checkpoint_name(name)
 
     def resolve_checkpoint(self, path: str) -> Path:
-        """A directory for a checkpoint path: a bt:// URI, a file:// URI or an absolute path."""
+        """The directory of a checkpoint: a bt:// URI, or a file:// URI or absolute path inside the state
+        directory. Anything outside it is refused: a client may only load what this server saved."""
         match = _BT_URI.match(path)
         if match:
             target = self.checkpoint_dir(match["run"], match["kind"], match["name"])
@@ -242,8 +244,14 @@ class LocalLoopsState:
             target = Path(path)
         else:
             raise LocalLoopsError(
-                f"checkpoint path {path!r}: expected bt://loops:<run>/weights/<name>, a file:// URI "
-                "or an absolute path"
+                f"checkpoint path {path!r}: expected bt://loops:<run>/weights/<name>, or a file:// URI or "
+                f"absolute path under the state directory {self.state_dir}"
+            )
+        # resolve(): neither `..` nor a symlink may lead out of the state directory.
+        if not target.resolve().is_relative_to(self.state_dir.resolve()):
+            raise LocalLoopsError(
+                f"checkpoint path {path!r} is outside this server's state directory {self.state_dir}: "
+                "give the bt:// path the checkpoint was saved under"
             )
         if not target.is_dir():
             raise LocalLoopsError(f"checkpoint path {path!r}: no checkpoint at {target}")

@@ -31,10 +31,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from loops_nb.connection_guard import ConnectionLimits, Headers
 from loops_nb.llm.client import ContextTooLong
 from loops_nb.loopback_server import LoopbackServer
 from loops_nb.model_access import wire
 from loops_nb.model_access.leases import AttemptLease, LeaseRegistry, ReturnedReply
+from loops_nb.request_body import BodyRefused, parse_json, read_limited
 
 if TYPE_CHECKING:
     from loops_nb.llm.client import LoopsLLM
@@ -66,7 +68,8 @@ def _tool_key(calls: list[dict[str, Any]] | None) -> list[tuple[str, Any]]:
         fn = call.get("function", {})
         args = fn.get("arguments")
         if isinstance(args, str):
-            with contextlib.suppress(json.JSONDecodeError):
+            # ValueError: also an integer too long to convert; arguments are the agent's text.
+            with contextlib.suppress(ValueError, RecursionError):
                 args = json.loads(args)
         out.append((fn.get("name"), args))
     return out
@@ -154,6 +157,7 @@ class ModelGateway:
         host: str = "127.0.0.1",
         port: int = 0,
         max_body_bytes: int = MAX_BODY_BYTES,
+        limits: ConnectionLimits | None = None,
     ) -> None:
         if host not in {"127.0.0.1", "localhost", "::1"}:
             raise ValueError(f"the model gateway binds loopback only, not {host!r}")
@@ -163,7 +167,7 @@ class ModelGateway:
         self.port = port
         self.max_body_bytes = max_body_bytes
         self.requests = 0
-        self._http = LoopbackServer("model gateway")
+        self._http = LoopbackServer("model gateway", limits)
 
     # -- leases -----------------------------------------------------------------------------------
     def issue(self, attempt_id: str, llm: LoopsLLM) -> AttemptLease:
@@ -202,22 +206,18 @@ class ModelGateway:
         return lease
 
     async def _body(self, request: Request) -> Any:
-        declared = request.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > self.max_body_bytes:
-            raise wire.BadRequest(
-                f"the request body is over {self.max_body_bytes} bytes", code="request_too_large"
-            )
-        data = bytearray()
-        async for chunk in request.stream():
-            data += chunk
-            if len(data) > self.max_body_bytes:
-                raise wire.BadRequest(
-                    f"the request body is over {self.max_body_bytes} bytes", code="request_too_large"
-                )
         try:
-            return json.loads(data)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise wire.BadRequest(f"the request body is not valid JSON: {exc}") from None
+            return parse_json(await read_limited(request, self.max_body_bytes))
+        except BodyRefused as exc:
+            raise wire.BadRequest(str(exc), code="request_too_large" if exc.too_large else None) from None
+
+    def _authorizes(self, headers: Headers) -> bool:
+        """A connection is proven (ConnectionGuard) by a request with a live lease key."""
+        for name, value in headers:
+            if name == b"authorization":
+                scheme, _, key = value.decode("latin-1").partition(" ")
+                return scheme.lower() == "bearer" and self.registry.get(key.strip()) is not None
+        return False
 
     async def chat_completions(self, request: Request) -> Response:
         self.requests += 1
@@ -256,6 +256,9 @@ class ModelGateway:
                     yield event
 
             return StreamingResponse(stream(), media_type="text/event-stream")
+        except RecursionError:
+            # Parseable JSON can still be too deep for the code that walks it.
+            return _error(400, "the request is nested too deeply", "invalid_request_error")
         except Exception as exc:  # a request must never take the run down
             log.exception("model gateway: request failed")
             return _error(500, f"the gateway failed: {type(exc).__name__}: {exc}", "server_error")
@@ -268,12 +271,14 @@ class ModelGateway:
         return JSONResponse({"object": "list", "data": [model]})
 
     def app(self) -> Starlette:
-        return Starlette(
+        app = Starlette(
             routes=[
                 Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
                 Route("/v1/models", self.models, methods=["GET"]),
             ]
         )
+        app.state.authorizes = self._authorizes  # read by the LoopbackServer's ConnectionGuard
+        return app
 
     # -- lifecycle (as loops_nb.local.embedded runs uvicorn) ------------------------------------
     def start(self, timeout: float = 30.0) -> ModelGateway:
