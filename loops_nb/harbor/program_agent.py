@@ -4,12 +4,13 @@ Each trial launches `command` with `OPENAI_BASE_URL` / `OPENAI_API_KEY` set to t
 lease (the run starts the gateway when `[runtime.options] model_access = "openai_http"`), writes the
 instruction to its stdin, and puts what it prints into the sandbox at `output_path`, where the task's
 verifier looks. The program can be anything that speaks OpenAI chat completions; the tokens it samples
-through the gateway are captured and trained exactly as an in-process agent's.
+through the gateway are captured and trained exactly as an in-process agent's. It is launched as every
+agent program is (`loops_nb/model_access/agent_program.py`): an allowlisted environment and, where
+bubblewrap works, a PID namespace of its own, so it cannot read the run's or another trial's secrets.
 """
 
 from __future__ import annotations
 
-import asyncio
 import shlex
 import sys
 from pathlib import Path
@@ -19,7 +20,7 @@ from harbor.environments.base import BaseEnvironment
 from harbor.models.agent.context import AgentContext
 
 from loops_nb.harbor.agent import LoopsAgent
-from loops_nb.model_access import agent_process_env
+from loops_nb.model_access import run_agent_program
 
 
 class LoopsProgramAgent(LoopsAgent):
@@ -49,25 +50,19 @@ class LoopsProgramAgent(LoopsAgent):
     async def run(self, instruction: str, environment: BaseEnvironment, context: AgentContext) -> None:
         if self.attempt is None:
             raise RuntimeError("LoopsProgramAgent runs only inside a loops_nb run")
-        env = agent_process_env(self.attempt)  # its lease, never the run's credentials
-        proc = await asyncio.create_subprocess_exec(
-            *self.argv,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=env,
-            cwd=str(self.config_dir or Path.cwd()),
+        # Its lease, never the run's credentials, and no view of other processes' environments.
+        done = await run_agent_program(
+            self.argv,
+            self.attempt,
+            input=instruction.encode(),
+            cwd=self.config_dir or Path.cwd(),
+            timeout=self.program_timeout,
         )
-        try:
-            out, err = await asyncio.wait_for(proc.communicate(instruction.encode()), self.program_timeout)
-        finally:
-            if proc.returncode is None:  # timed out or cancelled: no orphan programs
-                proc.kill()
-                await proc.wait()
-        if proc.returncode != 0:
+        if done.returncode != 0:
             raise RuntimeError(
-                f"{shlex.join(self.argv)} exited {proc.returncode}: {err.decode(errors='replace')[-1500:]}"
+                f"{shlex.join(self.argv)} exited {done.returncode}: {done.stderr.decode(errors='replace')[-1500:]}"
             )
+        out = done.stdout
         answer = out.decode(errors="replace").strip()
         self.transcript += [
             {"role": "user", "content": instruction},

@@ -6,12 +6,20 @@ its API key. Both paths end in the same `LoopsLLM`, so rendering, sampling and e
 one code path.
 """
 
+from loops_nb.model_access.agent_program import (
+    AgentProgramResult,
+    agent_process_env,
+    run_agent_program,
+    start_agent_program,
+    stop_agent_program,
+)
 from loops_nb.model_access.gateway import ModelGateway
 from loops_nb.model_access.leases import AttemptLease, LeaseRegistry
 from loops_nb.model_access.mode import ModelAccessMode, files_per_attempt, model_access_of
-from loops_nb.model_access.runtime import LeasedRuntime, agent_process_env, model_env
+from loops_nb.model_access.runtime import LeasedRuntime, model_env
 
 __all__ = [
+    "AgentProgramResult",
     "AttemptLease",
     "LeaseRegistry",
     "LeasedRuntime",
@@ -21,4 +29,7 @@ __all__ = [
     "files_per_attempt",
     "model_access_of",
     "model_env",
+    "run_agent_program",
+    "start_agent_program",
+    "stop_agent_program",
 ]

@@ -3,18 +3,19 @@
 The recipe wraps a runtime that asks for `openai_http` model access. Each attempt's services then carry
 `model_base_url` (the gateway's `/v1`) and `model_api_key` (the lease key); `model_env(attempt)` turns
 them into the `OPENAI_BASE_URL` / `OPENAI_API_KEY` an agent process reads (inside an Episode's `run`,
-which has no attempt argument, `model_env()` reads the running attempt's). The lease is revoked when the
-attempt returns, raises, or is cancelled by its timeout, so a straggling agent cannot add tokens later.
+which has no attempt argument, `model_env()` reads the running attempt's), and `agent_program.py`
+launches the process with them and nothing else of the run's. The lease is revoked when the attempt
+returns, raises, or is cancelled by its timeout, so a straggling agent cannot add tokens later.
 """
 
 from __future__ import annotations
 
 import contextvars
-import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from loops_nb.llm.client import ContextTooLong
+from loops_nb.model_access.agent_program import passing_env
 from loops_nb.model_access.gateway import ModelGateway
 from loops_nb.model_access.mode import ModelAccessMode
 from loops_nb.runtime import Attempt, Evidence, RolloutRuntime, Task
@@ -27,9 +28,11 @@ class LeasedRuntime(RolloutRuntime):
 
     model_access = ModelAccessMode.OPENAI_HTTP
 
-    def __init__(self, inner: RolloutRuntime, gateway: ModelGateway) -> None:
+    def __init__(self, inner: RolloutRuntime, gateway: ModelGateway, agent_env: Iterable[str] = ()) -> None:
         self.inner = inner
         self.gateway = gateway
+        self.agent_env = tuple(agent_env)
+        """`[runtime] agent_env`: variables the attempts' agent programs inherit (agent_program.py)."""
 
     async def tasks(self) -> Sequence[Task]:
         return await self.inner.tasks()
@@ -40,7 +43,8 @@ class LeasedRuntime(RolloutRuntime):
         attempt.services.model_api_key = lease.key
         token = _current_env.set(model_env(attempt))
         try:
-            evidence = await self.inner.run_attempt(attempt)
+            with passing_env(self.agent_env):
+                evidence = await self.inner.run_attempt(attempt)
         finally:
             _current_env.reset(token)
             self.gateway.revoke(lease.key)
@@ -55,34 +59,6 @@ class LeasedRuntime(RolloutRuntime):
     def __getattr__(self, name: str) -> Any:
         # Anything else (an Episode's options, custom helpers) is the wrapped runtime's.
         return getattr(self.inner, name)
-
-
-SECRET_VARIABLES = frozenset(
-    {
-        "BASETEN_API_KEY",
-        "LOOPS_LOCAL_API_KEY",
-        "HF_TOKEN",
-        "HUGGING_FACE_HUB_TOKEN",
-        "WANDB_API_KEY",
-        "BL_API_KEY",
-        "BL_CLIENT_CREDENTIALS",
-        "DAYTONA_API_KEY",
-        "DAYTONA_JWT_TOKEN",
-        "OPENAI_API_KEY",
-        "ANTHROPIC_API_KEY",
-    }
-)
-"""Credentials the run holds that an agent program must never inherit: it gets its lease instead."""
-
-
-def agent_process_env(attempt: Attempt | None = None) -> dict[str, str]:
-    """The environment to launch an agent program with: this process's, minus the run's credentials,
-    plus the attempt's `OPENAI_BASE_URL` / `OPENAI_API_KEY`, and loopback kept off any proxy."""
-    env = {k: v for k, v in os.environ.items() if k not in SECRET_VARIABLES}
-    env.update(model_env(attempt))
-    loopback = "127.0.0.1,localhost"
-    env["NO_PROXY"] = env["no_proxy"] = ",".join(filter(None, [env.get("NO_PROXY"), loopback]))
-    return env
 
 
 def model_env(attempt: Attempt | None = None) -> dict[str, str]:

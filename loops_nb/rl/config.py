@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Literal  # noqa: UP035 (typing.Callable reads better in the glossary)
 
-from pydantic import Field, field_serializer, model_validator
+from pydantic import Field, field_serializer, field_validator, model_validator
 
 from loops_nb.config.sections import ComputeConfig, ModelConfig, OutputConfig, Section
 from loops_nb.providers.config import ProviderConfig
@@ -17,6 +17,22 @@ class RuntimeConfig(Section):
 
     options: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments passed to the runtime's factory (task files, tool settings, ...)."""
+
+    agent_env: list[str] = Field(default_factory=list)
+    """Names of environment variables that agent programs (`openai_http`) inherit from the training
+    process, besides PATH, HOME, the locale and their lease; every other variable is withheld. The
+    run's own credentials (BASETEN_API_KEY, HF_TOKEN, ...) cannot be named."""
+
+    @field_validator("agent_env")
+    @classmethod
+    def _passable_names(cls, names: list[str]) -> list[str]:
+        from loops_nb.model_access.agent_program import refused_agent_env_name
+
+        for name in names:
+            why = refused_agent_env_name(name)
+            if why is not None:
+                raise ValueError(f"{why}; remove it from the list")
+        return names
 
 
 class SamplingConfig(Section):

@@ -237,7 +237,7 @@ async def _train_holding_lock(
             # The agent is its own program: it reaches the policy over OpenAI-compatible HTTP with a
             # per-attempt lease, through the same LoopsLLM (and exact capture) as in-process agents.
             gateway = await ModelGateway(model_name=config.model.base_model).astart()
-            runtime = LeasedRuntime(runtime, gateway)
+            runtime = LeasedRuntime(runtime, gateway, agent_env=config.runtime.agent_env)
         renderer = await asyncio.to_thread(
             load_model_renderer, config.model, config.compute.scope, cache_dir=config.compute.local.cache_dir
         )

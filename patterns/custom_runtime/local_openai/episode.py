@@ -3,22 +3,22 @@
     uv run loops run patterns/custom_runtime/local_openai/train_local.toml
 
 `model_access = ModelAccessMode.OPENAI_HTTP` makes the run start its model gateway and give every
-attempt a lease: `agent_process_env(attempt)` is this process's environment minus the run's
-credentials, plus `OPENAI_BASE_URL` (the gateway) and `OPENAI_API_KEY` (the lease key, valid only
-while this attempt runs; the run revokes it when `run_attempt` returns). The
-agent (`agent.py`) is launched with those variables, its stdout is scored like the quickstart's reply,
+attempt a lease. `run_agent_program` launches the agent (`agent.py`) with PATH, HOME, the locale and
+what `[runtime] agent_env` names, plus `OPENAI_BASE_URL` (the gateway) and `OPENAI_API_KEY` (the lease
+key, valid only while this attempt runs; the run revokes it when `run_attempt` returns), and, where
+bubblewrap works, in a PID namespace of its own, so it reads neither the run's secrets nor another
+attempt's lease. Its stdout is scored like the quickstart's reply,
 and the tokens it sampled through the gateway train exactly as an in-process agent's would. Swap
 `agent.py` for any program (another language, a framework) that speaks OpenAI chat completions.
 """
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from loops_nb.model_access import ModelAccessMode, agent_process_env
+from loops_nb.model_access import ModelAccessMode, run_agent_program
 from loops_nb.runtime import Attempt, Evidence, Task
 
 AGENT = Path(__file__).with_name("agent.py")
@@ -39,28 +39,16 @@ class LocalOpenAIAgent:
         return [Task(id=f"hidden-{self.answer}", data={"answer": self.answer, "prompt": self.prompt})]
 
     async def run_attempt(self, attempt: Attempt) -> Evidence:
-        # Its lease, not the run's credentials: BASETEN_API_KEY and friends are left out.
-        env = agent_process_env(attempt)
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            str(AGENT),
-            attempt.task.data["prompt"],
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=env,
-        )
         try:
-            out, err = await asyncio.wait_for(proc.communicate(), self.agent_timeout)
+            done = await run_agent_program(
+                [sys.executable, str(AGENT), attempt.task.data["prompt"]], attempt, timeout=self.agent_timeout
+            )
         except TimeoutError:
             return Evidence.discard("timeout", f"the agent ran over {self.agent_timeout:g} s")
-        finally:
-            if proc.returncode is None:  # timed out or cancelled: no orphan agents
-                proc.kill()
-                await proc.wait()
-        if proc.returncode != 0:
-            tail = err.decode(errors="replace")[-2000:]
-            return Evidence.discard("error", f"the agent exited {proc.returncode}: {tail}")
+        if done.returncode != 0:
+            tail = done.stderr.decode(errors="replace")[-2000:]
+            return Evidence.discard("error", f"the agent exited {done.returncode}: {tail}")
+        out = done.stdout
         answer = out.decode(errors="replace").strip()
         reward = 1.0 if attempt.task.data["answer"] in answer.lower() else 0.0
         transcript = [
