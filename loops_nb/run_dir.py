@@ -136,6 +136,50 @@ class RunDirectory:
     def write_run_json(self, data: dict[str, Any]) -> None:
         atomic_write_json(self.run_json, data)
 
+    def record_attempt(
+        self, resumed: dict[str, Any] | None, client_run_id: str, record: dict[str, Any]
+    ) -> None:
+        """Write run.json for an attempt that opened the Loops training client ``client_run_id``.
+
+        ``run_id`` is the first attempt's and is never replaced: it names the Loops run of the first checkpoints.
+        ``run_ids`` lists every client this directory has opened, oldest first (a resume is a new one). ``started``
+        is the first attempt's start. ``resumed`` is the run.json read before (None for a new run).
+        """
+        before = resumed or {}
+        # Older run.json files kept the latest id in run_id and the earlier ones in previous_run_ids.
+        earlier = before.get("run_ids") or [
+            *before.get("previous_run_ids", []),
+            *filter(None, [before.get("run_id")]),
+        ]
+        self.write_run_json(
+            {
+                "recipe": record.get("recipe"),
+                "run_id": before.get("run_id") or client_run_id,
+                "run_ids": [*earlier, client_run_id],
+                **record,
+                "started": before.get("started", time.time()),
+            }
+        )
+
+    def finished(self, total_steps: int) -> Checkpoint | None:
+        """The last checkpoint when it holds all ``total_steps`` steps and the sampler weights: the run is done,
+        and a rerun has nothing to train (so it needs no Loops client). None otherwise."""
+        last = self.last_checkpoint()
+        if last is None or last.sampler_path is None or last.step < total_steps:
+            return None
+        return last
+
+    def note_complete(self, checkpoint: Checkpoint, more: str) -> str:
+        """Say (in run.log, and returned for the log) that a rerun found the run complete; ``more``: how to
+        train on."""
+        message = (
+            f"{self.root} is already complete: {checkpoint.step} steps, sampler weights {checkpoint.sampler_path}; "
+            f"nothing to train, so no Loops client was started ({more}, or use a new output.run_name)"
+        )
+        with (self.root / "run.log").open("a") as log_file:
+            log_file.write(f"{message}\n")
+        return message
+
     def last_checkpoint(self) -> Checkpoint | None:
         last = None
         for record in self.checkpoint_log.records():

@@ -138,7 +138,7 @@ def crash(config: Path, run: Path, logs: Path, seed: int, kills: int, total_step
         n, fraction = kill_point(rng, whole_lines(run / "steps.jsonl"), kills - i, total_steps)
         log = logs / f"{run.name}-{i}.log"
         kill_after(start_loops_run(argv, log), run / "steps.jsonl", n, fraction, log)
-        killed_ids.append(json.loads((run / "run.json").read_text())["run_id"])
+        killed_ids.append(json.loads((run / "run.json").read_text())["run_ids"][-1])
         for c in records(run / "checkpoints.jsonl"):  # the kill left no half checkpoint on the record
             checkpoint_dir(run, c["path"])
         if i == 0 and kills > 1:

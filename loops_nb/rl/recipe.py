@@ -9,7 +9,6 @@ import asyncio
 import json
 import logging
 import resource
-import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -203,9 +202,43 @@ async def train(
         await runtime.close()
         raise
     try:
+        done = run_dir.finished(config.training.max_steps)
+        if done is not None:
+            await runtime.close()
+            return _finished(project, run_dir, done, observers)
         return await _train_holding_lock(project, runtime, access, run_dir, observers, stop, resumed, drift)
     finally:
         lock.release()
+
+
+def _finished(
+    project: Project, run_dir: RunDirectory, checkpoint: Any, observers: list[Any] | None
+) -> Outcome:
+    """A rerun of a finished run, answered from its files: no Loops client (on a dedicated scope it could
+    provision billable capacity for nothing), no runtime started, run.json untouched."""
+    config: RLConfig = project.config  # type: ignore[assignment]
+    log.warning("%s", run_dir.note_complete(checkpoint, "raise training.max_steps to train on"))
+    observer_set = ObserverSet(run_observers(config.output, json.loads(config.model_dump_json()), observers))
+    info = {"run_dir": str(run_dir.root), "recipe": "rl", "model": config.model.base_model}
+    observer_set.emit(
+        "on_start",
+        {
+            **info,
+            "scope": config.compute.scope,
+            "max_steps": config.training.max_steps,
+            "start_step": checkpoint.step,
+        },
+    )
+    observer_set.emit("on_end", {"status": "completed", "steps": checkpoint.step, "seconds": 0.0})
+    return Outcome(
+        run_dir=str(run_dir.root),
+        status="completed",
+        steps=checkpoint.step,
+        start_step=checkpoint.step,
+        last_metrics=run_dir.last_step_record(),
+        checkpoint=checkpoint.path,
+        sampler_path=checkpoint.sampler_path,
+    )
 
 
 async def _train_holding_lock(
@@ -247,18 +280,16 @@ async def _train_holding_lock(
             seed=config.training.seed,
             max_seq_len=config.model.max_seq_len,
         )
-        run_dir.write_run_json(
+        run_dir.record_attempt(
+            resumed,
+            tc.run_id,
             {
                 "recipe": "rl",
-                "run_id": tc.run_id,
-                "previous_run_ids": (resumed or {}).get("previous_run_ids", [])
-                + ([resumed["run_id"]] if resumed else []),
                 "model": config.model.base_model,
                 "scope": config.compute.scope,
                 "config_path": str(project.path),
                 "config": config_dump,
-                "started": (resumed or {}).get("started", time.time()),  # the first start, as SFT
-            }
+            },
         )
         custom_loss = resolve_custom_loss(config.training.loss, config.training.loss_config)
         policy = Policy(tc, config.model.base_model)

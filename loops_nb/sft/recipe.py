@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -243,30 +242,8 @@ async def train(
         observer_set = ObserverSet(
             run_observers(config.output, json.loads(config.model_dump_json()), observers)
         )
-        connection = await LoopsConnection.open(config.compute, state_dir=run_dir.state / "local_loops")
-        try:
-            tc = await connection.training_client(
-                config.model.base_model,
-                rank=config.model.lora_rank,
-                seed=config.training.seed,
-                max_seq_len=config.model.max_seq_len,
-            )
-            previous = (resumed or {}).get("previous_run_ids", []) + ([resumed["run_id"]] if resumed else [])
-            run_dir.write_run_json(
-                {
-                    "recipe": "sft",
-                    "run_id": tc.run_id,
-                    "previous_run_ids": previous,
-                    "model": config.model.base_model,
-                    "scope": config.compute.scope,
-                    "config_path": str(project.path),
-                    "config": json.loads(config.model_dump_json()),
-                    "data": _data_summary(data),
-                    "started": (resumed or {}).get("started", time.time()),
-                }
-            )
-            run = SFTRun(config, run_dir, tc, data, observer_set, stop=stop)
-            start = await run.resume_point()
+
+        def started(start: int) -> None:
             observer_set.emit(
                 "on_start",
                 {
@@ -278,6 +255,37 @@ async def train(
                     "start_step": start,
                 },
             )
+
+        done = run_dir.finished(data.plan.total_steps)
+        if done is not None and done.step == data.plan.total_steps:
+            # A rerun of a finished run: answered from its files, without a Loops client (which on a dedicated
+            # scope could provision billable capacity for nothing) and without touching run.json.
+            log.warning("%s", run_dir.note_complete(done, "raise training.max_steps or epochs to train on"))
+            started(done.step)
+            return SFTRun(config, run_dir, None, data, observer_set).finished(done)
+        connection = await LoopsConnection.open(config.compute, state_dir=run_dir.state / "local_loops")
+        try:
+            tc = await connection.training_client(
+                config.model.base_model,
+                rank=config.model.lora_rank,
+                seed=config.training.seed,
+                max_seq_len=config.model.max_seq_len,
+            )
+            run_dir.record_attempt(
+                resumed,
+                tc.run_id,
+                {
+                    "recipe": "sft",
+                    "model": config.model.base_model,
+                    "scope": config.compute.scope,
+                    "config_path": str(project.path),
+                    "config": json.loads(config.model_dump_json()),
+                    "data": _data_summary(data),
+                },
+            )
+            run = SFTRun(config, run_dir, tc, data, observer_set, stop=stop)
+            start = await run.resume_point()
+            started(start)
             return await run.execute(start)
         finally:
             await connection.close()

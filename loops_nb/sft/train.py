@@ -101,14 +101,7 @@ class SFTRun:
         await future.result_async()
         self.run_dir.rewind_to(checkpoint.step)
         self.evals.keep(lambda r: r.get("step", 0) <= checkpoint.step)
-        for record in self.run_dir.steps.records():
-            step = record["step"]
-            if record.get("batch") != plan.batch_id(step):
-                raise UserError(
-                    f"{self.run_dir.root}: step {step} trained batch {record.get('batch')}, but the data and "
-                    f"config now plan batch {plan.batch_id(step)} for it (the data files, data.*, batch_tokens or "
-                    "epochs changed); resuming would replay or skip examples. Use a new output.run_name."
-                )
+        self._check_plan()
         log.info("resuming %s at step %d from %s", self.run_dir.root, checkpoint.step, checkpoint.path)
         return checkpoint.step
 
@@ -120,10 +113,6 @@ class SFTRun:
         before = next((r["eval/loss"] for r in self.evals.records() if r.get("step") == 0), None)
         if before is None and start == 0 and self._eval_examples:
             before = (await self._evaluate(0)).loss
-        last = self.run_dir.last_checkpoint()
-        if start == plan.total_steps and last is not None and last.sampler_path:
-            # Nothing left to train: this run already finished (a rerun of a completed run).
-            return self._outcome("completed", start, start, last, started, before)
         status, metrics, step = "completed", {}, start
         try:
             for batch in plan.batches(start):
@@ -143,6 +132,27 @@ class SFTRun:
             metrics = {**metrics, **(await self._evaluate(step)).record()}
         checkpoint = await self._checkpoint(step, sampler=True)
         return self._outcome(status, step, start, checkpoint, started, before, metrics)
+
+    def _check_plan(self) -> None:
+        """Refuse a run whose logged steps trained other batches than the plan gives them now."""
+        plan = self.data.plan
+        for record in self.run_dir.steps.records():
+            step = record["step"]
+            if record.get("batch") != plan.batch_id(step):
+                raise UserError(
+                    f"{self.run_dir.root}: step {step} trained batch {record.get('batch')}, but the data and "
+                    f"config now plan batch {plan.batch_id(step)} for it (the data files, data.*, batch_tokens or "
+                    "epochs changed); resuming would replay or skip examples. Use a new output.run_name."
+                )
+
+    def finished(self, checkpoint: Checkpoint) -> SFTOutcome:
+        """The outcome of a run whose files show it complete (``checkpoint``: its final one), read from them:
+        nothing is trained, evaluated or saved, and no training client is needed. Its steps must still be the
+        plan's, as on a resume: a changed plan is refused, not reported as this run."""
+        self._check_plan()
+        before = next((r["eval/loss"] for r in self.evals.records() if r.get("step") == 0), None)
+        step = checkpoint.step
+        return self._outcome("completed", step, step, checkpoint, time.monotonic(), before)
 
     def _outcome(
         self,

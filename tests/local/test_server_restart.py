@@ -221,7 +221,7 @@ def test_a_restarted_server_stops_the_run_which_then_resumes_once(
     assert outcome.status == "completed" and outcome.start_step == failure.resume_step
     assert_every_step_once(run, 5)
     meta = json.loads((run / "run.json").read_text())
-    assert len(meta["previous_run_ids"]) == 1, "the resume is a new Loops run on the restarted server"
+    assert len(meta["run_ids"]) == 2, "the resume is a new Loops run on the restarted server"
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ resume leaves a half record at the end of every log, as a kill inside a long app
 resumed in-process to the end and compared with the reference: every step recorded once and in order, the
 same optimizer-step count (the policy version of every step, and the trainer's own step count in the final
 checkpoint), the same tasks in every step, whole JSONL lines only, checkpoints that increase and are all
-complete (also right after each kill), and one more previous Loops run id in run.json per killed process.
+complete (also right after each kill), and one more Loops run id in run.json's run_ids per killed process.
 
 The runtime rewards an attempt by its index in the group, so every group has variance and every step
 trains: the optimizer-step count is then the same in any correct run, whatever was sampled. The kills are
@@ -124,4 +124,5 @@ def test_a_killed_run_resumes_exactly_once(setup: Setup, seed: int, kills: int) 
     assert checkpoints[-1]["step"] == MAX_STEPS and checkpoints[-1]["sampler_path"]
     assert all(c["step"] == c["extra"]["policy_version"] for c in checkpoints)
     meta = json.loads((run / "run.json").read_text())
-    assert meta["previous_run_ids"] == killed_ids, "run.json keeps the Loops run id of every killed process"
+    assert meta["run_ids"][:-1] == killed_ids, "run.json keeps the Loops run id of every killed process"
+    assert meta["run_id"] == killed_ids[0], "run_id names the first Loops run, never a later one"

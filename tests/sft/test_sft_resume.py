@@ -10,7 +10,7 @@ leaves a half record at the end of every log, as a kill inside a long append wou
 in-process to the end and compared with the reference: the same step records once each, the same batch per
 step, the same losses and learning rates, the same evaluations, the same optimizer-step count (the trainer's
 own, in the final checkpoint) and the same final adapter weights; whole JSONL lines only, checkpoints that
-increase and are all complete (also right after each kill), and one more previous Loops run id in run.json
+increase and are all complete (also right after each kill), and one more Loops run id in run.json's run_ids
 per killed process. The embedded Loops keeps its state under the run directory, so a checkpoint written by a
 killed process loads in the next one. The kills are `tests/crash_harness.py`'s.
 """
@@ -110,6 +110,5 @@ def test_a_killed_run_resumes_with_every_step_exactly_once(setup: Setup, seed: i
     assert_whole_logs(killed)
     assert records(killed / "checkpoints.jsonl")[-1]["step"] == outcome.steps
     run_json = json.loads((killed / "run.json").read_text())
-    assert run_json["previous_run_ids"] == killed_ids, (
-        "run.json keeps the Loops run id of every killed process"
-    )
+    assert run_json["run_ids"][:-1] == killed_ids, "run.json keeps the Loops run id of every killed process"
+    assert run_json["run_id"] == killed_ids[0], "run_id names the first Loops run, never a later one"

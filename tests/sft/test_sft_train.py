@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from sft_fixtures import write_jsonl
 
 from loops_nb import load
+from loops_nb.compute import LoopsConnection
 from loops_nb.errors import DataError, UserError
 from loops_nb.sft import compare, learning_rate, score_reply
 from loops_nb.sft.batching import BatchPlan, ExampleIndex, is_held_out, pack, stream_rendered
@@ -268,13 +269,41 @@ def test_training_lowers_the_held_out_loss_and_writes_the_run(trained):
     assert any("held-out loss:" in line for line in outcome.describe())
 
 
-def test_a_finished_run_rerun_returns_at_once(trained):
+def test_a_finished_run_rerun_returns_at_once_without_a_loops_client(trained, monkeypatch, caplog):
     project, _, outcome = trained
+    run = Path(outcome.run_dir)
+    run_json = (run / "run.json").read_text()
+
+    async def no_client(*args, **kwargs):
+        raise AssertionError("a finished run needs no Loops connection")
+
+    monkeypatch.setattr(LoopsConnection, "open", no_client)
     again = project.train_sync(observers=[])
+    assert again.status == "completed"
     assert again.steps == outcome.steps and again.start_step == outcome.steps
+    assert (again.checkpoint, again.sampler_path) == (outcome.checkpoint, outcome.sampler_path)
     assert again.eval_loss == pytest.approx(outcome.eval_loss)
-    lines = (Path(outcome.run_dir) / "steps.jsonl").read_text().splitlines()
+    assert again.eval_loss_before == pytest.approx(outcome.eval_loss_before)
+    lines = (run / "steps.jsonl").read_text().splitlines()
     assert len(lines) == outcome.steps
+    assert (run / "run.json").read_text() == run_json, "run.json (and its run_id) is untouched"
+    said = f"{run} is already complete: {outcome.steps} steps"
+    assert said in caplog.text and said in (run / "run.log").read_text()
+
+
+async def test_run_id_names_the_first_client_and_later_ones_are_listed_beside_it(tmp_path, tiny_model):
+    rows = [chat(*PAIRS[i % len(PAIRS)]) for i in range(12)]
+    config = write_project(tmp_path, tiny_model, train=rows, max_steps=2, save_every=0, eval_every=0)
+    await load(config).train(observers=[])
+    run = tmp_path / "runs" / "tiny"
+    first = json.loads((run / "run.json").read_text())
+    assert first["run_ids"] == [first["run_id"]]
+    outcome = await load(config, overrides={"training.max_steps": 3}).train(observers=[])
+    assert (outcome.start_step, outcome.steps) == (2, 3)
+    later = json.loads((run / "run.json").read_text())
+    assert later["run_id"] == first["run_id"], "run_id is never overwritten"
+    assert later["run_ids"][0] == first["run_id"] and len(set(later["run_ids"])) == 2
+    assert later["started"] == first["started"]
 
 
 async def test_compare_returns_a_table_of_base_and_adapter_replies(trained):
