@@ -21,16 +21,34 @@ Multi-turn episodes call `llm()` several times (with tools); each call is captur
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import inspect
-from collections.abc import Sequence
+import logging
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
-from loops_nb.errors import ConfigError
+from loops_nb.errors import ConfigError, UserError
 from loops_nb.llm.client import bind_llm, unbind_llm
 from loops_nb.runtime import Attempt, Evidence, RolloutRuntime, Task
 
-__all__ = ["Episode", "EpisodeRuntime", "Evidence", "Task", "load_runtime"]
+__all__ = ["Episode", "EpisodeRuntime", "Evidence", "Task", "load_runtime", "run_blocking"]
+
+log = logging.getLogger(__name__)
+
+
+async def run_blocking[**P, R](fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+    """`await run_blocking(subprocess.run, cmd)`: run blocking code (a subprocess, `requests`, a slow
+    verifier) in a thread, so the other attempts keep running.
+
+    Every in-process attempt shares one event loop: blocking code called directly from `run` freezes
+    them all. The run logs it with the attempt and its stack, and an attempt that blocks the loop past
+    its timeout is discarded as `blocked_loop`. This is `asyncio.to_thread`, where an Episode author
+    looks for it; the thread gets the attempt's context, so `llm()` still names its model.
+    """
+    return await asyncio.to_thread(fn, *args, **kwargs)
 
 
 class Episode:
@@ -59,7 +77,7 @@ def _as_task(item: Task | dict[str, Any] | str, index: int) -> Task:
     if isinstance(item, dict):
         data = dict(item)
         return Task(id=str(data.pop("id", index)), data=data)
-    raise TypeError(f"task {index}: expected a Task, a dict or a string, got {type(item).__name__}")
+    raise ConfigError(f"task {index}: expected a Task, a dict or a string, got {type(item).__name__}")
 
 
 class EpisodeRuntime(RolloutRuntime):
@@ -85,13 +103,9 @@ class EpisodeRuntime(RolloutRuntime):
             result = await self.episode.run(attempt.task)
         finally:
             unbind_llm(token)
-        if isinstance(result, Evidence):
-            return result
-        if isinstance(result, bool | int | float):
-            return Evidence(reward=float(result))
-        raise TypeError(
-            f"{type(self.episode).__name__}.run returned {type(result).__name__}; return a float or Evidence"
-        )
+        # Unconverted: the scheduler's attempt boundary refuses a bool, a string or an out-of-range number
+        # with a reason, where float() here would train True as 1.0 or raise on "0.5".
+        return result if isinstance(result, Evidence) else Evidence(reward=result)
 
     async def close(self) -> None:
         await self.episode.close()
@@ -108,6 +122,16 @@ def import_object(path: str, key: str = "runtime.factory") -> Any:
         raise ConfigError(
             f"{key} = {path!r}: cannot import {exc.name!r} (modules beside the config are importable)"
         ) from None
+    except SystemExit as exc:
+        raise ConfigError(
+            f"{key} = {path!r}: importing module {module_name!r} called sys.exit({exc.code!r}); "
+            "a module a config names must not exit when imported"
+        ) from None
+    except Exception as exc:
+        log.info("importing %s failed", module_name, exc_info=exc)  # the whole traceback under `-v`
+        raise ConfigError(
+            f"{key} = {path!r}: importing module {module_name!r} raised {_raised(exc)}"
+        ) from None
     try:
         obj = module
         for part in attr.split("."):
@@ -117,15 +141,36 @@ def import_object(path: str, key: str = "runtime.factory") -> Any:
     return obj
 
 
+def _raised(exc: BaseException) -> str:
+    """`Type: message (file:line)`, the line being the innermost frame of the user's code that raised."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    user = [f for f in frames if "importlib" not in f.filename and "/loops_nb/" not in f.filename]
+    where = f" ({Path(user[-1].filename).name}:{user[-1].lineno})" if user else ""
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
 def load_runtime(factory: str, options: dict[str, Any]) -> RolloutRuntime:
     """Build the runtime `[runtime] factory` names: an Episode subclass, or a RolloutRuntime factory."""
     obj = import_object(factory)
+    if not callable(obj):
+        raise ConfigError(f"runtime.factory = {factory!r} is a {type(obj).__name__}, not a class or function")
     try:
-        if isinstance(obj, type) and issubclass(obj, Episode):
-            return EpisodeRuntime(obj(**options))
-        runtime = obj(**options)
+        signature = inspect.signature(obj)
+        signature.bind(**options)
     except TypeError as exc:
-        raise ConfigError(f"runtime.options do not fit {factory}: {exc}") from None
+        raise ConfigError(
+            f"runtime.options do not fit {factory}: {exc} (given {sorted(options) or 'none'}; "
+            f"it takes {signature})"
+        ) from None
+    except ValueError:  # no signature to check (a builtin): calling it says
+        pass
+    try:
+        runtime = obj(**options)
+    except UserError:
+        raise
+    except Exception as exc:
+        log.info("%s(**runtime.options) failed", factory, exc_info=exc)
+        raise ConfigError(f"runtime.factory = {factory!r}: constructing it raised {_raised(exc)}") from None
     if isinstance(runtime, Episode):
         return EpisodeRuntime(runtime)
     if not isinstance(runtime, RolloutRuntime):

@@ -56,7 +56,15 @@ class Attempt:
 
 
 DiscardReason = Literal[
-    "error", "timeout", "no_model_calls", "no_reward", "stale", "verifier_error", "truncated"
+    "error",
+    "timeout",
+    "no_model_calls",
+    "no_reward",
+    "invalid_reward",
+    "blocked_loop",
+    "stale",
+    "verifier_error",
+    "truncated",
 ]
 
 

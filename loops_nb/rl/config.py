@@ -8,6 +8,7 @@ from pydantic import Field, field_serializer, field_validator, model_validator
 
 from loops_nb.config.sections import ComputeConfig, ModelConfig, OutputConfig, Section
 from loops_nb.providers.config import ProviderConfig
+from loops_nb.rl.attempt_boundary import REWARD_LIMIT
 
 
 class RuntimeConfig(Section):
@@ -74,6 +75,13 @@ class RLTrainingConfig(Section):
     attempt_timeout_seconds: float = Field(600.0, gt=0)
     """An attempt running longer is discarded with reason `timeout`."""
 
+    reward_min: float = Field(-1.0, ge=-REWARD_LIMIT, le=REWARD_LIMIT)
+    """Lowest reward an attempt may return; one below it is discarded as `invalid_reward`. GRPO only
+    centres rewards, so their scale is the update's: widen the range only for rewards on another scale."""
+
+    reward_max: float = Field(1.0, ge=-REWARD_LIMIT, le=REWARD_LIMIT)
+    """Highest reward an attempt may return; one above it is discarded as `invalid_reward`."""
+
     loss: str | Callable[..., Any] = "importance_sampling"
     """Loss: `importance_sampling`, `ppo` or `cispo` (built into Loops), or `module:function` (from
     Python also the function itself) for a custom loss through forward_backward_custom (the
@@ -112,6 +120,14 @@ class RLTrainingConfig(Section):
         from loops_nb.rl.custom_loss import loss_name
 
         return loss_name(loss)
+
+    @model_validator(mode="after")
+    def _reward_range(self) -> RLTrainingConfig:
+        if self.reward_min >= self.reward_max:
+            raise ValueError(
+                f"training.reward_min = {self.reward_min:g} must be below training.reward_max = {self.reward_max:g}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _known_loss(self) -> RLTrainingConfig:

@@ -19,7 +19,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from loops_nb.errors import RunFailed
+from loops_nb.errors import RunFailed, UserError
 from loops_nb.llm.client import LoopsLLM, SamplingDefaults
 from loops_nb.llm.renderer import ChatRenderer
 from loops_nb.observers import ObserverSet
@@ -144,7 +144,12 @@ class RLRun:
     async def execute(self, start_step: int) -> Outcome:
         t = self.config.training
         started = time.monotonic()
-        tasks = await self.runtime.tasks()
+        try:
+            tasks = await self.runtime.tasks()
+        except UserError:
+            raise
+        except Exception as exc:  # the runtime's own code: the run stops, resumable, like a trainer fault
+            raise self._failed(start_step, exc) from exc
         scheduler = RolloutScheduler(
             self.runtime,
             tasks,
@@ -160,6 +165,7 @@ class RLRun:
             stale_policy=t.stale_policy,
             resources=self.resources,
             on_attempt=self._on_attempt,
+            reward_range=(t.reward_min, t.reward_max),
         )
         last = self.run_dir.last_checkpoint()
         if start_step >= t.max_steps and last is not None and last.sampler_path:
@@ -224,9 +230,8 @@ class RLRun:
         return outcome
 
     def _failed(self, step: int, exc: Exception) -> RunFailed:
-        failure = self.run_dir.record_failure(step, exc)
-        log.error("%s", failure, exc_info=exc)
-        return failure
+        # Raised, not logged: the CLI prints it once, train() raises it, and run.log gets the traceback.
+        return self.run_dir.record_failure(step, exc)
 
     def _on_attempt(self, record: AttemptRecord) -> None:
         if not self.observers.wants("on_attempt"):

@@ -7,14 +7,16 @@
   enough, so none is ever too stale. `requeue`: groups start as soon as there is room and are taken in
   the order they finish; one that turns out too stale is dropped and its task attempted again.
 
-Attempts that raise or time out are kept with their reason (never crash the run) and do not train.
+Attempts that raise, time out, block the event loop or return what cannot train are kept with their
+reason (never crash the run) and do not train (`rl/attempt_boundary.py`). An attempt's timeout is not
+charged for the time another task blocked the loop (`rl/loop_watchdog.py`).
 Task order is a pure function of (seed, step), so a resumed run sees the same tasks.
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
+import logging
 import random
 import time
 from collections import Counter
@@ -24,7 +26,11 @@ from typing import Any
 
 from loops_nb.llm.capture import TokenCapture
 from loops_nb.llm.client import ContextTooLong, LoopsLLM
+from loops_nb.rl.attempt_boundary import checked_evidence
+from loops_nb.rl.loop_watchdog import LoopWatchdog
 from loops_nb.runtime import Attempt, AttemptServices, Evidence, RolloutRuntime, Task
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -87,6 +93,8 @@ class RolloutScheduler:
         stale_policy: str = "requeue",
         resources: Any = None,
         on_attempt: Callable[[AttemptRecord], None] | None = None,
+        reward_range: tuple[float, float] = (-1.0, 1.0),
+        watchdog: LoopWatchdog | None = None,
     ) -> None:
         self.runtime = runtime
         self.tasks = list(tasks)
@@ -101,6 +109,8 @@ class RolloutScheduler:
         self.stale_policy = stale_policy
         self.resources = resources
         self.on_attempt = on_attempt
+        self.reward_range = reward_range
+        self.watchdog = watchdog or LoopWatchdog()
         self.stats = SchedulerStats()
         self._slots = asyncio.Semaphore(max_concurrent)
         self._done: asyncio.Queue[GroupResult] = asyncio.Queue()
@@ -144,14 +154,13 @@ class RolloutScheduler:
             attempt = Attempt(
                 task, group, index, seed, self.version(), AttemptServices(llm, capture, self.resources)
             )
-            evidence = await self._evidence(attempt)
-            self.in_flight -= 1
-        if evidence.discarded is None:
-            if not capture.calls:
-                evidence = Evidence.discard("no_model_calls", "the attempt never called the model")
-            elif evidence.reward is None or not math.isfinite(evidence.reward):
-                evidence = Evidence.discard("no_reward", f"reward was {evidence.reward!r}")
+            try:
+                evidence = await self._evidence(attempt)
+            finally:
+                self.in_flight -= 1
         if evidence.discarded:
+            if evidence.discarded == "invalid_reward" and "invalid_reward" not in self.stats.discarded:
+                log.warning("attempt %s is discarded: %s", attempt.id, evidence.detail)  # the first one
             self.stats.discarded[evidence.discarded] += 1
         record = AttemptRecord(attempt, evidence, capture, time.perf_counter() - started)
         self.finished_attempts += 1
@@ -160,16 +169,49 @@ class RolloutScheduler:
         return record
 
     async def _evidence(self, attempt: Attempt) -> Evidence:
+        """Run the attempt in a task of its own, timed without the loop blocks of other tasks."""
+        self.watchdog.start()
+        job = asyncio.ensure_future(_contained(self.runtime.run_attempt(attempt)))
+        self.watchdog.label(job, attempt.id)
+        started, timed_out = time.monotonic(), False
         try:
-            return await asyncio.wait_for(self.runtime.run_attempt(attempt), self.attempt_timeout)
-        except TimeoutError:
+            while not job.done():
+                used = time.monotonic() - started - self.watchdog.blocked_seconds(started, exclude=job)
+                if used >= self.attempt_timeout:
+                    timed_out = True
+                    break
+                await asyncio.wait({job}, timeout=self.attempt_timeout - used)
+        finally:
+            if not job.done():  # timed out, or the scheduler is closing
+                job.cancel()
+                await asyncio.wait({job})
+        # Its own blocks are charged to it: one that held the loop past its timeout finished too late,
+        # however it ended. A shorter block (a slow import) was reported, and the attempt trains.
+        blocks = self.watchdog.blocks_by(job)
+        used = time.monotonic() - started - self.watchdog.blocked_seconds(started, exclude=job)
+        if blocks and used >= self.attempt_timeout:
+            now = time.monotonic()
+            worst = max(blocks, key=lambda b: b.seconds(now))
+            return Evidence.discard(
+                "blocked_loop",
+                f"ran past its {self.attempt_timeout:g} s timeout, {worst.seconds(now):.1f} s of it blocking "
+                f"the event loop (freezing every other attempt) in {worst.where}: run blocking code with "
+                "`await asyncio.to_thread(...)` (loops_nb.episodes.run_blocking)",
+            )
+        if timed_out:
             return Evidence.discard("timeout", f"no result within {self.attempt_timeout:g} s")
-        except ContextTooLong as exc:
+        if job.cancelled():
+            return Evidence.discard("error", "CancelledError: the attempt was cancelled from inside it")
+        exc = job.exception()
+        if isinstance(exc, ContextTooLong):
             return Evidence.discard("truncated", str(exc))
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
+        if exc is not None:
             return Evidence.discard("error", f"{type(exc).__name__}: {exc}")
+        return checked_evidence(
+            job.result(),
+            made_model_calls=bool(attempt.services.capture.calls),
+            reward_range=self.reward_range,
+        )
 
     # -- sync ---------------------------------------------------------------------------------
     async def collect_sync(self, step: int) -> list[GroupResult]:
@@ -232,7 +274,19 @@ class RolloutScheduler:
         return taken
 
     async def close(self) -> None:
+        self.watchdog.stop()
         jobs = [j for j in [self._producer, *self._running] if j is not None]
         for job in jobs:
             job.cancel()
         await asyncio.gather(*jobs, return_exceptions=True)
+
+
+class AttemptExited(Exception):
+    """Agent code called `sys.exit()`: in the training process that would end the run, not the attempt."""
+
+
+async def _contained(attempt: Any) -> Any:
+    try:
+        return await attempt
+    except SystemExit as exc:
+        raise AttemptExited(f"the attempt called sys.exit({exc.code!r})") from None

@@ -37,7 +37,7 @@ class FakeRuntime:
             await asyncio.sleep(10)
         await asyncio.sleep(self.delay)
         attempt.services.capture.record(ModelCall([1, 2], [3], [-0.5], self.clock.version, "stop"))
-        return Evidence(reward=float(attempt.index))
+        return Evidence(reward=attempt.index / 2)
 
     async def close(self) -> None:
         pass
@@ -60,7 +60,7 @@ async def test_sync_collects_groups_of_attempts():
     s = scheduler(FakeRuntime(clock), clock)
     groups = await s.collect_sync(0)
     assert len(groups) == 2 and all(len(g.attempts) == 3 for g in groups)
-    assert [a.evidence.reward for a in groups[0].attempts] == [0.0, 1.0, 2.0]
+    assert [a.evidence.reward for a in groups[0].attempts] == [0.0, 0.5, 1.0]
     assert all(a.kept for g in groups for a in g.attempts)
 
 
