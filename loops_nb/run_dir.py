@@ -7,11 +7,13 @@ no step is recorded twice. `checkpoints.jsonl` is the source of truth for resumi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import tempfile
 import time
+import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -47,11 +49,18 @@ class JsonlLog:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._repaired = False
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._repair()
 
     def _repair(self) -> None:
-        """Drop a trailing partial line left by a crash mid-write."""
+        """Drop a trailing partial line left by a crash mid-write, before this process first writes.
+
+        Not when the log is opened: a process refused by the run lock opens the logs of a live run,
+        whose last line may be one the live run is writing at that moment.
+        """
+        if self._repaired:
+            return
+        self._repaired = True
         if not self.path.exists():
             return
         data = self.path.read_bytes()
@@ -68,6 +77,7 @@ class JsonlLog:
         if not records:
             return
         text = "".join(json.dumps(r, default=str, allow_nan=False) + "\n" for r in records)
+        self._repair()
         with self.path.open("a", encoding="utf-8") as f:
             f.write(text)
             f.flush()
@@ -78,7 +88,8 @@ class JsonlLog:
             return
         with self.path.open(encoding="utf-8") as f:
             for line in f:
-                if line.strip():
+                # A last line without its newline is one a crash (or a live writer) left half-written.
+                if line.strip() and line.endswith("\n"):
                     yield json.loads(line)
 
     def keep(self, predicate: Any) -> int:
@@ -105,7 +116,16 @@ class RunDirectory:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        root.mkdir(parents=True, exist_ok=True)
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            blocker = next((p for p in (root, *root.parents) if p.exists() and not p.is_dir()), root)
+            raise UserError(
+                f"cannot create the run directory {root}: {blocker} is a file; set output.output_dir "
+                "to a directory (or a path that does not exist yet)"
+            ) from None
+        except OSError as exc:
+            raise UserError(f"cannot create the run directory {root}: {exc.strerror or exc}") from None
         self.steps = JsonlLog(root / "steps.jsonl")
         self.rollouts = JsonlLog(root / "rollouts.jsonl")
         self.checkpoint_log = JsonlLog(root / "checkpoints.jsonl")
@@ -205,8 +225,10 @@ class RunDirectory:
         """The `RunFailed` for a fault at `step`, resuming from the last checkpoint; noted in `run.log`."""
         last = self.last_checkpoint()
         failure = RunFailed(str(self.root), step, last.step if last else 0, exc)
-        with (self.root / "run.log").open("a") as log_file:
-            log_file.write(f"failed: {failure}\n")
+        trace = "".join(traceback.format_exception(exc)).rstrip("\n")
+        # The fault may be the disk itself: failing to note it must not replace the RunFailed.
+        with contextlib.suppress(OSError), (self.root / "run.log").open("a") as log_file:
+            log_file.write(f"failed: {failure}\n{trace}\n")
         return failure
 
     def rewind_to(self, step: int) -> None:

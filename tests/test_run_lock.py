@@ -59,3 +59,24 @@ async def test_train_refuses_a_run_directory_another_process_is_using(config: st
             await project.train()
     finally:
         holder.release()
+
+
+async def test_a_refused_run_leaves_the_live_runs_logs_as_they_are(tmp_path: Path) -> None:
+    """The live run may be mid-way through appending a line: the refused one must not cut it off."""
+    project = loops_nb.load(
+        REPO / "patterns/custom_runtime/in_process_direct/train_local.toml",
+        overrides={"output.output_dir": str(tmp_path), "output.run_name": "busy"},
+    )
+    root = tmp_path / "busy"
+    root.mkdir()
+    logs = {name: b'{"step": 0}\n{"step": 1, "attem' for name in ("steps.jsonl", "rollouts.jsonl")}
+    for name, data in logs.items():
+        (root / name).write_bytes(data)
+    holder = RunLock(root / "state")
+    assert holder.acquire()
+    try:
+        with pytest.raises(UserError, match="is in use by process"):
+            await project.train()
+    finally:
+        holder.release()
+    assert {name: (root / name).read_bytes() for name in logs} == logs

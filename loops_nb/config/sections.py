@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
 
 # Marks a field whose value is a filesystem path. The loader resolves such values relative to the
 # config's directory, or to the working directory when they come from an override (the seed's rule).
@@ -17,16 +17,24 @@ CONFIG_RELATIVE = "config-relative-path"
 # Marks a path that is always relative to the working directory (the output directory).
 CWD_RELATIVE = "cwd-relative-path"
 
-ConfigPath = Annotated[Path, CONFIG_RELATIVE]
-WorkdirPath = Annotated[Path, CWD_RELATIVE]
+# Paths arrive as strings from TOML and JSON: the one conversion strict mode must still make.
+ConfigPath = Annotated[Path, Strict(False), CONFIG_RELATIVE]
+WorkdirPath = Annotated[Path, Strict(False), CWD_RELATIVE]
 
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
 class Section(BaseModel):
-    """A config table: unknown keys are refused, and field docstrings become descriptions."""
+    """A config table: unknown keys are refused, and field docstrings become descriptions.
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+    Strict: a value of the wrong type is refused, not converted. Lax pydantic would make
+    `group_size = true` a group of 1 and `"16"` the number 16; a mistyped setting is a mistake to name.
+    An int is still a valid float.
+    """
+
+    model_config = ConfigDict(
+        extra="forbid", use_attribute_docstrings=True, validate_assignment=True, strict=True
+    )
 
 
 class ModelConfig(Section):

@@ -93,11 +93,14 @@ class RLCheckReport:
     ok: bool = True
     lines: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    """Settings that are valid but cannot train (a group of one); they do not fail the check."""
     preflight_dir: str | None = None
     tasks: int = 0
 
     def describe(self) -> list[str]:
         out = list(self.lines)
+        out += [f"warning: {w}" for w in self.warnings]
         out += [f"problem: {p}" for p in self.problems]
         out.append("check: ok" if self.ok else f"check: {len(self.problems)} problem(s)")
         return out
@@ -155,7 +158,13 @@ async def check(project: Project, **_: Any) -> RLCheckReport:
         await runtime.close()
     except UserError as exc:
         report.problems.append(str(exc))
+    except Exception as exc:  # the runtime's own code (tasks(), bind, preflight): one line, no traceback
+        log.info("runtime %s failed in check", config.runtime.factory, exc_info=exc)
+        report.problems.append(
+            f"runtime.factory = {config.runtime.factory!r} raised {type(exc).__name__}: {exc}"
+        )
     t = config.training
+    report.warnings += cannot_train(config)
     per_step = t.group_size * t.groups_per_step
     report.lines.append(
         f"schedule: {t.max_steps} steps x {t.groups_per_step} groups x {t.group_size} attempts = "
@@ -181,6 +190,22 @@ async def check(project: Project, **_: Any) -> RLCheckReport:
         preflight.root / "check.json", {"ok": report.ok, "lines": report.lines, "problems": report.problems}
     )
     return report
+
+
+def cannot_train(config: RLConfig) -> list[str]:
+    """Settings that validate but can never train: GRPO learns only from reward differences in a group."""
+    t, found = config.training, []
+    if t.group_size == 1:
+        found.append(
+            "training.group_size = 1: a group of one attempt has no other to compare with, so no step "
+            "trains anything; use 2 or more (8 is the default)"
+        )
+    if config.sampling.temperature == 0:
+        found.append(
+            "sampling.temperature = 0: every attempt of a group samples the same completion, so groups have "
+            "no reward differences to learn from unless the episode itself is random; use a temperature above 0"
+        )
+    return found
 
 
 async def train(

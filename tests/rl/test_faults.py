@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import json
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -13,8 +14,9 @@ from typing import Any
 import pytest
 
 from loops_nb import load
-from loops_nb.episodes import load_runtime
+from loops_nb.episodes import Episode, EpisodeRuntime, Evidence, Task, load_runtime, run_blocking
 from loops_nb.errors import RunFailed
+from loops_nb.llm.client import llm
 from loops_nb.llm.renderer import ChatRenderer
 from loops_nb.observers import ObserverSet
 from loops_nb.rl.loop import RLRun
@@ -268,3 +270,87 @@ async def test_a_failed_final_checkpoint_is_a_run_failure_with_the_resume_comman
     assert "--output.run_name run" in str(info.value)
     assert [c["step"] for c in lines(tmp_path / "run" / "checkpoints.jsonl")] == [1]
     assert [s["step"] for s in lines(tmp_path / "run" / "steps.jsonl")] == [0, 1]
+
+
+class Troubled(Episode):
+    """In step 0, attempt 0 blocks the event loop for 15 s, attempt 1 returns a string reward and attempt 2
+    returns 1e308. Every other attempt does its slow part in a thread, as it should, and is graded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def tasks(self) -> list[Task]:
+        return [Task("hidden", {"answer": "monopoly"})]
+
+    async def run(self, task: Task) -> Any:
+        n, self.calls = self.calls, self.calls + 1
+        if n == 0:
+            await asyncio.sleep(0.05)  # the others are in flight when it blocks
+        else:
+            await run_blocking(time.sleep, 0.5)
+        reply = await llm().chat([{"role": "user", "content": "Name a board game."}])
+        if n == 0:
+            time.sleep(15)
+        return {1: "0.5", 2: Evidence(reward=1e308)}.get(
+            n, 1.0 if "monopoly" in reply.content.lower() else 0.0
+        )
+
+
+async def test_bad_attempts_are_discarded_and_the_run_finishes_with_the_others(tmp_path: Path) -> None:
+    """A string reward, a reward of 1e308 and 15 s of blocking the loop: each discards its own attempt,
+    with its reason; the attempts in flight meanwhile are not timed out (their timeout is 10 s)."""
+    run = make_run(tmp_path, ScriptedTrainer(ScriptedSampler()), max_steps=2, attempt_timeout_seconds=10)
+    run.runtime = EpisodeRuntime(Troubled())
+    outcome = await run.execute(0)
+    assert outcome.status == "completed" and outcome.steps == 2
+    root = tmp_path / "run"
+    assert [s["step"] for s in lines(root / "steps.jsonl")] == [0, 1]
+    records = lines(root / "rollouts.jsonl")
+    discarded = {r["discarded"]: r["detail"] for r in records if r["discarded"]}
+    assert sorted(r["discarded"] for r in records if r["discarded"]) == [
+        "blocked_loop",
+        "invalid_reward",
+        "invalid_reward",
+    ]
+    assert "time.sleep(15)" in discarded["blocked_loop"]
+    details = " | ".join(r["detail"] for r in records if r["discarded"] == "invalid_reward")
+    assert "reward '0.5' is a str" in details and "reward 1e+308 is outside" in details
+    kept = [r for r in records if not r["discarded"]]
+    assert len(kept) == len(records) - 3 == 2 * 4 - 3  # two steps of two groups of two
+    assert all(r["reward"] in (0.0, 1.0) for r in kept)
+
+
+async def test_a_run_failure_is_raised_once_and_its_traceback_goes_to_run_log(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`loops run` prints the RunFailed it gets as its one line: nothing else may print it, or a traceback."""
+    run = make_run(tmp_path, ScriptedTrainer(ScriptedSampler(), fail_forward_at=1))
+    with pytest.raises(RunFailed):
+        await run.execute(0)
+    assert not [r for r in caplog.records if "stopped at step" in r.getMessage() or r.exc_info], caplog.text
+    log_text = (tmp_path / "run" / "run.log").read_text()
+    assert "failed: run" in log_text and "Traceback (most recent call last)" in log_text
+    assert "CUDA error: an illegal memory access" in log_text.split("Traceback", 1)[1]
+
+
+async def test_a_disk_full_stop_is_a_run_failure_even_when_run_log_cannot_be_written(tmp_path: Path) -> None:
+    run = make_run(tmp_path, ScriptedTrainer(ScriptedSampler(), disk_full_at_save=2))
+    (tmp_path / "run" / "run.log").mkdir()  # writing the failure note fails, as on a full disk
+    with pytest.raises(RunFailed) as info:
+        await run.execute(0)
+    assert "No space left on device" in str(info.value) and info.value.resume_step == 1
+
+
+class TasksRaise(Episode):
+    def tasks(self) -> list[Task]:
+        raise OSError("tasks.jsonl: No such file or directory")
+
+
+async def test_tasks_that_raise_stop_the_run_with_run_failed_and_a_failed_line(tmp_path: Path) -> None:
+    run = make_run(tmp_path, ScriptedTrainer(ScriptedSampler()))
+    run.runtime = EpisodeRuntime(TasksRaise())
+    with pytest.raises(RunFailed) as info:
+        await run.execute(0)
+    assert "stopped at step 0: OSError: tasks.jsonl" in str(info.value)
+    assert "failed: run" in (tmp_path / "run" / "run.log").read_text()
