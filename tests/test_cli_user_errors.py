@@ -132,3 +132,4 @@ def test_check_warns_about_settings_that_cannot_train(tmp_path: Path) -> None:
     assert cannot_train(load(project(tmp_path)).config) == []
     report = RLCheckReport(warnings=warnings)
     assert report.ok and "warning: training.group_size = 1" in "\n".join(report.describe())
+    assert report.describe()[-1] == "check: ok with 2 warning(s)"

@@ -102,7 +102,10 @@ class RLCheckReport:
         out = list(self.lines)
         out += [f"warning: {w}" for w in self.warnings]
         out += [f"problem: {p}" for p in self.problems]
-        out.append("check: ok" if self.ok else f"check: {len(self.problems)} problem(s)")
+        if not self.ok:
+            out.append(f"check: {len(self.problems)} problem(s)")
+        else:  # as the SFT check says it: a warning does not fail the check, but the last line shows it
+            out.append(f"check: ok with {len(self.warnings)} warning(s)" if self.warnings else "check: ok")
         return out
 
 
