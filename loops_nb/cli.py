@@ -69,6 +69,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--model", action="append", default=[], help="preload this base model (repeatable)")
     p.add_argument("--state-dir", type=Path, default=None, help="where runs and checkpoints are kept")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument(
+        "--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto", help="base weights"
+    )
+    p.add_argument(
+        "--memory-budget-mb", type=int, default=None, help="per trainer micro-batch and sampler KV cache"
+    )
+    p.add_argument(
+        "--idle-run-minutes",
+        type=float,
+        default=30.0,
+        help="move an idle run's trainer to disk after this long (0: never); it comes back on its next call",
+    )
     p = sub.add_parser("deactivate", help="end a run and its paired sampler (checkpoints stay)")
     p.add_argument("run_id")
     p.add_argument("--config", help="a config whose [compute] says where the run is")
@@ -139,6 +151,9 @@ def _serve(args: argparse.Namespace) -> int:
         api_key=os.environ.get("LOOPS_LOCAL_API_KEY"),
         state_dir=args.state_dir,
         device=args.device,
+        dtype=args.dtype,
+        memory_budget_mb=args.memory_budget_mb,
+        idle_run_seconds=args.idle_run_minutes * 60 or None,
         preload=tuple(args.model),
     )
     loops.start()

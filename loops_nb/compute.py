@@ -95,6 +95,8 @@ class LoopsConnection:
                     state_dir=state_dir,
                     cache_dir=compute.local.cache_dir,
                     device=compute.local.device,
+                    dtype=compute.local.dtype,
+                    memory_budget_mb=compute.local.memory_budget_mb,
                     max_batch_sequences=compute.local.max_batch_sequences,
                 )
                 await embedded.astart()

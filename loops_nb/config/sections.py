@@ -76,6 +76,16 @@ class LocalLoopsConfig(Section):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where the local trainer and sampler run: CUDA when available, else the CPU."""
 
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Precision of the frozen base weights. `auto`: bf16 on CUDA (fp16 where bf16 is unsupported) and
+    on CPUs that multiply bf16 in hardware (AMX or AVX512-BF16), else float32. LoRA weights and the
+    optimizer state are always float32."""
+
+    memory_budget_mb: int | None = Field(None, ge=64)
+    """Memory (MiB) one trainer micro-batch's activations may use, and the sampler's KV cache likewise.
+    Default: the base model's weight size, at most a tenth of the memory available, at least 256. A
+    smaller budget means more, smaller micro-batches, never a refused request."""
+
     cache_dir: ConfigPath | None = None
     """Where dequantised and converted models are cached (default: $LOOPS_NB_CACHE or
     ~/.cache/loops_nb)."""

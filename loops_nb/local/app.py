@@ -121,8 +121,15 @@ class LoopsRoutes:
             raise InvalidRequest(f"lora_rank must be an integer in 1..1024, got {rank!r}")
         if body.get("base_checkpoint"):
             raise InvalidRequest("base_checkpoint is not supported by the embedded Loops")
+        max_seq_len = body.get("max_seq_len")
+        if max_seq_len is not None and (
+            isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 1
+        ):
+            raise InvalidRequest(f"max_seq_len must be a positive integer, got {max_seq_len!r}")
         await asyncio.to_thread(self.state.model_path, base_model)  # fail now if the model is unknown
-        run = self.state.create_run(base_model, rank, seed=body.get("seed"), name=body.get("name"))
+        run = self.state.create_run(
+            base_model, rank, seed=body.get("seed"), name=body.get("name"), max_seq_len=max_seq_len
+        )
         self.samplers[f"smp-{run.id}"] = (base_model, run.id)
         log.info("created run %s for %s (rank %d)", run.id, base_model, rank)
         return JSONResponse(
@@ -242,7 +249,7 @@ class LoopsRoutes:
 
     async def trainer_policy_version(self, request: Request) -> Response:
         run = self.state.run(request.path_params["run_id"], active=False)
-        step = run.trainer.step if run.trainer is not None else 0
+        step = run.trainer.step if run.trainer is not None else (run.parked_step or 0)
         return JSONResponse({"policy_version": step})
 
     # -- sampler ------------------------------------------------------------------------------

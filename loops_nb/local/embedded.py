@@ -50,7 +50,10 @@ class EmbeddedLoops:
         state_dir: str | os.PathLike[str] | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         device: str = "auto",
+        dtype: str = "auto",
+        memory_budget_mb: int | None = None,
         max_batch_sequences: int = 64,
+        idle_run_seconds: float | None = None,
         preload: tuple[str, ...] = (),
     ) -> None:
         if host not in LOOPBACK_HOSTS:
@@ -64,7 +67,10 @@ class EmbeddedLoops:
             Path(state_dir) if state_dir is not None else default_state_dir(),
             cache_dir=Path(cache_dir) if cache_dir is not None else None,
             device=device,
+            dtype=dtype,
+            memory_budget_mb=memory_budget_mb,
             max_batch_sequences=max_batch_sequences,
+            idle_run_seconds=idle_run_seconds,
         )
         self.preload = preload
         self._http = LoopbackServer("embedded Loops")

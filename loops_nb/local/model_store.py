@@ -96,13 +96,24 @@ class BuiltModel:
         return f"built:{self.name}"
 
     def build(self, out: Path) -> None:
-        from loops_nb.local.tiny_vlm import build_tiny_vlm
+        if self.name == "tiny-random-vlm":
+            from loops_nb.local.tiny_vlm import build_tiny_vlm
 
-        build_tiny_vlm(out)
+            build_tiny_vlm(out)
+        else:
+            from loops_nb.local.model_ladder import build_random_qwen2
+
+            build_random_qwen2(f"loops-nb/{self.name}", out)
 
 
-BUILT_MODELS: dict[str, BuiltModel] = {"loops-nb/tiny-random-vlm": BuiltModel("tiny-random-vlm")}
-"""`loops-nb/tiny-random-vlm`: a random tiny Qwen2-VL for the image path's offline tests and notebook."""
+BUILT_MODELS: dict[str, BuiltModel] = {
+    "loops-nb/tiny-random-vlm": BuiltModel("tiny-random-vlm"),
+    "loops-nb/random-qwen2-0.5b": BuiltModel("random-qwen2-0.5b"),
+    "loops-nb/random-qwen2-1.5b": BuiltModel("random-qwen2-1.5b"),
+}
+"""`loops-nb/tiny-random-vlm`: a random tiny Qwen2-VL for the image path's offline tests and notebook.
+`loops-nb/random-qwen2-0.5b` and `-1.5b`: random models of the Qwen2-0.5B and Qwen2-1.5B shapes, the
+benchmarks' model-size ladder (see model_ladder); they run, they do not learn."""
 
 
 @dataclass(frozen=True)
@@ -320,20 +331,44 @@ def quiet_model_loading() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-def device_and_dtype(preference: str = "auto") -> tuple[torch.device, torch.dtype]:
-    """CUDA (bf16 where supported, else fp16) when available, else CPU float32; "cpu"/"cuda" force one."""
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+_FAST_BF16_CPU_FLAGS = {"amx_bf16", "avx512_bf16"}
+
+
+def cpu_has_fast_bf16() -> bool:
+    """Whether this CPU multiplies bf16 in hardware (AMX or AVX512-BF16); without it bf16 is emulated and
+    several times slower than fp32 (measured 4x on an AVX2-only core)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    flags = next(
+        (line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), []
+    )
+    return bool(_FAST_BF16_CPU_FLAGS & set(flags))
+
+
+def device_and_dtype(preference: str = "auto", dtype: str = "auto") -> tuple[torch.device, torch.dtype]:
+    """The device ("auto": CUDA when available, else the CPU; "cpu"/"cuda" force one) and the base weights'
+    dtype ("auto": bf16 on CUDA that supports it, else fp16; on a CPU bf16 where the hardware is fast at it,
+    else float32). LoRA weights and optimizer state stay float32 whatever the base dtype."""
     import torch
 
     if preference not in {"auto", "cpu"} and not preference.startswith("cuda"):
         raise UserError(f"Unknown device {preference!r}; use 'auto', 'cpu', 'cuda' or 'cuda:N'.")
+    if dtype not in DTYPES:
+        raise UserError(f"Unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}.")
     if preference == "cpu" or (preference == "auto" and not torch.cuda.is_available()):
-        return torch.device("cpu"), torch.float32
-    if not torch.cuda.is_available():
+        device = torch.device("cpu")
+        automatic = torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
+    elif not torch.cuda.is_available():
         raise UserError(
             f"Device {preference!r} was requested but CUDA is not available here; use 'auto' or 'cpu'."
         )
-    device = torch.device("cuda" if preference == "auto" else preference)
-    return device, torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    else:
+        device = torch.device("cuda" if preference == "auto" else preference)
+        automatic = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return device, automatic if dtype == "auto" else getattr(torch, dtype)
 
 
 def ensure_hf_cache_alias(resolved: ResolvedModel, *, hub_cache: Path | None = None) -> None:

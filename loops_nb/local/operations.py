@@ -55,6 +55,9 @@ class OperationQueue:
         self._ops: OrderedDict[str, Operation] = OrderedDict()
         self._lock = threading.Lock()
         self._queue: queue.Queue[Operation | None] = queue.Queue()
+        self._busy = 0  # submitted and not yet finished
+        self.last_activity = time.monotonic()
+        """When an op was last submitted or finished (for idle-run eviction)."""
         self._worker = threading.Thread(target=self._run, name=f"loops-ops-{name}", daemon=True)
         self._worker.start()
 
@@ -66,9 +69,22 @@ class OperationQueue:
                 return existing
             op = Operation(id=op_id, name=name, fn=fn)
             self._ops[op_id] = op
+            self._busy += 1
+            self.last_activity = time.monotonic()
             self._evict_locked()
         self._queue.put(op)
         return op
+
+    def idle_for(self) -> float | None:
+        """Seconds since the last op finished, or None while one is queued or running."""
+        with self._lock:
+            return None if self._busy else time.monotonic() - self.last_activity
+
+    def run_quietly(self, fn: Callable[[], Any]) -> Any:
+        """Run `fn` on the worker, in order with the ops, without recording an op or activity."""
+        op = Operation(id="", name="internal", fn=lambda: {"value": fn()})
+        self._queue.put(op)
+        return op.future.result()["value"]
 
     def get(self, op_id: str) -> Operation | None:
         with self._lock:
@@ -104,6 +120,10 @@ class OperationQueue:
             else:
                 op.finished_at = time.monotonic()
                 op.future.set_result(result)
+            if op.id:
+                with self._lock:
+                    self._busy -= 1
+                    self.last_activity = time.monotonic()
             log.debug("trainer %s: %s took %.3fs", self.name, op.name, time.perf_counter() - started)
 
     def _evict_locked(self) -> None:

@@ -33,6 +33,7 @@ from torch import Tensor
 from transformers import AutoTokenizer, DynamicCache, PreTrainedTokenizerBase
 
 from loops_nb.local.decoding import select_tokens
+from loops_nb.local.memory_budget import resolve_budget, weight_bytes
 from loops_nb.local.sampler_adapters import AdapterSet, read_adapter_dir
 from loops_nb.local.sampler_batch import DecodeBatch, Job, Row, cache_is_mergeable
 from loops_nb.local.sampling_types import (
@@ -43,12 +44,26 @@ from loops_nb.local.sampling_types import (
     SampleRequestError,
     SampleResult,
 )
-from loops_nb.local.vision import VisionInputs, load_model, max_positions
+from loops_nb.local.shared_base import BASE_MODELS
+from loops_nb.local.vision import VisionInputs, max_positions
 
 __all__ = ["SampleRequest", "SampleRequestError", "SampleResult", "SampledChoice", "SamplerEngine"]
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+
+
+MAX_KV_TOKENS = 65536
+
+
+def kv_token_budget(model: Any, budget_bytes: int) -> int:
+    """Tokens of KV cache that fit `budget_bytes` (keys and values of every layer), at most 65,536."""
+    config = getattr(model.config, "text_config", None) or model.config
+    heads = int(config.num_attention_heads)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+    per_token = 2 * int(config.num_hidden_layers) * kv_heads * head_dim * model.dtype.itemsize
+    return max(1024, min(MAX_KV_TOKENS, budget_bytes // per_token))
 
 
 class SamplerClosedError(RuntimeError):
@@ -68,23 +83,29 @@ class SamplerEngine:
         *,
         device: str | torch.device | None = None,
         dtype: torch.dtype | None = None,
-        max_batch_tokens: int = 65536,
+        max_batch_tokens: int | None = None,
         max_batch_sequences: int = 64,
         max_prefill_tokens: int = 16384,
+        memory_budget_mb: int | None = None,
         tokenizer: PreTrainedTokenizerBase | None = None,
     ) -> None:
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if dtype is None:
             dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
-        model = load_model(model_path, dtype)
-        self.model = model.to(self.device).eval().requires_grad_(False)
+        # The base weights are shared with every trainer on this model (see shared_base).
+        self.model = BASE_MODELS.instance(model_path, self.device, dtype)
         self.vision = VisionInputs.load(model_path, self.model)
         """The processor and image token of a vision-language model: image prompts then work."""
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(str(model_path))
+        config = self.model.config
+        if max_batch_tokens is None:
+            max_batch_tokens = kv_token_budget(
+                self.model, resolve_budget(memory_budget_mb, weight_bytes(self.model))
+            )
         self.max_batch_tokens = max_batch_tokens
+        """Prompt and new tokens a batch may hold in its KV cache (the memory budget over bytes per token)."""
         self.max_batch_sequences = max_batch_sequences
         self.max_prefill_tokens = max_prefill_tokens
-        config = self.model.config
         self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
         self.max_positions: int | None = max_positions(config)
         self.eos_token_ids = self._eos_ids()

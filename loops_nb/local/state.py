@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from loops_nb.local.idle_runs import PARKED, IdleRunReaper
 from loops_nb.local.operations import OperationQueue
 from loops_nb.local.run_records import RunLost, RunRecords
 
@@ -55,6 +56,8 @@ class LocalRun:
     directory: Path
     seed: int | None = None
     name: str | None = None
+    max_seq_len: int | None = None
+    """The longest datum the run's trainer accepts (the SDK sends it at creation); None: the model's."""
     created_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     trainer: LoraTrainer | None = None
     ops: OperationQueue = field(init=False)
@@ -63,6 +66,8 @@ class LocalRun:
     """The policy version the run's paired sampler serves (0: the base model)."""
     published_names: list[str] = field(default_factory=list)
     """Sampler weights published with bump_version, oldest first (the retention window)."""
+    parked_step: int | None = None
+    """Set while an idle run's trainer is on disk (see idle_runs): the step it was at."""
 
     def __post_init__(self) -> None:
         self.ops = OperationQueue(self.id)
@@ -77,13 +82,19 @@ class LocalLoopsState:
         *,
         cache_dir: Path | None = None,
         device: str = "auto",
+        dtype: str = "auto",
+        memory_budget_mb: int | None = None,
         max_batch_sequences: int = 64,
         published_retention: int = 3,
+        idle_run_seconds: float | None = None,
     ) -> None:
         self.state_dir = state_dir
         self.published_retention = published_retention
         self.cache_dir = cache_dir
         self.device = device
+        self.dtype = dtype
+        self.memory_budget_mb = memory_budget_mb
+        """Bytes (MiB) a trainer micro-batch's activations and the sampler's KV cache may each use."""
         self.max_batch_sequences = max_batch_sequences
         self.runs: dict[str, LocalRun] = {}
         self._samplers: dict[str, SamplerEngine] = {}
@@ -93,6 +104,8 @@ class LocalLoopsState:
         state_dir.mkdir(parents=True, exist_ok=True)
         self.records = RunRecords(state_dir, instance=uuid.uuid4().hex)
         """Runs and samplers an earlier process on this state directory created (see run_records)."""
+        self.reaper = IdleRunReaper(self, idle_run_seconds) if idle_run_seconds else None
+        """Moves idle runs' trainers to disk (`loops serve`); None: runs stay in memory until deactivated."""
 
     # -- models -------------------------------------------------------------------------------
     def model_path(self, base_model: str) -> Path:
@@ -106,14 +119,28 @@ class LocalLoopsState:
                 self._model_paths[base_model] = resolved.path
             return self._model_paths[base_model]
 
-    def vocab_size(self, base_model: str) -> int | None:
-        """The model's vocabulary size from its config.json (cheap: no weights are loaded)."""
+    def _config(self, base_model: str) -> dict[str, Any]:
+        """The model's config.json, its text part merged over it (cheap: no weights are loaded)."""
         try:
             config = json.loads((self.model_path(base_model) / "config.json").read_text())
         except (OSError, ValueError):
-            return None
-        size = config.get("vocab_size") or config.get("text_config", {}).get("vocab_size")
+            return {}
+        return {**config, **(config.get("text_config") or {})}
+
+    def vocab_size(self, base_model: str) -> int | None:
+        """The model's vocabulary size."""
+        size = self._config(base_model).get("vocab_size")
         return int(size) if size else None
+
+    def max_positions(self, base_model: str) -> int | None:
+        """The model's own context length."""
+        size = self._config(base_model).get("max_position_embeddings")
+        return int(size) if size else None
+
+    def max_datum_length(self, run: LocalRun) -> int | None:
+        """The longest datum a run's trainer accepts: its max_seq_len, never more than the model's context."""
+        limits = [n for n in (run.max_seq_len, self.max_positions(run.base_model)) if n]
+        return min(limits) if limits else None
 
     def is_vision(self, base_model: str) -> bool:
         """Whether the base model is a vision-language model (it then takes image chunks)."""
@@ -124,7 +151,7 @@ class LocalLoopsState:
     def device_and_dtype(self) -> tuple[Any, Any]:
         from loops_nb.local.model_store import device_and_dtype
 
-        return device_and_dtype(self.device)
+        return device_and_dtype(self.device, self.dtype)
 
     def sampler(self, base_model: str) -> SamplerEngine:
         """The shared sampler of a base model; every run's live adapter and checkpoint load into it."""
@@ -141,20 +168,35 @@ class LocalLoopsState:
                         device=device,
                         dtype=dtype,
                         max_batch_sequences=self.max_batch_sequences,
+                        memory_budget_mb=self.memory_budget_mb,
                     )
                 self._samplers[base_model] = engine
             return engine
 
-    def new_trainer(self, base_model: str) -> LoraTrainer:
+    def new_trainer(self, run: LocalRun) -> LoraTrainer:
         from loops_nb.local.model_store import quiet_model_loading
         from loops_nb.local.trainer import LoraTrainer
 
         device, dtype = self.device_and_dtype()
         with quiet_model_loading():
-            return LoraTrainer(self.model_path(base_model), device=device, dtype=dtype)
+            return LoraTrainer(
+                self.model_path(run.base_model),
+                device=device,
+                dtype=dtype,
+                memory_budget_mb=self.memory_budget_mb,
+                max_seq_len=run.max_seq_len,
+            )
 
     # -- runs ---------------------------------------------------------------------------------
-    def create_run(self, base_model: str, lora_rank: int, *, seed: int | None, name: str | None) -> LocalRun:
+    def create_run(
+        self,
+        base_model: str,
+        lora_rank: int,
+        *,
+        seed: int | None,
+        name: str | None,
+        max_seq_len: int | None = None,
+    ) -> LocalRun:
         run_id = f"run-{uuid.uuid4().hex[:12]}"
         run = LocalRun(
             id=run_id,
@@ -163,6 +205,7 @@ class LocalLoopsState:
             directory=self.state_dir / "runs" / run_id,
             seed=seed,
             name=name,
+            max_seq_len=max_seq_len,
         )
         run.directory.mkdir(parents=True, exist_ok=True)
         self.records.write_run(run_id, base_model, lora_rank, name, run.created_at.isoformat())
@@ -222,7 +265,8 @@ class LocalLoopsState:
             return False
         run.active = False
         run.ops.close()
-        run.trainer = None
+        run.trainer, run.parked_step = None, None
+        shutil.rmtree(run.directory / PARKED, ignore_errors=True)
         engine = self._samplers.get(run.base_model)
         if engine is not None:
             engine.remove_adapter(run.id)
@@ -291,6 +335,8 @@ class LocalLoopsState:
         return sorted(found, key=lambda e: e.get("created_at", ""))
 
     def close(self) -> None:
+        if self.reaper is not None:
+            self.reaper.close()
         with self._lock:
             runs = list(self.runs.values())
             samplers = list(self._samplers.values())

@@ -13,11 +13,18 @@ Design notes:
 * LoRA uses alpha = 32 whatever the rank (scale 32/r), as in Thinking Machines' "LoRA Without Regret"
   that Tinker follows: the best learning rate then barely moves with the rank. Dropout is 0 and the model
   stays in eval mode, so training-time logprobs equal the sampler's, which the RL importance ratios need.
-* A request's datums are sorted by length and packed into micro-batches of at most `max_batch_tokens`
-  padded tokens (right padding + attention mask), one forward each. The LM head runs only at positions
-  whose logprob is needed (no padding, no ignored targets), and logprobs come from `logsumexp` + `gather`,
-  so no full log-softmax is kept beyond what autograd needs.
-* Not thread-safe: the caller runs ops one at a time (the HTTP layer's FIFO worker does).
+* Memory is bounded by a budget, not by the request (see `memory_budget`, `activation_memory`): a
+  request's datums are sorted by length and packed into micro-batches whose activations fit the budget,
+  measured once per adapter as bytes per token; a sequence too long for the budget alone has its decoder
+  layers recomputed in the backward. Text batches are right-padded and run without an attention mask
+  (causal attention never lets a real token see the padding after it), which keeps attention on the
+  memory-lean fused kernel. The LM head runs only at positions whose logprob is needed, in chunks
+  (`lm_head`), so full-vocabulary logits never exist for a whole batch.
+* The base weights are shared with the sampler and every other trainer on the same model
+  (`shared_base`); a trainer owns only its adapter, optimizer and activations.
+* Not thread-safe: the caller runs ops one at a time (the HTTP layer's FIFO worker does). Across
+  trainers, `COMPUTE_LOCK` runs one forward/backward at a time, so several runs on one `loops serve`
+  never hold several activation budgets at once.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import json
 import math
 import os
 import shutil
+import threading
 import uuid
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -39,11 +47,16 @@ from peft.utils import get_peft_model_state_dict
 from safetensors.torch import load_file
 from transformers.pytorch_utils import Conv1D
 
+from loops_nb.local import lm_head
+from loops_nb.local.activation_memory import ActivationCost, checkpointed
 from loops_nb.local.losses import LOSSES, collate, micro_batches, needed_positions, target_logprobs
-from loops_nb.local.vision import VisionInputs, load_model, max_positions
+from loops_nb.local.memory_budget import resolve_budget, weight_bytes
+from loops_nb.local.shared_base import BASE_MODELS
+from loops_nb.local.vision import VisionInputs, max_positions
 from loops_nb.local.wire import (
     InvalidRequest,
     ParsedDatum,
+    datum_too_long,
     parse_datums,
     resolve_loss_config,
     tensor_data,
@@ -65,6 +78,8 @@ _NOT_TARGETS = {"lm_head", "score", "classifier", "gate", "router", "shared_expe
 # Families whose logits are exactly `lm_head(last_hidden_state)`, so the head can run on selected rows.
 _PLAIN_HEAD_TYPES = {"llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "smollm3", "phi3"}
 _STATE_FILE = "trainer_state.json"
+COMPUTE_LOCK = threading.Lock()
+"""Held by every trainer for one request's forward/backward or one optim_step (see the module notes)."""
 
 
 class LoraTrainer:
@@ -79,22 +94,29 @@ class LoraTrainer:
         target_modules: list[str] | None = None,
         lora_alpha: int = LORA_ALPHA,
         max_batch_tokens: int = 16384,
+        memory_budget_mb: int | None = None,
+        max_seq_len: int | None = None,
         seed: int = 0,
     ) -> None:
         self.device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
         if dtype is None:  # bf16 where it is fast, float32 on CPU for exact, reproducible maths
             dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         self.model_path = str(model_path)
-        base: Any = load_model(self.model_path, dtype)
-        base.to(self.device).eval().requires_grad_(False)
+        base: Any = BASE_MODELS.instance(self.model_path, self.device, dtype)
         self._base: Any = base
         self.vision = VisionInputs.load(self.model_path, base)
         """The processor and image token when the model is a vision-language model (image chunks)."""
         self.vocab_size: int = base.get_output_embeddings().weight.shape[0]
-        self.max_length: int | None = max_positions(base.config)
+        self.model_positions: int | None = max_positions(base.config)
+        self.max_length: int | None = self.model_positions
+        """Longest datum accepted: the model's positions, or the run's max_seq_len when shorter."""
+        self.set_max_seq_len(max_seq_len)
         self.target_modules = list(target_modules) if target_modules else discover_target_modules(base)
         self.lora_alpha = lora_alpha
         self.max_batch_tokens = max_batch_tokens
+        self.memory_budget = resolve_budget(memory_budget_mb, weight_bytes(base))
+        """Bytes one micro-batch's activations may take (the LM head's chunks take a quarter of it)."""
+        self._cost: ActivationCost | None = None
         self.seed = seed
         cfg = base.config
         scaled = any(
@@ -110,10 +132,20 @@ class LoraTrainer:
 
     # ------------------------------------------------------------------------------------------ state
 
+    def set_max_seq_len(self, max_seq_len: int | None) -> None:
+        """Refuse datums longer than `max_seq_len` (never more than the model's own positions)."""
+        limits = [n for n in (self.model_positions, max_seq_len) if n]
+        self.max_length = min(limits) if limits else None
+
     @property
     def step(self) -> int:
         """Number of optim_steps since init (the policy version)."""
         return self._step
+
+    @property
+    def has_pending_gradients(self) -> bool:
+        """Whether forward_backward gradients wait for an optim_step (they are not in a saved state)."""
+        return self._normalized is not None
 
     @property
     def lora_rank(self) -> int | None:
@@ -157,6 +189,7 @@ class LoraTrainer:
             self._model = get_peft_model(self._base, config)  # type: ignore[assignment]
         self._model.eval()
         self.lora_alpha, self.target_modules = alpha, list(targets)
+        self._cost = None  # the adapter's own saved tensors are part of the cost
         self._fresh_optimizer()
 
     def _fresh_optimizer(self) -> None:
@@ -211,16 +244,17 @@ class LoraTrainer:
         total, count = torch.zeros((), dtype=self._lp_dtype, device=self.device), 0
         # Gradients of this request go to fresh buffers and are added to the pending ones only on success,
         # so a request that fails half-way leaves the accumulated gradients as they were.
+        plan = self.plan(datums, loss_fn, backward=backward)
         params = self.lora_parameters()
         pending = [p.grad for p in params]
         if backward:
             for p in params:
                 p.grad = None
         try:
-            with contextlib.nullcontext() if backward else torch.no_grad():
-                lengths = [d.length for d in datums]
-                for rows in micro_batches(lengths, self.max_batch_tokens, 2 if loss_fn == "dpo" else 1):
-                    loss, n = self._micro_batch(datums, rows, loss_fn, cfg, top_k, outputs, backward)
+            with COMPUTE_LOCK, contextlib.nullcontext() if backward else torch.no_grad():
+                for rows, recompute in plan:
+                    with self._layers_recomputed() if recompute else contextlib.nullcontext():
+                        loss, n = self._micro_batch(datums, rows, loss_fn, cfg, top_k, outputs, backward)
                     total, count = total + loss, count + n
         except BaseException:
             if backward:
@@ -239,10 +273,63 @@ class LoraTrainer:
             metrics["skip_token_normalization"] = 1.0
         return {"loss": mean, "loss_fn_output_type": loss_fn, "loss_fn_outputs": outputs, "metrics": metrics}
 
+    def plan(
+        self, datums: Sequence[ParsedDatum], loss_fn: str, *, backward: bool
+    ) -> list[tuple[list[int], bool]]:
+        """Micro-batches (datum indices, whether to recompute layers) whose activations fit the budget.
+
+        Datums short enough to fit the budget with every layer's intermediates kept are packed without
+        recomputation; longer ones are packed at the recomputed cost. A forward without backward keeps
+        no intermediates, so it packs at the recomputed cost too (one layer's transients at a time).
+        """
+        cost = self.activation_cost()
+        plain = min(self.max_batch_tokens, cost.tokens(self.memory_budget, recompute=False))
+        lean = min(self.max_batch_tokens, cost.tokens(self.memory_budget, recompute=True))
+        group = 2 if loss_fn == "dpo" else 1
+        units = [list(range(i, min(i + group, len(datums)))) for i in range(0, len(datums), group)]
+        long = {i for u in units if max(datums[i].length for i in u) > plain for i in u}
+        if not backward:
+            lengths = [d.length for d in datums]
+            return [(rows, False) for rows in micro_batches(lengths, lean, group)]
+        batches = []
+        for recompute, members in (
+            (False, [i for i in range(len(datums)) if i not in long]),
+            (True, sorted(long)),
+        ):
+            if members:
+                lengths = [datums[i].length for i in members]
+                for rows in micro_batches(lengths, lean if recompute else plain, group):
+                    batches.append(([members[j] for j in rows], recompute))
+        return batches
+
+    def activation_cost(self) -> ActivationCost:
+        """Bytes per token a micro-batch keeps for its backward (measured once per adapter)."""
+        if self._cost is None:
+            lm: Any = self.model.get_base_model()
+            text = getattr(lm.config, "text_config", None) or lm.config
+            decoder = lm.get_decoder()
+            # Saved-tensor hooks are thread-local, so other trainers' work at the same time is not counted.
+            self._cost = ActivationCost.measure(
+                lambda ids: decoder(input_ids=ids, use_cache=False).last_hidden_state,
+                lm,
+                layers=int(text.num_hidden_layers),
+                hidden=int(text.hidden_size),
+                element_bytes=lm.dtype.itemsize,
+                device=self.device,
+            )
+        return self._cost
+
+    def _layers_recomputed(self) -> contextlib.AbstractContextManager[None]:
+        lm: Any = self.model.get_base_model()
+        return checkpointed(list(lm.get_decoder().layers))
+
     def _parsed(self, data: Sequence[Any], loss_fn: str) -> list[ParsedDatum]:
         if data and all(isinstance(d, ParsedDatum) for d in data):
             if loss_fn == "dpo" and len(data) % 2:
                 raise InvalidRequest(f"dpo needs an even number of datums, got {len(data)}")
+            for i, datum in enumerate(data):
+                if self.max_length is not None and datum.length > self.max_length:
+                    raise datum_too_long(f"data[{i}]", datum.length, self.max_length)
             return list(data)
         return parse_datums(
             data,
@@ -275,15 +362,33 @@ class LoraTrainer:
         pos = need.nonzero(as_tuple=True)
         top: tuple[torch.Tensor, torch.Tensor] | None = None
         if pos[0].numel():  # else nothing to compute (e.g. all advantages 0): skip the model entirely
-            mask = None if min(lengths) == max(lengths) else batch.real.long()  # no mask: SDPA is_causal path
             tokens, extra = batch.tokens, {}
             chunks = [chunk for d in rows for _, chunk in d.images]
             if chunks and self.vision is not None:
+                mask = None if min(lengths) == max(lengths) else batch.real.long()
                 pixels = self.vision.pixels(chunks, "model_input image")
                 extra = self.vision.inputs(tokens, mask, pixels)
                 extra.pop("rope_deltas", None)
-            logits = self._logits(tokens, mask, pos, extra).to(self._lp_dtype)
-            picked, top = target_logprobs(logits, batch.target_tokens[pos], top_k)
+                logits = self._logits(mask, pos, extra).to(self._lp_dtype)
+                picked, top = target_logprobs(logits, batch.target_tokens[pos], top_k)
+            elif self._plain_head:
+                lm: Any = self.model.get_base_model()
+                # No mask: rows are right-padded, and causal attention never lets a real token see the
+                # padding after it, so the result is exact and attention stays on the fused kernel.
+                hidden = lm.get_decoder()(input_ids=tokens, use_cache=False).last_hidden_state
+                head = lm.get_output_embeddings()
+                chunk = lm_head.head_chunk(self.memory_budget // 4, self.vocab_size)
+                picked, top = lm_head.target_logprobs(
+                    hidden[pos],
+                    head,
+                    batch.target_tokens[pos],
+                    chunk=chunk,
+                    dtype=self._lp_dtype,
+                    top_k=top_k,
+                )
+            else:
+                logits = self._logits(None, pos, {"input_ids": tokens}).to(self._lp_dtype)
+                picked, top = target_logprobs(logits, batch.target_tokens[pos], top_k)
             batch.lp = batch.lp.index_put(pos, picked)
         out = LOSSES[loss_fn](batch, cfg)
         if not bool(torch.isfinite(out.loss)):
@@ -304,22 +409,12 @@ class LoraTrainer:
         return out.loss.detach(), out.count
 
     def _logits(
-        self,
-        tokens: torch.Tensor,
-        mask: torch.Tensor | None,
-        pos: tuple[torch.Tensor, ...],
-        extra: Mapping[str, Any] | None = None,
+        self, mask: torch.Tensor | None, pos: tuple[torch.Tensor, ...], inputs: Mapping[str, Any]
     ) -> torch.Tensor:
-        """Logits [M, V] at the selected positions only (`extra`: image inputs of a vision model)."""
+        """Full-model logits [M, V] at the selected positions, for heads that are more than a linear
+        layer (soft-capping, scaling) and for image inputs (`inputs`: embeddings and positions)."""
         lm: Any = self.model.get_base_model()
-        if extra:  # image inputs: embeddings with the image features in place, multimodal positions
-            return lm(attention_mask=mask, use_cache=False, **extra).logits[pos]
-        if self._plain_head:
-            hidden = lm.get_decoder()(
-                input_ids=tokens, attention_mask=mask, use_cache=False
-            ).last_hidden_state
-            return lm.get_output_embeddings()(hidden[pos])
-        return lm(input_ids=tokens, attention_mask=mask, use_cache=False).logits[pos]
+        return lm(attention_mask=mask, use_cache=False, **inputs).logits[pos]
 
     # ---------------------------------------------------------------------------------- optimisation
 
@@ -403,8 +498,9 @@ class LoraTrainer:
             }
             (tmp / _STATE_FILE).write_text(json.dumps(state, indent=2))
 
-    def load_state(self, path: str | Path, *, with_optimizer: bool) -> int:
+    def load_state(self, path: str | Path, *, with_optimizer: bool, restore_rng: bool = True) -> int:
         """Restore a `save_state` checkpoint; without the optimizer: weights only, fresh AdamW, step 0.
+        `restore_rng=False` leaves the process's torch RNG alone (a parked run coming back).
 
         Returns the step the trainer is now at.
         """
@@ -433,7 +529,8 @@ class LoraTrainer:
         if with_optimizer:
             assert self._optimizer is not None and optim is not None and rng is not None
             self._optimizer.load_state_dict(optim)
-            torch.set_rng_state(rng["cpu"])
+            if restore_rng:
+                torch.set_rng_state(rng["cpu"])
             self._step = int(state["step"])
         return self._step
 

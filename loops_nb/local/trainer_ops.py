@@ -8,15 +8,21 @@ the SDK validates (`InitTrainerServerResponse`, `ForwardBackwardOutput`, ...). R
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from loops_nb.local.idle_runs import unpark
 from loops_nb.local.state import LocalLoopsError, LocalLoopsState, LocalRun, checkpoint_name
 from loops_nb.local.wire import InvalidRequest, parse_datums, resolve_loss_config
+
+if TYPE_CHECKING:
+    from loops_nb.local.trainer import LoraTrainer
 
 OpFn = Callable[[], dict[str, Any]]
 
 
-def _trainer(run: LocalRun):
+def _trainer(state: LocalLoopsState, run: LocalRun) -> LoraTrainer:
+    if run.trainer is None and run.parked_step is not None:
+        return unpark(state, run)
     if run.trainer is None:
         raise LocalLoopsError(f"run {run.id}: the trainer is not initialised (init_trainer_server first)")
     return run.trainer
@@ -48,19 +54,20 @@ def prepare(state: LocalLoopsState, run: LocalRun, op: str, body: dict[str, Any]
             data,
             loss_fn,
             vocab_size=state.vocab_size(run.base_model),
+            max_length=state.max_datum_length(run),
             allow_images=state.is_vision(run.base_model),
         )
         top_k = body.get("top_k_logprobs") or 0
         if not isinstance(top_k, int) or not 0 <= top_k <= 20:
             raise InvalidRequest(f"top_k_logprobs must be an integer in 0..20, got {top_k!r}")
         if op == "forward":
-            return lambda: _trainer(run).forward(data, loss_fn, config, top_k_logprobs=top_k)
-        return lambda: _trainer(run).forward_backward(data, loss_fn, config, top_k_logprobs=top_k)
+            return lambda: _trainer(state, run).forward(data, loss_fn, config, top_k_logprobs=top_k)
+        return lambda: _trainer(state, run).forward_backward(data, loss_fn, config, top_k_logprobs=top_k)
     if op == "optim_step":
         params = body.get("adam_params")
         if not isinstance(params, dict) or not isinstance(params.get("learning_rate"), int | float):
             raise InvalidRequest("adam_params must be an object with a numeric learning_rate")
-        return lambda: _trainer(run).optim_step(params)
+        return lambda: _trainer(state, run).optim_step(params)
     if op == "save_state":
         name = checkpoint_name(str(body.get("name", "")))
         return lambda: _save_state(state, run, name)
@@ -70,7 +77,9 @@ def prepare(state: LocalLoopsState, run: LocalRun, op: str, body: dict[str, Any]
             raise InvalidRequest("path must be the path save_state returned")
         with_optimizer = op == "load_state_with_optimizer"
         return lambda: {
-            "step": _trainer(run).load_state(state.resolve_checkpoint(path), with_optimizer=with_optimizer)
+            "step": _trainer(state, run).load_state(
+                state.resolve_checkpoint(path), with_optimizer=with_optimizer
+            )
         }
     if op == "save_weights_for_sampler":
         name = checkpoint_name(str(body.get("name", "")))
@@ -80,19 +89,20 @@ def prepare(state: LocalLoopsState, run: LocalRun, op: str, body: dict[str, Any]
 
 
 def _init(state: LocalLoopsState, run: LocalRun, rank: int) -> dict[str, Any]:
+    run.parked_step = None  # a fresh adapter replaces whatever was parked
     if run.trainer is None:
-        run.trainer = state.new_trainer(run.base_model)
+        run.trainer = state.new_trainer(run)
     run.lora_rank = rank
     return run.trainer.init(rank, seed=run.seed)
 
 
 def _save_state(state: LocalLoopsState, run: LocalRun, name: str) -> dict[str, Any]:
-    _trainer(run).save_state(state.checkpoint_dir(run.id, "weights", name))
+    _trainer(state, run).save_state(state.checkpoint_dir(run.id, "weights", name))
     return {"mode": "local", "path": state.record_checkpoint(run, "weights", name)}
 
 
 def _save_for_sampler(state: LocalLoopsState, run: LocalRun, name: str, bump: bool) -> dict[str, Any]:
-    trainer = _trainer(run)
+    trainer = _trainer(state, run)
     trainer.save_adapter(state.checkpoint_dir(run.id, "sampler_weights", name))
     path = state.record_checkpoint(run, "sampler_weights", name)
     version = trainer.step

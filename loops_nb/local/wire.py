@@ -181,6 +181,15 @@ def tensor_data(values: torch.Tensor) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------- internals
 
 
+def datum_too_long(where: str, length: int, limit: int) -> InvalidRequest:
+    """The refusal of a datum longer than the run accepts (checked before anything is allocated)."""
+    return InvalidRequest(
+        f"{where}.model_input: {length} tokens exceed this run's limit of {limit} (its max_seq_len, or the "
+        "model's context if smaller); shorten or split the datum, or create the training client with a "
+        "larger max_seq_len"
+    )
+
+
 def _parse_datum(
     i: int,
     datum: Mapping[str, Any],
@@ -198,7 +207,7 @@ def _parse_datum(
     if n == 0:
         raise InvalidRequest(f"{where}.model_input: empty; a datum needs at least one token")
     if max_length is not None and n > max_length:
-        raise InvalidRequest(f"{where}.model_input: length {n} exceeds the model's maximum of {max_length}")
+        raise datum_too_long(where, n, max_length)
     try:
         token_t = torch.tensor(tokens)
     except (TypeError, ValueError, RuntimeError, OverflowError):
