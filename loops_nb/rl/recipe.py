@@ -18,6 +18,7 @@ from loops_nb.compute import LoopsConnection, require_api_key
 from loops_nb.config_drift import resume_drift
 from loops_nb.episodes import load_runtime
 from loops_nb.errors import UserError
+from loops_nb.local.memory_budget import check_lines
 from loops_nb.mirrors import run_observers
 from loops_nb.model_access import (
     LeasedRuntime,
@@ -188,6 +189,14 @@ async def check(project: Project, **_: Any) -> RLCheckReport:
     problem = open_file_problem(t.max_concurrent_rollouts, files_per_attempt(access))
     if problem:
         report.problems.append(problem)
+    try:
+        lines, warnings = await asyncio.to_thread(
+            check_lines, config.compute, config.model, concurrent_sequences=t.max_concurrent_rollouts
+        )
+        report.lines += lines
+        report.warnings += warnings
+    except UserError as exc:
+        report.problems.append(str(exc))
     report.ok = not report.problems
     atomic_write_json(
         preflight.root / "check.json", {"ok": report.ok, "lines": report.lines, "problems": report.problems}

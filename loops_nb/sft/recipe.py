@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from loops_nb.compute import LoopsConnection, require_api_key
 from loops_nb.config_drift import resume_drift
 from loops_nb.errors import DataError, UserError
+from loops_nb.local.memory_budget import check_lines
 from loops_nb.mirrors import run_observers
 from loops_nb.observers import ObserverSet
 from loops_nb.resources import RunLock
@@ -199,6 +200,12 @@ async def check(project: Project, *, refusals: str | Path | None = None, **_: An
         report.warnings.append(warning)
     if not len(data.train):
         report.problems.append(f"no row of {config.data.train} trains (see the refusals above)")
+    try:
+        lines, warnings = await asyncio.to_thread(check_lines, config.compute, m, concurrent_sequences=0)
+        report.lines += lines
+        report.warnings += warnings
+    except UserError as exc:
+        report.problems.append(str(exc))
     report.ok = not report.problems
     return report
 
