@@ -1,6 +1,10 @@
 """Run the benchmarks and print one table of ratios.
 
 uv run python -m benchmarks [trainer] [sampler] [sft_check] [orchestration] [async_vs_sync] [learning_speed]
+                           [memory]
+
+The speed rows come first, in one table of ratios; `memory` then prints the peak resident memory of whole
+runs and servers (benchmarks/peak_memory.py) in a table of its own.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import sys
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-ALL = ("trainer", "sampler", "sft_check", "orchestration", "async_vs_sync", "learning_speed")
+ALL = ("trainer", "sampler", "sft_check", "orchestration", "async_vs_sync", "learning_speed", "memory")
 
 
 def main(argv: list[str]) -> int:
@@ -24,10 +28,18 @@ def main(argv: list[str]) -> int:
         print(f"unknown benchmark(s) {unknown}; choose from {', '.join(ALL)}", file=sys.stderr)
         return 2
     print(f"machine: {machine()}\n")
-    print("| benchmark | loops_nb | reference | ratio | aim |\n|---|---|---|---|---|")
-    for name in names:
+    speed = [n for n in names if n != "memory"]
+    if speed:
+        print("| benchmark | loops_nb | reference | ratio | aim |\n|---|---|---|---|---|")
+    for name in speed:
         for result in importlib.import_module(f"benchmarks.{name}").run():
             print(result.row(), flush=True)
+    if "memory" in names:
+        from benchmarks import peak_memory
+
+        print("\n| memory | peak RSS | single process | wall | aim |\n|---|---|---|---|---|")
+        for line in peak_memory.run():
+            print(line, flush=True)
     return 0
 
 

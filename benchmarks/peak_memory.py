@@ -1,0 +1,146 @@
+"""Peak resident memory of whole runs and servers, each measured as its own process tree.
+
+Run: `uv run python -m benchmarks memory` (rows: quickstart, quickstart with groups_per_step x4, the SFT
+example, `loops serve` with 4 training clients, one RL and one SFT step on the 1.5B-shaped model).
+
+Each row starts a fresh process (so one row's peak never counts in another's) and samples the resident
+memory of that process and all its children every 0.1 s; the row reports the peak of that sum, and the
+largest single process's own high-water mark (VmHWM, which catches a spike between samples).
+
+Deliberate simplifications: one run per row (memory does not vary run to run the way time does); the
+1.5B row runs one step of each recipe, not a whole run, because on two CPU cores a step takes minutes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+GB = 1024**3
+
+
+@dataclass
+class Peak:
+    tree: int
+    """Peak of the summed resident memory of the process and its children (bytes)."""
+    single: int
+    """The largest VmHWM of any one process in the tree (bytes)."""
+    wall: float
+    output: str
+
+
+def _hwm(proc: psutil.Process) -> int:
+    try:
+        for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def measure(command: list[str], *, env: dict[str, str] | None = None, timeout: float = 3600) -> Peak:
+    """Run `command` from the repository root and watch its process tree's memory until it exits."""
+    started = time.perf_counter()
+    proc = subprocess.Popen(
+        command, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    root = psutil.Process(proc.pid)
+    peak_tree, peak_single = 0, 0
+    chunks: list[str] = []
+    reader = threading.Thread(target=lambda: chunks.append(proc.stdout.read() if proc.stdout else ""))
+    reader.start()
+    while proc.poll() is None:
+        try:
+            tree = [root, *root.children(recursive=True)]
+            peak_tree = max(peak_tree, sum(p.memory_info().rss for p in tree if p.is_running()))
+            peak_single = max(peak_single, *(_hwm(p) for p in tree))
+        except psutil.Error:
+            pass
+        if time.perf_counter() - started > timeout:
+            proc.kill()
+        time.sleep(0.1)
+    reader.join()
+    output = "".join(chunks)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} exited {proc.returncode}:\n{output[-3000:]}")
+    return Peak(peak_tree, peak_single, time.perf_counter() - started, output)
+
+
+def loops_run(config: str, *overrides: str, out: Path) -> Peak:
+    return measure(
+        [sys.executable, "-m", "loops_nb.cli", "run", config, "--output.output_dir", str(out), *overrides],
+        env={"HF_HUB_OFFLINE": "1"},
+    )
+
+
+def serve_clients(clients: int) -> list[int]:
+    """Resident memory of a `loops serve` after 1..`clients` concurrent training clients each trained a step."""
+    script = ROOT / "benchmarks" / "serve_clients.py"
+    peak = measure([sys.executable, str(script), str(clients)], env={"HF_HUB_OFFLINE": "1"})
+    return json.loads(peak.output.strip().splitlines()[-1])
+
+
+def run() -> list[str]:
+    rows = []
+    quickstart = "patterns/custom_runtime/in_process_direct/train_local.toml"
+    with tempfile.TemporaryDirectory() as tmp:
+        base = loops_run(quickstart, "--training.save_every", "0", out=Path(tmp) / "q1")
+        rows.append(row("RL quickstart, 8 steps", base, "<= 2.0 GB"))
+        wide = loops_run(
+            quickstart, "--training.save_every", "0", "--training.groups_per_step", "16", out=Path(tmp) / "q4"
+        )
+        rows.append(
+            row("RL quickstart, groups_per_step x4", wide, f"<= {1.1 * base.tree / GB:.2f} GB (+10%)")
+        )
+        sft = loops_run("examples/sft_tool_use/sft_local.toml", out=Path(tmp) / "sft")
+        rows.append(row("SFT examples/sft_tool_use", sft, "<= 2.0 GB"))
+    sizes = serve_clients(4)
+    added = [b - a for a, b in itertools.pairwise(sizes)]
+    rows.append(
+        f"| loops serve, 4 training clients | {' / '.join(f'{s / GB:.2f}' for s in sizes)} GB after 1..4 | "
+        f"each after the first adds {', '.join(f'{a / 2**20:.0f}' for a in added)} MB | <= 150 MB each |"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, config, overrides in LADDER_STEPS:
+            peak = loops_run(config, "--model.base_model", LADDER_MODEL, *overrides, out=Path(tmp) / name)
+            rows.append(row(f"1.5B-shaped model: one {name} step", peak, "<= 12 GB"))
+    return rows
+
+
+LADDER_MODEL = "loops-nb/random-qwen2-1.5b"
+LADDER_STEPS = (
+    # One group of 4 rollouts of 16 tokens: the step's shape, at a size two CPU cores finish in minutes.
+    ("RL", "patterns/custom_runtime/in_process_direct/train_local.toml",
+     ("--training.max_steps", "1", "--training.group_size", "4", "--training.groups_per_step", "1",
+      "--training.save_every", "0")),
+    # Two ~500-token conversations; no held-out pass (16 more forwards).
+    ("SFT", "examples/sft_tool_use/sft_local.toml",
+     ("--training.max_steps", "1", "--training.batch_tokens", "1024", "--training.eval_every", "0",
+      "--training.save_every", "0", "--output.run_name", "ladder")),
+)  # fmt: skip
+
+
+def row(name: str, peak: Peak, aim: str) -> str:
+    return (
+        f"| {name} | {peak.tree / GB:.2f} GB (tree peak) | {peak.single / GB:.2f} GB (largest VmHWM) | "
+        f"{peak.wall:.0f} s | {aim} |"
+    )
+
+
+if __name__ == "__main__":
+    print("| memory | peak RSS | single process | wall | aim |\n|---|---|---|---|---|")
+    for line in run():
+        print(line, flush=True)
