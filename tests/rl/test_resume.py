@@ -66,6 +66,7 @@ group_size = {GROUP_SIZE}
 groups_per_step = {GROUPS}
 learning_rate = 1e-3
 save_every = 1
+reward_max = 10
 [output]
 output_dir = "{{out}}"
 """
