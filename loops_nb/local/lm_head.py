@@ -4,8 +4,8 @@ A 49k-token vocabulary makes the logits of one position 200 KB in fp32; a plain 
 batch of 4k positions keeps 800 MB for autograd and as much again for its gradient, more than the model.
 `target_logprobs` instead runs the head over `chunk` positions at a time: the forward keeps only each
 position's log-sum-exp, and the backward recomputes one chunk's logits to form `softmax - onehot` there.
-The extra head matmul in the backward costs a few percent of a step; the memory no longer grows with the
-number of positions.
+The memory no longer grows with the number of positions. When all positions fit one chunk (the usual
+micro-batch), the softmax is kept instead, as a fused cross-entropy does, so no head matmul is repeated.
 
 The head weights are frozen (LoRA never targets the output head here), so only the hidden states get a
 gradient.
@@ -69,6 +69,17 @@ class _ChunkedTargetLogprobs(torch.autograd.Function):
     ) -> torch.Tensor:
         rows = targets.shape[0]
         flat = targets.reshape(rows, -1)
+        ctx.chunk, ctx.dtype, ctx.shape = chunk, dtype, targets.shape
+        if rows <= chunk:  # one chunk: keep its softmax for the backward instead of recomputing the head
+            with torch.no_grad():
+                logits = _chunk_logits(hidden, weight, bias, dtype)
+                lse = logits.logsumexp(-1, keepdim=True)
+                picked = logits.gather(-1, flat) - lse
+                probs = logits.sub_(lse).exp_()
+            ctx.save_for_backward(hidden, weight, bias, flat, probs)
+            ctx.kept = True
+            return picked.reshape(targets.shape)
+        ctx.kept = False
         picked = torch.empty(flat.shape, dtype=dtype, device=hidden.device)
         lse = torch.empty(rows, dtype=dtype, device=hidden.device)
         with torch.no_grad():
@@ -79,13 +90,16 @@ class _ChunkedTargetLogprobs(torch.autograd.Function):
                 picked[start:end] = logits.gather(-1, flat[start:end]) - lse[start:end, None]
                 del logits
         ctx.save_for_backward(hidden, weight, bias, flat, lse)
-        ctx.chunk, ctx.dtype, ctx.shape = chunk, dtype, targets.shape
         return picked.reshape(targets.shape)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
-        hidden, weight, bias, flat, lse = ctx.saved_tensors
+        hidden, weight, bias, flat, saved = ctx.saved_tensors
         grad = grad.reshape(flat.shape).to(ctx.dtype)
+        if ctx.kept:  # `saved` is the softmax of the one chunk
+            dlogits = saved.mul_(-grad.sum(-1, keepdim=True)).scatter_add_(-1, flat, grad)
+            return (dlogits.to(weight.dtype) @ weight).to(hidden.dtype), None, None, None, None, None
+        lse = saved
         grad_hidden = torch.empty_like(hidden)
         for start in range(0, flat.shape[0], ctx.chunk):
             end = min(flat.shape[0], start + ctx.chunk)
