@@ -185,15 +185,20 @@ def check_lines(compute: Any, model: Any, *, concurrent_sequences: int) -> tuple
     from loops_nb.local.model_store import device_and_dtype, resolve_model
     from loops_nb.local.trainer import DEFAULT_TARGETS
 
-    _, dtype = device_and_dtype(compute.local.device, compute.local.dtype)
-    estimate = estimate_peak(
-        resolve_model(model.base_model, cache_dir=compute.local.cache_dir).path,
-        element_bytes=dtype.itemsize,
-        lora_rank=model.lora_rank,
-        targets=DEFAULT_TARGETS,
-        max_seq_len=model.max_seq_len,
-        concurrent_sequences=concurrent_sequences,
-        budget_mb=compute.local.memory_budget_mb,
-    )
+    from loops_nb.errors import UserError
+
+    try:
+        _, dtype = device_and_dtype(compute.local.device, compute.local.dtype)
+        estimate = estimate_peak(
+            resolve_model(model.base_model, cache_dir=compute.local.cache_dir).path,
+            element_bytes=dtype.itemsize,
+            lora_rank=model.lora_rank,
+            targets=DEFAULT_TARGETS,
+            max_seq_len=model.max_seq_len,
+            concurrent_sequences=concurrent_sequences,
+            budget_mb=compute.local.memory_budget_mb,
+        )
+    except (UserError, OSError, ValueError, KeyError):  # the model itself is checked (and reported) elsewhere
+        return [], []
     lines = estimate.describe()
     return lines[:1], lines[1:]

@@ -189,14 +189,11 @@ async def check(project: Project, **_: Any) -> RLCheckReport:
     problem = open_file_problem(t.max_concurrent_rollouts, files_per_attempt(access))
     if problem:
         report.problems.append(problem)
-    try:
-        lines, warnings = await asyncio.to_thread(
-            check_lines, config.compute, config.model, concurrent_sequences=t.max_concurrent_rollouts
-        )
-        report.lines += lines
-        report.warnings += warnings
-    except UserError as exc:
-        report.problems.append(str(exc))
+    lines, warnings = await asyncio.to_thread(
+        check_lines, config.compute, config.model, concurrent_sequences=t.max_concurrent_rollouts
+    )
+    report.lines += lines
+    report.warnings += warnings
     report.ok = not report.problems
     atomic_write_json(
         preflight.root / "check.json", {"ok": report.ok, "lines": report.lines, "problems": report.problems}
