@@ -182,10 +182,9 @@ def check_lines(compute: Any, model: Any, *, concurrent_sequences: int) -> tuple
     run that joins a running `loops serve` (whose memory is that server's)."""
     if compute.scope != "local" or compute.base_url or os.environ.get("LOOPS_BASE_URL"):
         return [], []
+    from loops_nb.errors import UserError
     from loops_nb.local.model_store import device_and_dtype, resolve_model
     from loops_nb.local.trainer import DEFAULT_TARGETS
-
-    from loops_nb.errors import UserError
 
     try:
         _, dtype = device_and_dtype(compute.local.device, compute.local.dtype)
