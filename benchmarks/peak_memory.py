@@ -1,7 +1,8 @@
 """Peak resident memory of whole runs and servers, each measured as its own process tree.
 
-Run: `uv run python -m benchmarks memory` (rows: quickstart, quickstart with groups_per_step x4, the SFT
-example, `loops serve` with 4 training clients, one RL and one SFT step on the 1.5B-shaped model).
+Run: `uv run python -m benchmarks memory`, or some rows: `uv run python -m benchmarks.peak_memory quickstart
+serve` (rows: quickstart, quickstart_x4, sft, serve, ladder: one RL and one SFT step on the 1.5B-shaped
+model).
 
 Each row starts a fresh process (so one row's peak never counts in another's) and samples the resident
 memory of that process and all its children every 0.1 s; the row reports the peak of that sum, and the
@@ -21,6 +22,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,31 +95,36 @@ def serve_clients(clients: int) -> list[int]:
     return json.loads(peak.output.strip().splitlines()[-1])
 
 
-def run() -> list[str]:
-    rows = []
-    quickstart = "patterns/custom_runtime/in_process_direct/train_local.toml"
+QUICKSTART = "patterns/custom_runtime/in_process_direct/train_local.toml"
+ROWS = ("quickstart", "quickstart_x4", "sft", "serve", "ladder")
+
+
+def run(names: tuple[str, ...] = ROWS) -> Iterator[str]:
+    """The rows named (all by default), each as soon as it is measured."""
     with tempfile.TemporaryDirectory() as tmp:
-        base = loops_run(quickstart, "--training.save_every", "0", out=Path(tmp) / "q1")
-        rows.append(row("RL quickstart, 8 steps", base, "<= 2.0 GB"))
-        wide = loops_run(
-            quickstart, "--training.save_every", "0", "--training.groups_per_step", "16", out=Path(tmp) / "q4"
-        )
-        rows.append(
-            row("RL quickstart, groups_per_step x4", wide, f"<= {1.1 * base.tree / GB:.2f} GB (+10%)")
-        )
-        sft = loops_run("examples/sft_tool_use/sft_local.toml", out=Path(tmp) / "sft")
-        rows.append(row("SFT examples/sft_tool_use", sft, "<= 2.0 GB"))
-    sizes = serve_clients(4)
-    added = [b - a for a, b in itertools.pairwise(sizes)]
-    rows.append(
-        f"| loops serve, 4 training clients | {' / '.join(f'{s / GB:.2f}' for s in sizes)} GB after 1..4 | "
-        f"each after the first adds {', '.join(f'{a / 2**20:.0f}' for a in added)} MB | <= 150 MB each |"
-    )
-    with tempfile.TemporaryDirectory() as tmp:
-        for name, config, overrides in LADDER_STEPS:
-            peak = loops_run(config, "--model.base_model", LADDER_MODEL, *overrides, out=Path(tmp) / name)
-            rows.append(row(f"1.5B-shaped model: one {name} step", peak, "<= 12 GB"))
-    return rows
+        out = Path(tmp)
+        if "quickstart" in names:
+            base = loops_run(QUICKSTART, "--training.save_every", "0", out=out / "q1")
+            yield row("RL quickstart, 8 steps", base, "<= 2.0 GB")
+        if "quickstart_x4" in names:
+            # groups_per_step x4 over 3 steps: the peak comes with the first trained step, 8 would take 4x longer.
+            wide = loops_run(QUICKSTART, "--training.save_every", "0", "--training.groups_per_step", "16",
+                             "--training.max_steps", "3", out=out / "q4")  # fmt: skip
+            yield row("RL quickstart, groups_per_step x4 (3 steps)", wide, "within +10% of the quickstart")
+        if "sft" in names:
+            sft = loops_run("examples/sft_tool_use/sft_local.toml", out=out / "sft")
+            yield row("SFT examples/sft_tool_use", sft, "<= 2.0 GB")
+        if "serve" in names:
+            sizes = serve_clients(4)
+            added = [b - a for a, b in itertools.pairwise(sizes)]
+            yield (
+                f"| loops serve, 4 training clients | {' / '.join(f'{s / GB:.2f}' for s in sizes)} GB after 1..4 | "
+                f"each after the first adds {', '.join(f'{a / 2**20:.0f}' for a in added)} MB | | <= 150 MB each |"
+            )
+        if "ladder" in names:
+            for name, config, overrides in LADDER_STEPS:
+                peak = loops_run(config, "--model.base_model", LADDER_MODEL, *overrides, out=out / name)
+                yield row(f"1.5B-shaped model: one {name} step", peak, "<= 12 GB")
 
 
 LADDER_MODEL = "loops-nb/random-qwen2-1.5b"
@@ -142,5 +149,5 @@ def row(name: str, peak: Peak, aim: str) -> str:
 
 if __name__ == "__main__":
     print("| memory | peak RSS | single process | wall | aim |\n|---|---|---|---|---|")
-    for line in run():
+    for line in run(tuple(sys.argv[1:]) or ROWS):
         print(line, flush=True)
