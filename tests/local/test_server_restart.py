@@ -38,7 +38,7 @@ class Lengthy(Episode):
 
     async def run(self, task):
         reply = await llm().chat([{"role": "user", "content": "Talk."}], max_tokens=8)
-        return float(len(reply.text) % 4)
+        return (len(reply.text) % 4) / 3  # within the default reward range, -1..1
 """
 
 CONFIG = """

@@ -36,7 +36,7 @@ class ThreeTurns(Episode):
             texts.append(reply.text)
             if follow_up:
                 messages += [reply.message, {"role": "user", "content": follow_up}]
-        return float(len("".join(texts)) % 3)
+        return (len("".join(texts)) % 3) / 2  # within the default reward range, -1..1
 """
 
 CONFIG = """
