@@ -79,7 +79,7 @@ _NOT_TARGETS = {"lm_head", "score", "classifier", "gate", "router", "shared_expe
 _PLAIN_HEAD_TYPES = {"llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "smollm3", "phi3"}
 _STATE_FILE = "trainer_state.json"
 COMPUTE_LOCK = threading.Lock()
-"""Held by every trainer for one request's forward/backward or one optim_step (see the module notes)."""
+"""Held by every trainer for one request's forward (and backward), so only one budget is ever in use."""
 
 
 class LoraTrainer:
@@ -286,11 +286,11 @@ class LoraTrainer:
         plain = min(self.max_batch_tokens, cost.tokens(self.memory_budget, recompute=False))
         lean = min(self.max_batch_tokens, cost.tokens(self.memory_budget, recompute=True))
         group = 2 if loss_fn == "dpo" else 1
-        units = [list(range(i, min(i + group, len(datums)))) for i in range(0, len(datums), group)]
-        long = {i for u in units if max(datums[i].length for i in u) > plain for i in u}
         if not backward:
             lengths = [d.length for d in datums]
             return [(rows, False) for rows in micro_batches(lengths, lean, group)]
+        units = [list(range(i, min(i + group, len(datums)))) for i in range(0, len(datums), group)]
+        long = {i for u in units if max(datums[i].length for i in u) > plain for i in u}
         batches = []
         for recompute, members in (
             (False, [i for i in range(len(datums)) if i not in long]),
