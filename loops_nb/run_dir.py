@@ -196,6 +196,9 @@ class RunDirectory:
             f"{self.root} is already complete: {checkpoint.step} steps, sampler weights {checkpoint.sampler_path}; "
             f"nothing to train, so no Loops client was started ({more}, or use a new output.run_name)"
         )
+        # The lock holder's first write, as a resumed run's would be: drop lines a crash left half-written.
+        for jsonl in (self.steps, self.rollouts, self.checkpoint_log):
+            jsonl._repair()
         with (self.root / "run.log").open("a") as log_file:
             log_file.write(f"{message}\n")
         return message
