@@ -38,9 +38,6 @@ def smollm2_path(model_cache_dir: Path) -> Path:
 @pytest.fixture(scope="session")
 def tiny_chat_model_path(tmp_path_factory) -> Path:
     """A random tiny Llama with a byte-level BPE chat tokenizer (see tests/tiny_models.py)."""
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from tiny_models import build_tiny_chat_model
 
     return build_tiny_chat_model(tmp_path_factory.mktemp("tiny-chat"))

@@ -16,9 +16,6 @@ def build_tiny_tokenizer():
     Byte-level BPE round-trips any text, so decode(encode(text)) == text: multi-turn token capture and
     the gateway can be tested on it exactly as on a real tokenizer.
     """
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent / "sft"))
     from sft_fixtures import build_tokenizer
 
     return build_tokenizer("smollm2_tools")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -365,7 +364,6 @@ def test_clip_and_format_keep_both_ends_within_budget() -> None:
 async def test_every_turn_extends_the_exact_sampled_tokens(sandbox, tmp_path) -> None:
     """Through the real LoopsLLM: tool calls, an unreadable call and tool results make ONE training
     sequence, in which exactly the sampled tokens train and the sandbox's answers are context."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from scripted_policy import ScriptedPolicy
     from tiny_models import build_tiny_tokenizer
 

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_asyncio
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from scripted_policy import ScriptedPolicy
 
 from loops_nb.llm.capture import TokenCapture
