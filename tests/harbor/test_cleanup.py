@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from helpers import start_cli
 
 from loops_nb.cleanup import cleanup
 from loops_nb.cli import main
@@ -87,10 +86,11 @@ def test_cleanup_releases_the_sandboxes_of_a_killed_run(
         CONFIG.format(model=tiny_chat_model_path, tasks=HIDDEN_GAME, scratch=scratch, out=tmp_path / "runs")
     )
     state = tmp_path / "runs" / "killed" / "state"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "loops_nb.cli", "run", str(config)],
+    proc = start_cli(
+        "run",
+        config,
         cwd=tmp_path,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        env={"HF_HUB_OFFLINE": "1"},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from helpers import import_file
 
 pytest.importorskip("harbor")
 
@@ -43,13 +44,8 @@ def test_check_without_credentials_names_what_is_missing(
 
 
 def test_the_terminal_bench_agent_is_a_shell_agent_with_its_own_prompt(tmp_path: Path) -> None:
-    import importlib.util
-
     # Loaded under its own name: other examples and patterns have an `agent` module too.
-    spec = importlib.util.spec_from_file_location("terminal_bench_agent", CONFIG.parent / "agent.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = import_file(CONFIG.parent / "agent.py", "terminal_bench_agent")
     TerminalBenchAgent, TERMINAL_BENCH_PROMPT = module.TerminalBenchAgent, module.TERMINAL_BENCH_PROMPT
 
     from loops_nb.harbor.shell_agent import ShellAgent

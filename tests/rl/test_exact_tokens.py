@@ -7,16 +7,10 @@ crossed the wire, and the test joins them.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from helpers import read_jsonl, run_cli
 from tiny_models import build_tiny_chat_model
 
 EPISODE = """
@@ -84,18 +78,16 @@ def test_trained_tokens_are_exactly_the_sampled_tokens_across_turns(tmp_path: Pa
     config = tmp_path / "train.toml"
     config.write_text(CONFIG.format(model=model, out=tmp_path / "runs"))
     wire_log = tmp_path / "wire.jsonl"
-    env = {**os.environ, "LOOPS_REQUEST_LOG": str(wire_log), "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "loops_nb.cli", "run", str(config)],
-        env=env,
-        capture_output=True,
-        text=True,
+    proc = run_cli(
+        "run",
+        config,
+        env={"LOOPS_REQUEST_LOG": str(wire_log), "HF_HUB_OFFLINE": "1"},
         timeout=600,
         cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
 
-    records = [json.loads(line) for line in wire_log.read_text().splitlines()]
+    records = read_jsonl(wire_log)
     requests = {r["seq"]: r for r in records if r["kind"] == "request"}
     sampled: dict[tuple[int, ...], list[tuple[list[int], list[float]]]] = {}
     datums = []

@@ -9,17 +9,16 @@ the pattern runs end to end with the tool-capable template.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import read_jsonl, run_cli
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 PATTERN = Path(__file__).resolve().parents[2] / "patterns" / "custom_runtime" / "in_process_tools"
+# Not a test helper: the pattern's own modules (its episode imports shop_tools as a sibling, as under `loops run`).
 sys.path.insert(0, str(PATTERN))
 
 from episode import ToolShopper  # noqa: E402
@@ -151,20 +150,13 @@ def test_in_process_tools_pattern_runs_two_steps_on_the_tiny_model(tmp_path: Pat
         shutil.copy(PATTERN / name, tmp_path / name)
     config = tmp_path / "train.toml"
     config.write_text(CONFIG.format(model=model, out=tmp_path / "runs"))
-    proc = subprocess.run(
-        [sys.executable, "-m", "loops_nb.cli", "run", str(config)],
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp_path,
-    )
+    proc = run_cli("run", config, env={"HF_HUB_OFFLINE": "1"}, timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = tmp_path / "runs" / "tools"
-    steps = [json.loads(line) for line in (run / "steps.jsonl").read_text().splitlines()]
+    steps = read_jsonl(run / "steps.jsonl")
     assert [s["step"] for s in steps] == [0, 1]
     assert all(s["tokens/sampled"] > 0 for s in steps)
-    rollouts = [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()]
+    rollouts = read_jsonl(run / "rollouts.jsonl")
     assert all(r["discarded"] is None for r in rollouts), [r["detail"] for r in rollouts if r["discarded"]]
     attempts = json.loads((run / "transcripts" / "step-000000.json").read_text())
     first = attempts[0]

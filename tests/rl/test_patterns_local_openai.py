@@ -8,16 +8,11 @@ tokens the agents sampled through the gateway must be captured.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from helpers import read_jsonl, run_cli
 from tiny_models import build_tiny_chat_model
 
 PATTERN = Path(__file__).resolve().parents[2] / "patterns" / "custom_runtime" / "local_openai"
@@ -60,18 +55,11 @@ def test_local_openai_pattern_trains_through_the_gateway(tmp_path: Path) -> None
         shutil.copy(PATTERN / name, tmp_path / name)
     config = tmp_path / "train.toml"
     config.write_text(CONFIG.format(model=model, out=tmp_path / "runs"))
-    proc = subprocess.run(
-        [sys.executable, "-m", "loops_nb.cli", "run", str(config)],
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp_path,
-    )
+    proc = run_cli("run", config, env={"HF_HUB_OFFLINE": "1"}, timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = tmp_path / "runs" / "openai"
-    steps = [json.loads(line) for line in (run / "steps.jsonl").read_text().splitlines()]
-    rollouts = [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()]
+    steps = read_jsonl(run / "steps.jsonl")
+    rollouts = read_jsonl(run / "rollouts.jsonl")
     assert [s["step"] for s in steps] == [0, 1]
     assert len(rollouts) == 2 * 2 * 4
     assert all(r["discarded"] is None for r in rollouts), [r["detail"] for r in rollouts if r["discarded"]]

@@ -3,13 +3,11 @@ programs, and `loops check` never prints them."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import run_cli
 
 REPO = Path(__file__).resolve().parents[2]
 HIDDEN_GAME = REPO / "patterns" / "harbor" / "tasks" / "hidden_game"
@@ -86,15 +84,7 @@ def test_a_run_never_writes_or_passes_on_its_credentials(tmp_path: Path, tiny_ch
     (tmp_path / "dumper.py").write_text(AGENT)
     config = tmp_path / "train.toml"
     config.write_text(CONFIG.format(model=tiny_chat_model_path, tasks=HIDDEN_GAME, out=tmp_path / "runs"))
-    env = {**os.environ, **CANARIES, "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run(
-        [sys.executable, "-m", "loops_nb.cli", "-v", "run", str(config)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    done = run_cli("-v", "run", config, cwd=tmp_path, env={**CANARIES, "HF_HUB_OFFLINE": "1"}, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     run = tmp_path / "runs" / "canary"
     everything = "\n".join(p.read_text(errors="replace") for p in run.rglob("*") if p.is_file())
@@ -115,21 +105,13 @@ def test_a_run_never_writes_or_passes_on_its_credentials(tmp_path: Path, tiny_ch
     ],
 )
 def test_loops_check_never_prints_credentials(config: str, tmp_path: Path) -> None:
-    env = {**os.environ, **CANARIES, "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "loops_nb.cli",
-            "check",
-            str(REPO / config),
-            "--output.output_dir",
-            str(tmp_path),
-        ],
+    done = run_cli(
+        "check",
+        REPO / config,
+        "--output.output_dir",
+        tmp_path,
         cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
+        env={**CANARIES, "HF_HUB_OFFLINE": "1"},
         timeout=300,
     )
     assert "Traceback" not in done.stderr

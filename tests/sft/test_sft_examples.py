@@ -3,16 +3,14 @@ the real SmolLM2 tokenizer, Toucan's format converts, and (slow) a short local r
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from helpers import import_file, read_jsonl, run_cli
 
 from loops_nb import load
 
@@ -21,16 +19,8 @@ TOOL_USE = REPO / "examples" / "sft_tool_use"
 TOUCAN = REPO / "examples" / "sft_toucan"
 
 
-def _module(path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(path.stem + "_under_test", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _env(model_cache_dir: Path) -> dict[str, str]:
-    return {**os.environ, "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1", "LOOPS_NB_CACHE": str(model_cache_dir)}
+    return {"HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1", "LOOPS_NB_CACHE": str(model_cache_dir)}
 
 
 def test_the_committed_tool_use_data_is_what_make_data_writes(tmp_path):
@@ -39,7 +29,7 @@ def test_the_committed_tool_use_data_is_what_make_data_writes(tmp_path):
         assert (tmp_path / name).read_bytes() == (TOOL_USE / name).read_bytes(), (
             f"{name} is stale: rerun make_data.py"
         )
-    rows = [json.loads(line) for line in (TOOL_USE / "train.jsonl").read_text().splitlines()]
+    rows = read_jsonl(TOOL_USE / "train.jsonl")
     with_calls = [r for r in rows if any(m.get("tool_calls") for m in r["messages"])]
     assert 0.5 < len(with_calls) / len(rows) < 0.9, "both tool calls and direct answers are taught"
     assert {
@@ -52,13 +42,7 @@ def test_the_committed_tool_use_data_is_what_make_data_writes(tmp_path):
 
 
 def test_loops_check_reports_the_tool_use_example(model_cache_dir):
-    result = subprocess.run(
-        [sys.executable, "-m", "loops_nb.cli", "check", str(TOOL_USE / "sft_local.toml")],
-        env=_env(model_cache_dir),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    result = run_cli("check", TOOL_USE / "sft_local.toml", env=_env(model_cache_dir), timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     out = result.stdout
     assert "chat template built-in 'chatml-tools'" in out
@@ -68,7 +52,7 @@ def test_loops_check_reports_the_tool_use_example(model_cache_dir):
 
 
 def test_toucan_records_convert_to_openai_rows():
-    prepare = _module(TOUCAN / "prepare.py")
+    prepare = import_file(TOUCAN / "prepare.py", "prepare_under_test")
     record = {
         "uuid": "u1",
         "messages": json.dumps(
@@ -141,18 +125,9 @@ def test_loops_run_on_the_tool_use_example_lowers_the_held_out_loss(tmp_path, mo
         "output.output_dir": str(tmp_path),
     }
     args = [item for key, value in overrides.items() for item in (f"--{key}", value)]
-    result = subprocess.run(
-        [sys.executable, "-m", "loops_nb.cli", "run", str(TOOL_USE / "sft_local.toml"), *args],
-        env=_env(model_cache_dir),
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    result = run_cli("run", TOOL_USE / "sft_local.toml", *args, env=_env(model_cache_dir), timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    evals = [
-        json.loads(line)
-        for line in (tmp_path / "sft_tool_use_local" / "evals.jsonl").read_text().splitlines()
-    ]
+    evals = read_jsonl(tmp_path / "sft_tool_use_local" / "evals.jsonl")
     assert [e["step"] for e in evals] == [0, 3]
     assert evals[-1]["eval/loss"] < evals[0]["eval/loss"] - 0.05, evals
     assert "held-out loss:" in result.stdout

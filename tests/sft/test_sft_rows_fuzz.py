@@ -7,20 +7,18 @@ Then one plain regression test per bug the fuzzer found (each crashed, or printe
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import run_cli_in_process
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sft_fixtures import build_tokenizer
 
 from loops_nb import load
-from loops_nb.cli import main as loops_main
 from loops_nb.sft.batching import SFTData, is_held_out
 from loops_nb.sft.data import ChatRow, RefusedRow, parse_line, read_rows
 from loops_nb.sft.refusal_wording import MAX_DEPTH
@@ -235,15 +233,6 @@ def write_file(path: Path, lines: list[tuple[str, bytes]], final_newline: bool) 
     path.write_bytes(b"\n".join(b for _, b in lines) + (b"\n" if final_newline else b""))
 
 
-def run_cli(*argv: str) -> tuple[int, str, str]:
-    """`loops ...` in this process, writing to strict UTF-8 streams as a terminal would."""
-    out = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="strict", write_through=True)
-    err = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="strict", write_through=True)
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = loops_main(list(argv))
-    return code, out.buffer.getvalue().decode(), err.buffer.getvalue().decode()  # type: ignore[attr-defined]
-
-
 def assert_clear(reason: str) -> None:
     assert reason and "\n" not in reason and len(reason) <= MAX_REASON, reason
     reason.encode("utf-8")  # no lone surrogates: it can be printed
@@ -264,7 +253,7 @@ def test_hostile_rows_are_refused_by_row_and_the_good_rows_still_train(
 
     project = load(config)
     report = project.check_sync()  # the library: never raises for the user's data
-    code, out, err = run_cli("check", str(config))  # the CLI: never a traceback
+    code, out, err = run_cli_in_process("check", str(config))  # the CLI: never a traceback
     tokenizer = load_model_tokenizer(project.config.model, "local")
     data = SFTData.load(project.config, tokenizer)  # what `train` trains
 
