@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import read_jsonl
 
 import loops_nb.cli
 from loops_nb import load
@@ -45,10 +46,6 @@ class Setup:
     folder: Path
     config: Path
     reference: Path
-
-
-def records(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def whole_lines(path: Path) -> int:
@@ -139,7 +136,7 @@ def crash(config: Path, run: Path, logs: Path, seed: int, kills: int, total_step
         log = logs / f"{run.name}-{i}.log"
         kill_after(start_loops_run(argv, log), run / "steps.jsonl", n, fraction, log)
         killed_ids.append(json.loads((run / "run.json").read_text())["run_ids"][-1])
-        for c in records(run / "checkpoints.jsonl"):  # the kill left no half checkpoint on the record
+        for c in read_jsonl(run / "checkpoints.jsonl", missing_ok=True):  # no half checkpoint on the record
             checkpoint_dir(run, c["path"])
         if i == 0 and kills > 1:
             tear_tails(run)
@@ -151,8 +148,8 @@ def assert_whole_logs(run: Path) -> None:
     for path in run.rglob("*.jsonl"):
         text = path.read_text()
         assert not text or text.endswith("\n"), f"{path} ends in a half line"
-        [json.loads(line) for line in text.splitlines()]
-    checkpoints = records(run / "checkpoints.jsonl")
+        read_jsonl(path)  # every line one record
+    checkpoints = read_jsonl(run / "checkpoints.jsonl", missing_ok=True)
     assert [c["step"] for c in checkpoints] == sorted({c["step"] for c in checkpoints})
     for c in checkpoints:
         assert trainer_step(run, c["path"]) == c["step"]
@@ -161,7 +158,7 @@ def assert_whole_logs(run: Path) -> None:
 def resume_to_end(config: Path, run: Path) -> Any:
     """Run `config` as `run.name` in this process to the end; it must resume at the last checkpoint the kills
     left (step 0 when they left none) and say so. Returns the run's outcome."""
-    saved = records(run / "checkpoints.jsonl")
+    saved = read_jsonl(run / "checkpoints.jsonl", missing_ok=True)
     resume_at = saved[-1]["step"] if saved else 0  # killed before its first checkpoint: from step 0
     printed = io.StringIO()
     outcome = load(config, overrides={"output.run_name": run.name}).train_sync(

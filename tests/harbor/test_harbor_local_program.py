@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from helpers import read_jsonl
 
 pytest.importorskip("harbor")
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
@@ -36,7 +37,7 @@ async def test_the_program_samples_through_the_gateway_and_its_answer_reaches_th
     )
     outcome = await project.train()
     run = Path(outcome.run_dir)
-    records = [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()]
+    records = read_jsonl(run / "rollouts.jsonl")
     assert len(records) == 2
     assert all(r["discarded"] is None for r in records), [r["detail"] for r in records]
     assert all(r["sampled_tokens"] > 0 for r in records)

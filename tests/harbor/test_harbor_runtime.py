@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from helpers import read_jsonl
 
 pytest.importorskip("harbor")
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
@@ -87,11 +88,11 @@ def make(tmp_path: Path, model: Path, agent: str) -> Path:
 
 
 def rollouts(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()]
+    return read_jsonl(run / "rollouts.jsonl")
 
 
 def journal(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "state" / "journal.jsonl").read_text().splitlines()]
+    return read_jsonl(run / "state" / "journal.jsonl")
 
 
 @pytest.mark.slow

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
 import pytest
+from helpers import read_jsonl
 
 pytest.importorskip("harbor")
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
@@ -18,10 +18,6 @@ from loops_nb.providers.local import read_dockerfile  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 HIDDEN_GAME = REPO / "patterns" / "harbor" / "tasks" / "hidden_game"
-
-
-def journal_events(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 async def run_trial(task: Path, agent: str, tmp_path: Path, **env_kwargs) -> object:
@@ -44,7 +40,7 @@ async def test_the_oracle_solves_the_hidden_game_and_its_sandbox_is_journalled_t
     result = await run_trial(HIDDEN_GAME, "oracle", tmp_path)
     assert result.exception_info is None
     assert result.verifier_result.rewards == {"reward": 1.0}
-    events = journal_events(tmp_path / "state" / "journal.jsonl")
+    events = read_jsonl(tmp_path / "state" / "journal.jsonl")
     assert [e["event"] for e in events] == ["intent", "created", "released"]
     sandbox_dir = Path(events[1]["provider_id"])
     assert sandbox_dir.parent == tmp_path / "scratch" / "loops_nb_sandboxes"
@@ -58,7 +54,7 @@ async def test_an_agent_that_does_nothing_scores_zero(tmp_path: Path) -> None:
 
 async def test_keep_sandboxes_leaves_them_live_in_the_journal(tmp_path: Path) -> None:
     await run_trial(HIDDEN_GAME, "oracle", tmp_path, keep_sandboxes=True)
-    events = journal_events(tmp_path / "state" / "journal.jsonl")
+    events = read_jsonl(tmp_path / "state" / "journal.jsonl")
     assert [e["event"] for e in events] == ["intent", "created"]
     assert (Path(events[1]["provider_id"]) / "fs" / "app" / "answer.txt").read_text() == "Monopoly\n"
 
@@ -103,7 +99,7 @@ async def test_copy_env_and_workdir_are_replayed(tmp_path: Path) -> None:
     )
     result = await run_trial(task, "oracle", tmp_path, keep_sandboxes=True)
     assert result.verifier_result.rewards == {"reward": 1.0}
-    created = journal_events(tmp_path / "state" / "journal.jsonl")[1]
+    created = read_jsonl(tmp_path / "state" / "journal.jsonl")[1]
     answer = (Path(created["provider_id"]) / "fs" / "app" / "answer.txt").read_text()
     assert answer.splitlines() == ["payload", "hello /app", "Monopoly"]
 
@@ -155,6 +151,6 @@ async def test_write_file_takes_any_path_and_size(tmp_path: Path, monkeypatch: p
     result = await (await Trial.create(config)).run()
     assert result.exception_info is None, result.exception_info
     assert result.verifier_result.rewards == {"reward": 1.0}
-    sandbox = Path(journal_events(journal)[1]["provider_id"])
+    sandbox = Path(read_jsonl(journal)[1]["provider_id"])
     written = (sandbox / "fs" / "app" / "a dir" / "it's big.txt").read_text()
     assert len(written) == 300_000 + len("\n$(not run) `nor this`") and written.endswith("`nor this`")

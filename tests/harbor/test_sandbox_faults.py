@@ -9,7 +9,6 @@ removal of the sandbox directory the journal names.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import shutil
 import signal
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import read_jsonl
 
 pytest.importorskip("harbor")
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewra
 from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig  # noqa: E402
 from harbor.trial.trial import Trial  # noqa: E402
 from test_harbor_runtime import CONFIG, HIDDEN_GAME, journal, rollouts  # noqa: E402
-from test_local_environment import journal_events, run_trial  # noqa: E402
+from test_local_environment import run_trial  # noqa: E402
 
 import loops_nb  # noqa: E402
 from loops_nb.harbor import LoopsAgent  # noqa: E402
@@ -150,7 +150,7 @@ async def run_faulty_trial(tmp_path: Path, fault: str, task: Path = HIDDEN_GAME)
 
 
 def assert_released_and_removed(tmp_path: Path) -> None:
-    events = journal_events(tmp_path / "state" / "journal.jsonl")
+    events = read_jsonl(tmp_path / "state" / "journal.jsonl")
     assert [e["event"] for e in events] == ["intent", "created", "released"]
     assert not list((tmp_path / "scratch" / "loops_nb_sandboxes").iterdir()), "no sandbox directory is left"
 
@@ -205,7 +205,7 @@ async def test_a_sandbox_that_cannot_be_removed_stays_live_for_cleanup(
     result = await run_trial(HIDDEN_GAME, "oracle", tmp_path)
     assert result.verifier_result.rewards == {"reward": 1.0}
     journal_path = tmp_path / "state" / "journal.jsonl"
-    assert [e["event"] for e in journal_events(journal_path)] == ["intent", "created"], "never released"
+    assert [e["event"] for e in read_jsonl(journal_path)] == ["intent", "created"], "never released"
     (entry,) = ResourceJournal.at(journal_path).live()
     monkeypatch.undo()
     provider = LocalProvider("local", LocalProviderConfig(type="local"))
@@ -258,7 +258,7 @@ async def test_a_step_trains_on_the_attempts_whose_sandboxes_lived(
     kept = [r for r in records if not r["discarded"]]
     assert len(kept) == 3 and all(r["reward"] is not None for r in kept)
     assert sorted(r["reward"] for r in kept)[-1] == 1.0 and any(r["trained"] for r in kept)
-    (step,) = [json.loads(line) for line in (run / "steps.jsonl").read_text().splitlines()]
+    (step,) = read_jsonl(run / "steps.jsonl")
     assert step["attempts/discarded"] == 1 and step["discarded/error"] == 1 and step["trained"]
     events = journal(run)
     created = sorted(e["key"] for e in events if e["event"] == "created")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import read_jsonl
 
 pytest.importorskip("harbor")
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
@@ -126,7 +127,7 @@ async def test_the_hidden_check_gives_partial_credit(
         roles = [m["role"] for m in evidence.transcript]
         assert roles[:3] == ["system", "user", "assistant"] and roles[-1] == "verifier", roles
     assert rewards == [expected for _, expected in SCRIPTS[task_id]]
-    events = [json.loads(line) for line in (tmp_path / "state" / "journal.jsonl").read_text().splitlines()]
+    events = read_jsonl(tmp_path / "state" / "journal.jsonl")
     created = sorted(e["key"] for e in events if e["event"] == "created")
     assert len(created) == len(SCRIPTS[task_id])
     assert created == sorted(e["key"] for e in events if e["event"] == "released")
@@ -166,9 +167,9 @@ async def test_train_local_runs_end_to_end(tmp_path: Path) -> None:
     run = Path(outcome.run_dir)
     assert outcome.status == "completed"
 
-    steps = [json.loads(line) for line in (run / "steps.jsonl").read_text().splitlines()]
+    steps = read_jsonl(run / "steps.jsonl")
     assert [s["step"] for s in steps] == [0]
-    records = [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()]
+    records = read_jsonl(run / "rollouts.jsonl")
     assert len(records) == 6 and {r["task"] for r in records} == set(SCRIPTS)
     graded = [r for r in records if r["discarded"] is None]
     assert graded, [r["detail"] for r in records]
@@ -186,7 +187,7 @@ async def test_train_local_runs_end_to_end(tmp_path: Path) -> None:
         roles = [m["role"] for m in attempt["transcript"]]
         assert roles[:3] == ["system", "user", "assistant"] and roles[-1] == "verifier"
 
-    events = [json.loads(line) for line in (run / "state" / "journal.jsonl").read_text().splitlines()]
+    events = read_jsonl(run / "state" / "journal.jsonl")
     created = sorted(e["key"] for e in events if e["event"] == "created")
     assert len(created) == 6
     assert created == sorted(e["key"] for e in events if e["event"] == "released"), "every sandbox released"

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from helpers import read_jsonl
 
 from loops_nb import load
 from loops_nb.errors import RunFailed
@@ -167,8 +168,7 @@ def write_config(tmp_path: Path, model: Path, url: str, name: str, max_steps: in
 
 
 def steps_of(run: Path) -> list[dict]:
-    path = run / "steps.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+    return read_jsonl(run / "steps.jsonl", missing_ok=True)
 
 
 async def train_and_meanwhile(

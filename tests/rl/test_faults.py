@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import json
 import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from helpers import read_jsonl
 
 from loops_nb import load
 from loops_nb.episodes import Episode, EpisodeRuntime, Evidence, Task, load_runtime, run_blocking
@@ -154,10 +154,6 @@ def test_the_scripted_right_answer_is_monopoly() -> None:
     assert "monopoly" in tokenizer.decode(MONOPOLY[:-1]).lower()
 
 
-def lines(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
 async def test_a_trainer_error_stops_the_run_cleanly_and_it_resumes_where_it_stopped(tmp_path: Path) -> None:
     sampler = ScriptedSampler()
     run = make_run(tmp_path, ScriptedTrainer(sampler, fail_forward_at=3))
@@ -168,7 +164,7 @@ async def test_a_trainer_error_stops_the_run_cleanly_and_it_resumes_where_it_sto
     assert "stopped at step 2" in str(failure) and "--output.run_name run" in str(failure)
     assert "CUDA error" in str(failure)
     root = tmp_path / "run"
-    assert [s["step"] for s in lines(root / "steps.jsonl")] == [0, 1], "no half-recorded step"
+    assert [s["step"] for s in read_jsonl(root / "steps.jsonl")] == [0, 1], "no half-recorded step"
     assert "failed: run" in (root / "run.log").read_text()
 
     # Resume from the last checkpoint with a healthy trainer: every step exactly once.
@@ -178,9 +174,9 @@ async def test_a_trainer_error_stops_the_run_cleanly_and_it_resumes_where_it_sto
     assert start == 2
     outcome = await resumed.execute(start)
     assert outcome.status == "completed"
-    assert [s["step"] for s in lines(root / "steps.jsonl")] == [0, 1, 2, 3]
-    assert sorted({r["step"] for r in lines(root / "rollouts.jsonl")}) == [0, 1, 2, 3]
-    assert len(lines(root / "rollouts.jsonl")) == 4 * 4, "no rollout recorded twice"
+    assert [s["step"] for s in read_jsonl(root / "steps.jsonl")] == [0, 1, 2, 3]
+    assert sorted({r["step"] for r in read_jsonl(root / "rollouts.jsonl")}) == [0, 1, 2, 3]
+    assert len(read_jsonl(root / "rollouts.jsonl")) == 4 * 4, "no rollout recorded twice"
 
 
 async def _no_load(path: str) -> int:
@@ -195,7 +191,7 @@ async def test_a_full_disk_when_saving_a_checkpoint_stops_the_run_with_the_previ
         await run.execute(0)
     assert "No space left on device" in str(info.value)
     assert info.value.resume_step == 1, "the checkpoint that was written is the one to resume from"
-    checkpoints = lines(tmp_path / "run" / "checkpoints.jsonl")
+    checkpoints = read_jsonl(tmp_path / "run" / "checkpoints.jsonl")
     assert [c["step"] for c in checkpoints] == [1]
 
 
@@ -204,7 +200,7 @@ async def test_sampler_errors_and_hangs_discard_those_attempts_and_the_run_goes_
     run = make_run(tmp_path, ScriptedTrainer(sampler), attempt_timeout_seconds=2, max_steps=2)
     outcome = await run.execute(0)
     assert outcome.status == "completed"
-    records = lines(tmp_path / "run" / "rollouts.jsonl")
+    records = read_jsonl(tmp_path / "run" / "rollouts.jsonl")
     reasons = [r["discarded"] for r in records if r["discarded"]]
     assert sorted(reasons) == ["error", "error", "timeout"]
     assert any("503" in r["detail"] for r in records)
@@ -241,8 +237,8 @@ async def test_a_sampler_that_lost_the_run_stops_it_at_that_step(tmp_path: Path,
     assert info.value.step == 1 and info.value.resume_step == 1
     assert ("restarted" in str(info.value)) if how.startswith("410") else ("ConnectError" in str(info.value))
     root = tmp_path / "run"
-    assert [s["step"] for s in lines(root / "steps.jsonl")] == [0], "the lost step is not recorded"
-    assert sorted({r["step"] for r in lines(root / "rollouts.jsonl")}) == [0]
+    assert [s["step"] for s in read_jsonl(root / "steps.jsonl")] == [0], "the lost step is not recorded"
+    assert sorted({r["step"] for r in read_jsonl(root / "rollouts.jsonl")}) == [0]
     assert trainer.forwards == 1, "nothing trained after Loops was gone"
 
 
@@ -268,8 +264,8 @@ async def test_a_failed_final_checkpoint_is_a_run_failure_with_the_resume_comman
     # The final checkpoint is not recorded, so a resume starts from the last periodic one (step 1).
     assert info.value.step == 2 and info.value.resume_step == 1
     assert "--output.run_name run" in str(info.value)
-    assert [c["step"] for c in lines(tmp_path / "run" / "checkpoints.jsonl")] == [1]
-    assert [s["step"] for s in lines(tmp_path / "run" / "steps.jsonl")] == [0, 1]
+    assert [c["step"] for c in read_jsonl(tmp_path / "run" / "checkpoints.jsonl")] == [1]
+    assert [s["step"] for s in read_jsonl(tmp_path / "run" / "steps.jsonl")] == [0, 1]
 
 
 class Troubled(Episode):
@@ -305,8 +301,8 @@ async def test_bad_attempts_are_discarded_and_the_run_finishes_with_the_others(t
     outcome = await run.execute(0)
     assert outcome.status == "completed" and outcome.steps == 2
     root = tmp_path / "run"
-    assert [s["step"] for s in lines(root / "steps.jsonl")] == [0, 1]
-    records = lines(root / "rollouts.jsonl")
+    assert [s["step"] for s in read_jsonl(root / "steps.jsonl")] == [0, 1]
+    records = read_jsonl(root / "rollouts.jsonl")
     discarded = {r["discarded"]: r["detail"] for r in records if r["discarded"]}
     assert sorted(r["discarded"] for r in records if r["discarded"]) == [
         "blocked_loop",

@@ -20,16 +20,14 @@ trains: the optimizer-step count is then the same in any correct run, whatever w
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from crash_harness import SEEDS, Setup, assert_whole_logs, crash, resume_to_end, trainer_step
+from helpers import read_jsonl
+from tiny_models import build_tiny_chat_model
 
 from loops_nb import load
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from crash_harness import SEEDS, Setup, assert_whole_logs, crash, records, resume_to_end, trainer_step
-from tiny_models import build_tiny_chat_model
 
 RUNTIME = '''
 from loops_nb.runtime import Evidence, Task
@@ -74,12 +72,12 @@ output_dir = "{{out}}"
 
 def final_trainer_step(run: Path) -> int:
     """The optimizer steps the trainer had applied at the run's last checkpoint (its own count)."""
-    return trainer_step(run, records(run / "checkpoints.jsonl")[-1]["path"])
+    return trainer_step(run, read_jsonl(run / "checkpoints.jsonl")[-1]["path"])
 
 
 def tasks_per_step(run: Path) -> list[list[tuple]]:
     by_step: list[list[tuple]] = [[] for _ in range(MAX_STEPS)]
-    for r in records(run / "rollouts.jsonl"):
+    for r in read_jsonl(run / "rollouts.jsonl"):
         by_step[r["step"]].append((r["group"], r["task"], r["attempt"]))
     return by_step
 
@@ -105,7 +103,7 @@ def test_a_killed_run_resumes_exactly_once(setup: Setup, seed: int, kills: int) 
     outcome = resume_to_end(setup.config, run)
     assert outcome.steps == MAX_STEPS
 
-    steps, reference = records(run / "steps.jsonl"), records(setup.reference / "steps.jsonl")
+    steps, reference = read_jsonl(run / "steps.jsonl"), read_jsonl(setup.reference / "steps.jsonl")
     assert [s["step"] for s in steps] == list(range(MAX_STEPS)), "every step exactly once, in order"
     assert [s["step"] for s in reference] == list(range(MAX_STEPS))
     # The policy version counts optimizer steps: one per step here, as in the uninterrupted run.
@@ -116,12 +114,12 @@ def test_a_killed_run_resumes_exactly_once(setup: Setup, seed: int, kills: int) 
 
     # Data order: every step saw the tasks (per group, per attempt) that the reference's step saw.
     assert tasks_per_step(run) == tasks_per_step(setup.reference)
-    rollouts = records(run / "rollouts.jsonl")
+    rollouts = read_jsonl(run / "rollouts.jsonl")
     assert len(rollouts) == MAX_STEPS * GROUPS * GROUP_SIZE
     assert [r["step"] for r in rollouts] == sorted(r["step"] for r in rollouts)
 
     assert_whole_logs(run)
-    checkpoints = records(run / "checkpoints.jsonl")
+    checkpoints = read_jsonl(run / "checkpoints.jsonl")
     assert checkpoints[-1]["step"] == MAX_STEPS and checkpoints[-1]["sampler_path"]
     assert all(c["step"] == c["extra"]["policy_version"] for c in checkpoints)
     meta = json.loads((run / "run.json").read_text())

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import read_jsonl
 from sft_fixtures import build_tokenizer, write_jsonl
 from test_sft_data import REFUSALS
 
@@ -76,7 +77,7 @@ def test_refusals_file_holds_every_refusal_and_the_summary_names_the_option(
     assert code == 0, out
     assert f"    ... and 3 more (all are in {target})" in out
     assert f"note: 15 refused row(s) written to {target}" in out
-    records = [json.loads(line) for line in target.read_text().splitlines()]
+    records = read_jsonl(target)
     assert [(Path(r["file"]).name, r["row"]) for r in records] == [
         *(("train.jsonl", n) for n in range(2, 15)),
         ("eval.jsonl", 2),

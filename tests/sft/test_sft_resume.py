@@ -18,26 +18,23 @@ killed process loads in the next one. The kills are `tests/crash_harness.py`'s.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
-from sft_fixtures import write_jsonl
-
-from loops_nb import load
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from crash_harness import (
     SEEDS,
     Setup,
     assert_whole_logs,
     checkpoint_dir,
     crash,
-    records,
     resume_to_end,
     trainer_step,
 )
+from helpers import read_jsonl
+from sft_fixtures import write_jsonl
 from tiny_models import build_tiny_chat_model
+
+from loops_nb import load
 
 PAIRS = [
     ("what is the capital of france ?", "paris is the capital of france ."),
@@ -68,7 +65,7 @@ def _config(folder: Path, model: Path) -> Path:
 def _adapter_weights(run: Path) -> dict:
     from safetensors.torch import load_file
 
-    folder = checkpoint_dir(run, records(run / "checkpoints.jsonl")[-1]["path"])
+    folder = checkpoint_dir(run, read_jsonl(run / "checkpoints.jsonl")[-1]["path"])
     return load_file(folder / "adapter" / "adapter_model.safetensors")
 
 
@@ -90,7 +87,7 @@ def test_a_killed_run_resumes_with_every_step_exactly_once(setup: Setup, seed: i
     outcome = resume_to_end(setup.config, killed)
     straight = setup.reference
 
-    a, b = records(killed / "steps.jsonl"), records(straight / "steps.jsonl")
+    a, b = read_jsonl(killed / "steps.jsonl"), read_jsonl(straight / "steps.jsonl")
     assert [r["step"] for r in a] == list(range(outcome.steps)) == [r["step"] for r in b]
     assert outcome.steps == TOTAL_STEPS
     assert [r["batch"] for r in a] == [r["batch"] for r in b]
@@ -98,9 +95,12 @@ def test_a_killed_run_resumes_with_every_step_exactly_once(setup: Setup, seed: i
     assert [r["loss"] for r in a] == pytest.approx([r["loss"] for r in b], abs=1e-5)
     assert [r["learning_rate"] for r in a] == [r["learning_rate"] for r in b]
     assert [r.get("eval/loss") for r in a] == pytest.approx([r.get("eval/loss") for r in b], abs=1e-5)
-    evals_a, evals_b = records(killed / "evals.jsonl"), records(straight / "evals.jsonl")
+    evals_a, evals_b = read_jsonl(killed / "evals.jsonl"), read_jsonl(straight / "evals.jsonl")
     assert [e["step"] for e in evals_a] == [e["step"] for e in evals_b]
-    last_a, last_b = records(killed / "checkpoints.jsonl")[-1], records(straight / "checkpoints.jsonl")[-1]
+    last_a, last_b = (
+        read_jsonl(killed / "checkpoints.jsonl")[-1],
+        read_jsonl(straight / "checkpoints.jsonl")[-1],
+    )
     assert trainer_step(killed, last_a["path"]) == trainer_step(straight, last_b["path"]) == TOTAL_STEPS
 
     wa, wb = _adapter_weights(killed), _adapter_weights(straight)
@@ -108,7 +108,7 @@ def test_a_killed_run_resumes_with_every_step_exactly_once(setup: Setup, seed: i
     assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) < 1e-5
 
     assert_whole_logs(killed)
-    assert records(killed / "checkpoints.jsonl")[-1]["step"] == outcome.steps
+    assert read_jsonl(killed / "checkpoints.jsonl")[-1]["step"] == outcome.steps
     run_json = json.loads((killed / "run.json").read_text())
     assert run_json["run_ids"][:-1] == killed_ids, "run.json keeps the Loops run id of every killed process"
     assert run_json["run_id"] == killed_ids[0], "run_id names the first Loops run, never a later one"
