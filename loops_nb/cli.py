@@ -27,28 +27,6 @@ from loops_nb.errors import RunFailed, UserError
 EXIT_USER_ERROR = 2
 
 
-def split_overrides(args: Sequence[str]) -> dict[str, Any]:
-    """`--training.max_steps 5` / `--training.max_steps=5` pairs into {"training.max_steps": 5}."""
-    from loops_nb.config import parse_override_value
-
-    overrides: dict[str, Any] = {}
-    items = list(args)
-    i = 0
-    while i < len(items):
-        item = items[i]
-        if not item.startswith("--") or len(item) == 2:
-            raise UserError(f"unexpected argument {item!r}: settings are given as --KEY VALUE (see --help)")
-        key, eq, value = item[2:].partition("=")
-        if not eq:
-            if i + 1 >= len(items):
-                raise UserError(f"--{key} needs a value")
-            i += 1
-            value = items[i]
-        overrides[key] = parse_override_value(value)
-        i += 1
-    return overrides
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="loops", description="Post-train open LLMs with LoRA on Baseten Loops."
@@ -240,6 +218,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 _print_help(parser, args.command, args.config)
                 return 0 if args.help else EXIT_USER_ERROR
             refusals = getattr(args, "refusals", None)
+            from loops_nb.config import split_overrides
+
             return asyncio.run(_check_or_run(args.command, args.config, split_overrides(rest), refusals))
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")

@@ -32,7 +32,15 @@ from typing import Any
 
 from loops_nb.errors import ConfigError, UserError
 from loops_nb.llm.client import bind_llm, unbind_llm
-from loops_nb.runtime import Attempt, Evidence, RolloutRuntime, Task
+from loops_nb.runtime import (
+    AdaptedRuntime,
+    Attempt,
+    Evidence,
+    ModelAccessMode,
+    RolloutRuntime,
+    RuntimeShape,
+    Task,
+)
 
 __all__ = ["Episode", "EpisodeRuntime", "Evidence", "Task", "load_runtime", "run_blocking"]
 
@@ -54,6 +62,9 @@ async def run_blocking[**P, R](fn: Callable[P, R], /, *args: P.args, **kwargs: P
 class Episode:
     """Subclass and implement `tasks()` and `async run(task) -> float | Evidence`."""
 
+    model_access: ModelAccessMode = ModelAccessMode.IN_PROCESS
+    """`openai_http` when `run` launches the agent as its own program (`model_env()` gives it its lease)."""
+
     def __init__(self, **options: Any) -> None:
         self.options = options
 
@@ -67,6 +78,10 @@ class Episode:
 
     async def close(self) -> None:
         """Release anything the episode holds; called once when the run ends."""
+
+    def prompt_messages(self, task: Task) -> list[dict[str, Any]] | None:
+        """The task's first prompt, for `loops check` to render and count (None: not known in advance)."""
+        return None
 
 
 def _as_task(item: Task | dict[str, Any] | str, index: int) -> Task:
@@ -85,7 +100,11 @@ class EpisodeRuntime(RolloutRuntime):
 
     def __init__(self, episode: Episode) -> None:
         self.episode = episode
+        self.model_access = ModelAccessMode(episode.model_access)
         self._tasks: list[Task] | None = None
+
+    def prompt_messages(self, task: Task) -> list[dict[str, Any]] | None:
+        return self.episode.prompt_messages(task)
 
     async def tasks(self) -> Sequence[Task]:
         if self._tasks is None:
@@ -173,8 +192,10 @@ def load_runtime(factory: str, options: dict[str, Any]) -> RolloutRuntime:
         raise ConfigError(f"runtime.factory = {factory!r}: constructing it raised {_raised(exc)}") from None
     if isinstance(runtime, Episode):
         return EpisodeRuntime(runtime)
-    if not isinstance(runtime, RolloutRuntime):
-        raise ConfigError(
-            f"runtime.factory = {factory!r} returned {type(runtime).__name__}, not a RolloutRuntime or Episode"
-        )
-    return runtime
+    if isinstance(runtime, RolloutRuntime):
+        return runtime
+    if isinstance(runtime, RuntimeShape):
+        return AdaptedRuntime(runtime)
+    raise ConfigError(
+        f"runtime.factory = {factory!r} returned {type(runtime).__name__}, not a RolloutRuntime or Episode"
+    )

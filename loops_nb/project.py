@@ -14,12 +14,15 @@ from __future__ import annotations
 import asyncio
 import importlib
 import os
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from loops_nb.config import AnyConfig, ConfigSource, load_config
+from loops_nb.config import ConfigSource, RecipeConfig, load_config
+
+if TYPE_CHECKING:
+    from loops_nb.run.outcome import Outcome
 
 
 class Report(Protocol):
@@ -32,7 +35,13 @@ class Project:
 
     path: Path
     source: ConfigSource
-    config: AnyConfig
+    config: RecipeConfig
+
+    def config_as[C: RecipeConfig](self, model: type[C]) -> C:
+        """The config as the recipe's own model (what a recipe reads its settings through)."""
+        if not isinstance(self.config, model):
+            raise TypeError(f"{self.path} is a {self.recipe!r} config, not a {model.__name__}")
+        return self.config
 
     @property
     def recipe(self) -> str:
@@ -49,7 +58,7 @@ class Project:
         """Resolve, render and prepare without training; returns the recipe's report."""
         return await self._recipe_module().check(self, **options)
 
-    async def train(self, **options: Any) -> Any:
+    async def train(self, **options: Any) -> Outcome:
         """Run the recipe (resuming the run directory if it exists); returns the run's Outcome."""
         return await self._recipe_module().train(self, **options)
 
@@ -57,12 +66,12 @@ class Project:
         """`check()` for plain scripts with no running event loop."""
         return _run_sync(self.check(**options))
 
-    def train_sync(self, **options: Any) -> Any:
+    def train_sync(self, **options: Any) -> Outcome:
         """`train()` for plain scripts with no running event loop."""
         return _run_sync(self.train(**options))
 
 
-def _run_sync(coro: Any) -> Any:
+def _run_sync[T](coro: Coroutine[Any, Any, T]) -> T:
     try:
         asyncio.get_running_loop()
     except RuntimeError:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
@@ -17,6 +18,15 @@ if TYPE_CHECKING:
     from loops_nb.llm.capture import TokenCapture
     from loops_nb.llm.client import LoopsLLM
     from loops_nb.resources import ResourceRegistry
+
+
+class ModelAccessMode(StrEnum):
+    """How a runtime's agents reach the model (`loops_nb.model_access` serves the HTTP mode)."""
+
+    IN_PROCESS = "in_process"
+    """The agent runs in this process and calls `llm()` / `attempt.services.llm`."""
+    OPENAI_HTTP = "openai_http"
+    """The agent is its own program and calls the gateway at `attempt.services.model_base_url`."""
 
 
 @dataclass(frozen=True)
@@ -103,18 +113,80 @@ class RunContext:
     """True under `loops check`: prepare and validate, but create no sandbox."""
 
 
-@runtime_checkable
-class RolloutRuntime(Protocol):
-    """Runs attempts. Implementations: `loops_nb.episodes.EpisodeRuntime`, `loops_nb.harbor`."""
+class RolloutRuntime:
+    """Runs attempts. Implementations: `loops_nb.episodes.EpisodeRuntime`, `loops_nb.harbor.HarborRuntime`.
+
+    Subclass it and implement `tasks` and `run_attempt`; the other hooks have defaults. A class written
+    without subclassing it (any object with `tasks`, `run_attempt` and `close`) is adapted by
+    `load_runtime` (`AdaptedRuntime`), so the run only ever talks to this interface.
+    """
+
+    model_access: ModelAccessMode = ModelAccessMode.IN_PROCESS
+    """How the runtime's agents reach the model; `openai_http` makes the run start its model gateway."""
 
     async def tasks(self) -> Sequence[Task]:
         """Every task of the run, in a stable order (the scheduler samples and repeats them)."""
-        ...
+        raise NotImplementedError(f"{type(self).__name__} must define async tasks()")
 
     async def run_attempt(self, attempt: Attempt) -> Evidence:
         """Run one attempt to completion and return its evidence; raising discards it as `error`."""
-        ...
+        raise NotImplementedError(f"{type(self).__name__} must define async run_attempt(attempt)")
 
     async def close(self) -> None:
         """Release what the runtime holds (sandboxes, processes)."""
-        ...
+        return None
+
+    def bind(self, context: RunContext) -> None:
+        """Take the run's context (config directory, providers, state, resources) before `tasks()` is
+        first called, in `loops check` as in `loops run`."""
+        return None
+
+    async def preflight(self) -> list[str]:
+        """Problems `loops check` reports before any attempt runs (a missing image, a bad task)."""
+        return []
+
+    def prompt_messages(self, task: Task) -> list[dict[str, Any]] | None:
+        """A task's first prompt, for `loops check` to render and count (None: not known in advance)."""
+        return None
+
+
+@runtime_checkable
+class RuntimeShape(Protocol):
+    """What a runtime written without subclassing `RolloutRuntime` must have."""
+
+    async def tasks(self) -> Sequence[Task]: ...
+
+    async def run_attempt(self, attempt: Attempt) -> Evidence: ...
+
+    async def close(self) -> None: ...
+
+
+class AdaptedRuntime(RolloutRuntime):
+    """A `RuntimeShape` object as a `RolloutRuntime`: its optional hooks are looked up once, here, so the
+    run never probes a runtime for them."""
+
+    def __init__(self, inner: RuntimeShape) -> None:
+        self.inner = inner
+        self.model_access = ModelAccessMode(getattr(inner, "model_access", ModelAccessMode.IN_PROCESS))
+        self._bind = getattr(inner, "bind", None)
+        self._preflight = getattr(inner, "preflight", None)
+        self._prompt_messages = getattr(inner, "prompt_messages", None)
+
+    async def tasks(self) -> Sequence[Task]:
+        return await self.inner.tasks()
+
+    async def run_attempt(self, attempt: Attempt) -> Evidence:
+        return await self.inner.run_attempt(attempt)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    def bind(self, context: RunContext) -> None:
+        if self._bind is not None:
+            self._bind(context)
+
+    async def preflight(self) -> list[str]:
+        return list(await self._preflight()) if self._preflight is not None else []
+
+    def prompt_messages(self, task: Task) -> list[dict[str, Any]] | None:
+        return self._prompt_messages(task) if self._prompt_messages is not None else None

@@ -14,7 +14,7 @@ from typing import Any
 
 from loops_nb.config.sections import ModelConfig
 from loops_nb.errors import ConfigError, UserError
-from loops_nb.sft.templates import TOOL_CAPABLE_CHATML_TEMPLATE
+from loops_nb.llm.templates import TOOL_CAPABLE_CHATML_TEMPLATE
 
 BUILTIN_TEMPLATES = {"chatml-tools": TOOL_CAPABLE_CHATML_TEMPLATE}
 """Chat templates `[model] chat_template` can name."""

@@ -19,15 +19,15 @@ import sys
 import tomllib
 import types
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from loops_nb.config.schema import RECIPES, AnyConfig
-from loops_nb.config.sections import CONFIG_RELATIVE, CWD_RELATIVE
+from loops_nb.config.schema import RECIPES
+from loops_nb.config.sections import CONFIG_RELATIVE, CWD_RELATIVE, RecipeConfig
 from loops_nb.errors import ConfigError
 from loops_nb.shipped import find_shipped
 
@@ -108,6 +108,26 @@ def parse_override_value(text: str) -> Any:
         return tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
         return text
+
+
+def split_overrides(args: Sequence[str]) -> dict[str, Any]:
+    """`--training.max_steps 5` / `--training.max_steps=5` pairs into {"training.max_steps": 5}."""
+    overrides: dict[str, Any] = {}
+    items = list(args)
+    i = 0
+    while i < len(items):
+        item = items[i]
+        if not item.startswith("--") or len(item) == 2:
+            raise ConfigError(f"unexpected argument {item!r}: settings are given as --KEY VALUE (see --help)")
+        key, eq, value = item[2:].partition("=")
+        if not eq:
+            if i + 1 >= len(items):
+                raise ConfigError(f"--{key} needs a value")
+            i += 1
+            value = items[i]
+        overrides[key] = parse_override_value(value)
+        i += 1
+    return overrides
 
 
 def apply_overrides(raw: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
@@ -267,7 +287,7 @@ def format_validation_error(
 
 @dataclass(frozen=True)
 class LoadedConfig:
-    config: AnyConfig
+    config: RecipeConfig
     source: ConfigSource
 
 

@@ -1,11 +1,57 @@
-"""The whole config: the `recipe` key picks the RL or the SFT model."""
+"""The recipes a config can name: its `recipe` key picks one's config model from `RECIPES`.
+
+`config` imports no recipe. Each recipe's config model is registered by import path and imported the first
+time a config (or the glossary) asks for it, so loading an SFT config never imports the RL recipe and the
+layers stay one-way: recipes import `config`, never the reverse. A recipe from outside the package
+registers itself the same way (`register_recipe("dpo", "my_pkg.dpo:DPOConfig")`).
+"""
 
 from __future__ import annotations
 
-from loops_nb.rl.config import RLConfig
-from loops_nb.sft.config import SFTConfig
+import importlib
+from collections.abc import Iterator, Mapping
 
-AnyConfig = RLConfig | SFTConfig
+from loops_nb.config.sections import RecipeConfig
 
-RECIPES: dict[str, type[RLConfig] | type[SFTConfig]] = {"rl": RLConfig, "sft": SFTConfig}
+
+class RecipeRegistry(Mapping[str, type[RecipeConfig]]):
+    """Recipe name -> its config model, imported on first use from a `module:Class` path."""
+
+    def __init__(self, paths: Mapping[str, str]) -> None:
+        self._paths = dict(paths)
+        self._models: dict[str, type[RecipeConfig]] = {}
+
+    def register(self, name: str, model: str | type[RecipeConfig]) -> None:
+        if isinstance(model, str):
+            self._paths[name] = model
+            self._models.pop(name, None)
+        else:
+            self._paths[name] = f"{model.__module__}:{model.__qualname__}"
+            self._models[name] = model
+
+    def __getitem__(self, name: str) -> type[RecipeConfig]:
+        if name not in self._models:
+            module, _, attribute = self._paths[name].partition(":")
+            model = getattr(importlib.import_module(module), attribute)
+            if not (isinstance(model, type) and issubclass(model, RecipeConfig)):
+                raise TypeError(f"recipe {name!r}: {self._paths[name]} is not a RecipeConfig model")
+            self._models[name] = model
+        return self._models[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._paths)
+
+    def __len__(self) -> int:
+        return len(self._paths)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._paths
+
+
+RECIPES = RecipeRegistry({"rl": "loops_nb.rl.config:RLConfig", "sft": "loops_nb.sft.config:SFTConfig"})
 """Recipe name -> its config model."""
+
+
+def register_recipe(name: str, model: str | type[RecipeConfig]) -> None:
+    """Make `recipe = "<name>"` load ``model`` (a `RecipeConfig` subclass or its `module:Class` path)."""
+    RECIPES.register(name, model)

@@ -159,3 +159,17 @@ class OutputConfig(Section):
 
     console: bool = False
     """Show a rich live progress region in the terminal (needs the `console` extra)."""
+
+
+class RecipeConfig(Section):
+    """What every recipe's config has: its name, `[model]`, `[compute]` and `[output]`. A recipe's config
+    model subclasses it and adds its own sections (`[training]` always)."""
+
+    recipe: str
+    """The recipe this config runs."""
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    """The model, tokenizer and chat template."""
+    compute: ComputeConfig = Field(default_factory=ComputeConfig)
+    """Where the trainer and sampler run."""
+    output: OutputConfig = Field(default_factory=OutputConfig)
+    """Where and how the run is written."""

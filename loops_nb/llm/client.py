@@ -114,7 +114,7 @@ class LoopsLLM:
         """`n` replies to the same conversation; only the first is recorded as this attempt's turn."""
         from baseten.loops import SamplingParams
 
-        from loops_nb.llm.vision import model_input
+        from loops_nb.llm.model_input import model_input
 
         prompt, images = self.renderer.render_prompt(messages, tools, self.capture.last_tokens())
         budget = max_tokens or self.defaults.max_tokens

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from loops_nb.sft.templates import ChatTemplate, parse_assistant_text
+from loops_nb.llm.templates import ChatTemplate, parse_assistant_text
 
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>")
 """Tokens that end an assistant turn in common chat templates; those in the vocabulary stop sampling."""

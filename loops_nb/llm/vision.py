@@ -10,7 +10,7 @@ A message's `content` may be a list of parts. Image parts, in any of these shape
 `VisionRenderer` renders the conversation with the chat template (each image becomes the template's
 image marker, e.g. Qwen's `<|vision_start|><|image_pad|><|vision_end|>`), runs the model's processor on
 text and images, and keeps the *expanded* token ids: each image is one run of image tokens as long as
-the processor makes it. `model_input()` turns those ids into the SDK's `ModelInput`: text chunks around
+the processor makes it. `llm.model_input.model_input()` turns those ids into the SDK's `ModelInput`: text chunks around
 one `ImageChunk` per image (PNG bytes, `expected_tokens` = the run's length), which is what Loops and the
 embedded sampler and trainer expand again on their side.
 """
@@ -176,28 +176,6 @@ def image_runs(ids: Sequence[int], image_token: int) -> list[tuple[int, int]]:
             runs.append((start, i - start))
             start = None
     return runs
-
-
-def model_input(tokens: Sequence[int], images: Sequence[PromptImage] = ()) -> Any:
-    """`ModelInput` of expanded `tokens`: text chunks, and an `ImageChunk` in place of each image's run."""
-    from baseten.loops import EncodedTextChunk, ModelInput
-
-    if not images:
-        return ModelInput.from_ints(list(tokens))
-    chunks: list[Any] = []
-    at = 0
-    for image in sorted(images, key=lambda im: im.offset):
-        if image.offset + image.length > len(tokens):
-            raise ValueError(
-                f"an image at {image.offset} (+{image.length}) lies past the {len(tokens)} tokens"
-            )
-        if image.offset > at:
-            chunks.append(EncodedTextChunk(tokens=list(tokens[at : image.offset])))
-        chunks.append(image.chunk())
-        at = image.offset + image.length
-    if at < len(tokens):
-        chunks.append(EncodedTextChunk(tokens=list(tokens[at:])))
-    return ModelInput(chunks=chunks)
 
 
 def load_processor(source: str, *, cache_dir: Path | None = None) -> Any | None:

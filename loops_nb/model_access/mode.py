@@ -7,15 +7,11 @@ lease. The mode also sizes the open-file check: a process per attempt holds far 
 
 from __future__ import annotations
 
-from enum import StrEnum
 from typing import Any
 
+from loops_nb.runtime import ModelAccessMode, RolloutRuntime
 
-class ModelAccessMode(StrEnum):
-    IN_PROCESS = "in_process"
-    """The agent runs in this process and calls `llm()` / `attempt.services.llm`."""
-    OPENAI_HTTP = "openai_http"
-    """The agent is its own program and calls the gateway at `attempt.services.model_base_url`."""
+__all__ = ["FILES_PER_ATTEMPT", "ModelAccessMode", "files_per_attempt", "model_access_of"]
 
 
 FILES_PER_ATTEMPT = {
@@ -28,6 +24,8 @@ FILES_PER_ATTEMPT = {
 
 def model_access_of(runtime: Any) -> ModelAccessMode:
     """The mode a runtime asks for: its `model_access`, or its Episode's; in-process by default."""
+    if isinstance(runtime, RolloutRuntime):
+        return ModelAccessMode(runtime.model_access)
     for holder in (runtime, getattr(runtime, "episode", None)):
         value = getattr(holder, "model_access", None)
         if value is not None:

@@ -18,7 +18,7 @@ from loops_nb.llm.client import ContextTooLong
 from loops_nb.model_access.agent_program import passing_env
 from loops_nb.model_access.gateway import ModelGateway
 from loops_nb.model_access.mode import ModelAccessMode
-from loops_nb.runtime import Attempt, Evidence, RolloutRuntime, Task
+from loops_nb.runtime import Attempt, Evidence, RolloutRuntime, RunContext, Task
 
 _current_env: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("loops_nb_model_env")
 
@@ -56,9 +56,14 @@ class LeasedRuntime(RolloutRuntime):
     async def close(self) -> None:
         await self.inner.close()
 
-    def __getattr__(self, name: str) -> Any:
-        # Anything else (an Episode's options, custom helpers) is the wrapped runtime's.
-        return getattr(self.inner, name)
+    def bind(self, context: RunContext) -> None:
+        self.inner.bind(context)
+
+    async def preflight(self) -> list[str]:
+        return await self.inner.preflight()
+
+    def prompt_messages(self, task: Task) -> list[dict[str, Any]] | None:
+        return self.inner.prompt_messages(task)
 
 
 def model_env(attempt: Attempt | None = None) -> dict[str, str]:

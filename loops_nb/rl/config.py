@@ -6,9 +6,10 @@ from typing import Any, Callable, Literal  # noqa: UP035 (typing.Callable reads 
 
 from pydantic import Field, field_serializer, field_validator, model_validator
 
-from loops_nb.config.sections import ComputeConfig, ModelConfig, OutputConfig, Section
+from loops_nb.config.sections import RecipeConfig, Section
 from loops_nb.providers.config import ProviderConfig
 from loops_nb.rl.attempt_boundary import REWARD_LIMIT
+from loops_nb.run.optimizer import OptimizerSettings
 
 
 class RuntimeConfig(Section):
@@ -47,7 +48,7 @@ class SamplingConfig(Section):
     """Most tokens one model call may generate."""
 
 
-class RLTrainingConfig(Section):
+class RLTrainingConfig(OptimizerSettings):
     max_steps: int = Field(10, ge=1)
     """Optimizer steps (policy updates) to run."""
 
@@ -131,23 +132,17 @@ class RLTrainingConfig(Section):
 
     @model_validator(mode="after")
     def _known_loss(self) -> RLTrainingConfig:
-        builtin = {"importance_sampling", "ppo", "cispo"}
-        if isinstance(self.loss, str) and self.loss not in builtin and ":" not in self.loss:
-            raise ValueError(
-                f"training.loss = {self.loss!r}: use one of {sorted(builtin)} or `module:function`"
-            )
+        from loops_nb.rl.custom_loss import unknown_loss_problem
+
+        problem = unknown_loss_problem(self.loss)
+        if problem is not None:
+            raise ValueError(problem)
         return self
 
 
-class RLConfig(Section):
+class RLConfig(RecipeConfig):
     recipe: Literal["rl"] = "rl"
     """The recipe: `rl` trains on what an agent did, scored by a verifier."""
-
-    model: ModelConfig = Field(default_factory=ModelConfig)
-    """The model, tokenizer and chat template."""
-
-    compute: ComputeConfig = Field(default_factory=ComputeConfig)
-    """Where the trainer and sampler run."""
 
     runtime: RuntimeConfig
     """The runtime that runs attempts: an Episode class or a RolloutRuntime factory."""
@@ -157,9 +152,6 @@ class RLConfig(Section):
 
     training: RLTrainingConfig = Field(default_factory=RLTrainingConfig)
     """GRPO, scheduling and optimisation settings."""
-
-    output: OutputConfig = Field(default_factory=OutputConfig)
-    """Where and how the run is written."""
 
     providers: dict[str, ProviderConfig] = Field(default_factory=dict)
     """Environment backends by name (`[providers.<name>]` with `type` = local, docker, blaxel or

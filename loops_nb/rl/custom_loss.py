@@ -23,6 +23,7 @@ datums go to one call, and `mean_over_active_tokens` divides as the built-in los
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -32,6 +33,7 @@ __all__ = [
     "REFERENCE_ATTRIBUTE",
     "CustomLoss",
     "SdkLoss",
+    "TrainingLoss",
     "bare_datum",
     "importance_sampling",
     "kl_to_reference",
@@ -40,6 +42,7 @@ __all__ = [
     "needs_reference_logprobs",
     "resolve_custom_loss",
     "rl_inputs",
+    "unknown_loss_problem",
     "uses_reference_logprobs",
 ]
 
@@ -104,6 +107,39 @@ def resolve_custom_loss(
         fn = partial(fn, **options)
         setattr(fn, REFERENCE_ATTRIBUTE, reference)
     return as_sdk_loss(fn)
+
+
+@dataclass(frozen=True)
+class TrainingLoss:
+    """The loss a run trains with, chosen once from `[training] loss` and `loss_config`: a loss built into
+    Loops (sent by name to `forward_backward`) or a custom one (run through `forward_backward_custom`)."""
+
+    name: str
+    """The built-in loss's name, or `custom`."""
+    config: dict[str, float] = field(default_factory=dict)
+    """A built-in loss's `loss_fn_config` (a custom loss has it bound as keyword arguments)."""
+    custom: SdkLoss | None = None
+
+    @classmethod
+    def of(cls, loss: str | Callable[..., Any], loss_config: dict[str, float] | None = None) -> TrainingLoss:
+        custom = resolve_custom_loss(loss, loss_config)
+        if custom is not None:
+            return cls("custom", {}, custom)
+        assert isinstance(loss, str)  # resolve_custom_loss returns None only for a built-in name
+        return cls(loss, dict(loss_config or {}))
+
+    @property
+    def needs_reference(self) -> bool:
+        """Whether each step also scores `ref_logprobs` with the version-0 policy."""
+        return self.custom is not None and needs_reference_logprobs(self.custom)
+
+
+def unknown_loss_problem(loss: str | Callable[..., Any]) -> str | None:
+    """Why a `[training] loss` string names no loss (None when it is a built-in name, `module:function` or a
+    callable)."""
+    if isinstance(loss, str) and loss not in BUILTIN_LOSSES and ":" not in loss:
+        return f"training.loss = {loss!r}: use one of {sorted(BUILTIN_LOSSES)} or `module:function`"
+    return None
 
 
 def as_sdk_loss(fn: Callable[..., Any]) -> SdkLoss:

@@ -32,14 +32,14 @@ class SequenceDatum:
 
     def model_input(self) -> Any:
         """All the tokens as a `ModelInput` (for scoring the whole sequence)."""
-        from loops_nb.llm.vision import model_input
+        from loops_nb.llm.model_input import model_input
 
         return model_input(self.tokens, self.images)
 
     def to_datum(self) -> Any:
         from baseten.loops import Datum, TensorData
 
-        from loops_nb.llm.vision import model_input
+        from loops_nb.llm.model_input import model_input
 
         n = len(self.tokens) - 1
         mask = [1.0 if s else 0.0 for s in self.sampled[1:]]

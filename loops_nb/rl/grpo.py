@@ -3,14 +3,24 @@
 Dividing by the std would inflate tiny reward differences in near-uniform groups; like
 tinker-cookbook and nanochat we only centre. A group whose rewards are all equal carries no signal:
 every advantage is zero, so it is counted and contributes no datums.
+
+`step_datums` applies it to a step: each group's kept attempts are centred, and every captured sequence of
+an attempt becomes a datum carrying that attempt's advantage.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from loops_nb.rl.datums import SequenceDatum, sequence_datums
+
+if TYPE_CHECKING:
+    from loops_nb.rl.scheduler import GroupResult
 
 
 @dataclass(frozen=True)
@@ -51,3 +61,38 @@ def _unscaled(x: float, exponent: int) -> float:
         return math.ldexp(x, exponent)
     except OverflowError:
         return math.copysign(sys.float_info.max, x)
+
+
+def step_datums(groups: Sequence[GroupResult]) -> tuple[list[SequenceDatum], dict[str, Any]]:
+    """GRPO over a step's groups: the datums to train on and the reward statistics.
+
+    A group with fewer than two kept attempts, or whose kept rewards are all equal, has no signal: it is
+    counted in `groups/zero_variance_frac` and contributes no datum.
+    """
+    datums: list[SequenceDatum] = []
+    rewards: list[float] = []
+    group_stds: list[float] = []
+    zero_variance = 0
+    for group in groups:
+        # The attempt boundary keeps only attempts whose reward is a finite real number (never None).
+        kept = [a for a in group.attempts if a.kept and a.evidence.reward is not None]
+        if len(kept) < 2:
+            zero_variance += 1
+            continue
+        values = [float(r) for a in kept if (r := a.evidence.reward) is not None]
+        rewards += values
+        adv = group_advantages(values)
+        group_stds.append(adv.std)
+        if adv.zero_variance:
+            zero_variance += 1
+            continue
+        for record, advantage in zip(kept, adv.advantages, strict=True):
+            datums += sequence_datums(record.capture.sequences(), advantage, record.attempt.id)
+    stats = {
+        "reward/mean": statistics.fmean(rewards) if rewards else None,
+        "reward/std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
+        "reward/group_std_mean": statistics.fmean(group_stds) if group_stds else 0.0,
+        "groups/zero_variance_frac": zero_variance / len(groups) if groups else 0.0,
+        "groups/trained": len(groups) - zero_variance,
+    }
+    return datums, stats

@@ -1,11 +1,9 @@
-"""The RL training loop: schedule attempts, GRPO, train, publish, checkpoint, log — and resume.
+"""The RL training loop: schedule attempts, GRPO, train, publish, log — on the shared run skeleton.
 
-Per step: collect `groups_per_step` groups of `group_size` attempts; centre each group's rewards;
-turn every kept attempt's captured sequences into datums; one optimizer step over all of them;
-publish the new policy; write steps.jsonl / rollouts.jsonl / transcripts. Every `save_every` steps
-(and at the end, or when stopped) the trainer state is saved and recorded in checkpoints.jsonl; a
-resumed run loads the last one and continues at the next step, so every optimizer step is applied
-exactly once.
+Per step: collect `groups_per_step` groups of `group_size` attempts; centre each group's rewards
+(`rl.grpo.step_datums`); one optimizer step over every kept attempt's datums; publish the new policy; write
+steps.jsonl / rollouts.jsonl / transcripts. Resume, stop, checkpoints and failures are the skeleton's
+(`loops_nb.run.recipe_run`): every optimizer step is applied exactly once across restarts.
 """
 
 from __future__ import annotations
@@ -16,80 +14,28 @@ import logging
 import statistics
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from typing import Any
 
-from loops_nb.errors import RunFailed, UserError
 from loops_nb.llm.client import LoopsLLM, SamplingDefaults
 from loops_nb.llm.renderer import ChatRenderer
 from loops_nb.observers import ObserverSet
+from loops_nb.resources import ResourceRegistry
 from loops_nb.rl.config import RLConfig
-from loops_nb.rl.datums import SequenceDatum, sequence_datums
-from loops_nb.rl.grpo import group_advantages
-from loops_nb.rl.policy import AdamSettings, Policy
+from loops_nb.rl.custom_loss import TrainingLoss
+from loops_nb.rl.grpo import step_datums
+from loops_nb.rl.policy import Policy
 from loops_nb.rl.scheduler import AttemptRecord, GroupResult, RolloutScheduler
+from loops_nb.run.optimizer import AdamSettings
+from loops_nb.run.recipe_run import RecipeRun
 from loops_nb.run_dir import Checkpoint, RunDirectory
 from loops_nb.runtime import RolloutRuntime
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class Outcome:
-    """What a run did."""
+class RLRun(RecipeRun):
+    """The RL recipe's steps: rollouts from the runtime, GRPO, one optimizer step, publish."""
 
-    run_dir: str
-    status: str
-    steps: int
-    start_step: int
-    last_metrics: dict[str, Any] = field(default_factory=dict)
-    checkpoint: str | None = None
-    sampler_path: str | None = None
-    seconds: float = 0.0
-
-    def describe(self) -> list[str]:
-        lines = [f"run: {self.run_dir}", f"status: {self.status} ({self.steps} steps, {self.seconds:.0f}s)"]
-        for key in ("reward/mean", "loss", "eval/loss"):
-            if self.last_metrics.get(key) is not None:  # None when a step had no rewards
-                lines.append(f"{key}: {self.last_metrics[key]:.4g}")
-        if self.checkpoint:
-            lines.append(f"checkpoint: {self.checkpoint}")
-        if self.sampler_path:
-            lines.append(f"sampler weights: {self.sampler_path}")
-        return lines
-
-
-def step_datums(groups: list[GroupResult]) -> tuple[list[SequenceDatum], dict[str, Any]]:
-    """GRPO over a step's groups: the datums to train on and the reward statistics."""
-    datums: list[SequenceDatum] = []
-    rewards: list[float] = []
-    group_stds: list[float] = []
-    zero_variance = 0
-    for group in groups:
-        kept = [a for a in group.attempts if a.kept]
-        if len(kept) < 2:
-            zero_variance += 1
-            continue
-        values = [float(a.evidence.reward) for a in kept]  # type: ignore[arg-type]
-        rewards += values
-        adv = group_advantages(values)
-        group_stds.append(adv.std)
-        if adv.zero_variance:
-            zero_variance += 1
-            continue
-        for record, advantage in zip(kept, adv.advantages, strict=True):
-            datums += sequence_datums(record.capture.sequences(), advantage, record.attempt.id)
-    stats = {
-        "reward/mean": statistics.fmean(rewards) if rewards else None,
-        "reward/std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
-        "reward/group_std_mean": statistics.fmean(group_stds) if group_stds else 0.0,
-        "groups/zero_variance_frac": zero_variance / len(groups) if groups else 0.0,
-        "groups/trained": len(groups) - zero_variance,
-    }
-    return datums, stats
-
-
-class RLRun:
     def __init__(
         self,
         config: RLConfig,
@@ -99,26 +45,33 @@ class RLRun:
         renderer: ChatRenderer,
         observers: ObserverSet,
         *,
-        custom_loss: Any = None,
         stop: asyncio.Event | None = None,
-        resources: Any = None,
+        resources: ResourceRegistry | None = None,
     ) -> None:
+        t = config.training
+        super().__init__(
+            run_dir,
+            policy.training_client,
+            observers,
+            total_steps=t.max_steps,
+            save_every=t.save_every,
+            stop=stop,
+        )
         self.resources = resources
         self.config = config
-        self.run_dir = run_dir
         self.policy = policy
         self.runtime = runtime
         self.renderer = renderer
-        self.observers = observers
-        self.custom_loss = custom_loss
-        self.stop = stop or asyncio.Event()
-        self.adam = AdamSettings.of(config.training)
+        self.loss = TrainingLoss.of(t.loss, t.loss_config)
+        self.adam = AdamSettings.of(t, t.learning_rate)
         self.defaults = SamplingDefaults(
             temperature=config.sampling.temperature,
             top_p=config.sampling.top_p,
             max_tokens=config.sampling.max_tokens,
             max_seq_len=config.model.max_seq_len,
         )
+        self._scheduler: RolloutScheduler | None = None
+        self._progress: asyncio.Task[None] | None = None
 
     def _make_llm(self, capture: Any, seed: int) -> LoopsLLM:
         return LoopsLLM(
@@ -130,27 +83,19 @@ class RLRun:
             on_sampling_error=self.policy.sampling_failed,
         )
 
-    async def resume_point(self) -> int:
-        checkpoint = self.run_dir.last_checkpoint()
-        if checkpoint is None:
-            # Killed before its first checkpoint: whatever it logged is redone from step 0.
-            self.run_dir.rewind_to(0)
-            return 0
+    async def load_checkpoint(self, checkpoint: Checkpoint) -> None:
         await self.policy.load_state_with_optimizer(checkpoint.path)
-        self.run_dir.rewind_to(checkpoint.step)
-        log.info("resuming %s at step %d from %s", self.run_dir.root, checkpoint.step, checkpoint.path)
-        return checkpoint.step
 
-    async def execute(self, start_step: int) -> Outcome:
+    async def save_state(self, name: str) -> str:
+        return await self.policy.save_state(name)
+
+    def checkpoint_extra(self) -> dict[str, Any]:
+        return {"policy_version": self.policy.version}
+
+    async def begin(self, start: int) -> None:
         t = self.config.training
-        started = time.monotonic()
-        try:
-            tasks = await self.runtime.tasks()
-        except UserError:
-            raise
-        except Exception as exc:  # the runtime's own code: the run stops, resumable, like a trainer fault
-            raise self._failed(start_step, exc) from exc
-        scheduler = RolloutScheduler(
+        tasks = await self.runtime.tasks()
+        self._scheduler = RolloutScheduler(
             self.runtime,
             tasks,
             make_llm=self._make_llm,
@@ -167,71 +112,32 @@ class RLRun:
             on_attempt=self._on_attempt,
             reward_range=(t.reward_min, t.reward_max),
         )
-        last = self.run_dir.last_checkpoint()
-        if start_step >= t.max_steps and last is not None and last.sampler_path:
-            # A rerun of a finished run: nothing to train, nothing to save again.
-            await scheduler.close()
-            outcome = Outcome(
-                run_dir=str(self.run_dir.root),
-                status="completed",
-                steps=start_step,
-                start_step=start_step,
-                last_metrics=self.run_dir.last_step_record(),
-                checkpoint=last.path,
-                sampler_path=last.sampler_path,
-            )
-            self.observers.emit("on_end", {"status": "completed", "steps": start_step, "seconds": 0.0})
-            return outcome
         await self.policy.publish()
         if t.mode == "async":
-            scheduler.start(start_step, t.max_steps)
-        progress = asyncio.create_task(self._report_progress(scheduler))
-        status, step, metrics = "completed", start_step, {}
-        try:
-            for step in range(start_step, t.max_steps):
-                if self.stop.is_set():
-                    status = "stopped"
-                    break
-                step_started = time.perf_counter()
-                groups = await (
-                    scheduler.next_groups(step) if t.mode == "async" else scheduler.collect_sync(step)
-                )
-                rollout_s = time.perf_counter() - step_started
-                if self.policy.lost is not None:  # its attempts were discarded; so would all later ones be
-                    raise self.policy.lost
-                metrics = await self._train_and_log(step, groups, scheduler, rollout_s, step_started)
-                if t.save_every and (step + 1) % t.save_every == 0 and step + 1 < t.max_steps:
-                    await self._checkpoint(step + 1, sampler=False)
-            else:
-                step = t.max_steps
-        except Exception as exc:
-            raise self._failed(step, exc) from exc
-        finally:
-            progress.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await progress
-            await scheduler.close()
-        done = step if status == "stopped" else t.max_steps
-        try:
-            checkpoint = await self._checkpoint(done, sampler=True)
-        except Exception as exc:  # e.g. a full disk or a restarted Loops: the last periodic checkpoint stands
-            raise self._failed(done, exc) from exc
-        outcome = Outcome(
-            run_dir=str(self.run_dir.root),
-            status=status,
-            steps=done,
-            start_step=start_step,
-            last_metrics=metrics,
-            checkpoint=checkpoint.path,
-            sampler_path=checkpoint.sampler_path,
-            seconds=time.monotonic() - started,
-        )
-        self.observers.emit("on_end", {"status": status, "steps": done, "seconds": outcome.seconds})
-        return outcome
+            self._scheduler.start(start, t.max_steps)
+        self._progress = asyncio.create_task(self._report_progress(self._scheduler))
 
-    def _failed(self, step: int, exc: Exception) -> RunFailed:
-        # Raised, not logged: the CLI prints it once, train() raises it, and run.log gets the traceback.
-        return self.run_dir.record_failure(step, exc)
+    async def end(self) -> None:
+        if self._progress is not None:
+            self._progress.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._progress
+        if self._scheduler is not None:
+            await self._scheduler.close()
+
+    async def train_step(self, step: int) -> dict[str, Any]:
+        scheduler = self._scheduler
+        assert scheduler is not None, "begin() creates the scheduler"
+        step_started = time.perf_counter()
+        groups = await (
+            scheduler.next_groups(step)
+            if self.config.training.mode == "async"
+            else scheduler.collect_sync(step)
+        )
+        rollout_s = time.perf_counter() - step_started
+        if self.policy.lost is not None:  # its attempts were discarded; so would all later ones be
+            raise self.policy.lost
+        return await self._train_and_log(step, groups, scheduler, rollout_s, step_started)
 
     def _on_attempt(self, record: AttemptRecord) -> None:
         if not self.observers.wants("on_attempt"):
@@ -277,18 +183,11 @@ class RLRun:
     async def _train_and_log(
         self, step: int, groups: list[GroupResult], scheduler: RolloutScheduler, rollout_s: float, t0: float
     ) -> dict[str, Any]:
-        t = self.config.training
         datums, stats = step_datums(groups)
         train_started = time.perf_counter()
         train_metrics: dict[str, float] = {}
         if datums:
-            train_metrics = await self.policy.train_step(
-                datums,
-                loss=t.loss if self.custom_loss is None and isinstance(t.loss, str) else "custom",
-                loss_config=t.loss_config,
-                adam=self.adam,
-                custom_loss=self.custom_loss,
-            )
+            train_metrics = await self.policy.train_step(datums, loss=self.loss, adam=self.adam)
             train_s = time.perf_counter() - train_started
             publish_s = await self.policy.publish()
             scheduler.policy_published()
@@ -344,18 +243,6 @@ class RLRun:
         self.run_dir.steps.append(record)
         self.observers.emit("on_step", record)
         return record
-
-    async def _checkpoint(self, step: int, *, sampler: bool) -> Checkpoint:
-        path = await self.policy.save_state(f"state-{step:06d}")
-        sampler_path = None
-        if sampler:
-            fut = await self.policy.training_client.save_weights_for_sampler_async(f"final-{step:06d}")
-            sampler_path = str((await fut.result_async()).path)
-        checkpoint = Checkpoint(
-            step=step, path=path, sampler_path=sampler_path, extra={"policy_version": self.policy.version}
-        )
-        self.run_dir.record_checkpoint(checkpoint)
-        return checkpoint
 
     async def _report_progress(self, scheduler: RolloutScheduler) -> None:
         every = self.config.output.progress_every_seconds

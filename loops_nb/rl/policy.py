@@ -10,42 +10,14 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from loops_nb.rl.custom_loss import SdkLoss, bare_datum, needs_reference_logprobs
+from loops_nb.rl.custom_loss import SdkLoss, TrainingLoss, bare_datum
 from loops_nb.rl.datums import SequenceDatum, token_batches
+from loops_nb.run.optimizer import AdamSettings
 
 FORWARD_BACKWARD_TOKENS = 32768
 """Tokens per forward_backward request; one optimizer step may span several."""
-
-
-@dataclass
-class AdamSettings:
-    learning_rate: float
-    beta1: float
-    beta2: float
-    eps: float
-    weight_decay: float
-    grad_clip_norm: float
-
-    @classmethod
-    def of(cls, training: Any) -> AdamSettings:
-        """The Adam settings of a `[training]` section (RL and SFT name them alike)."""
-        t = training
-        return cls(t.learning_rate, t.beta1, t.beta2, t.eps, t.weight_decay, t.grad_clip_norm)
-
-    def params(self, learning_rate: float | None = None) -> Any:
-        from baseten.loops import AdamParams
-
-        return AdamParams(
-            learning_rate=self.learning_rate if learning_rate is None else learning_rate,
-            beta1=self.beta1,
-            beta2=self.beta2,
-            eps=self.eps,
-            weight_decay=self.weight_decay,
-            grad_clip_norm=self.grad_clip_norm,
-        )
 
 
 def run_is_gone(exc: BaseException) -> bool:
@@ -129,11 +101,9 @@ class Policy:
         self,
         datums: Sequence[SequenceDatum],
         *,
-        loss: str,
-        loss_config: dict[str, float] | None,
+        loss: TrainingLoss,
         adam: AdamSettings,
         learning_rate: float | None = None,
-        custom_loss: Any = None,
     ) -> dict[str, float]:
         """forward_backward over every datum (in token-bounded requests), then one optim_step.
 
@@ -141,6 +111,7 @@ class Policy:
         requests itself), so it can normalise over the step as the built-in losses do.
         """
         tc = self.training_client
+        custom_loss = loss.custom
         metrics: dict[str, float] = {}
         losses: list[tuple[float, int]] = []
         sampler_lp: list[float] = []
@@ -151,7 +122,7 @@ class Policy:
         for batch in batches:
             wire = [d.to_datum() for d in batch]
             if custom_loss is not None:
-                if needs_reference_logprobs(custom_loss):
+                if loss.needs_reference:
                     refs = await self.reference_logprobs(batch)
                     wire = [with_input(w, "ref_logprobs", r) for w, r in zip(wire, refs, strict=True)]
                 # The SDK's custom path accepts only target_tokens (and weights) on the wire; the loss
@@ -159,7 +130,9 @@ class Policy:
                 bare = [bare_datum(w) for w in wire]
                 fut = await tc.forward_backward_custom_async(bare, _for_batch(custom_loss, wire))
             else:
-                fut = await tc.forward_backward_async(wire, loss_fn=loss, loss_fn_config=loss_config or None)
+                fut = await tc.forward_backward_async(
+                    wire, loss_fn=loss.name, loss_fn_config=loss.config or None
+                )
             out = await fut.result_async()
             out_metrics = getattr(out, "metrics", None) or {}
             custom = {k: float(v) for k, v in out_metrics.items() if k.startswith("custom/")}

@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import resource
 from dataclasses import dataclass, field
@@ -14,27 +13,22 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from loops_nb.compute import LoopsConnection, require_api_key
-from loops_nb.config_drift import resume_drift
+from loops_nb.compute import require_api_key
 from loops_nb.episodes import load_runtime
 from loops_nb.errors import UserError
 from loops_nb.local.memory_budget import check_lines
-from loops_nb.mirrors import run_observers
-from loops_nb.model_access import (
-    LeasedRuntime,
-    ModelAccessMode,
-    ModelGateway,
-    files_per_attempt,
-    model_access_of,
-)
+from loops_nb.model_access import LeasedRuntime, ModelGateway, files_per_attempt
 from loops_nb.observers import ObserverSet
-from loops_nb.resources import ResourceJournal, ResourceRegistry, RunLock
+from loops_nb.resources import ResourceJournal, ResourceRegistry
 from loops_nb.rl.config import RLConfig
 from loops_nb.rl.custom_loss import loss_name, needs_reference_logprobs, resolve_custom_loss
-from loops_nb.rl.loop import Outcome, RLRun
+from loops_nb.rl.loop import RLRun
 from loops_nb.rl.policy import Policy
+from loops_nb.run.outcome import Outcome
+from loops_nb.run.recipe_run import RecipeRun
+from loops_nb.run.setup import Recipe, run_recipe
 from loops_nb.run_dir import RunDirectory, atomic_write_json
-from loops_nb.runtime import RunContext
+from loops_nb.runtime import ModelAccessMode, RolloutRuntime, RunContext
 from loops_nb.tokenization import load_model_renderer
 
 if TYPE_CHECKING:
@@ -70,22 +64,21 @@ def open_file_problem(max_concurrent: int, per_attempt: int = FILES_PER_ATTEMPT)
     return None
 
 
-def bind_run(
-    runtime: Any, project: Project, state_dir: Path, resources: ResourceRegistry, *, checking: bool = False
-) -> None:
-    """Give a runtime that asks for it (`bind`) the config directory, providers, state and registry."""
-    bind = getattr(runtime, "bind", None)
-    if bind is None:
-        return
-    config: RLConfig = project.config  # type: ignore[assignment]
-    bind(
-        RunContext(
-            config_dir=project.path.parent,
-            state_dir=state_dir,
-            providers=config.providers,
-            resources=resources,
-            checking=checking,
-        )
+def run_context(
+    config: RLConfig,
+    config_path: Path,
+    state_dir: Path,
+    resources: ResourceRegistry,
+    *,
+    checking: bool = False,
+) -> RunContext:
+    """What `RolloutRuntime.bind` gives a runtime: the config directory, providers, state and registry."""
+    return RunContext(
+        config_dir=config_path.parent,
+        state_dir=state_dir,
+        providers=config.providers,
+        resources=resources,
+        checking=checking,
     )
 
 
@@ -111,7 +104,7 @@ class RLCheckReport:
 
 
 async def check(project: Project, **_: Any) -> RLCheckReport:
-    config: RLConfig = project.config  # type: ignore[assignment]
+    config = project.config_as(RLConfig)
     report = RLCheckReport()
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S-%f")
     preflight = RunDirectory(config.output.output_dir / "preflight" / stamp)
@@ -142,23 +135,23 @@ async def check(project: Project, **_: Any) -> RLCheckReport:
     access = ModelAccessMode.IN_PROCESS
     try:
         runtime = load_runtime(config.runtime.factory, config.runtime.options)
-        access = model_access_of(runtime)
-        bind_run(runtime, project, preflight.state, ResourceRegistry(journal), checking=True)
-        preflight_problems = getattr(runtime, "preflight", None)
-        if preflight_problems is not None:
-            report.problems += await preflight_problems()
+        access = runtime.model_access
+        runtime.bind(
+            run_context(config, project.path, preflight.state, ResourceRegistry(journal), checking=True)
+        )
+        report.problems += await runtime.preflight()
         tasks = await runtime.tasks()
         report.tasks = len(tasks)
         report.lines.append(
             f"runtime: {config.runtime.factory} with {len(tasks)} task(s), model access {access.value}"
         )
-        # An Episode that can show its first prompt (`prompt_messages(task)`) gets it rendered here: token
+        # A runtime that can show its first prompts (`prompt_messages(task)`) gets them rendered here: token
         # counts, and for a vision model each prompt's images and their token cost.
-        preview = getattr(getattr(runtime, "episode", None), "prompt_messages", None)
-        if preview is not None and renderer is not None:
+        prompts = [(t.id, messages) for t in tasks if (messages := runtime.prompt_messages(t)) is not None]
+        if prompts and renderer is not None:
             from loops_nb.llm.vision import describe_prompts
 
-            report.lines += describe_prompts(renderer, [(t.id, preview(t)) for t in tasks])
+            report.lines += describe_prompts(renderer, prompts)
         await runtime.close()
     except UserError as exc:
         report.problems.append(str(exc))
@@ -217,142 +210,73 @@ def cannot_train(config: RLConfig) -> list[str]:
     return found
 
 
-async def train(
-    project: Project, *, observers: list[Any] | None = None, stop: asyncio.Event | None = None
-) -> Outcome:
-    config: RLConfig = project.config  # type: ignore[assignment]
-    runtime = load_runtime(config.runtime.factory, config.runtime.options)
-    access = model_access_of(runtime)
-    problem = open_file_problem(config.training.max_concurrent_rollouts, files_per_attempt(access))
-    if problem:
-        await runtime.close()
-        raise UserError(problem)
-    run_dir = RunDirectory.create(config.output.output_dir, config.output.run_name, project.path.stem)
-    resumed = run_dir.read_run_json()
-    try:
-        drift = resume_drift("rl", resumed, json.loads(config.model_dump_json()), str(run_dir.root))
-        lock = RunLock.claim(run_dir.root)
-    except UserError:
-        await runtime.close()
-        raise
-    try:
-        done = run_dir.finished(config.training.max_steps)
-        if done is not None:
-            await runtime.close()
-            return _finished(project, run_dir, done, observers)
-        return await _train_holding_lock(project, runtime, access, run_dir, observers, stop, resumed, drift)
-    finally:
-        lock.release()
+class RLRecipe(Recipe):
+    """The RL recipe for the run skeleton: a runtime's attempts, scored and trained with GRPO."""
 
+    name = "rl"
 
-def _finished(
-    project: Project, run_dir: RunDirectory, checkpoint: Any, observers: list[Any] | None
-) -> Outcome:
-    """A rerun of a finished run, answered from its files: no Loops client (on a dedicated scope it could
-    provision billable capacity for nothing), no runtime started, run.json untouched."""
-    config: RLConfig = project.config  # type: ignore[assignment]
-    log.warning("%s", run_dir.note_complete(checkpoint, "raise training.max_steps to train on"))
-    observer_set = ObserverSet(run_observers(config.output, json.loads(config.model_dump_json()), observers))
-    info = {"run_dir": str(run_dir.root), "recipe": "rl", "model": config.model.base_model}
-    observer_set.emit(
-        "on_start",
-        {
-            **info,
-            "scope": config.compute.scope,
-            "max_steps": config.training.max_steps,
-            "start_step": checkpoint.step,
-        },
-    )
-    observer_set.emit("on_end", {"status": "completed", "steps": checkpoint.step, "seconds": 0.0})
-    return Outcome(
-        run_dir=str(run_dir.root),
-        status="completed",
-        steps=checkpoint.step,
-        start_step=checkpoint.step,
-        last_metrics=run_dir.last_step_record(),
-        checkpoint=checkpoint.path,
-        sampler_path=checkpoint.sampler_path,
-    )
+    def __init__(self, config: RLConfig, config_path: Path, runtime: RolloutRuntime) -> None:
+        super().__init__(config, config_path)
+        self.rl = config
+        self.runtime = runtime
+        self.gateway: ModelGateway | None = None
+        self.resources: ResourceRegistry | None = None
 
+    @property
+    def total_steps(self) -> int:
+        return self.rl.training.max_steps
 
-async def _train_holding_lock(
-    project: Project,
-    runtime: Any,
-    access: ModelAccessMode,
-    run_dir: RunDirectory,
-    observers: list[Any] | None,
-    stop: asyncio.Event | None,
-    resumed: dict[str, Any] | None,
-    drift: list[str],
-) -> Outcome:
-    """`resumed`: the run.json of the run being resumed (None for a new run); `drift`: its allowed changes."""
-    config: RLConfig = project.config  # type: ignore[assignment]
-    # The journal exists before the runtime can create anything; `loops cleanup` reads it after a crash.
-    resources = ResourceRegistry(ResourceJournal.at(run_dir.state / "journal.jsonl"))
-    bind_run(runtime, project, run_dir.state, resources)
-    header = project.describe() + drift
-    for line in drift:
-        log.warning("%s: %s", run_dir.root, line)
-    with (run_dir.root / "run.log").open("a") as log_file:
-        log_file.write("\n".join(header) + "\n")
-    config_dump = json.loads(config.model_dump_json())
-    observer_set = ObserverSet(run_observers(config.output, config_dump, observers))
-    connection = await LoopsConnection.open(config.compute, state_dir=run_dir.state / "local_loops")
-    gateway: ModelGateway | None = None
-    try:
-        if access is ModelAccessMode.OPENAI_HTTP:
+    @property
+    def seed(self) -> int:
+        return self.rl.training.seed
+
+    async def prepare(self, run_dir: RunDirectory) -> None:
+        # The journal exists before the runtime can create anything; `loops cleanup` reads it after a crash.
+        self.resources = ResourceRegistry(ResourceJournal.at(run_dir.state / "journal.jsonl"))
+        self.runtime.bind(run_context(self.rl, self.config_path, run_dir.state, self.resources))
+
+    async def start(
+        self, run_dir: RunDirectory, training_client: Any, observers: ObserverSet, stop: asyncio.Event | None
+    ) -> RecipeRun:
+        config = self.rl
+        if self.runtime.model_access is ModelAccessMode.OPENAI_HTTP:
             # The agent is its own program: it reaches the policy over OpenAI-compatible HTTP with a
             # per-attempt lease, through the same LoopsLLM (and exact capture) as in-process agents.
-            gateway = await ModelGateway(model_name=config.model.base_model).astart()
-            runtime = LeasedRuntime(runtime, gateway, agent_env=config.runtime.agent_env)
+            self.gateway = await ModelGateway(model_name=config.model.base_model).astart()
+            self.runtime = LeasedRuntime(self.runtime, self.gateway, agent_env=config.runtime.agent_env)
         renderer = await asyncio.to_thread(
             load_model_renderer, config.model, config.compute.scope, cache_dir=config.compute.local.cache_dir
         )
-        tc = await connection.training_client(
-            config.model.base_model,
-            rank=config.model.lora_rank,
-            seed=config.training.seed,
-            max_seq_len=config.model.max_seq_len,
+        policy = Policy(training_client, config.model.base_model)
+        return RLRun(
+            config, run_dir, policy, self.runtime, renderer, observers, stop=stop, resources=self.resources
         )
-        run_dir.record_attempt(
-            resumed,
-            tc.run_id,
-            {
-                "recipe": "rl",
-                "model": config.model.base_model,
-                "scope": config.compute.scope,
-                "config_path": str(project.path),
-                "config": config_dump,
-            },
-        )
-        custom_loss = resolve_custom_loss(config.training.loss, config.training.loss_config)
-        policy = Policy(tc, config.model.base_model)
-        run = RLRun(
-            config,
-            run_dir,
-            policy,
-            runtime,
-            renderer,
-            observer_set,
-            custom_loss=custom_loss,
-            stop=stop,
-            resources=resources,
-        )
-        start = await run.resume_point()
-        observer_set.emit(
-            "on_start",
-            {
-                "run_dir": str(run_dir.root),
-                "recipe": "rl",
-                "model": config.model.base_model,
-                "scope": config.compute.scope,
-                "max_steps": config.training.max_steps,
-                "start_step": start,
-            },
-        )
-        return await run.execute(start)
-    finally:
+
+    async def close(self) -> None:
+        try:
+            await self.runtime.close()
+        finally:
+            if self.gateway is not None:
+                await self.gateway.astop()
+
+
+async def train(
+    project: Project, *, observers: list[Any] | None = None, stop: asyncio.Event | None = None
+) -> Outcome:
+    """Train (or resume) the run; returns its `Outcome`."""
+    config = project.config_as(RLConfig)
+    runtime = load_runtime(config.runtime.factory, config.runtime.options)
+    problem = open_file_problem(
+        config.training.max_concurrent_rollouts, files_per_attempt(runtime.model_access)
+    )
+    if problem:
         await runtime.close()
-        if gateway is not None:
-            await gateway.astop()
-        await connection.close()
+        raise UserError(problem)
+    # A custom loss that cannot be imported is a config mistake: refuse it before the run directory exists.
+    try:
+        resolve_custom_loss(config.training.loss, config.training.loss_config)
+    except UserError:
+        await runtime.close()
+        raise
+    recipe = RLRecipe(config, project.path, runtime)
+    return await run_recipe(recipe, project.describe(), observers=observers, stop=stop)

@@ -2,50 +2,53 @@
 
 `read_rows` streams a JSONL dataset into validated rows (or refusals with a reason), a `Renderer` turns them
 into training `Example`s with the model's own chat template, and `CheckReport` summarises what trains.
-`SFTData` plans which examples train at each step, `SFTRun` trains them (resuming exactly), and `compare`
-samples the base model and the trained adapter on held-out conversations.
+`SFTData` plans which examples train at each step, `SFTRun` trains them (resuming exactly), and
+`loops_nb.sft.compare.compare` samples the base model and the trained adapter on held-out conversations.
+
+The names below are importable from `loops_nb.sft`; each is loaded from its module on first use, so importing
+one part of the recipe (`loops_nb.sft.rendering`, say) does not import the rest. (`compare` is the module's
+name, so the function is imported from `loops_nb.sft.compare`.)
 """
 
-from loops_nb.sft.batching import BatchPlan, ExampleIndex, SFTData, is_held_out
-from loops_nb.sft.compare import Comparison, compare, score_reply
-from loops_nb.sft.data import ChatRow, Message, RefusedRow, TokenizedRow, iter_rows, parse_row, read_rows
-from loops_nb.sft.recipe import SFTCheckReport
-from loops_nb.sft.rendering import Example, RenderedRow, Renderer
-from loops_nb.sft.report import CheckReport
-from loops_nb.sft.schedule import learning_rate
-from loops_nb.sft.templates import (
-    SMOLLM2_CHAT_TEMPLATE,
-    TOOL_CAPABLE_CHATML_TEMPLATE,
-    parse_assistant_text,
-    parse_tool_calls,
-)
-from loops_nb.sft.train import SFTOutcome, SFTRun
+from __future__ import annotations
 
-__all__ = [
-    "SMOLLM2_CHAT_TEMPLATE",
-    "TOOL_CAPABLE_CHATML_TEMPLATE",
-    "BatchPlan",
-    "ChatRow",
-    "CheckReport",
-    "Comparison",
-    "Example",
-    "ExampleIndex",
-    "Message",
-    "RefusedRow",
-    "RenderedRow",
-    "Renderer",
-    "SFTCheckReport",
-    "SFTData",
-    "SFTOutcome",
-    "SFTRun",
-    "TokenizedRow",
-    "compare",
-    "is_held_out",
-    "iter_rows",
-    "learning_rate",
-    "parse_assistant_text",
-    "parse_row",
-    "parse_tool_calls",
-    "read_rows",
-    "score_reply",
-]
+import importlib
+from typing import Any
+
+_HOMES = {
+    "BatchPlan": "batching",
+    "ExampleIndex": "batching",
+    "SFTData": "batching",
+    "is_held_out": "batching",
+    "Comparison": "compare",
+    "score_reply": "compare",
+    "ChatRow": "data",
+    "Message": "data",
+    "RefusedRow": "data",
+    "TokenizedRow": "data",
+    "iter_rows": "data",
+    "parse_row": "data",
+    "read_rows": "data",
+    "SFTCheckReport": "recipe",
+    "Example": "rendering",
+    "RenderedRow": "rendering",
+    "Renderer": "rendering",
+    "CheckReport": "report",
+    "learning_rate": "schedule",
+    "SFTOutcome": "train",
+    "SFTRun": "train",
+}
+"""Public name -> the module of `loops_nb.sft` that defines it."""
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'loops_nb.sft' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"loops_nb.sft.{home}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_HOMES])

@@ -6,13 +6,8 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from loops_nb.config.sections import (
-    ComputeConfig,
-    ConfigPath,
-    ModelConfig,
-    OutputConfig,
-    Section,
-)
+from loops_nb.config.sections import ConfigPath, RecipeConfig, Section
+from loops_nb.run.optimizer import OptimizerSettings
 
 
 class SFTDataConfig(Section):
@@ -33,7 +28,7 @@ class SFTDataConfig(Section):
     """Seed of the data order and of the held-out split; a resumed run reuses it."""
 
 
-class SFTTrainingConfig(Section):
+class SFTTrainingConfig(OptimizerSettings):
     learning_rate: float = Field(2e-4, gt=0)
     """Peak Adam learning rate."""
 
@@ -84,24 +79,15 @@ class SFTTrainingConfig(Section):
     """Seed of the trainer's LoRA initialisation."""
 
 
-class SFTConfig(Section):
+class SFTConfig(RecipeConfig):
     recipe: Literal["sft"] = "sft"
     """The recipe: `sft` trains on conversations to imitate."""
-
-    model: ModelConfig = Field(default_factory=ModelConfig)
-    """The model, tokenizer and chat template."""
-
-    compute: ComputeConfig = Field(default_factory=ComputeConfig)
-    """Where the trainer runs."""
 
     data: SFTDataConfig
     """The conversations to train on."""
 
     training: SFTTrainingConfig = Field(default_factory=SFTTrainingConfig)
     """Optimisation settings."""
-
-    output: OutputConfig = Field(default_factory=OutputConfig)
-    """Where and how the run is written."""
 
     @model_validator(mode="after")
     def _eval_file_or_fraction(self) -> SFTConfig:

@@ -9,20 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from loops_nb.compute import LoopsConnection, require_api_key
-from loops_nb.config_drift import resume_drift
+from loops_nb.compute import require_api_key
 from loops_nb.errors import DataError, UserError
 from loops_nb.local.memory_budget import check_lines
-from loops_nb.mirrors import run_observers
 from loops_nb.observers import ObserverSet
-from loops_nb.resources import RunLock
-from loops_nb.run_dir import RunDirectory
+from loops_nb.run.setup import Recipe, run_recipe
+from loops_nb.run_dir import Checkpoint, RunDirectory
 from loops_nb.sft.batching import SFTData
 from loops_nb.sft.config import SFTConfig
 from loops_nb.sft.refusal_file import RefusalFile
@@ -157,7 +154,7 @@ async def check(project: Project, *, refusals: str | Path | None = None, **_: An
 
     ``refusals``: a file to write every refused row to, as JSONL (`RefusalFile`); the report lists the first ones.
     """
-    config: SFTConfig = project.config  # type: ignore[assignment]
+    config = project.config_as(SFTConfig)
     report = SFTCheckReport()
     m = config.model
     report.lines.append(
@@ -223,75 +220,56 @@ def _data_summary(data: SFTData) -> dict[str, Any]:
     }
 
 
+class SFTRecipe(Recipe):
+    """The SFT recipe for the run skeleton: planned batches of rendered conversations."""
+
+    name = "sft"
+    train_more = "raise training.max_steps or epochs"
+
+    def __init__(self, config: SFTConfig, config_path: Path, data: SFTData) -> None:
+        super().__init__(config, config_path)
+        self.sft = config
+        self.data = data
+
+    @property
+    def total_steps(self) -> int:
+        return self.data.plan.total_steps
+
+    @property
+    def seed(self) -> int:
+        return self.sft.training.seed
+
+    def header_lines(self) -> list[str]:
+        return plan_lines(self.sft, self.data)
+
+    def warnings(self) -> list[str]:
+        warning = held_out_warning(self.sft, self.data)
+        return [warning] if warning else []
+
+    def run_record(self) -> dict[str, Any]:
+        return {"data": _data_summary(self.data)}
+
+    def finished(self, run_dir: RunDirectory, checkpoint: Checkpoint) -> SFTOutcome:
+        return SFTRun(self.sft, run_dir, None, self.data, ObserverSet()).finished(checkpoint)
+
+    async def start(
+        self, run_dir: RunDirectory, training_client: Any, observers: ObserverSet, stop: asyncio.Event | None
+    ) -> SFTRun:
+        return SFTRun(self.sft, run_dir, training_client, self.data, observers, stop=stop)
+
+
 async def train(
     project: Project, *, observers: list[Any] | None = None, stop: asyncio.Event | None = None
 ) -> SFTOutcome:
-    """Train (or resume) the run; returns its `SFTOutcome`."""
-    config: SFTConfig = project.config  # type: ignore[assignment]
+    """Train (or resume) the run; returns its `SFTOutcome`. The data is read and planned before anything else,
+    so a data problem never costs a run directory or a trainer."""
+    config = project.config_as(SFTConfig)
     tokenizer = await _tokenizer(config)
     data = await asyncio.to_thread(SFTData.load, config, tokenizer, config_path=project.path)
     if not len(data.train):
         raise DataError(f"no row of {config.data.train} trains: run `loops check {project.path}` to see why")
-    run_dir = RunDirectory.create(config.output.output_dir, config.output.run_name, project.path.stem)
-    resumed = run_dir.read_run_json()
-    drift = resume_drift("sft", resumed, json.loads(config.model_dump_json()), str(run_dir.root))
-    lock = RunLock.claim(run_dir.root)
-    try:
-        warning = held_out_warning(config, data)
-        warned = [f"warning: {warning}"] if warning else []
-        for line in drift + warned:
-            log.warning("%s: %s", run_dir.root, line)
-        with (run_dir.root / "run.log").open("a") as log_file:
-            log_file.write("\n".join(project.describe() + drift + plan_lines(config, data) + warned) + "\n")
-        observer_set = ObserverSet(
-            run_observers(config.output, json.loads(config.model_dump_json()), observers)
-        )
-
-        def started(start: int) -> None:
-            observer_set.emit(
-                "on_start",
-                {
-                    "run_dir": str(run_dir.root),
-                    "recipe": "sft",
-                    "model": config.model.base_model,
-                    "scope": config.compute.scope,
-                    "max_steps": data.plan.total_steps,
-                    "start_step": start,
-                },
-            )
-
-        done = run_dir.finished(data.plan.total_steps)
-        if done is not None and done.step == data.plan.total_steps:
-            # A rerun of a finished run: answered from its files, without a Loops client (which on a dedicated
-            # scope could provision billable capacity for nothing) and without touching run.json.
-            log.warning("%s", run_dir.note_complete(done, "raise training.max_steps or epochs to train on"))
-            started(done.step)
-            return SFTRun(config, run_dir, None, data, observer_set).finished(done)
-        connection = await LoopsConnection.open(config.compute, state_dir=run_dir.state / "local_loops")
-        try:
-            tc = await connection.training_client(
-                config.model.base_model,
-                rank=config.model.lora_rank,
-                seed=config.training.seed,
-                max_seq_len=config.model.max_seq_len,
-            )
-            run_dir.record_attempt(
-                resumed,
-                tc.run_id,
-                {
-                    "recipe": "sft",
-                    "model": config.model.base_model,
-                    "scope": config.compute.scope,
-                    "config_path": str(project.path),
-                    "config": json.loads(config.model_dump_json()),
-                    "data": _data_summary(data),
-                },
-            )
-            run = SFTRun(config, run_dir, tc, data, observer_set, stop=stop)
-            start = await run.resume_point()
-            started(start)
-            return await run.execute(start)
-        finally:
-            await connection.close()
-    finally:
-        lock.release()
+    outcome = await run_recipe(
+        SFTRecipe(config, project.path, data), project.describe(), observers=observers, stop=stop
+    )
+    assert isinstance(outcome, SFTOutcome)
+    return outcome

@@ -37,10 +37,10 @@ from typing import Any
 import jinja2
 
 from loops_nb.errors import ConfigError
+from loops_nb.llm.templates import ChatTemplate
 from loops_nb.sft.data import ChatRow, RefusedRow, Row, RowResult, TokenizedRow
 from loops_nb.sft.refusal_wording import LENGTH_FIX
 from loops_nb.sft.survival import check_context, check_trained_turn
-from loops_nb.sft.templates import ChatTemplate
 from loops_nb.sft.tokenization import AddedTokenEncoder
 
 # End-of-turn tokens of common chat formats; those the tokenizer has (plus its eos token) are the default stops.

@@ -1,17 +1,16 @@
 """The SFT training loop: one forward_backward and one optim_step per planned batch, evaluation,
-checkpoints, logs, and an exact resume.
+checkpoints and logs — on the shared run skeleton (`loops_nb.run.recipe_run`).
 
 Per step ``s`` (0-based): the batch ``plan.batch(s)`` is rebuilt from the data files, trained with
 ``cross_entropy`` (token weights from the target rule), and one ``optim_step`` applies it with the learning
 rate of step ``s``. ``steps.jsonl`` gets one record per optimizer step, with the batch's identity (a hash of its
 example ids) so two runs can be compared step by step. Every ``eval_every`` steps, before the first step and at
-the end, the held-out loss is measured (forward only). Every ``save_every`` steps and at the end the trainer
-state is saved (``checkpoints.jsonl``); at the end also the sampler weights.
+the end, the held-out loss is measured (forward only); ``evals.jsonl`` keeps it.
 
-Exactly-once: a checkpoint at ``k`` means steps ``0..k-1`` were applied. A resumed run loads it with the
-optimizer state, cuts the logs back to it (``RunDirectory.rewind_to``), checks that the steps it keeps trained
-the batches the plan gives now, and continues at step ``k``. Since the plan is a pure function of the data and
-the config, no batch is replayed or skipped.
+Exactly-once (the skeleton's): a checkpoint at ``k`` means steps ``0..k-1`` were applied. A resumed run loads
+it, cuts the logs back to it, checks that the steps it keeps trained the batches the plan gives now, and
+continues at step ``k``. Since the plan is a pure function of the data and the config, no batch is replayed or
+skipped.
 """
 
 from __future__ import annotations
@@ -24,8 +23,9 @@ from typing import Any
 
 from loops_nb.errors import UserError
 from loops_nb.observers import ObserverSet
-from loops_nb.rl.loop import Outcome
-from loops_nb.rl.policy import AdamSettings
+from loops_nb.run.optimizer import AdamSettings
+from loops_nb.run.outcome import Outcome
+from loops_nb.run.recipe_run import RecipeRun
 from loops_nb.run_dir import Checkpoint, JsonlLog, RunDirectory
 from loops_nb.sft.batching import SFTData, batch_id
 from loops_nb.sft.config import SFTConfig
@@ -51,7 +51,9 @@ class SFTOutcome(Outcome):
         return lines
 
 
-class SFTRun:
+class SFTRun(RecipeRun):
+    """The SFT recipe's steps: the plan's batch, one cross-entropy step, held-out evaluations."""
+
     def __init__(
         self,
         config: SFTConfig,
@@ -62,16 +64,21 @@ class SFTRun:
         *,
         stop: asyncio.Event | None = None,
     ) -> None:
-        self.config = config
-        self.run_dir = run_dir
-        self.tc = training_client
-        self.data = data
-        self.observers = observers
-        self.stop = stop or asyncio.Event()
         t = config.training
-        self.adam = AdamSettings.of(t)
+        super().__init__(
+            run_dir,
+            training_client,
+            observers,
+            total_steps=data.plan.total_steps,
+            save_every=t.save_every,
+            stop=stop,
+        )
+        self.config = config
+        self.data = data
+        self.adam = AdamSettings.of(t, t.learning_rate)
         self.evals = JsonlLog(run_dir.root / "evals.jsonl")
         self._eval_examples: list[Example] = []
+        self._eval_before: float | None = None
 
     def lr(self, step: int) -> float:
         t = self.config.training
@@ -83,61 +90,40 @@ class SFTRun:
             warmup_steps=t.warmup_steps,
         )
 
-    async def resume_point(self) -> int:
-        """Load the last checkpoint (with the optimizer) and cut the logs back to it; 0 for a fresh run."""
-        checkpoint = self.run_dir.last_checkpoint()
-        if checkpoint is None:
-            # Killed before its first checkpoint: the fresh trainer starts over, so must the logs.
-            self.run_dir.rewind_to(0)
-            self.evals.keep(lambda r: False)
-            return 0
-        plan = self.data.plan
-        if checkpoint.step > plan.total_steps:
-            raise UserError(
-                f"{self.run_dir.root} has a checkpoint at step {checkpoint.step}, past the {plan.total_steps} steps "
-                "this config plans; use a new output.run_name (or raise training.max_steps / epochs)"
-            )
-        future = await self.tc.load_state_with_optimizer_async(checkpoint.path)
-        await future.result_async()
-        self.run_dir.rewind_to(checkpoint.step)
-        self.evals.keep(lambda r: r.get("step", 0) <= checkpoint.step)
-        self._check_plan()
-        log.info("resuming %s at step %d from %s", self.run_dir.root, checkpoint.step, checkpoint.path)
-        return checkpoint.step
+    def rewind(self, step: int) -> None:
+        super().rewind(step)
+        self.evals.keep(lambda r: r.get("step", 0) <= step)
 
-    async def execute(self, start: int) -> SFTOutcome:
-        t = self.config.training
-        plan = self.data.plan
-        started = time.monotonic()
+    def start_over(self) -> None:
+        super().start_over()
+        self.evals.keep(lambda r: False)
+
+    async def load_checkpoint(self, checkpoint: Checkpoint) -> None:
+        await super().load_checkpoint(checkpoint)
+        self._check_plan(up_to=checkpoint.step)
+
+    async def begin(self, start: int) -> None:
         self._eval_examples = await asyncio.to_thread(self.data.eval_examples)
-        before = next((r["eval/loss"] for r in self.evals.records() if r.get("step") == 0), None)
-        if before is None and start == 0 and self._eval_examples:
-            before = (await self._evaluate(0)).loss
-        status, metrics, step = "completed", {}, start
-        try:
-            for batch in plan.batches(start):
-                if self.stop.is_set():
-                    status = "stopped"
-                    break
-                metrics = await self._train_step(batch.step, batch.epoch, batch.indices)
-                step = batch.step + 1
-                if t.save_every and step % t.save_every == 0 and step < plan.total_steps:
-                    await self._checkpoint(step, sampler=False)
-            else:
-                step = plan.total_steps
-        except Exception as exc:
-            raise self.run_dir.record_failure(step, exc) from exc
-        if status == "stopped" and self._eval_examples and step > start:
-            # A completed run evaluated with its last step; a stopped one is measured where it stopped.
-            metrics = {**metrics, **(await self._evaluate(step)).record()}
-        checkpoint = await self._checkpoint(step, sampler=True)
-        return self._outcome(status, step, start, checkpoint, started, before, metrics)
+        self._eval_before = self._logged_eval_before()
+        if self._eval_before is None and start == 0 and self._eval_examples:
+            self._eval_before = (await self._evaluate(0)).loss
 
-    def _check_plan(self) -> None:
+    async def when_stopped(self, step: int, start: int, metrics: dict[str, Any]) -> dict[str, Any]:
+        # A completed run evaluated with its last step; a stopped one is measured where it stopped.
+        if not self._eval_examples:
+            return metrics
+        return {**metrics, **(await self._evaluate(step)).record()}
+
+    def _logged_eval_before(self) -> float | None:
+        return next((r["eval/loss"] for r in self.evals.records() if r.get("step") == 0), None)
+
+    def _check_plan(self, up_to: int | None = None) -> None:
         """Refuse a run whose logged steps trained other batches than the plan gives them now."""
         plan = self.data.plan
         for record in self.run_dir.steps.records():
             step = record["step"]
+            if up_to is not None and step >= up_to:
+                continue  # past the checkpoint: cut by the rewind, redone from the plan
             if record.get("batch") != plan.batch_id(step):
                 raise UserError(
                     f"{self.run_dir.root}: step {step} trained batch {record.get('batch')}, but the data and "
@@ -150,24 +136,21 @@ class SFTRun:
         nothing is trained, evaluated or saved, and no training client is needed. Its steps must still be the
         plan's, as on a resume: a changed plan is refused, not reported as this run."""
         self._check_plan()
-        before = next((r["eval/loss"] for r in self.evals.records() if r.get("step") == 0), None)
+        self._eval_before = self._logged_eval_before()
         step = checkpoint.step
-        return self._outcome("completed", step, step, checkpoint, time.monotonic(), before)
+        return self.outcome("completed", step, step, checkpoint, 0.0, self.run_dir.last_step_record())
 
-    def _outcome(
+    def outcome(
         self,
         status: str,
         step: int,
         start: int,
         checkpoint: Checkpoint,
-        started: float,
-        before: float | None,
-        metrics: dict[str, Any] | None = None,
+        seconds: float,
+        metrics: dict[str, Any],
     ) -> SFTOutcome:
-        if metrics is None:
-            metrics = self.run_dir.last_step_record()
         last_eval = next(iter(reversed(list(self.evals.records()))), None)
-        outcome = SFTOutcome(
+        return SFTOutcome(
             run_dir=str(self.run_dir.root),
             status=status,
             steps=step,
@@ -175,33 +158,32 @@ class SFTRun:
             last_metrics=metrics,
             checkpoint=checkpoint.path,
             sampler_path=checkpoint.sampler_path,
-            seconds=time.monotonic() - started,
-            eval_loss_before=before,
+            seconds=seconds,
+            eval_loss_before=self._eval_before,
             eval_loss=last_eval["eval/loss"] if last_eval else None,
         )
-        self.observers.emit("on_end", {"status": status, "steps": step, "seconds": outcome.seconds})
-        return outcome
 
-    async def _train_step(self, step: int, epoch: int, indices: tuple[int, ...]) -> dict[str, Any]:
+    async def train_step(self, step: int) -> dict[str, Any]:
         step_started = time.perf_counter()
-        examples = await asyncio.to_thread(self.data.train.load, indices, self.data.renderer)
+        batch = self.data.plan.batch(step)
+        examples = await asyncio.to_thread(self.data.train.load, batch.indices, self.data.renderer)
         lr = self.lr(step)
-        fb = await self.tc.forward_backward_async(
+        fb = await self.training_client.forward_backward_async(
             [example_datum(e) for e in examples], loss_fn="cross_entropy"
         )
         out = await fb.result_async()
-        optim = await self.tc.optim_step_async(self.adam.params(lr))
+        optim = await self.training_client.optim_step_async(self.adam.params(lr))
         optim_out = await optim.result_async()
         nll, weight = weighted_nll(examples, out.loss_fn_outputs)
         record: dict[str, Any] = {
             "step": step,
-            "epoch": epoch,
+            "epoch": batch.epoch,
             "loss": nll / weight if weight else 0.0,
             "learning_rate": lr,
             "tokens/trained": sum(e.n_trained for e in examples),
             "tokens/total": sum(e.n_tokens for e in examples),
             "examples": len(examples),
-            "batch": batch_id(self.data.train, indices),
+            "batch": batch_id(self.data.train, batch.indices),
         }
         for key, value in (getattr(optim_out, "metrics", None) or {}).items():
             if key == "grad_norm" and isinstance(value, int | float):
@@ -218,7 +200,9 @@ class SFTRun:
 
     async def _evaluate(self, steps_applied: int) -> EvalResult:
         started = time.perf_counter()
-        result = await held_out_loss(self.tc, self._eval_examples, self.config.training.batch_tokens)
+        result = await held_out_loss(
+            self.training_client, self._eval_examples, self.config.training.batch_tokens
+        )
         self.evals.append(
             {
                 "step": steps_applied,
@@ -228,14 +212,3 @@ class SFTRun:
             }
         )
         return result
-
-    async def _checkpoint(self, step: int, *, sampler: bool) -> Checkpoint:
-        future = await self.tc.save_state_async(f"state-{step:06d}")
-        path = str((await future.result_async()).path)
-        sampler_path = None
-        if sampler:
-            future = await self.tc.save_weights_for_sampler_async(f"final-{step:06d}")
-            sampler_path = str((await future.result_async()).path)
-        checkpoint = Checkpoint(step=step, path=path, sampler_path=sampler_path)
-        self.run_dir.record_checkpoint(checkpoint)
-        return checkpoint

@@ -14,13 +14,15 @@ import pytest
 import torch
 
 from loops_nb.rl.custom_loss import (
+    TrainingLoss,
     importance_sampling,
     kl_to_reference,
     needs_reference_logprobs,
     resolve_custom_loss,
 )
 from loops_nb.rl.datums import SequenceDatum
-from loops_nb.rl.policy import AdamSettings, Policy
+from loops_nb.rl.policy import Policy
+from loops_nb.run.optimizer import AdamSettings
 
 # eps = 1 keeps Adam's first step roughly linear in the gradient (with a tiny eps it is lr·sign(g) and would
 # hide a mis-scaled gradient); no clipping, so the norm we compare is the raw one.
@@ -64,16 +66,7 @@ def _lora(embedded_loops, policy: Policy) -> dict[str, torch.Tensor]:
 
 
 def _step(policy: Policy, datums, loss) -> dict[str, float]:
-    custom = resolve_custom_loss(loss) if callable(loss) else None
-    return asyncio.run(
-        policy.train_step(
-            datums,
-            loss="custom" if custom else loss,
-            loss_config=None,
-            adam=ADAM,
-            custom_loss=custom,
-        )
-    )
+    return asyncio.run(policy.train_step(datums, loss=TrainingLoss.of(loss), adam=ADAM))
 
 
 def test_custom_importance_sampling_equals_the_builtin_update(svc, embedded_loops, tiny_chat_model, datums):

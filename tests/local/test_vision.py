@@ -11,17 +11,15 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from baseten.loops import AdamParams, ImageChunk, ModelInput, SamplingParams
+from helpers import import_file, read_jsonl, run_cli
 
-from loops_nb.llm.vision import VisionRenderer, load_processor, model_input
+from loops_nb.llm.model_input import model_input
+from loops_nb.llm.vision import VisionRenderer, load_processor
 from loops_nb.local.tiny_vlm import TINY_VLM
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,14 +43,8 @@ def renderer(vlm_path: Path) -> VisionRenderer:
 
 @pytest.fixture(scope="module")
 def circles():
-    import importlib.util
-
     # By path, under its own name: other tests import other examples' `episode` modules.
-    spec = importlib.util.spec_from_file_location("counting_episode", COUNTING / "episode.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.draw_circles(3, seed=1)
+    return import_file(COUNTING / "episode.py", "counting_episode").draw_circles(3, seed=1)
 
 
 def _messages(part):
@@ -193,30 +185,16 @@ def test_the_model_client_captures_images_into_training_datums(svc, renderer, ci
 
 @pytest.mark.slow
 def test_the_counting_example_checks_its_images_and_trains(tmp_path: Path, model_cache_dir: Path) -> None:
-    env = {**os.environ, "LOOPS_NB_CACHE": str(model_cache_dir), "HF_HUB_OFFLINE": "1"}
-    config = str(COUNTING / "train_local.toml")
+    env = {"LOOPS_NB_CACHE": str(model_cache_dir), "HF_HUB_OFFLINE": "1"}
+    config = COUNTING / "train_local.toml"
     common = ["--output.output_dir", str(tmp_path)]
-    check = subprocess.run(
-        [sys.executable, "-m", "loops_nb.cli", "check", config, *common],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp_path,
-    )
+    check = run_cli("check", config, *common, env=env, timeout=600, cwd=tmp_path)
     assert check.returncode == 0, check.stderr[-3000:]
     assert "16 image(s) costing 256 image tokens" in check.stdout
     assert "prompt circles-000: " in check.stdout and "224x224 px -> 16 tokens" in check.stdout
-    run = subprocess.run(
-        [sys.executable, "-m", "loops_nb.cli", "run", config, *common, "--output.run_name", "count"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=tmp_path,
-    )
+    run = run_cli("run", config, *common, "--output.run_name", "count", env=env, timeout=900, cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
-    steps = [json.loads(line) for line in (tmp_path / "count" / "steps.jsonl").read_text().splitlines()]
+    steps = read_jsonl(tmp_path / "count" / "steps.jsonl")
     assert len(steps) == 2
     assert sum(s["tokens/trained"] for s in steps) > 0  # a training step ran on image prompts
     assert all(abs(s["kl/sample_train_v1"]) < 1e-3 for s in steps if s["tokens/trained"])

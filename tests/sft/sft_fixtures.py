@@ -12,7 +12,7 @@ import json
 from functools import cache
 from typing import Any
 
-from loops_nb.sft.templates import SMOLLM2_CHAT_TEMPLATE, TOOL_CAPABLE_CHATML_TEMPLATE
+from loops_nb.llm.templates import SMOLLM2_CHAT_TEMPLATE, TOOL_CAPABLE_CHATML_TEMPLATE
 
 # Qwen3's template (Qwen/Qwen3-8B tokenizer_config.json), unchanged but for whitespace: reasoning is kept only for
 # assistant turns after the last user query, and the last turn always carries a <think> block.

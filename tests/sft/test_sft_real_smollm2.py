@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from loops_nb.llm.templates import SMOLLM2_CHAT_TEMPLATE, TOOL_CAPABLE_CHATML_TEMPLATE
 from loops_nb.sft.data import parse_row
 from loops_nb.sft.rendering import RenderedRow, Renderer
-from loops_nb.sft.templates import SMOLLM2_CHAT_TEMPLATE, TOOL_CAPABLE_CHATML_TEMPLATE
 
 TOOL_ROW = {
     "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}],

@@ -9,9 +9,9 @@ import pytest
 from sft_fixtures import LLAMA3_TEMPLATE
 
 from loops_nb.errors import ConfigError
+from loops_nb.llm.templates import parse_tool_calls
 from loops_nb.sft.data import ChatRow, RefusedRow, parse_row
 from loops_nb.sft.rendering import Example, RenderedRow, Renderer
-from loops_nb.sft.templates import parse_tool_calls
 
 USER = {"role": "user", "content": "What is the capital of France?"}
 PARIS = {"role": "assistant", "content": "Paris."}
@@ -238,7 +238,7 @@ def test_tool_capable_template_keeps_tool_calls(smollm2_tools: Any) -> None:
 
 
 def test_same_template_via_override(smollm2: Any) -> None:
-    from loops_nb.sft.templates import TOOL_CAPABLE_CHATML_TEMPLATE
+    from loops_nb.llm.templates import TOOL_CAPABLE_CHATML_TEMPLATE
 
     result = render(smollm2, TOOL_ROW, chat_template=TOOL_CAPABLE_CHATML_TEMPLATE)
     assert isinstance(result, RenderedRow)
@@ -386,7 +386,7 @@ def test_a_trained_opening_assistant_turn_is_refused(smollm2: Any) -> None:
 def test_public_apply_chat_template_path_gives_the_same_examples(
     qwen3: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from loops_nb.sft.templates import ChatTemplate
+    from loops_nb.llm.templates import ChatTemplate
 
     row = {"messages": [USER, {"role": "assistant", "content": "<think>x</think>Paris."}, USER, PARIS]}
     fast = rendered(qwen3, row)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from loops_nb.sft.templates import (
+from loops_nb.llm.templates import (
     SMOLLM2_CHAT_TEMPLATE,
     TOOL_CAPABLE_CHATML_TEMPLATE,
     parse_assistant_text,

@@ -10,25 +10,23 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import read_jsonl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sft_fixtures import write_jsonl
+from tiny_models import build_tiny_chat_model
 
 from loops_nb import load
 from loops_nb.compute import LoopsConnection
 from loops_nb.errors import DataError, UserError
-from loops_nb.sft import compare, learning_rate, score_reply
+from loops_nb.sft import learning_rate, score_reply
 from loops_nb.sft.batching import BatchPlan, ExampleIndex, is_held_out, pack, stream_rendered
-from loops_nb.sft.compare import COLUMNS, normalise_text
+from loops_nb.sft.compare import COLUMNS, compare, normalise_text
 from loops_nb.sft.data import Message
 from loops_nb.sft.rendering import Renderer
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tiny_models import build_tiny_chat_model
 
 # -- learning-rate schedule ------------------------------------------------------------------------------------
 
@@ -242,7 +240,7 @@ def test_check_reports_bad_rows_and_the_plan(trained):
 def test_training_lowers_the_held_out_loss_and_writes_the_run(trained):
     _project, report, outcome = trained
     run = Path(outcome.run_dir)
-    steps = [json.loads(line) for line in (run / "steps.jsonl").read_text().splitlines()]
+    steps = read_jsonl(run / "steps.jsonl")
     assert [s["step"] for s in steps] == list(range(report.total_steps)) == list(range(outcome.steps))
     assert outcome.status == "completed" and outcome.sampler_path
     for key in (
@@ -264,7 +262,7 @@ def test_training_lowers_the_held_out_loss_and_writes_the_run(trained):
     assert run_json["recipe"] == "sft" and run_json["data"]["held_out_rows"] == len(held)
     assert run_json["data"]["rows_refused"] == len({11, 12, 13} - set(held))
     assert run_json["data"]["examples"] == 48 - len(set(held) - {11, 12, 13})
-    checkpoints = [json.loads(line) for line in (run / "checkpoints.jsonl").read_text().splitlines()]
+    checkpoints = read_jsonl(run / "checkpoints.jsonl")
     assert [c["step"] for c in checkpoints] == [5, outcome.steps]
     assert any("held-out loss:" in line for line in outcome.describe())
 
@@ -349,7 +347,7 @@ async def test_a_run_killed_before_its_first_checkpoint_starts_over_and_a_change
     (run / "steps.jsonl").write_text(json.dumps({"step": 0, "batch": "left-over"}) + "\n")
     (run / "evals.jsonl").write_text(json.dumps({"step": 0, "eval/loss": 9.0}) + "\n")
     outcome = await load(config).train(observers=[])
-    steps = [json.loads(line) for line in (run / "steps.jsonl").read_text().splitlines()]
+    steps = read_jsonl(run / "steps.jsonl")
     assert [s["step"] for s in steps] == [0, 1, 2] and steps[0]["batch"] != "left-over"
     assert outcome.eval_loss_before != 9.0
     with pytest.raises(UserError, match=r"Use a new output\.run_name"):

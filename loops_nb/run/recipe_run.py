@@ -1,0 +1,180 @@
+"""`RecipeRun`: the step loop both recipes share — resume, step, stop, checkpoint, fail, finish.
+
+Exactly-once: a checkpoint at ``k`` means steps ``0..k-1`` were applied. `resume_point` loads the last one
+with the optimizer state and cuts the logs back to it; `execute` then runs steps ``k..total-1``, saving
+every ``save_every`` steps and, at the end (or when stopped), the final checkpoint with the sampler
+weights. Any failure after the first step is a `RunFailed` naming the step and the checkpoint a rerun
+resumes from — the final checkpoint's included, in every recipe.
+
+A recipe subclasses it and supplies `train_step` (one optimizer step, logged) and, where it needs them,
+the hooks `begin` (before the first step), `end` (after the last, always), `load_checkpoint`, `rewind`,
+`start_over`, `when_stopped`, `checkpoint_extra` and `outcome`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from abc import ABC, abstractmethod
+from typing import Any
+
+from loops_nb.errors import RunFailed, UserError
+from loops_nb.observers import ObserverSet
+from loops_nb.run.outcome import Outcome
+from loops_nb.run_dir import Checkpoint, RunDirectory
+
+log = logging.getLogger(__name__)
+
+
+class RecipeRun(ABC):
+    """One process's part of a run: from its resume point to its final checkpoint."""
+
+    def __init__(
+        self,
+        run_dir: RunDirectory,
+        training_client: Any,
+        observers: ObserverSet,
+        *,
+        total_steps: int,
+        save_every: int,
+        stop: asyncio.Event | None = None,
+    ) -> None:
+        self.run_dir = run_dir
+        self.training_client = training_client
+        self.observers = observers
+        self.total_steps = total_steps
+        self.save_every = save_every
+        self.stop = stop or asyncio.Event()
+
+    @abstractmethod
+    async def train_step(self, step: int) -> dict[str, Any]:
+        """Produce step ``step``'s data, train one optimizer step on it, log it; returns its record."""
+
+    async def begin(self, start: int) -> None:
+        """Before the first step of this process (RL: tasks, the scheduler, the first publish)."""
+        return None
+
+    async def end(self) -> None:
+        """After the last step, whether the loop finished, stopped or failed (RL: stop the scheduler)."""
+        return None
+
+    async def when_stopped(self, step: int, start: int, metrics: dict[str, Any]) -> dict[str, Any]:
+        """The metrics to report for a run stopped after ``step`` steps (SFT measures its held-out loss)."""
+        return metrics
+
+    async def load_checkpoint(self, checkpoint: Checkpoint) -> None:
+        """Load a checkpoint's trainer state with its optimizer state."""
+        future = await self.training_client.load_state_with_optimizer_async(checkpoint.path)
+        await future.result_async()
+
+    def rewind(self, step: int) -> None:
+        """Forget every record past ``step`` (a recipe with logs of its own cuts them too)."""
+        self.run_dir.rewind_to(step)
+
+    def start_over(self) -> None:
+        """Forget every record: the run was killed before its first checkpoint, and the fresh trainer starts
+        over from step 0."""
+        self.run_dir.rewind_to(0)
+
+    def checkpoint_extra(self) -> dict[str, Any] | None:
+        """What a checkpoint records besides its step and paths (RL: the policy version)."""
+        return None
+
+    def outcome(
+        self,
+        status: str,
+        step: int,
+        start: int,
+        checkpoint: Checkpoint,
+        seconds: float,
+        metrics: dict[str, Any],
+    ) -> Outcome:
+        return Outcome(
+            run_dir=str(self.run_dir.root),
+            status=status,
+            steps=step,
+            start_step=start,
+            last_metrics=metrics,
+            checkpoint=checkpoint.path,
+            sampler_path=checkpoint.sampler_path,
+            seconds=seconds,
+        )
+
+    async def resume_point(self) -> int:
+        """Load the last checkpoint and cut the logs back to it; 0 for a fresh run (or one killed before its
+        first checkpoint, whose logs are redone from step 0)."""
+        checkpoint = self.run_dir.last_checkpoint()
+        if checkpoint is None:
+            self.start_over()
+            return 0
+        await self.load_checkpoint(checkpoint)
+        self.rewind(checkpoint.step)
+        log.info("resuming %s at step %d from %s", self.run_dir.root, checkpoint.step, checkpoint.path)
+        return checkpoint.step
+
+    async def execute(self, start: int) -> Outcome:
+        """Run steps ``start..total_steps-1`` (or until `stop` is set) and save the final checkpoint."""
+        started = time.monotonic()
+        last = self.run_dir.last_checkpoint()
+        if start >= self.total_steps and last is not None and last.step == start and last.sampler_path:
+            # Resumed at its end (a finished run): nothing to train, and nothing to save again.
+            outcome = self.outcome("completed", start, start, last, 0.0, self.run_dir.last_step_record())
+            self.observers.emit("on_end", {"status": "completed", "steps": start, "seconds": 0.0})
+            return outcome
+        try:
+            await self.begin(start)
+        except UserError:
+            await self.end()
+            raise
+        except (
+            Exception
+        ) as exc:  # the recipe's own setup (a runtime's tasks()): resumable, like a trainer fault
+            await self.end()
+            raise self.failed(start, exc) from exc
+        status, step, metrics = "completed", start, {}
+        try:
+            for step in range(start, self.total_steps):
+                if self.stop.is_set():
+                    status = "stopped"
+                    break
+                metrics = await self.train_step(step)
+                done = step + 1
+                if self.save_every and done % self.save_every == 0 and done < self.total_steps:
+                    await self.save(done, sampler=False)
+            else:
+                step = self.total_steps
+        except Exception as exc:
+            raise self.failed(step, exc) from exc
+        finally:
+            await self.end()
+        if status == "stopped" and step > start:
+            metrics = await self.when_stopped(step, start, metrics)
+        try:
+            checkpoint = await self.save(step, sampler=True)
+        except Exception as exc:  # e.g. a full disk or a restarted Loops: the last periodic checkpoint stands
+            raise self.failed(step, exc) from exc
+        outcome = self.outcome(status, step, start, checkpoint, time.monotonic() - started, metrics)
+        self.observers.emit("on_end", {"status": status, "steps": step, "seconds": outcome.seconds})
+        return outcome
+
+    def failed(self, step: int, exc: BaseException) -> RunFailed:
+        # Raised, not logged: the CLI prints it once, train() raises it, and run.log gets the traceback.
+        return self.run_dir.record_failure(step, exc)
+
+    async def save_state(self, name: str) -> str:
+        future = await self.training_client.save_state_async(name)
+        return str((await future.result_async()).path)
+
+    async def save(self, step: int, *, sampler: bool) -> Checkpoint:
+        """Save the trainer state after ``step`` steps (and the sampler weights) and record it."""
+        path = await self.save_state(f"state-{step:06d}")
+        sampler_path = None
+        if sampler:
+            future = await self.training_client.save_weights_for_sampler_async(f"final-{step:06d}")
+            sampler_path = str((await future.result_async()).path)
+        checkpoint = Checkpoint(
+            step=step, path=path, sampler_path=sampler_path, extra=self.checkpoint_extra()
+        )
+        self.run_dir.record_checkpoint(checkpoint)
+        return checkpoint
