@@ -9,8 +9,9 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import run_cli_in_process, start_cli
 
-from loops_nb.cli import main, split_overrides
+from loops_nb.config import split_overrides
 from loops_nb.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -18,12 +19,6 @@ GOOD = """recipe = "rl"
 [runtime]
 factory = "episode:HiddenGame"
 """
-
-
-def run_cli(args, capsys):
-    code = main(args)
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 @pytest.mark.parametrize(
@@ -34,23 +29,23 @@ def run_cli(args, capsys):
         (GOOD + '[compute]\nscope = "serverless"\nreplicas = 2\n', "compute.replicas: sizes a deployment"),
     ],
 )
-def test_check_refuses_bad_configs_with_one_line(tmp_path, capsys, body, needle):
+def test_check_refuses_bad_configs_with_one_line(tmp_path, body, needle):
     cfg = tmp_path / "train.toml"
     cfg.write_text(body)
-    code, _, err = run_cli(["check", str(cfg)], capsys)
+    code, _, err = run_cli_in_process("check", str(cfg))
     assert code == 2
     assert needle in err and str(cfg) in err
     assert len(err.strip().splitlines()) == 1
     assert "Traceback" not in err
 
 
-def test_check_refuses_a_missing_file(tmp_path, capsys, monkeypatch):
+def test_check_refuses_a_missing_file(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    code, _, err = run_cli(["check", "missing.toml"], capsys)
+    code, _, err = run_cli_in_process("check", "missing.toml")
     assert code == 2 and "missing.toml: no such config file" in err
 
 
-def test_overrides_on_the_command_line(tmp_path, capsys):
+def test_overrides_on_the_command_line(tmp_path):
     assert split_overrides(["--training.max_steps", "5", "--compute.scope=local"]) == {
         "training.max_steps": 5,
         "compute.scope": "local",
@@ -59,12 +54,12 @@ def test_overrides_on_the_command_line(tmp_path, capsys):
         split_overrides(["--training.max_steps"])
     cfg = tmp_path / "train.toml"
     cfg.write_text(GOOD)
-    code, _, err = run_cli(["check", str(cfg), "--training.group_size", "0"], capsys)
+    code, _, err = run_cli_in_process("check", str(cfg), "--training.group_size", "0")
     assert code == 2 and "override --training.group_size" in err
 
 
-def test_run_help_lists_every_setting_with_its_default(capsys):
-    code, out, _ = run_cli(["run", "--help"], capsys)
+def test_run_help_lists_every_setting_with_its_default():
+    code, out, _ = run_cli_in_process("run", "--help")
     assert code == 0
     assert "--training.max_steps int  (default 10)" in out
     assert "--training.batch_tokens" in out and "--data.train" in out  # the SFT recipe's settings too
@@ -81,17 +76,12 @@ def test_serverless_without_a_key_is_one_clear_line(tmp_path, capsys, monkeypatc
 
 @pytest.mark.slow
 def test_loops_serve_runs_an_unchanged_sdk_script(tmp_path, tiny_chat_model_path):
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "loops_nb.cli",
-            "serve",
-            "--state-dir",
-            str(tmp_path / "state"),
-            "--device",
-            "cpu",
-        ],
+    server = start_cli(
+        "serve",
+        "--state-dir",
+        tmp_path / "state",
+        "--device",
+        "cpu",
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
