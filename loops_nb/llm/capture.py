@@ -9,8 +9,12 @@ not targets); a call that does not extend it starts a new sequence, and the reas
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from loops_nb.llm.vision import PromptImage
 
 REASON_NOT_EXTENDING = "prompt_does_not_extend_previous_turn"
 
@@ -101,7 +105,7 @@ class TokenCapture:
         return [c.policy_version for c in self.calls]
 
 
-def extends(call: ModelCall, tokens: list[int], images: Any) -> bool:
+def extends(call: ModelCall, tokens: list[int], images: Sequence[PromptImage]) -> bool:
     """Whether `call`'s prompt starts with `tokens` and, where images sit in them, the same images."""
     if call.prompt_tokens[: len(tokens)] != tokens:
         return False

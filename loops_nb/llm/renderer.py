@@ -12,9 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loops_nb.llm.templates import ChatTemplate, parse_assistant_text
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>")
 """Tokens that end an assistant turn in common chat templates; those in the vocabulary stop sampling."""
@@ -34,7 +37,7 @@ class ParsedReply:
 class ChatRenderer:
     """A tokenizer plus chat template: messages in, prompt tokens out; sampled tokens in, reply out."""
 
-    def __init__(self, tokenizer: Any, chat_template: str | None = None) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, chat_template: str | None = None) -> None:
         self.tokenizer = tokenizer
         self.template = ChatTemplate(tokenizer, chat_template)
         vocab = tokenizer.get_vocab()
@@ -53,9 +56,11 @@ class ChatRenderer:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def decode(self, tokens: Sequence[int], *, skip_special: bool = False) -> str:
-        return self.tokenizer.decode(
+        text = self.tokenizer.decode(
             list(tokens), skip_special_tokens=skip_special, clean_up_tokenization_spaces=False
         )
+        assert isinstance(text, str)  # a flat list of ids decodes to one string
+        return text
 
     def prompt_tokens(
         self,

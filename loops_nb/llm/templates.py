@@ -13,11 +13,14 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loops_nb.errors import ConfigError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 # Verbatim from the SmolLM2-Instruct GGUF metadata (tokenizer.chat_template).
 SMOLLM2_CHAT_TEMPLATE = (
@@ -149,7 +152,10 @@ class ChatTemplate:
     """
 
     def __init__(
-        self, tokenizer: Any, template: str | None = None, variables: Mapping[str, Any] | None = None
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        template: str | None = None,
+        variables: Mapping[str, Any] | None = None,
     ) -> None:
         self._tokenizer = tokenizer
         self._override = template
@@ -188,14 +194,18 @@ class ChatTemplate:
         """Render messages to text. Template errors (``raise_exception``, bad data) propagate as Jinja errors."""
         compiled = self._compiled_for(bool(tools))
         if compiled is False:
-            return self._tokenizer.apply_chat_template(
+            # apply_chat_template's tools are a list of schemas or functions; a list of schemas is one.
+            schemas: list[dict[str, Any] | Callable[..., Any]] | None = None if tools is None else list(tools)
+            text = self._tokenizer.apply_chat_template(
                 messages,
-                tools=tools,
+                tools=schemas,
                 chat_template=self.source_with_tools if tools else self.source,
                 add_generation_prompt=add_generation_prompt,
                 tokenize=False,
                 **self._variables,
             )
+            assert isinstance(text, str)  # tokenize=False renders one conversation to one string
+            return text
         return compiled.render(
             messages=messages,
             tools=tools,

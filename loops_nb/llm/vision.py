@@ -23,10 +23,14 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loops_nb.errors import UserError
 from loops_nb.llm.renderer import ChatRenderer
+
+if TYPE_CHECKING:
+    from PIL.Image import Image as PILImage
+    from transformers import ProcessorMixin
 
 URL_TIMEOUT_SECONDS = 30
 
@@ -49,7 +53,7 @@ class PromptImage:
         return PromptImage(self.offset + by, self.length, self.data, self.format)
 
 
-def is_image_part(part: Any) -> bool:
+def is_image_part(part: object) -> bool:
     return isinstance(part, dict) and part.get("type") in ("image", "image_url", "input_image")
 
 
@@ -64,7 +68,7 @@ def image_source(part: dict[str, Any]) -> Any:
     raise UserError(f"an image part needs `image`, `url` or `path`: {sorted(part)}")
 
 
-def load_image(source: Any, base_dir: Path | None = None) -> Any:
+def load_image(source: object, base_dir: Path | None = None) -> PILImage:
     """A PIL image (RGB) from a PIL image, bytes, a file path, an http(s) URL or a base64 data URL."""
     from PIL import Image
 
@@ -99,7 +103,7 @@ def load_image(source: Any, base_dir: Path | None = None) -> Any:
     return image.convert("RGB")
 
 
-def encode_png(image: Any) -> bytes:
+def encode_png(image: PILImage) -> bytes:
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")
     return buffer.getvalue()
@@ -132,12 +136,13 @@ def count_images(messages: Sequence[dict[str, Any]]) -> int:
 class VisionRenderer(ChatRenderer):
     """A `ChatRenderer` for a vision-language model: image parts go through the model's processor."""
 
-    def __init__(self, processor: Any, chat_template: str | None = None) -> None:
+    def __init__(self, processor: ProcessorMixin, chat_template: str | None = None) -> None:
         super().__init__(processor.tokenizer, chat_template)
         self.processor = processor
         token = getattr(processor, "image_token_id", None)
         if token is None:
             token = self.tokenizer.convert_tokens_to_ids(getattr(processor, "image_token", "<|image_pad|>"))
+            assert isinstance(token, int)  # one token converts to one id
         self.image_token_id = int(token)
 
     def render_prompt(
@@ -201,7 +206,9 @@ PREVIEW_ROWS = 5
 """Prompts `describe_prompts` lists one by one; the rest are summed up."""
 
 
-def describe_prompts(renderer: Any, prompts: Sequence[tuple[str, Sequence[dict[str, Any]]]]) -> list[str]:
+def describe_prompts(
+    renderer: ChatRenderer, prompts: Sequence[tuple[str, Sequence[dict[str, Any]]]]
+) -> list[str]:
     """`loops check` lines: each prompt's tokens, images and image tokens (the first few), then totals."""
     lines: list[str] = []
     totals = [0, 0, 0]

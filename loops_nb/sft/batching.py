@@ -28,7 +28,7 @@ from array import array
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from loops_nb.errors import DataError
 from loops_nb.sft.data import RefusedRow, is_blank, parse_line
@@ -36,6 +36,8 @@ from loops_nb.sft.rendering import Example, RenderedRow, Renderer, RenderResult
 from loops_nb.sft.report import CheckReport
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from loops_nb.sft.config import SFTConfig
 
 _HASH_SCALE = float(2**64)
@@ -307,7 +309,7 @@ class SFTData:
     def load(
         cls,
         config: SFTConfig,
-        tokenizer: Any,
+        tokenizer: PreTrainedTokenizerBase,
         *,
         config_path: Path | None = None,
         on_refusal: Callable[[Path, RefusedRow], None] | None = None,

@@ -35,7 +35,9 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import JsonValue
 
 from loops_nb.compute import LoopsConnection
 from loops_nb.errors import UserError
@@ -51,6 +53,7 @@ from loops_nb.tokenization import load_model_tokenizer
 
 if TYPE_CHECKING:
     import pandas as pd
+    from baseten.loops import SamplingClient, SamplingParams
 
     from loops_nb.project import Project
 
@@ -73,7 +76,7 @@ def normalise_text(text: str | None) -> str:
     return re.sub(r"\s+", " ", answer.casefold()).strip(_EDGE_PUNCTUATION)
 
 
-def _normalise_value(value: Any) -> Any:
+def _normalise_value(value: JsonValue) -> JsonValue:
     if isinstance(value, str):
         return value.strip().casefold()
     if isinstance(value, bool) or value is None:
@@ -87,7 +90,7 @@ def _normalise_value(value: Any) -> Any:
     return value
 
 
-def _call_key(name: str, arguments: Any) -> str:
+def _call_key(name: str, arguments: JsonValue) -> str:
     return json.dumps({"name": name, "arguments": _normalise_value(arguments)}, sort_keys=True)
 
 
@@ -210,7 +213,9 @@ def _run_directory(config: SFTConfig, run: Outcome | str | Path | None) -> RunDi
     return RunDirectory(root)
 
 
-async def _sample(client: Any, prompt: list[int], params: Any, gate: asyncio.Semaphore) -> list[int]:
+async def _sample(
+    client: SamplingClient, prompt: list[int], params: SamplingParams, gate: asyncio.Semaphore
+) -> list[int]:
     from baseten.loops import ModelInput
 
     async with gate:

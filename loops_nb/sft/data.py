@@ -57,7 +57,7 @@ class FunctionCall(_Strict):
 
     @field_validator("arguments", mode="before")
     @classmethod
-    def _parse_arguments(cls, value: Any) -> Any:
+    def _parse_arguments(cls, value: object) -> object:
         if isinstance(value, str):
             try:
                 value = json.loads(value)
@@ -114,14 +114,14 @@ class Message(_Strict):
 
     @field_validator("role", mode="before")
     @classmethod
-    def _check_role(cls, value: Any) -> Any:
+    def _check_role(cls, value: object) -> object:
         if value not in ROLES:
             raise ValueError(f"unknown role {show(value)}; expected one of {', '.join(ROLES)}")
         return value
 
     @field_validator("content", mode="before")
     @classmethod
-    def _join_text_parts(cls, value: Any) -> Any:
+    def _join_text_parts(cls, value: object) -> object:
         if not isinstance(value, list):
             return value
         texts = []
@@ -138,7 +138,7 @@ class Message(_Strict):
 
     @field_validator("weight", mode="before")
     @classmethod
-    def _check_weight(cls, value: Any) -> Any:
+    def _check_weight(cls, value: object) -> object:
         # OpenAI's contract is 0 or 1; True/False and 0.5 are refused rather than guessed at.
         if value is None or (type(value) in (int, float) and value in (0, 1)):
             return None if value is None else int(value)
@@ -246,7 +246,7 @@ def _check_message(i: int, m: Message, tool_names: list[str] | None, call_ids: s
             raise ValueError(f"{at}.content: a {m.role} turn needs content")
 
 
-def _finite_weight(value: Any) -> Any:
+def _finite_weight(value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
         raise ValueError(f"must be a finite number >= 0, got {show(value)}")
     return float(value)
@@ -266,7 +266,7 @@ class TokenizedRow(_Strict):
 
     @field_validator("input_ids", mode="before")
     @classmethod
-    def _check_ids(cls, value: Any) -> Any:
+    def _check_ids(cls, value: object) -> object:
         # Checked by hand: pydantic's lax mode would accept "5" and 5.0, strict mode True.
         if not isinstance(value, list):
             raise ValueError(f"must be a list of token ids, got {json_type(value)}")
@@ -277,7 +277,7 @@ class TokenizedRow(_Strict):
 
     @field_validator("weights", mode="before")
     @classmethod
-    def _check_weights(cls, value: Any) -> Any:
+    def _check_weights(cls, value: object) -> object:
         if not isinstance(value, list):
             raise ValueError(f"must be a list of numbers, got {json_type(value)}")
         out = []
@@ -320,7 +320,7 @@ Row = ChatRow | TokenizedRow
 RowResult = ChatRow | TokenizedRow | RefusedRow
 
 
-def parse_row(obj: Any, row_number: int = 0) -> RowResult:
+def parse_row(obj: object, row_number: int = 0) -> RowResult:
     """Validate one decoded JSON value as a chat or tokenized row; never raises for bad data."""
     if not isinstance(obj, Mapping):
         return RefusedRow(row_number, f"a row must be a JSON object, got {json_type(obj)}")

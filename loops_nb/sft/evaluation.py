@@ -13,10 +13,13 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loops_nb.sft.batching import pack
 from loops_nb.sft.rendering import Example
+
+if TYPE_CHECKING:
+    from baseten.loops import TrainingClient
 
 
 def example_datum(example: Example) -> Any:
@@ -59,7 +62,9 @@ class EvalResult:
         return {"eval/loss": self.loss, "eval/examples": self.examples, "eval/tokens": self.tokens}
 
 
-async def held_out_loss(training_client: Any, examples: Sequence[Example], batch_tokens: int) -> EvalResult:
+async def held_out_loss(
+    training_client: TrainingClient, examples: Sequence[Example], batch_tokens: int
+) -> EvalResult:
     """Forward only (no gradient, no optimizer state touched), in requests of at most ``batch_tokens`` tokens."""
     bounds = pack(range(len(examples)), [e.n_tokens for e in examples], batch_tokens)
     total = weight = 0.0

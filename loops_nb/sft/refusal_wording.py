@@ -55,7 +55,7 @@ def validation_reason(exc: ValidationError) -> str:
     return f"{path}: {msg}"
 
 
-def unreadable(obj: Any, root: str = "the row") -> str | None:
+def unreadable(obj: object, root: str = "the row") -> str | None:
     """Why a decoded row cannot be read as text at all, naming the place: nesting deeper than `MAX_DEPTH`, or a
     string holding a lone UTF-16 surrogate (JSON's ``"\\ud800"`` decodes to one). Such a string is not text: the
     tokenizer cannot encode it and printing it fails, so it is refused here rather than crash a later stage.
@@ -90,7 +90,7 @@ def _cut(path: str, limit: int = 80) -> str:
     return path if len(path) <= limit else f"{path[:limit]}..."
 
 
-def _path(path: str, key: Any) -> str:
+def _path(path: str, key: object) -> str:
     """``path`` extended by a list index or an object key; odd keys (not identifiers) are quoted and cut."""
     if isinstance(key, int):
         return f"{path}[{key}]"
@@ -99,7 +99,7 @@ def _path(path: str, key: Any) -> str:
     return f"{path}[{show(key)}]"
 
 
-def show(value: Any, limit: int = 40) -> str:
+def show(value: object, limit: int = 40) -> str:
     """A value as it may appear in a refusal: ``repr`` cut to ``limit`` characters, so one line stays one short
     line (repr escapes newlines and surrogates) however long the value the row holds."""
     if isinstance(value, str) and len(value) > limit:
@@ -111,7 +111,7 @@ def show(value: Any, limit: int = 40) -> str:
     return text if len(text) <= limit + 2 else f"{text[:limit]}..."
 
 
-def json_type(value: Any) -> str:
+def json_type(value: object) -> str:
     if value is None:
         return "null"
     if isinstance(value, bool):

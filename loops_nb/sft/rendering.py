@@ -32,7 +32,7 @@ import bisect
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jinja2
 
@@ -42,6 +42,9 @@ from loops_nb.sft.data import ChatRow, RefusedRow, Row, RowResult, TokenizedRow
 from loops_nb.sft.refusal_wording import LENGTH_FIX
 from loops_nb.sft.survival import check_context, check_trained_turn
 from loops_nb.sft.tokenization import AddedTokenEncoder
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 # End-of-turn tokens of common chat formats; those the tokenizer has (plus its eos token) are the default stops.
 KNOWN_STOP_TOKENS = (
@@ -94,13 +97,14 @@ class Example:
         """Tokens that train: weighted positions after the first (a datum's targets are ``input_ids[1:]``)."""
         return sum(1 for w in self.weights[1:] if w > 0)
 
-    def segments(self, tokenizer: Any) -> list[Segment]:
+    def segments(self, tokenizer: PreTrainedTokenizerBase) -> list[Segment]:
         """The example as decoded runs of trained/untrained text, for previews."""
         out: list[Segment] = []
         start = 0
         for i in range(1, len(self.input_ids) + 1):
             if i == len(self.input_ids) or self._key(i) != self._key(start):
                 text = tokenizer.decode(self.input_ids[start:i], skip_special_tokens=False)
+                assert isinstance(text, str)  # a flat list of ids decodes to one string
                 out.append(Segment(text, self.weights[start] > 0, self.token_turns[start]))
                 start = i
         return out
@@ -163,7 +167,7 @@ class _Turn:
     stop_start: int
 
 
-def default_stop_tokens(tokenizer: Any) -> list[str]:
+def default_stop_tokens(tokenizer: PreTrainedTokenizerBase) -> list[str]:
     """The tokenizer's eos token plus the known end-of-turn tokens it has as added tokens."""
     added = {t.content for t in tokenizer.added_tokens_decoder.values()}
     stops = [tokenizer.eos_token] if tokenizer.eos_token in added else []
@@ -186,7 +190,7 @@ class Renderer:
 
     def __init__(
         self,
-        tokenizer: Any,
+        tokenizer: PreTrainedTokenizerBase,
         *,
         chat_template: str | None = None,
         max_seq_len: int | None = None,

@@ -15,7 +15,8 @@ a loss: that is how the model saw those turns, and such rows are split per turn 
 from __future__ import annotations
 
 import json
-from typing import Any
+
+from pydantic import JsonValue
 
 from loops_nb.sft.data import ChatRow, Message
 from loops_nb.sft.refusal_wording import show
@@ -23,7 +24,7 @@ from loops_nb.sft.refusal_wording import show
 _FIX_TOOLS = 'set [model] chat_template to a tool-capable template (e.g. "chatml-tools")'
 
 
-def _forms(value: Any) -> list[str]:
+def _forms(value: JsonValue) -> list[str]:
     """The ways a JSON scalar may be written by a template (raw, JSON-escaped, Python-style)."""
     if isinstance(value, str):
         forms = [value, json.dumps(value, ensure_ascii=False)[1:-1], json.dumps(value)[1:-1]]
@@ -36,17 +37,17 @@ def _forms(value: Any) -> list[str]:
     return [f for f in forms if f]
 
 
-def _found(value: Any, text: str) -> bool:
+def _found(value: JsonValue, text: str) -> bool:
     if isinstance(value, str) and value in text:  # the common case, without building the other forms
         return True
     forms = _forms(value)
     return not forms or any(f in text for f in forms)
 
 
-def _leaves(value: Any) -> list[Any]:
+def _leaves(value: JsonValue) -> list[JsonValue]:
     """Keys and scalar values of a JSON value, depth first."""
     if isinstance(value, dict):
-        out: list[Any] = []
+        out: list[JsonValue] = []
         for k, v in value.items():
             out.append(k)
             out.extend(_leaves(v))

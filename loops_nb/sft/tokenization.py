@@ -14,7 +14,10 @@ tokenization, and stops splitting for good if a tokenizer ever disagrees.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 _CACHE_SIZE = 64
 _VERIFY_FIRST = 8
@@ -24,7 +27,7 @@ class AddedTokenEncoder:
     """Encodes text to ``(ids, added)``, where ``added`` lists ``(token index, char start, char end)`` of every
     added token in order."""
 
-    def __init__(self, tokenizer: Any, stop_re: re.Pattern[str]) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, stop_re: re.Pattern[str]) -> None:
         self._backend = tokenizer.backend_tokenizer
         self.added_ids = frozenset(tokenizer.added_tokens_decoder)
         contents = sorted({t.content for t in tokenizer.added_tokens_decoder.values()}, key=len, reverse=True)
