@@ -95,21 +95,6 @@ class RLTrainingConfig(OptimizerSettings):
     learning_rate: float = Field(4e-5, gt=0)
     """Adam learning rate."""
 
-    beta1: float = Field(0.9, ge=0, lt=1)
-    """Adam beta1."""
-
-    beta2: float = Field(0.95, ge=0, lt=1)
-    """Adam beta2."""
-
-    eps: float = Field(1e-8, gt=0)
-    """Adam epsilon."""
-
-    weight_decay: float = Field(0.0, ge=0)
-    """Decoupled weight decay."""
-
-    grad_clip_norm: float = Field(1.0, ge=0)
-    """Clip the gradient norm to this (0 disables)."""
-
     save_every: int = Field(5, ge=0)
     """Save resumable trainer state every this many steps (0: only at the end)."""
 

@@ -216,7 +216,7 @@ class RLRecipe(Recipe):
     name = "rl"
 
     def __init__(self, config: RLConfig, config_path: Path, runtime: RolloutRuntime) -> None:
-        super().__init__(config, config_path)
+        super().__init__(config, config_path, seed=config.training.seed)
         self.rl = config
         self.runtime = runtime
         self.gateway: ModelGateway | None = None
@@ -225,10 +225,6 @@ class RLRecipe(Recipe):
     @property
     def total_steps(self) -> int:
         return self.rl.training.max_steps
-
-    @property
-    def seed(self) -> int:
-        return self.rl.training.seed
 
     async def prepare(self, run_dir: RunDirectory) -> None:
         # The journal exists before the runtime can create anything; `loops cleanup` reads it after a crash.

@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 class RecipeRun(ABC):
     """One process's part of a run: from its resume point to its final checkpoint."""
 
+    outcome_type: type[Outcome] = Outcome
+    """What `execute` returns (a recipe may extend `Outcome` with fields of its own)."""
+
     def __init__(
         self,
         run_dir: RunDirectory,
@@ -81,6 +84,10 @@ class RecipeRun(ABC):
         """What a checkpoint records besides its step and paths (RL: the policy version)."""
         return None
 
+    def outcome_fields(self) -> dict[str, Any]:
+        """Fields the recipe's own `Outcome` subclass adds (SFT: the held-out loss before and after)."""
+        return {}
+
     def outcome(
         self,
         status: str,
@@ -90,7 +97,7 @@ class RecipeRun(ABC):
         seconds: float,
         metrics: dict[str, Any],
     ) -> Outcome:
-        return Outcome(
+        return self.outcome_type(
             run_dir=str(self.run_dir.root),
             status=status,
             steps=step,
@@ -99,6 +106,7 @@ class RecipeRun(ABC):
             checkpoint=checkpoint.path,
             sampler_path=checkpoint.sampler_path,
             seconds=seconds,
+            **self.outcome_fields(),
         )
 
     async def resume_point(self) -> int:

@@ -41,20 +41,17 @@ class Recipe(ABC):
     train_more: str = "raise training.max_steps"
     """How to train a finished run further (said when a rerun finds it complete)."""
 
-    def __init__(self, config: RecipeConfig, config_path: Path) -> None:
+    def __init__(self, config: RecipeConfig, config_path: Path, *, seed: int) -> None:
         self.config = config
         self.config_path = config_path
+        self.seed = seed
+        """The trainer's seed (its LoRA initialisation)."""
         self.config_dump: dict[str, Any] = json.loads(config.model_dump_json())
 
     @property
     @abstractmethod
     def total_steps(self) -> int:
         """Optimizer steps the run makes in all."""
-
-    @property
-    @abstractmethod
-    def seed(self) -> int:
-        """The trainer's seed (its LoRA initialisation)."""
 
     @abstractmethod
     async def start(

@@ -49,21 +49,6 @@ class SFTTrainingConfig(OptimizerSettings):
     batch_tokens: int = Field(8192, ge=16)
     """Tokens per optimizer step: examples are packed into batches up to this many tokens."""
 
-    beta1: float = Field(0.9, ge=0, lt=1)
-    """Adam beta1."""
-
-    beta2: float = Field(0.95, ge=0, lt=1)
-    """Adam beta2."""
-
-    eps: float = Field(1e-8, gt=0)
-    """Adam epsilon."""
-
-    weight_decay: float = Field(0.0, ge=0)
-    """Decoupled weight decay."""
-
-    grad_clip_norm: float = Field(1.0, ge=0)
-    """Clip the gradient norm to this (0 disables)."""
-
     eval_every: int = Field(10, ge=0)
     """Evaluate the held-out loss every this many steps (0: only at the end). It is also measured once
     before the first step, so the log shows where it started."""

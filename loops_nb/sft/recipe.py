@@ -227,17 +227,13 @@ class SFTRecipe(Recipe):
     train_more = "raise training.max_steps or epochs"
 
     def __init__(self, config: SFTConfig, config_path: Path, data: SFTData) -> None:
-        super().__init__(config, config_path)
+        super().__init__(config, config_path, seed=config.training.seed)
         self.sft = config
         self.data = data
 
     @property
     def total_steps(self) -> int:
         return self.data.plan.total_steps
-
-    @property
-    def seed(self) -> int:
-        return self.sft.training.seed
 
     def header_lines(self) -> list[str]:
         return plan_lines(self.sft, self.data)

@@ -54,6 +54,8 @@ class SFTOutcome(Outcome):
 class SFTRun(RecipeRun):
     """The SFT recipe's steps: the plan's batch, one cross-entropy step, held-out evaluations."""
 
+    outcome_type = SFTOutcome
+
     def __init__(
         self,
         config: SFTConfig,
@@ -138,30 +140,16 @@ class SFTRun(RecipeRun):
         self._check_plan()
         self._eval_before = self._logged_eval_before()
         step = checkpoint.step
-        return self.outcome("completed", step, step, checkpoint, 0.0, self.run_dir.last_step_record())
+        outcome = self.outcome("completed", step, step, checkpoint, 0.0, self.run_dir.last_step_record())
+        assert isinstance(outcome, SFTOutcome)
+        return outcome
 
-    def outcome(
-        self,
-        status: str,
-        step: int,
-        start: int,
-        checkpoint: Checkpoint,
-        seconds: float,
-        metrics: dict[str, Any],
-    ) -> SFTOutcome:
+    def outcome_fields(self) -> dict[str, Any]:
         last_eval = next(iter(reversed(list(self.evals.records()))), None)
-        return SFTOutcome(
-            run_dir=str(self.run_dir.root),
-            status=status,
-            steps=step,
-            start_step=start,
-            last_metrics=metrics,
-            checkpoint=checkpoint.path,
-            sampler_path=checkpoint.sampler_path,
-            seconds=seconds,
-            eval_loss_before=self._eval_before,
-            eval_loss=last_eval["eval/loss"] if last_eval else None,
-        )
+        return {
+            "eval_loss_before": self._eval_before,
+            "eval_loss": last_eval["eval/loss"] if last_eval else None,
+        }
 
     async def train_step(self, step: int) -> dict[str, Any]:
         step_started = time.perf_counter()
