@@ -25,17 +25,25 @@ from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from loops_nb.connection_guard import api_key_authorizes
 from loops_nb.errors import UserError
 from loops_nb.local import trainer_ops
+from loops_nb.local.bad_request import BadRequest, RunDeactivated
+from loops_nb.local.checkpoint_files import (
+    DOWNLOAD_ROUTE,
+    FILE_LINK_PREFIX,
+    CheckpointFileLinks,
+    LinkRefused,
+    file_in_checkpoint,
+    files_page,
+)
 from loops_nb.local.run_records import RunLost
-from loops_nb.local.sampling_types import SampleRequestError
-from loops_nb.local.state import LocalLoopsError, LocalLoopsState
-from loops_nb.local.wire import InvalidRequest
+from loops_nb.local.state import LocalLoopsState
+from loops_nb.local.unserved_routes import not_served
 from loops_nb.request_body import BodyRefused, parse_json, read_limited
 
 log = logging.getLogger(__name__)
@@ -60,6 +68,9 @@ TRAINER_OPS = (
 )
 
 
+ANY_METHOD = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
 def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"detail": message}, status_code=status)
 
@@ -72,7 +83,8 @@ class ApiKeyMiddleware:
         self.api_key = api_key
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and self.api_key:
+        # Checkpoint file links carry their own signature instead of the key, as presigned URLs do.
+        if scope["type"] == "http" and self.api_key and not scope["path"].startswith(FILE_LINK_PREFIX):
             headers = dict(scope["headers"])
             auth = headers.get(b"authorization", b"").decode("latin-1")
             token = auth.split(" ", 1)[1] if " " in auth else ""
@@ -89,9 +101,9 @@ async def _body(request: Request) -> dict[str, Any]:
             return {}
         body = parse_json(raw)
     except BodyRefused as exc:
-        raise InvalidRequest(str(exc)) from None
+        raise BadRequest(str(exc)) from None
     if not isinstance(body, dict):
-        raise InvalidRequest("request body must be a JSON object")
+        raise BadRequest("request body must be a JSON object")
     return body
 
 
@@ -106,6 +118,7 @@ class LoopsRoutes:
         self.state = state
         self.samplers: dict[str, tuple[str, str | None]] = {}
         """sampler id -> (base model, run id of a paired sampler or None)."""
+        self.links = CheckpointFileLinks()
 
     # -- control plane ------------------------------------------------------------------------
     async def create_session(self, request: Request) -> Response:
@@ -115,17 +128,17 @@ class LoopsRoutes:
         body = await _body(request)
         base_model = body.get("base_model")
         if not isinstance(base_model, str) or not base_model:
-            raise InvalidRequest("base_model is required")
+            raise BadRequest("base_model is required")
         rank = body.get("lora_rank", 32)
         if not isinstance(rank, int) or not 1 <= rank <= 1024:
-            raise InvalidRequest(f"lora_rank must be an integer in 1..1024, got {rank!r}")
+            raise BadRequest(f"lora_rank must be an integer in 1..1024, got {rank!r}")
         if body.get("base_checkpoint"):
-            raise InvalidRequest("base_checkpoint is not supported by the embedded Loops")
+            raise BadRequest("base_checkpoint is not supported by the embedded Loops")
         max_seq_len = body.get("max_seq_len")
         if max_seq_len is not None and (
             isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 1
         ):
-            raise InvalidRequest(f"max_seq_len must be a positive integer, got {max_seq_len!r}")
+            raise BadRequest(f"max_seq_len must be a positive integer, got {max_seq_len!r}")
         await asyncio.to_thread(self.state.model_path, base_model)  # fail now if the model is unknown
         run = self.state.create_run(
             base_model, rank, seed=body.get("seed"), name=body.get("name"), max_seq_len=max_seq_len
@@ -159,10 +172,15 @@ class LoopsRoutes:
             run = self.state.run(str(run_id))
             sampler_id, base_model = f"smp-{run.id}", run.base_model
             self.samplers[sampler_id] = (base_model, run.id)
+        elif body.get("model_path"):
+            sampler_id, base_model = self._checkpoint_sampler(str(body["model_path"]))
         else:
             base_model = body.get("base_model")
             if not isinstance(base_model, str) or not base_model:
-                raise InvalidRequest("give run_id (a paired sampler) or base_model (a standalone one)")
+                raise BadRequest(
+                    "give run_id (a paired sampler), base_model (a standalone one) or model_path "
+                    "(a standalone one on saved sampler weights)"
+                )
             await asyncio.to_thread(self.state.model_path, base_model)
             sampler_id = "smp-base-" + hashlib.sha256(base_model.encode()).hexdigest()[:12]
             self.samplers[sampler_id] = (base_model, None)
@@ -172,11 +190,28 @@ class LoopsRoutes:
                 "sampler": {
                     "id": sampler_id,
                     "base_url": f"{_origin(request)}/samplers/{sampler_id}",
+                    "base_model": base_model,
                     "model_id": "mdl-local",
                     "deployment_id": f"dep-{sampler_id}",
                 }
             }
         )
+
+    def _checkpoint_sampler(self, model_path: str) -> tuple[str, str]:
+        """A standalone sampler on saved sampler weights; the SDK names them on every /sample too
+        (`X-Checkpoint-Path`), so the sampler itself is the base model's, as on a restarted server."""
+        self.state.resolve_checkpoint(model_path)  # refuses paths outside the state directory
+        found = self.state.checkpoints(checkpoint_path=model_path)
+        if not found or found[0].get("target") != "sampler":
+            raise BadRequest(
+                f"model_path {model_path!r}: not sampler weights this server saved; give the path "
+                "save_weights_for_sampler returned (bt://loops:<run>/sampler_weights/<name>)"
+            )
+        base_model = str(found[0]["base_model"])
+        sampler_id = "smp-base-" + hashlib.sha256(base_model.encode()).hexdigest()[:12]
+        self.samplers[sampler_id] = (base_model, None)
+        self.state.records.write_base_sampler(sampler_id, base_model)
+        return sampler_id, base_model
 
     async def model_deployment_status(self, request: Request) -> Response:
         return JSONResponse({"status": "ACTIVE"})
@@ -193,6 +228,34 @@ class LoopsRoutes:
         self.state.resolve_checkpoint(str(body.get("checkpoint_path", "")))
         return JSONResponse({"valid": True})
 
+    async def checkpoint_files(self, request: Request) -> Response:
+        checkpoint_id = request.path_params["checkpoint_id"]
+        q = request.query_params
+        try:
+            page_size, page_token = int(q.get("page_size", 1000)), int(q.get("page_token", 0))
+        except ValueError:
+            raise BadRequest("page_size and page_token must be whole numbers") from None
+        directory = self.state.checkpoint_by_id(checkpoint_id)
+        return JSONResponse(
+            files_page(self.links, _origin(request), checkpoint_id, directory, page_size, page_token)
+        )
+
+    async def checkpoint_source(self, request: Request) -> Response:
+        self.state.checkpoint_by_id(request.path_params["checkpoint_id"])
+        # "s3": the SDK then downloads through the /files links, which is what this server offers.
+        return JSONResponse({"source": {"kind": "s3"}})
+
+    async def checkpoint_file(self, request: Request) -> Response:
+        checkpoint_id = request.path_params["checkpoint_id"]
+        relative_path = request.path_params["relative_path"]
+        q = request.query_params
+        try:
+            self.links.check(checkpoint_id, relative_path, q.get("expires", ""), q.get("signature", ""))
+        except LinkRefused as exc:
+            return _error(403, str(exc))
+        directory = self.state.checkpoint_by_id(checkpoint_id)
+        return FileResponse(file_in_checkpoint(directory, relative_path))
+
     async def deactivate(self, request: Request) -> Response:
         run_id = request.path_params["run_id"]
         changed = self.state.deactivate(run_id)
@@ -204,6 +267,7 @@ class LoopsRoutes:
                 "id": r.id,
                 "base_model": r.base_model,
                 "lora_rank": r.lora_rank,
+                "max_seq_len": r.max_seq_len,
                 "active": r.active,
                 "policy_version": r.published_version,
                 "created_at": r.created_at.isoformat(),
@@ -216,13 +280,20 @@ class LoopsRoutes:
         from loops_nb.local.model_store import OFFLINE_MODELS
 
         models = sorted(set(OFFLINE_MODELS) | {r.base_model for r in self.state.runs.values()})
-        return JSONResponse({"supported_models": [{"model_name": m} for m in models]})
+        supported = [
+            {
+                "model_name": m,
+                "max_context_length": await asyncio.to_thread(self.state.known_context_length, m),
+            }
+            for m in models
+        ]
+        return JSONResponse({"supported_models": supported})
 
     # -- trainer ------------------------------------------------------------------------------
     async def trainer_submit(self, request: Request) -> Response:
         op = request.path_params["op"]
         if op not in TRAINER_OPS:
-            raise InvalidRequest(f"unknown trainer operation {op!r}; valid: {', '.join(TRAINER_OPS)}")
+            raise BadRequest(f"unknown trainer operation {op!r}; valid: {', '.join(TRAINER_OPS)}")
         run = self.state.run(request.path_params["run_id"])
         body = await _body(request)
         op_id = (
@@ -237,6 +308,8 @@ class LoopsRoutes:
         run = self.state.run(request.path_params["run_id"], active=False)
         op = run.ops.get(request.path_params["op_id"])
         if op is None:
+            if not run.active:
+                raise RunDeactivated(run.id)
             return _error(404, "unknown operation id (or its result expired)")
         body = await run.ops.wait(op, POLL_HOLD_SECONDS)
         if body is None:
@@ -248,7 +321,7 @@ class LoopsRoutes:
         return JSONResponse({"status": "ok" if run.active else "inactive", "run_id": run.id})
 
     async def trainer_policy_version(self, request: Request) -> Response:
-        run = self.state.run(request.path_params["run_id"], active=False)
+        run = self.state.run(request.path_params["run_id"])
         step = run.trainer.step if run.trainer is not None else (run.parked_step or 0)
         return JSONResponse({"policy_version": step})
 
@@ -266,7 +339,7 @@ class LoopsRoutes:
         paired_run = sampler_id.removeprefix("smp-")
         if self.state.records.earlier_run(paired_run) is not None:
             raise RunLost(paired_run)
-        raise LocalLoopsError(f"unknown sampler {sampler_id!r}")
+        raise BadRequest(f"unknown sampler {sampler_id!r}")
 
     async def sample(self, request: Request) -> Response:
         from loops_nb.local.sampler import SampleRequest
@@ -279,18 +352,20 @@ class LoopsRoutes:
             problems = "; ".join(
                 f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors()
             )
-            raise InvalidRequest(problems) from None
+            raise BadRequest(problems) from None
         run_id = request.headers.get("x-run-id") or paired_run
         min_version = request.headers.get("x-min-policy-version")
         checkpoint = request.headers.get("x-checkpoint-path")
         engine = await asyncio.to_thread(self.state.sampler, base_model)
         adapter, served = None, 0
-        run = self.state.run(run_id, active=False) if run_id else None
+        # A deactivated run's clients are refused, whatever policy version they pin: a version-0 client
+        # (no floor header) would otherwise quietly get the base model.
+        run = self.state.run(run_id) if run_id else None
         if min_version is not None:
             if run is None:
-                raise InvalidRequest("X-Min-Policy-Version needs a run (X-Run-Id or a paired sampler)")
+                raise BadRequest("X-Min-Policy-Version needs a run (X-Run-Id or a paired sampler)")
             if not min_version.strip().isdigit():
-                raise InvalidRequest(f"X-Min-Policy-Version must be a whole number, got {min_version[:40]!r}")
+                raise BadRequest(f"X-Min-Policy-Version must be a whole number, got {min_version[:40]!r}")
             wanted = int(min_version)
             if run.published_version >= wanted:
                 adapter, served = run.id, run.published_version
@@ -341,7 +416,7 @@ def _guard(handler: Any) -> Any:
             return await handler(request)
         except RunLost as exc:
             return _error(410, str(exc))
-        except (InvalidRequest, LocalLoopsError, SampleRequestError, UserError) as exc:
+        except (BadRequest, UserError) as exc:
             # UserError: an unknown or unreachable base model, a bad checkpoint path -- the caller's to fix.
             return _error(422, str(exc))
         except RecursionError:
@@ -364,6 +439,9 @@ def build_app(state: LocalLoopsState, api_key: str | None) -> Starlette:
         ("GET", "/v1/models/{model_id}/deployments/{deployment_id}", r.model_deployment_status),
         ("GET", "/v1/loops/checkpoints", r.list_checkpoints),
         ("POST", "/v1/loops/checkpoints/validate", r.validate_checkpoint),
+        ("GET", "/v1/loops/checkpoints/{checkpoint_id}/files", r.checkpoint_files),
+        ("GET", "/v1/loops/checkpoints/{checkpoint_id}/source", r.checkpoint_source),
+        ("GET", DOWNLOAD_ROUTE, r.checkpoint_file),
         ("GET", "/v1/loops/runs", r.list_runs),
         ("POST", "/v1/loops/runs/{run_id}/deactivate", r.deactivate),
         ("GET", "/v1/loops/capabilities", r.capabilities),
@@ -376,6 +454,8 @@ def build_app(state: LocalLoopsState, api_key: str | None) -> Starlette:
         ("GET", "/samplers/{sampler_id}/trainers_policy_version", r.sampler_policy_version),
     ]
     routes = [Route(path, _guard(handler), methods=[method]) for method, path, handler in table]
+    # Last: every other path or method gets a JSON "not served" error, never Starlette's bare 404/405.
+    routes.append(Route("/{path:path}", not_served, methods=list(ANY_METHOD)))
     app = Starlette(routes=routes, middleware=[Middleware(ApiKeyMiddleware, api_key=api_key)])
     app.state.authorizes = api_key_authorizes(api_key)  # proves a connection to the LoopbackServer's guard
     return app

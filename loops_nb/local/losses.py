@@ -7,8 +7,8 @@ per-token logprobs to send back. Summing instead of averaging is what makes grad
 the trainer backpropagates raw sums and `optim_step` divides by the accumulated count once (protocol §5.4),
 so fb(A) + fb(B) equals fb(A ∪ B).
 
-Output logprobs follow the wire conventions (§5.5): cross_entropy and dpo put NaN (→ JSON null) where a
-position is ignored; the RL losses put 0.0 where the position is inactive (A = 0 or weight 0), which is
+Output logprobs follow the wire conventions (§5.5): cross_entropy puts NaN (→ JSON null) only where the
+target is -100, dpo where a position is ignored; the RL losses put 0.0 where the position is inactive (A = 0 or weight 0), which is
 what `bl/rl_metrics.py` expects.
 
 The RL formulas are the Tinker/prime-rl ones quoted in the protocol notes (§5.4); `sg` is stop-gradient.
@@ -150,15 +150,16 @@ def cross_entropy(b: LossBatch, cfg: Mapping[str, Any]) -> LossOutput:
     """Weighted negative log-likelihood: `L = Σ_i w_i · (−lp_i)`, over positions whose target is not -100.
 
     With targets [N, K]: `L = Σ_n Σ_k w[n,k] · (−lp[n,k])`; a position counts once towards the
-    normaliser if any of its K targets is active. With `skip_token_normalization` (the custom-loss
-    surrogate, where `w = −dC/dlp`) the returned logprobs cover every valid target whatever its weight,
-    because the client feeds them to the user's loss (bl/training_client.py:1624-1717).
+    normaliser if any of its K targets is active. The returned logprobs cover every target that is not
+    -100, whatever its weight, as Loops returns them: the SDK's custom-loss forward sends all-zero weights
+    and reads logprobs back, and recovers "masked" (NaN) positions from `target_tokens`, not from the
+    weights (bl/training_client.py forward_backward_custom_async); Tinker code such as the cookbook's SL
+    loop takes `logprobs · weights` and needs finite values at weight-0 positions.
     """
     active = b.valid & (b.weights != 0)
     loss = torch.where(active, -b.lp * b.weights, 0.0).sum()
     per_pos = active.any(-1) if active.dim() == 3 else active
-    shown = b.valid if cfg["skip_token_normalization"] else active
-    return LossOutput(loss, int(per_pos.sum()), _masked(b.lp, shown, float("nan")))
+    return LossOutput(loss, int(per_pos.sum()), _masked(b.lp, b.valid, float("nan")))
 
 
 def importance_sampling(b: LossBatch, cfg: Mapping[str, Any]) -> LossOutput:
@@ -241,7 +242,7 @@ LOSSES: dict[str, Callable[[LossBatch, Mapping[str, Any]], LossOutput]] = {
 
 
 def compute_loss(loss_fn: str, batch: LossBatch, loss_fn_config: Mapping[str, Any] | None) -> LossOutput:
-    """Run `loss_fn` on `batch`; `loss_fn_config` None means defaults, unknown keys raise `InvalidRequest`."""
+    """Run `loss_fn` on `batch`; `loss_fn_config` None means defaults, unknown keys raise `BadRequest`."""
     return LOSSES[loss_fn](batch, resolve_loss_config(loss_fn, loss_fn_config))
 
 
@@ -256,9 +257,8 @@ def needed_positions(
 
     The trainer only runs the LM head there, which skips padding, prompts and (for RL) A = 0 tokens.
     """
-    active = (
-        valid if loss_fn == "cross_entropy" and cfg["skip_token_normalization"] else valid & (weights != 0)
-    )
+    # cross_entropy returns a logprob for every valid target, weight 0 or not (see `cross_entropy`).
+    active = valid if loss_fn == "cross_entropy" else valid & (weights != 0)
     if loss_fn in RL_LOSSES and advantages is not None:
         active = active & (advantages != 0)
     return active.any(-1) if active.dim() == 3 else active

@@ -18,6 +18,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+# Re-exported: the sampler raises this BadRequest (it names the body field at fault) from here.
+from loops_nb.local.bad_request import SampleRequestError as SampleRequestError
+
 IMAGE_POSITION = -1
 """A prompt position covered by an image chunk, until the engine expands it (= `vision.IMAGE_POSITION`)."""
 
@@ -31,17 +34,6 @@ MAX_LOGPROBS = 20
 FinishReason = Literal["stop", "length"]
 # One prompt position of vLLM's prompt_logprobs: {str(token_id): {"logprob", "rank", "decoded_token"}}.
 PromptLogprobEntry = dict[str, dict[str, Any]]
-
-
-class SampleRequestError(ValueError):
-    """A request that is well formed but cannot be served by this model (a 422 for the HTTP layer).
-
-    `field` names the offending body key, and the message starts with it, like pydantic's errors.
-    """
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
 
 
 class SampleRequest(BaseModel):

@@ -21,6 +21,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from loops_nb.errors import UserError
+from loops_nb.local.bad_request import BadRequest, RunDeactivated
 from loops_nb.local.idle_runs import PARKED, IdleRunReaper
 from loops_nb.local.operations import OperationQueue
 from loops_nb.local.run_records import RunLost, RunRecords
@@ -35,14 +37,10 @@ _BT_URI = re.compile(
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_.@+-]{1,128}$")
 
 
-class LocalLoopsError(ValueError):
-    """A request the embedded Loops refuses; its message is shown to the SDK's caller."""
-
-
 def checkpoint_name(name: str) -> str:
     """A checkpoint name that is safe as one path component."""
     if not _SAFE_NAME.match(name) or name in {".", ".."}:
-        raise LocalLoopsError(
+        raise BadRequest(
             f"checkpoint name {name!r}: use 1-128 letters, digits and . _ @ + - (it becomes a folder name)"
         )
     return name
@@ -137,6 +135,17 @@ class LocalLoopsState:
         size = self._config(base_model).get("max_position_embeddings")
         return int(size) if size else None
 
+    def known_context_length(self, base_model: str) -> int | None:
+        """`SupportedModel.max_context_length` for capabilities: the model's own context, None if unreadable.
+
+        Resolving the model costs what creating a run on it would (the offline default is dequantised once).
+        """
+        try:
+            self.model_path(base_model)
+        except UserError:
+            return None
+        return self.max_positions(base_model)
+
     def max_datum_length(self, run: LocalRun) -> int | None:
         """The longest datum a run's trainer accepts: its max_seq_len, never more than the model's context."""
         limits = [n for n in (run.max_seq_len, self.max_positions(run.base_model)) if n]
@@ -219,9 +228,9 @@ class LocalLoopsState:
         if run is None:
             if self.records.earlier_run(run_id) is not None:
                 raise RunLost(run_id)
-            raise LocalLoopsError(f"unknown run {run_id!r} (this embedded Loops did not create it)")
+            raise BadRequest(f"unknown run {run_id!r} (this embedded Loops did not create it)")
         if active and not run.active:
-            raise LocalLoopsError(f"run {run_id} was deactivated; create a new training client")
+            raise RunDeactivated(run_id)
         return run
 
     def publish(self, run: LocalRun, version: int) -> None:
@@ -287,19 +296,28 @@ class LocalLoopsState:
         elif Path(path).is_absolute():
             target = Path(path)
         else:
-            raise LocalLoopsError(
+            raise BadRequest(
                 f"checkpoint path {path!r}: expected bt://loops:<run>/weights/<name>, or a file:// URI or "
                 f"absolute path under the state directory {self.state_dir}"
             )
         # resolve(): neither `..` nor a symlink may lead out of the state directory.
         if not target.resolve().is_relative_to(self.state_dir.resolve()):
-            raise LocalLoopsError(
+            raise BadRequest(
                 f"checkpoint path {path!r} is outside this server's state directory {self.state_dir}: "
                 "give the bt:// path the checkpoint was saved under"
             )
         if not target.is_dir():
-            raise LocalLoopsError(f"checkpoint path {path!r}: no checkpoint at {target}")
+            raise BadRequest(f"checkpoint path {path!r}: no checkpoint at {target}")
         return target
+
+    def checkpoint_by_id(self, checkpoint_id: str) -> Path:
+        """The directory of the checkpoint whose `Checkpoint.id` (from list_checkpoints) is `checkpoint_id`."""
+        for entry in self.checkpoints():
+            if entry.get("id") == checkpoint_id:
+                return self.resolve_checkpoint(str(entry["path"]))
+        raise BadRequest(
+            f"no checkpoint with id {checkpoint_id!r} on this server; list_checkpoints(run_id) gives the ids"
+        )
 
     def record_checkpoint(self, run: LocalRun, kind: str, name: str) -> str:
         """Note a saved checkpoint for list_checkpoints and return its bt:// path."""

@@ -49,12 +49,12 @@ from transformers.pytorch_utils import Conv1D
 
 from loops_nb.local import lm_head
 from loops_nb.local.activation_memory import ActivationCost, checkpointed
+from loops_nb.local.bad_request import BadRequest
 from loops_nb.local.losses import LOSSES, collate, micro_batches, needed_positions, target_logprobs
 from loops_nb.local.memory_budget import resolve_budget, weight_bytes
 from loops_nb.local.shared_base import BASE_MODELS
 from loops_nb.local.vision import VisionInputs, max_positions
 from loops_nb.local.wire import (
-    InvalidRequest,
     ParsedDatum,
     datum_too_long,
     parse_datums,
@@ -163,7 +163,7 @@ class LoraTrainer:
     def init(self, lora_rank: int, *, seed: int | None = None) -> dict[str, int]:
         """Start over with a fresh LoRA of `lora_rank` (B = 0, so it equals the base), fresh AdamW, step 0."""
         if isinstance(lora_rank, bool) or not isinstance(lora_rank, int) or lora_rank < 1:
-            raise InvalidRequest(f"lora_rank must be a positive integer, got {lora_rank!r}")
+            raise BadRequest(f"lora_rank must be a positive integer, got {lora_rank!r}")
         self._new_adapter(
             lora_rank, self.lora_alpha, self.target_modules, self.seed if seed is None else seed
         )
@@ -236,7 +236,7 @@ class LoraTrainer:
         datums = self._parsed(data, loss_fn)
         normalized = not cfg.get("skip_token_normalization", False)
         if backward and self._normalized is not None and self._normalized != normalized:
-            raise InvalidRequest(
+            raise BadRequest(
                 "token-normalized losses cannot share an optimizer step with skip_token_normalization "
                 "gradients; call optim_step first"
             )
@@ -326,7 +326,7 @@ class LoraTrainer:
     def _parsed(self, data: Sequence[Any], loss_fn: str) -> list[ParsedDatum]:
         if data and all(isinstance(d, ParsedDatum) for d in data):
             if loss_fn == "dpo" and len(data) % 2:
-                raise InvalidRequest(f"dpo needs an even number of datums, got {len(data)}")
+                raise BadRequest(f"dpo needs an even number of datums, got {len(data)}")
             for i, datum in enumerate(data):
                 if self.max_length is not None and datum.length > self.max_length:
                     raise datum_too_long(f"data[{i}]", datum.length, self.max_length)
@@ -429,7 +429,7 @@ class LoraTrainer:
                 or not math.isfinite(value)
                 or value < 0
             ):
-                raise InvalidRequest(
+                raise BadRequest(
                     f"adam_params[{key!r}] must be a finite non-negative number, got {value!r}"
                 )
         params = self.lora_parameters()

@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from loops_nb.local.bad_request import BadRequest
 from loops_nb.local.idle_runs import unpark
-from loops_nb.local.state import LocalLoopsError, LocalLoopsState, LocalRun, checkpoint_name
-from loops_nb.local.wire import InvalidRequest, parse_datums, resolve_loss_config
+from loops_nb.local.state import LocalLoopsState, LocalRun, checkpoint_name
+from loops_nb.local.wire import parse_datums, resolve_loss_config
 
 if TYPE_CHECKING:
     from loops_nb.local.trainer import LoraTrainer
@@ -24,14 +25,14 @@ def _trainer(state: LocalLoopsState, run: LocalRun) -> LoraTrainer:
     if run.trainer is None and run.parked_step is not None:
         return unpark(state, run)
     if run.trainer is None:
-        raise LocalLoopsError(f"run {run.id}: the trainer is not initialised (init_trainer_server first)")
+        raise BadRequest(f"run {run.id}: the trainer is not initialised (init_trainer_server first)")
     return run.trainer
 
 
 def _check_model(run: LocalRun, body: dict[str, Any]) -> None:
     model = body.get("model") or body.get("base_model")
     if model is not None and model != run.base_model:
-        raise LocalLoopsError(f"run {run.id} trains {run.base_model!r}, not {model!r}")
+        raise BadRequest(f"run {run.id} trains {run.base_model!r}, not {model!r}")
 
 
 def prepare(state: LocalLoopsState, run: LocalRun, op: str, body: dict[str, Any]) -> OpFn:
@@ -40,13 +41,13 @@ def prepare(state: LocalLoopsState, run: LocalRun, op: str, body: dict[str, Any]
     if op == "init_trainer_server":
         rank = body.get("lora_rank")
         if not isinstance(rank, int) or not 1 <= rank <= 1024:
-            raise InvalidRequest(f"lora_rank must be an integer in 1..1024, got {rank!r}")
+            raise BadRequest(f"lora_rank must be an integer in 1..1024, got {rank!r}")
         return lambda: _init(state, run, rank)
     if op in ("forward", "forward_backward"):
         data = body.get("data")
         loss_fn = body.get("loss_fn", "cross_entropy")
         if not isinstance(data, list) or not data:
-            raise InvalidRequest("data must be a non-empty list of Datum objects")
+            raise BadRequest("data must be a non-empty list of Datum objects")
         config = body.get("loss_fn_config")
         resolve_loss_config(loss_fn, config)
         # Parsed once here so a bad datum is answered 422 at submit; the worker reuses the parse.
@@ -59,14 +60,14 @@ def prepare(state: LocalLoopsState, run: LocalRun, op: str, body: dict[str, Any]
         )
         top_k = body.get("top_k_logprobs") or 0
         if not isinstance(top_k, int) or not 0 <= top_k <= 20:
-            raise InvalidRequest(f"top_k_logprobs must be an integer in 0..20, got {top_k!r}")
+            raise BadRequest(f"top_k_logprobs must be an integer in 0..20, got {top_k!r}")
         if op == "forward":
             return lambda: _trainer(state, run).forward(data, loss_fn, config, top_k_logprobs=top_k)
         return lambda: _trainer(state, run).forward_backward(data, loss_fn, config, top_k_logprobs=top_k)
     if op == "optim_step":
         params = body.get("adam_params")
         if not isinstance(params, dict) or not isinstance(params.get("learning_rate"), int | float):
-            raise InvalidRequest("adam_params must be an object with a numeric learning_rate")
+            raise BadRequest("adam_params must be an object with a numeric learning_rate")
         return lambda: _trainer(state, run).optim_step(params)
     if op == "save_state":
         name = checkpoint_name(str(body.get("name", "")))
@@ -74,7 +75,7 @@ def prepare(state: LocalLoopsState, run: LocalRun, op: str, body: dict[str, Any]
     if op in ("load_state", "load_state_with_optimizer"):
         path = body.get("path")
         if not isinstance(path, str) or not path:
-            raise InvalidRequest("path must be the path save_state returned")
+            raise BadRequest("path must be the path save_state returned")
         with_optimizer = op == "load_state_with_optimizer"
         return lambda: {
             "step": _trainer(state, run).load_state(
@@ -85,7 +86,7 @@ def prepare(state: LocalLoopsState, run: LocalRun, op: str, body: dict[str, Any]
         name = checkpoint_name(str(body.get("name", "")))
         bump = bool(body.get("bump_version", False))
         return lambda: _save_for_sampler(state, run, name, bump)
-    raise InvalidRequest(f"unknown trainer operation {op!r}")
+    raise BadRequest(f"unknown trainer operation {op!r}")
 
 
 def _init(state: LocalLoopsState, run: LocalRun, rank: int) -> dict[str, Any]:

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from loops_nb.local.bad_request import BadRequest
+
 IGNORE_INDEX = -100
 """A `target_tokens` entry that contributes no loss and yields a null logprob (Baseten docs)."""
 
@@ -50,10 +52,6 @@ MAX_TOP_K_LOGPROBS = 20
 
 _FLOAT_DTYPES = {"float32", "float16", "bfloat16", "float64"}
 _INT_DTYPES = {"int64", "int32", "int8"}
-
-
-class InvalidRequest(ValueError):
-    """A request the trainer cannot run as sent; the message names the datum index and key at fault."""
 
 
 @dataclass
@@ -87,26 +85,26 @@ class ParsedDatum:
 def resolve_loss_config(loss_fn: str, loss_fn_config: Mapping[str, Any] | None) -> dict[str, float | bool]:
     """Validate `loss_fn` and merge `loss_fn_config` over its defaults; unknown keys are refused."""
     if not isinstance(loss_fn, str) or loss_fn not in LOSS_CONFIG_DEFAULTS:
-        raise InvalidRequest(f"loss_fn {loss_fn!r} is not one of: {', '.join(LOSS_FNS)}")
+        raise BadRequest(f"loss_fn {loss_fn!r} is not one of: {', '.join(LOSS_FNS)}")
     defaults = LOSS_CONFIG_DEFAULTS[loss_fn]
     if loss_fn_config is None:
         return dict(defaults)
     if not isinstance(loss_fn_config, Mapping):
-        raise InvalidRequest(f"loss_fn_config must be an object or null, got {type(loss_fn_config).__name__}")
+        raise BadRequest(f"loss_fn_config must be an object or null, got {type(loss_fn_config).__name__}")
     unknown = sorted(set(loss_fn_config) - set(defaults))
     if unknown:
         valid = ", ".join(defaults) or "none"
-        raise InvalidRequest(f"loss_fn_config for {loss_fn!r}: unknown key(s) {unknown}; valid keys: {valid}")
+        raise BadRequest(f"loss_fn_config for {loss_fn!r}: unknown key(s) {unknown}; valid keys: {valid}")
     out = dict(defaults)
     for key, value in loss_fn_config.items():
         if isinstance(defaults[key], bool):
             if not isinstance(value, bool):
-                raise InvalidRequest(f"loss_fn_config[{key!r}] must be a boolean, got {value!r}")
+                raise BadRequest(f"loss_fn_config[{key!r}] must be a boolean, got {value!r}")
         elif isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            raise InvalidRequest(f"loss_fn_config[{key!r}] must be a finite number, got {value!r}")
+            raise BadRequest(f"loss_fn_config[{key!r}] must be a finite number, got {value!r}")
         out[key] = value
     if "clip_low_threshold" in out and not 0 <= out["clip_low_threshold"] <= out["clip_high_threshold"]:
-        raise InvalidRequest(
+        raise BadRequest(
             "loss_fn_config: need 0 <= clip_low_threshold <= clip_high_threshold, got "
             f"{out['clip_low_threshold']} and {out['clip_high_threshold']}"
         )
@@ -115,11 +113,9 @@ def resolve_loss_config(loss_fn: str, loss_fn_config: Mapping[str, Any] | None) 
 
 def validate_top_k(top_k_logprobs: Any) -> int:
     if isinstance(top_k_logprobs, bool) or not isinstance(top_k_logprobs, int):
-        raise InvalidRequest(f"top_k_logprobs must be an integer, got {top_k_logprobs!r}")
+        raise BadRequest(f"top_k_logprobs must be an integer, got {top_k_logprobs!r}")
     if not 0 <= top_k_logprobs <= MAX_TOP_K_LOGPROBS:
-        raise InvalidRequest(
-            f"top_k_logprobs must be between 0 and {MAX_TOP_K_LOGPROBS}, got {top_k_logprobs}"
-        )
+        raise BadRequest(f"top_k_logprobs must be between 0 and {MAX_TOP_K_LOGPROBS}, got {top_k_logprobs}")
     return top_k_logprobs
 
 
@@ -133,17 +129,17 @@ def parse_datums(
 ) -> list[ParsedDatum]:
     """Turn the wire datums into `ParsedDatum`s, checking inputs, shapes and token ranges for `loss_fn`.
 
-    Raises `InvalidRequest` with the datum index and key, for example
+    Raises `BadRequest` with the datum index and key, for example
     "data[3].loss_fn_inputs['weights']: length 7 does not match model_input length 9".
     """
     if not isinstance(loss_fn, str) or loss_fn not in LOSS_CONFIG_DEFAULTS:
-        raise InvalidRequest(f"loss_fn {loss_fn!r} is not one of: {', '.join(LOSS_FNS)}")
+        raise BadRequest(f"loss_fn {loss_fn!r} is not one of: {', '.join(LOSS_FNS)}")
     if not isinstance(data, Sequence) or isinstance(data, str | bytes):
-        raise InvalidRequest(f"data must be a list of datums, got {type(data).__name__}")
+        raise BadRequest(f"data must be a list of datums, got {type(data).__name__}")
     if not data:
-        raise InvalidRequest("data is empty: send at least one datum")
+        raise BadRequest("data is empty: send at least one datum")
     if loss_fn == "dpo" and len(data) % 2:
-        raise InvalidRequest(
+        raise BadRequest(
             f"dpo needs interleaved (chosen, rejected) pairs, so an even number of datums; got {len(data)}"
         )
     parsed = [
@@ -154,7 +150,7 @@ def parse_datums(
         # One padded [B, T, K] gather serves the whole batch, and the SDK documents the same rule.
         ranks = {(p.target_tokens.dim(), p.target_tokens.shape[1:]) for p in parsed}
         if len(ranks) > 1:
-            raise InvalidRequest(
+            raise BadRequest(
                 "data: every datum's loss_fn_inputs['target_tokens'] must have the same rank and K, got "
                 + ", ".join(sorted({str([*shape]) for _, shape in ranks}))
             )
@@ -181,9 +177,9 @@ def tensor_data(values: torch.Tensor) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------- internals
 
 
-def datum_too_long(where: str, length: int, limit: int) -> InvalidRequest:
+def datum_too_long(where: str, length: int, limit: int) -> BadRequest:
     """The refusal of a datum longer than the run accepts (checked before anything is allocated)."""
-    return InvalidRequest(
+    return BadRequest(
         f"{where}.model_input: {length} tokens exceed this run's limit of {limit} (its max_seq_len, or the "
         "model's context if smaller); shorten or split the datum, or create the training client with a "
         "larger max_seq_len"
@@ -201,11 +197,11 @@ def _parse_datum(
 ) -> ParsedDatum:
     where = f"data[{i}]"
     if not isinstance(datum, Mapping):
-        raise InvalidRequest(f"{where}: expected an object, got {type(datum).__name__}")
+        raise BadRequest(f"{where}: expected an object, got {type(datum).__name__}")
     tokens, images = _parse_model_input(where, datum.get("model_input"), allow_images)
     n = len(tokens)
     if n == 0:
-        raise InvalidRequest(f"{where}.model_input: empty; a datum needs at least one token")
+        raise BadRequest(f"{where}.model_input: empty; a datum needs at least one token")
     if max_length is not None and n > max_length:
         raise datum_too_long(where, n, max_length)
     try:
@@ -213,28 +209,28 @@ def _parse_datum(
     except (TypeError, ValueError, RuntimeError, OverflowError):
         token_t = torch.zeros(0)
     if token_t.dtype != torch.int64 or token_t.dim() != 1:
-        raise InvalidRequest(f"{where}.model_input: chunk tokens must be lists of integers")
+        raise BadRequest(f"{where}.model_input: chunk tokens must be lists of integers")
     bad = token_t < (-1 if images else 0)  # -1 marks image positions
     if vocab_size is not None:
         bad |= token_t >= vocab_size
     if bool(bad.any()):
         j = int(bad.nonzero()[0, 0])
         vocab = f"[0, {vocab_size})" if vocab_size is not None else "(ids are non-negative)"
-        raise InvalidRequest(
+        raise BadRequest(
             f"{where}.model_input: token {tokens[j]} at position {j} is outside the vocabulary {vocab}"
         )
 
     inputs = datum.get("loss_fn_inputs") or {}
     if not isinstance(inputs, Mapping):
-        raise InvalidRequest(f"{where}.loss_fn_inputs: expected an object, got {type(inputs).__name__}")
+        raise BadRequest(f"{where}.loss_fn_inputs: expected an object, got {type(inputs).__name__}")
     missing = [k for k in ("target_tokens", *_REQUIRED[loss_fn]) if inputs.get(k) is None]
     if missing:
-        raise InvalidRequest(f"{where}.loss_fn_inputs: {loss_fn} needs {missing[0]!r}, which is missing")
+        raise BadRequest(f"{where}.loss_fn_inputs: {loss_fn} needs {missing[0]!r}, which is missing")
 
     key = f"{where}.loss_fn_inputs"
     target = _tensor(f"{key}['target_tokens']", inputs["target_tokens"], integer=True)
     if target.dim() == 2 and loss_fn != "cross_entropy":
-        raise InvalidRequest(f"{key}['target_tokens']: shape [N, K] is only supported by cross_entropy")
+        raise BadRequest(f"{key}['target_tokens']: shape [N, K] is only supported by cross_entropy")
     _check_length(f"{key}['target_tokens']", target, n, allow_k=True)
     bad = (target < 0) & (target != IGNORE_INDEX)
     if vocab_size is not None:
@@ -242,9 +238,7 @@ def _parse_datum(
     if bool(bad.any()):
         value = int(target[bad][0])
         limit = f"[0, {vocab_size})" if vocab_size is not None else "non-negative"
-        raise InvalidRequest(
-            f"{key}['target_tokens']: token {value} must be {limit} or {IGNORE_INDEX} (ignored)"
-        )
+        raise BadRequest(f"{key}['target_tokens']: token {value} must be {limit} or {IGNORE_INDEX} (ignored)")
 
     weights = torch.ones(target.shape, dtype=torch.float32)
     factor_keys = ("weights",) if loss_fn in ("cross_entropy", "dpo") else ("weights", "mask")
@@ -254,12 +248,12 @@ def _parse_datum(
         w = _tensor(f"{key}[{name!r}]", inputs[name])
         if w.shape != target.shape:
             _check_length(f"{key}[{name!r}]", w, n, allow_k=True)
-            raise InvalidRequest(
+            raise BadRequest(
                 f"{key}[{name!r}]: shape {list(w.shape)} does not match target_tokens shape {list(target.shape)}"
             )
         weights = weights * _null_to_zero(w)  # a null weight means "masked"
     if not bool(torch.isfinite(weights).all()):
-        raise InvalidRequest(f"{key}['weights']: values must be finite")
+        raise BadRequest(f"{key}['weights']: values must be finite")
 
     out = ParsedDatum(tokens=token_t, target_tokens=target, weights=weights, images=images)
     valid = (target != IGNORE_INDEX) & (weights != 0)
@@ -270,7 +264,7 @@ def _parse_datum(
         _check_length(f"{key}['advantages']", adv, n)
         adv = _null_to_zero(adv)
         if not bool(torch.isfinite(adv).all()):
-            raise InvalidRequest(f"{key}['advantages']: values must be finite")
+            raise BadRequest(f"{key}['advantages']: values must be finite")
         out.advantages = adv
         valid = valid & (adv != 0)
     for name in ("logprobs", "ref_logprobs"):
@@ -283,7 +277,7 @@ def _parse_datum(
         bad = ~torch.isfinite(values) & valid
         if bool(bad.any()):
             j = int(bad.nonzero()[0, 0])
-            raise InvalidRequest(f"{key}[{name!r}]: null or non-finite value at active position {j}")
+            raise BadRequest(f"{key}[{name!r}]: null or non-finite value at active position {j}")
         setattr(out, name, torch.where(torch.isfinite(values), values, torch.zeros_like(values)))
     return out
 
@@ -292,7 +286,7 @@ def _parse_model_input(
     where: str, model_input: Any, allow_images: bool
 ) -> tuple[list[int], list[tuple[int, dict[str, Any]]]]:
     if not isinstance(model_input, Mapping) or not isinstance(model_input.get("chunks"), list):
-        raise InvalidRequest(f"{where}.model_input: expected an object with a 'chunks' list")
+        raise BadRequest(f"{where}.model_input: expected an object with a 'chunks' list")
     tokens: list[int] = []
     images: list[tuple[int, dict[str, Any]]] = []
     for c, chunk in enumerate(model_input["chunks"]):
@@ -300,60 +294,60 @@ def _parse_model_input(
         if kind == "encoded_text":
             toks = chunk.get("tokens")
             if not isinstance(toks, list):
-                raise InvalidRequest(f"{where}.model_input.chunks[{c}].tokens: expected a list of integers")
+                raise BadRequest(f"{where}.model_input.chunks[{c}].tokens: expected a list of integers")
             tokens.extend(toks)
         elif kind == "image":
             if not allow_images:
-                raise InvalidRequest(
+                raise BadRequest(
                     f"{where}.model_input.chunks[{c}]: image chunks need a vision model; this trainer is text-only"
                 )
             count = chunk.get("expected_tokens")
             if type(count) is not int or count <= 0:
-                raise InvalidRequest(
+                raise BadRequest(
                     f"{where}.model_input.chunks[{c}].expected_tokens: expected a positive integer"
                 )
             images.append((len(tokens), dict(chunk)))
             tokens.extend([-1] * count)
         else:
-            raise InvalidRequest(f"{where}.model_input.chunks[{c}]: unsupported chunk type {kind!r}")
+            raise BadRequest(f"{where}.model_input.chunks[{c}]: unsupported chunk type {kind!r}")
     return tokens, images
 
 
 def _tensor(where: str, td: Any, *, integer: bool = False) -> torch.Tensor:
     """Decode one `TensorData` (flat or nested `data`, nulls → NaN) into an int64 or float32 tensor."""
     if not isinstance(td, Mapping) or "data" not in td:
-        raise InvalidRequest(f"{where}: expected TensorData {{'data', 'dtype', 'shape'}}")
+        raise BadRequest(f"{where}: expected TensorData {{'data', 'dtype', 'shape'}}")
     data = td["data"]
     if not isinstance(data, list):
-        raise InvalidRequest(f"{where}: 'data' must be a list")
+        raise BadRequest(f"{where}: 'data' must be a list")
     if data and isinstance(data[0], list):
         data = _flatten(where, data)
     shape = td.get("shape")
     if shape is None:
         shape = [len(data)]
     if not isinstance(shape, list) or not all(type(s) is int and s >= 0 for s in shape) or len(shape) > 2:
-        raise InvalidRequest(f"{where}: shape {shape!r} must be [N] or [N, K]")
+        raise BadRequest(f"{where}: shape {shape!r} must be [N] or [N, K]")
     if math.prod(shape) != len(data):
-        raise InvalidRequest(f"{where}: {len(data)} values do not fill shape {shape}")
+        raise BadRequest(f"{where}: {len(data)} values do not fill shape {shape}")
     dtype = td.get("dtype", "int64" if integer else "float32")
     try:
         if integer:
             # `TensorData.from_list` labels data float32 by default, so judge the values, not the label.
             t = torch.tensor(data) if data else torch.zeros(0, dtype=torch.int64)
             if t.dtype == torch.bool or (t.is_floating_point() and not bool((t == t.round()).all())):
-                raise InvalidRequest(f"{where}: expected integer token ids, got dtype {dtype!r}")
+                raise BadRequest(f"{where}: expected integer token ids, got dtype {dtype!r}")
             return t.to(torch.int64).reshape(shape)
         if not isinstance(dtype, str) or dtype not in _FLOAT_DTYPES | _INT_DTYPES | {"bool"}:
-            raise InvalidRequest(f"{where}: unsupported dtype {dtype!r}")
+            raise BadRequest(f"{where}: unsupported dtype {dtype!r}")
         try:
             t = torch.tensor(data, dtype=torch.float32)
         except TypeError:  # nulls (masked positions) → NaN, as TensorData.to_torch does
             t = torch.tensor([math.nan if v is None else v for v in data], dtype=torch.float32)
         return t.reshape(shape)
     except (TypeError, ValueError, RuntimeError, OverflowError) as exc:
-        if isinstance(exc, InvalidRequest):
+        if isinstance(exc, BadRequest):
             raise
-        raise InvalidRequest(f"{where}: could not read values as numbers ({exc})") from None
+        raise BadRequest(f"{where}: could not read values as numbers ({exc})") from None
 
 
 def _null_to_zero(t: torch.Tensor) -> torch.Tensor:
@@ -374,8 +368,6 @@ def _flatten(where: str, nested: list[Any]) -> list[Any]:
 def _check_length(where: str, t: torch.Tensor, n: int, *, allow_k: bool = False) -> None:
     if t.dim() == 0 or t.dim() > (2 if allow_k else 1):
         allowed = "[N] or [N, K]" if allow_k else "[N]"
-        raise InvalidRequest(
-            f"{where}: shape {list(t.shape)} must be {allowed} with N = model_input length {n}"
-        )
+        raise BadRequest(f"{where}: shape {list(t.shape)} must be {allowed} with N = model_input length {n}")
     if t.shape[0] != n:
-        raise InvalidRequest(f"{where}: length {t.shape[0]} does not match model_input length {n}")
+        raise BadRequest(f"{where}: length {t.shape[0]} does not match model_input length {n}")

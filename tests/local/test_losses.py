@@ -8,8 +8,9 @@ import math
 import pytest
 import torch
 
+from loops_nb.local.bad_request import BadRequest
 from loops_nb.local.losses import LossBatch, collate, compute_loss, micro_batches
-from loops_nb.local.wire import InvalidRequest, parse_datums, resolve_loss_config, tensor_data
+from loops_nb.local.wire import parse_datums, resolve_loss_config, tensor_data
 
 
 def td(data: list, dtype: str = "float32", shape: list[int] | None = None) -> dict:
@@ -31,34 +32,30 @@ def datum(tokens: list[int], targets: list[int] | None = None, **inputs: dict) -
 def test_missing_target_tokens_names_datum_and_key() -> None:
     bad = datum([1, 2, 3])
     del bad["loss_fn_inputs"]["target_tokens"]
-    with pytest.raises(
-        InvalidRequest, match=r"data\[1\]\.loss_fn_inputs: cross_entropy needs 'target_tokens'"
-    ):
+    with pytest.raises(BadRequest, match=r"data\[1\]\.loss_fn_inputs: cross_entropy needs 'target_tokens'"):
         parse_datums([datum([1, 2]), bad], "cross_entropy")
 
 
 def test_weights_length_mismatch_message() -> None:
     d = datum(list(range(9)), weights=td([1.0] * 7))
-    with pytest.raises(InvalidRequest) as err:
+    with pytest.raises(BadRequest) as err:
         parse_datums([datum([1]), datum([2]), datum([3]), d], "cross_entropy")
     assert str(err.value) == "data[3].loss_fn_inputs['weights']: length 7 does not match model_input length 9"
 
 
 def test_unknown_loss_lists_valid_ones() -> None:
-    with pytest.raises(
-        InvalidRequest, match="cross_entropy, importance_sampling, ppo, cispo, dro, dppo, dpo"
-    ):
+    with pytest.raises(BadRequest, match="cross_entropy, importance_sampling, ppo, cispo, dro, dppo, dpo"):
         parse_datums([datum([1])], "grpo")
 
 
 def test_unknown_config_key_and_defaults() -> None:
     assert resolve_loss_config("ppo", None) == {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}
     assert resolve_loss_config("dpo", {"beta": 0.5})["beta"] == 0.5
-    with pytest.raises(InvalidRequest, match=r"unknown key\(s\) \['clip_ratio'\]; valid keys: clip_low"):
+    with pytest.raises(BadRequest, match=r"unknown key\(s\) \['clip_ratio'\]; valid keys: clip_low"):
         resolve_loss_config("ppo", {"clip_ratio": 0.2})
-    with pytest.raises(InvalidRequest, match="valid keys: none"):
+    with pytest.raises(BadRequest, match="valid keys: none"):
         resolve_loss_config("importance_sampling", {"beta": 1.0})
-    with pytest.raises(InvalidRequest, match="must be a boolean"):
+    with pytest.raises(BadRequest, match="must be a boolean"):
         resolve_loss_config("cross_entropy", {"skip_token_normalization": 1})
 
 
@@ -76,26 +73,26 @@ def test_nested_tensor_data_and_nulls() -> None:
 
 
 def test_shape_and_range_errors() -> None:
-    with pytest.raises(InvalidRequest, match=r"3 values do not fill shape \[2\]"):
+    with pytest.raises(BadRequest, match=r"3 values do not fill shape \[2\]"):
         parse_datums([datum([1, 2], weights=td([1.0, 1.0, 1.0], shape=[2]))], "cross_entropy")
-    with pytest.raises(InvalidRequest, match=r"data\[0\]\.model_input: empty"):
+    with pytest.raises(BadRequest, match=r"data\[0\]\.model_input: empty"):
         parse_datums([datum([], [])], "cross_entropy")
-    with pytest.raises(InvalidRequest, match=r"token 200 at position 1 is outside the vocabulary \[0, 128\)"):
+    with pytest.raises(BadRequest, match=r"token 200 at position 1 is outside the vocabulary \[0, 128\)"):
         parse_datums([datum([1, 200])], "cross_entropy", vocab_size=128)
-    with pytest.raises(InvalidRequest, match=r"target_tokens'\]: token 128 must be \[0, 128\) or -100"):
+    with pytest.raises(BadRequest, match=r"target_tokens'\]: token 128 must be \[0, 128\) or -100"):
         parse_datums([datum([1, 127])], "cross_entropy", vocab_size=128)
-    with pytest.raises(InvalidRequest, match="image chunks need a vision model"):
+    with pytest.raises(BadRequest, match="image chunks need a vision model"):
         parse_datums([{"model_input": {"chunks": [{"type": "image", "data": "", "format": "png",
                                                    "expected_tokens": 4}]}}], "cross_entropy")  # fmt: skip
-    with pytest.raises(InvalidRequest, match="even number of datums"):
+    with pytest.raises(BadRequest, match="even number of datums"):
         parse_datums([datum([1])] * 3, "dpo")
-    with pytest.raises(InvalidRequest, match="only supported by cross_entropy"):
+    with pytest.raises(BadRequest, match="only supported by cross_entropy"):
         rl = datum([1], logprobs=td([0.0]), advantages=td([1.0]))
         rl["loss_fn_inputs"]["target_tokens"] = td([[2, 3]], "int64", [1, 2])
         parse_datums([rl], "ppo")
-    with pytest.raises(InvalidRequest, match=r"data\[0\]\.loss_fn_inputs: ppo needs 'logprobs'"):
+    with pytest.raises(BadRequest, match=r"data\[0\]\.loss_fn_inputs: ppo needs 'logprobs'"):
         parse_datums([datum([1, 2], advantages=td([1.0]))], "ppo")
-    with pytest.raises(InvalidRequest, match="null or non-finite value at active position 1"):
+    with pytest.raises(BadRequest, match="null or non-finite value at active position 1"):
         parse_datums([datum([1, 2], logprobs=td([None, None]), advantages=td([0.0, 1.0]))], "ppo")
 
 
@@ -198,7 +195,8 @@ def test_cross_entropy_weights_ignore_and_k_targets() -> None:
     b = LossBatch(lp=lp, valid=torch.tensor([[True, True, False]]), weights=torch.tensor([[1.0, 0.0, 1.0]]))
     out = compute_loss("cross_entropy", b, None)
     assert float(out.loss) == 1.0 and out.count == 1
-    assert out.logprobs[0, 0] == -1.0 and out.logprobs[0, 1:].isnan().all()
+    # Every valid target's logprob comes back, weight 0 or not; only the invalid (-100) one is NaN.
+    assert out.logprobs[0, :2].tolist() == [-1.0, -2.0] and out.logprobs[0, 2].isnan()
     skip = compute_loss("cross_entropy", b, {"skip_token_normalization": True})
     assert skip.logprobs[0, :2].tolist() == [-1.0, -2.0] and skip.logprobs[0, 2].isnan()
     lp_k = torch.tensor([[[-1.0, -2.0], [-3.0, -4.0]]])

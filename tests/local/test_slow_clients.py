@@ -23,7 +23,8 @@ import httpx
 import pytest
 
 from loops_nb.connection_guard import ConnectionLimits
-from loops_nb.local.state import LocalLoopsError, LocalLoopsState
+from loops_nb.local.bad_request import BadRequest
+from loops_nb.local.state import LocalLoopsState
 from loops_nb.model_access import ModelGateway
 
 SERVER = Path(__file__).with_name("slow_client_server.py")
@@ -238,7 +239,7 @@ def test_checkpoint_paths_stay_inside_the_state_directory(tmp_path: Path) -> Non
     (tmp_path / "state" / "escape").symlink_to("/etc")
     outside = ["/etc", "file:///etc", f"{inside}/../../../../..", str(tmp_path / "state" / "escape"), "/"]
     for path in outside:
-        with pytest.raises(LocalLoopsError, match="outside this server's state directory"):
+        with pytest.raises(BadRequest, match="outside this server's state directory"):
             state.resolve_checkpoint(path)
 
 

@@ -1,0 +1,119 @@
+"""A checkpoint's files over HTTP: what the SDK's `get_checkpoint_archive_url` and `download_checkpoint` read.
+
+On Baseten, `GET /v1/loops/checkpoints/{id}/files` lists presigned S3 URLs and `/source` says the files
+come from S3 (bl/_checkpoints.py). The SDK then fetches each URL *without* the API key (presigned URLs
+carry their own auth; bl/_checkpoint_download.py `_download_presigned`). The local equivalent of a
+presigned URL is a link back to this server whose query carries an expiry and an HMAC over the file and
+the expiry, keyed with a secret of this server process: anyone holding the link may fetch that one file
+until it expires, and nothing else, exactly as with S3.
+
+The files are the checkpoint's directory as the trainer wrote it: a PEFT adapter (`adapter_model.safetensors`,
+`adapter_config.json`) for sampler weights; the adapter under `adapter/` plus `optimizer.pt`, `rng.pt` and
+`trainer_state.json` for trainer state. The server's own index file (`checkpoint.json`) is not listed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from loops_nb.local.bad_request import BadRequest
+
+URL_LIFETIME_SECONDS = 3600
+"""How long a file link stays valid (S3 presigned URLs on Loops are similar: an hour)."""
+INDEX_FILE = "checkpoint.json"
+"""The server's record of a checkpoint (see LocalLoopsState.record_checkpoint); not part of its files."""
+FILE_LINK_PREFIX = "/checkpoint-files/"
+"""Served without the API key: the signature in the query is the authorisation."""
+DOWNLOAD_ROUTE = FILE_LINK_PREFIX + "{checkpoint_id}/{relative_path:path}"
+
+
+class CheckpointFileLinks:
+    """Signs and checks the links that stand in for presigned URLs."""
+
+    def __init__(self) -> None:
+        self._secret = secrets.token_bytes(32)
+        """Per process: links from an earlier server stop working when it restarts, as expired ones would."""
+
+    def _signature(self, checkpoint_id: str, relative_path: str, expires: int) -> str:
+        message = f"{checkpoint_id}\n{relative_path}\n{expires}".encode()
+        return hmac.new(self._secret, message, hashlib.sha256).hexdigest()
+
+    def url(self, origin: str, checkpoint_id: str, relative_path: str, now: float | None = None) -> str:
+        expires = int(now if now is not None else time.time()) + URL_LIFETIME_SECONDS
+        signature = self._signature(checkpoint_id, relative_path, expires)
+        path = f"{FILE_LINK_PREFIX}{quote(checkpoint_id)}/{quote(relative_path)}"
+        return f"{origin}{path}?expires={expires}&signature={signature}"
+
+    def check(self, checkpoint_id: str, relative_path: str, expires: str, signature: str) -> None:
+        """Raise `LinkRefused` unless the link was signed by this server and has not expired."""
+        if not expires.isdigit():
+            raise LinkRefused("the link has no valid expiry; ask get_checkpoint_archive_url for a new one")
+        wanted = self._signature(checkpoint_id, relative_path, int(expires))
+        if not hmac.compare_digest(wanted, signature):
+            raise LinkRefused(
+                "the link's signature does not match (it was made by another server process, or altered); "
+                "ask get_checkpoint_archive_url for a new one"
+            )
+        if int(expires) < time.time():
+            raise LinkRefused("the link has expired; ask get_checkpoint_archive_url for a new one")
+
+
+class LinkRefused(ValueError):
+    """A file link that is not valid (answered 403, as S3 answers a bad presigned URL)."""
+
+
+def checkpoint_files(directory: Path) -> list[Path]:
+    """The checkpoint's files, relative to its directory, in a stable order."""
+    return sorted(
+        p.relative_to(directory)
+        for p in directory.rglob("*")
+        if p.is_file() and p.relative_to(directory).as_posix() != INDEX_FILE
+    )
+
+
+def files_page(
+    links: CheckpointFileLinks,
+    origin: str,
+    checkpoint_id: str,
+    directory: Path,
+    page_size: int,
+    page_token: int,
+) -> dict[str, Any]:
+    """One page of `CheckpointFilesResponse` (bl/models.py): the files' links, size and mtime."""
+    if page_size < 1 or page_token < 0:
+        raise BadRequest(f"page_size must be >= 1 and page_token >= 0, got {page_size} and {page_token}")
+    files = checkpoint_files(directory)
+    page = files[page_token : page_token + page_size]
+    entries = []
+    for relative in page:
+        stat = (directory / relative).stat()
+        entries.append(
+            {
+                "url": links.url(origin, checkpoint_id, relative.as_posix()),
+                "relative_file_name": relative.as_posix(),
+                "node_rank": 0,
+                "size_bytes": stat.st_size,
+                "last_modified": datetime.fromtimestamp(stat.st_mtime, UTC).isoformat(),
+            }
+        )
+    following = page_token + page_size
+    return {
+        "presigned_urls": entries,
+        "next_page_token": following if following < len(files) else None,
+        "total_count": len(files),
+    }
+
+
+def file_in_checkpoint(directory: Path, relative_path: str) -> Path:
+    """The file a link names, refusing anything that leads outside the checkpoint or is its index."""
+    target = (directory / relative_path).resolve()
+    if not target.is_relative_to(directory.resolve()) or not target.is_file() or relative_path == INDEX_FILE:
+        raise BadRequest(f"checkpoint has no file {relative_path!r}")
+    return target
