@@ -13,11 +13,11 @@ each group processed in one tensor op, and which group a row falls in depends on
 * truncated rows: a stable descending sort, the top-k then top-p (over the top-k-renormalised mass, as
   vLLM does) masks, then inverse CDF in sorted order.
 
-The logprob returned for a sampled token is `log_softmax(logits / T)` at that token (`T = 0` -> raw
-`log_softmax`): the temperature-scaled distribution *before* top-k/top-p truncation. vLLM's default
-("raw") logprobs ignore the temperature; we report the distribution the token was actually drawn from, which
-is what RL importance weights need, and with truncation off it is exact. With top-k/top-p on, it slightly
-under-estimates the truncated sampler's probability (which renormalises over the kept tokens).
+The logprob returned for a sampled token is the model's own, `log_softmax(logits)` at that token, whatever
+the temperature, top-k or top-p the token was drawn with: vLLM's default ("raw_logprobs"), which is what the
+Loops sampler returns (its `/sample` answers are vLLM completions; see docs/reference/local_loops.md,
+"Logprobs at T != 1", for the evidence). They therefore equal the trainer's logprobs of the same tokens at any
+temperature, and an importance ratio against a T != 1 sampler starts at 1, as on Loops.
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ def select_tokens(logits: Tensor, params: RowParams) -> tuple[Tensor, Tensor]:
         logprobs = torch.log_softmax(logits, dim=-1)
         return tokens, logprobs.gather(1, tokens[:, None]).squeeze(1)
     scale = torch.where(params.temperature > 0, params.temperature, 1.0)
-    logprobs = torch.log_softmax(logits / scale[:, None], dim=-1)
+    tempered = torch.log_softmax(logits / scale[:, None], dim=-1)  # what the token is drawn from
     tokens = torch.zeros(rows, dtype=torch.long, device=logits.device)
     u = params.uniforms.gather(1, params.step.clamp(max=params.uniforms.shape[1] - 1)[:, None]).squeeze(1)
     if params.greedy_rows:
@@ -155,13 +155,14 @@ def select_tokens(logits: Tensor, params: RowParams) -> tuple[Tensor, Tensor]:
         tokens[index] = logits[index].argmax(dim=-1)
     if params.plain_rows:
         index = torch.tensor(params.plain_rows, device=logits.device)
-        tokens[index] = _invert_cdf(logprobs[index].exp().cumsum(dim=-1), u[index])
+        tokens[index] = _invert_cdf(tempered[index].exp().cumsum(dim=-1), u[index])
     if params.truncated_rows:
         index = torch.tensor(params.truncated_rows, device=logits.device)
         tokens[index] = _sample_truncated(
-            logprobs[index].exp(), params.top_k[index], params.top_p[index], u[index]
+            tempered[index].exp(), params.top_k[index], params.top_p[index], u[index]
         )
-    return tokens, logprobs.gather(1, tokens[:, None]).squeeze(1)
+    raw = torch.log_softmax(logits, dim=-1)  # what is reported, as vLLM's raw_logprobs
+    return tokens, raw.gather(1, tokens[:, None]).squeeze(1)
 
 
 def draw_uniforms(rows: int, steps: int, seed: int | None) -> Tensor:

@@ -63,7 +63,8 @@ def test_logprobs_match_teacher_forcing(engine, plain_model):
             SampleRequest(prompt=PROMPTS[1], n=3, temperature=temperature, max_tokens=10, seed=7)
         )
         for choice in result.choices:
-            expected = teacher_forced(plain_model, PROMPTS[1], choice.token_ids, temperature)
+            # The model's own logprobs whatever the temperature (vLLM's raw_logprobs, as Loops returns).
+            expected = teacher_forced(plain_model, PROMPTS[1], choice.token_ids)
             assert choice.logprobs == pytest.approx(expected, abs=1e-4)
     choice = engine.sample(greedy(PROMPTS[0], 8)).choices[0]
     assert choice.logprobs == pytest.approx(
@@ -89,13 +90,13 @@ def test_seed_reproducible_regardless_of_batch_company(engine):
 def test_samples_differ_and_truncation_is_respected(engine, plain_model):
     result = engine.sample(SampleRequest(prompt=PROMPTS[0], n=4, temperature=1.0, max_tokens=8, seed=3))
     assert len({tuple(c.token_ids) for c in result.choices}) > 1
-    # top_k=1 is greedy whatever the temperature; the logprob is still the untruncated T-scaled one.
+    # top_k=1 is greedy whatever the temperature; the logprob is still the model's own, untruncated.
     choice = engine.sample(SampleRequest(prompt=PROMPTS[0], temperature=2.0, top_k=1, max_tokens=6)).choices[
         0
     ]
     assert choice.token_ids == solo(engine, greedy(PROMPTS[0], 6))[0]
     assert choice.logprobs == pytest.approx(
-        teacher_forced(plain_model, PROMPTS[0], choice.token_ids, 2.0), abs=1e-4
+        teacher_forced(plain_model, PROMPTS[0], choice.token_ids), abs=1e-4
     )
     # A tiny top_p keeps only the most likely token too.
     choice = engine.sample(
@@ -157,6 +158,8 @@ def test_prompt_logprobs(engine, plain_model):
         (1.0, 3, 0.9, [0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0]),  # top-p over the top-k-renormalised mass
         (1.0, 2, 1.0, [0.5 / 0.8, 0.3 / 0.8, 0, 0]),
         (0.0, 0, 1.0, [1, 0, 0, 0]),
+        # Drawn from p^(1/T) renormalised; the logprob reported is still log p (checked below).
+        (0.5, 0, 1.0, [0.25 / 0.365, 0.09 / 0.365, 0.0225 / 0.365, 0.0025 / 0.365]),
     ],
 )
 def test_select_tokens_follows_the_truncated_distribution(temperature, top_k, top_p, expected):
