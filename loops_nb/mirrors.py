@@ -4,10 +4,12 @@ extra) and a rich live progress region in the terminal (`[output] console`, the 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from loops_nb.errors import UserError
 from loops_nb.observers import TerminalReporter, eta
+from loops_nb.step_record import StepRecord
 
 
 class WandbMirror:
@@ -29,12 +31,11 @@ class WandbMirror:
             project=self.project, name=name, config=self._config, resume="allow", id=name
         )
 
-    def on_step(self, record: dict[str, Any]) -> None:
+    def on_step(self, record: Mapping[str, Any]) -> None:
         if self._run is not None:
-            numbers = {
-                k: v for k, v in record.items() if isinstance(v, int | float) and not isinstance(v, bool)
-            }
-            self._run.log(numbers, step=int(record["step"]))
+            step = StepRecord.of(record)
+            numbers = {k: v for k in step.metrics if (v := step.number(k)) is not None}
+            self._run.log(numbers, step=step.step)
 
     def on_end(self, summary: dict[str, Any]) -> None:
         if self._run is not None:
@@ -80,8 +81,8 @@ class RichConsole(TerminalReporter):
         self._live.start()
         self._live.update(self._render("starting"))
 
-    def on_step(self, record: dict[str, Any]) -> None:
-        self._last = record
+    def on_step(self, record: Mapping[str, Any]) -> None:
+        self._last = StepRecord.of(record).to_json()
         self._live.update(self._render())
 
     def on_progress(self, snapshot: dict[str, Any]) -> None:

@@ -10,15 +10,21 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, TextIO
+
+from loops_nb.step_record import StepRecord
 
 log = logging.getLogger("loops_nb.run")
 
 
 class RunObserver(Protocol):
+    """Every hook is optional: an observer defines the ones it wants. A run calls `on_step` with a
+    `StepRecord`, which is also a mapping of its steps.jsonl line; the built-in observers take either and
+    read it through `StepRecord.of`, so a line read back from steps.jsonl replays as the live step did."""
+
     def on_start(self, info: dict[str, Any]) -> None: ...
-    def on_step(self, record: dict[str, Any]) -> None: ...
+    def on_step(self, record: StepRecord) -> None: ...
     def on_attempt(self, record: dict[str, Any]) -> None: ...
     def on_progress(self, snapshot: dict[str, Any]) -> None: ...
     def on_end(self, summary: dict[str, Any]) -> None: ...
@@ -34,7 +40,7 @@ class ObserverSet:
         """Whether any observer handles `hook`: lets the run skip building payloads nobody reads."""
         return any(getattr(o, hook, None) is not None for o in self.observers)
 
-    def emit(self, hook: str, payload: dict[str, Any]) -> None:
+    def emit(self, hook: str, payload: Mapping[str, Any]) -> None:
         for obs in list(self.observers):
             fn = getattr(obs, hook, None)
             if fn is None:
@@ -82,12 +88,13 @@ class TerminalReporter:
             f"run {info.get('run_dir')}: {info.get('recipe')} on {info.get('model')} ({info.get('scope')}){resumed}"
         )
 
-    def on_step(self, record: dict[str, Any]) -> None:
-        step = record["step"]
+    def on_step(self, record: Mapping[str, Any]) -> None:
+        taken = StepRecord.of(record)
+        step = taken.step
         parts = [f"step {step + 1}/{self.total}" if self.total else f"step {step + 1}"]
         for key in self.KEYS:
-            if key in record and record[key] is not None:
-                value = record[key]
+            value = taken.metrics.get(key)
+            if value is not None:
                 parts.append(f"{key}={value:.4g}" if isinstance(value, float) else f"{key}={value}")
         parts.append(f"eta={eta(step + 1, self.total, time.monotonic() - self.started)}")
         self._print("  ".join(parts))

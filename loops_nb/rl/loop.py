@@ -29,6 +29,7 @@ from loops_nb.run.optimizer import AdamSettings
 from loops_nb.run.recipe_run import RecipeRun
 from loops_nb.run_dir import Checkpoint, RunDirectory
 from loops_nb.runtime import RolloutRuntime
+from loops_nb.step_record import StepRecord
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +126,7 @@ class RLRun(RecipeRun):
         if self._scheduler is not None:
             await self._scheduler.close()
 
-    async def train_step(self, step: int) -> dict[str, Any]:
+    async def train_step(self, step: int) -> StepRecord:
         scheduler = self._scheduler
         assert scheduler is not None, "begin() creates the scheduler"
         step_started = time.perf_counter()
@@ -182,7 +183,7 @@ class RLRun(RecipeRun):
 
     async def _train_and_log(
         self, step: int, groups: list[GroupResult], scheduler: RolloutScheduler, rollout_s: float, t0: float
-    ) -> dict[str, Any]:
+    ) -> StepRecord:
         datums, stats = step_datums(groups)
         train_started = time.perf_counter()
         train_metrics: dict[str, float] = {}
@@ -197,8 +198,7 @@ class RLRun(RecipeRun):
         trained_ids = {d.attempt_id for d in datums}
         discarded = Counter(a.evidence.discarded for a in attempts if a.evidence.discarded)
         versions = [v for a in attempts for v in a.capture.policy_versions]
-        record: dict[str, Any] = {
-            "step": step,
+        metrics: dict[str, Any] = {
             "policy_version": self.policy.version,
             **stats,
             "attempts": len(attempts),
@@ -240,9 +240,7 @@ class RLRun(RecipeRun):
         self.run_dir.write_transcript(
             f"step-{step:06d}", [self._transcript(a, full=full) for g in groups for a in g.attempts]
         )
-        self.run_dir.steps.append(record)
-        self.observers.emit("on_step", record)
-        return record
+        return StepRecord(step, metrics)
 
     async def _report_progress(self, scheduler: RolloutScheduler) -> None:
         every = self.config.output.progress_every_seconds

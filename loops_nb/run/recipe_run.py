@@ -23,6 +23,7 @@ from loops_nb.errors import RunFailed, UserError
 from loops_nb.observers import ObserverSet
 from loops_nb.run.outcome import Outcome
 from loops_nb.run_dir import Checkpoint, RunDirectory
+from loops_nb.step_record import StepRecord
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +52,8 @@ class RecipeRun(ABC):
         self.stop = stop or asyncio.Event()
 
     @abstractmethod
-    async def train_step(self, step: int) -> dict[str, Any]:
-        """Produce step ``step``'s data, train one optimizer step on it, log it; returns its record."""
+    async def train_step(self, step: int) -> StepRecord:
+        """Produce step ``step``'s data and train one optimizer step on it; returns what it logs."""
 
     async def begin(self, start: int) -> None:
         """Before the first step of this process (RL: tasks, the scheduler, the first publish)."""
@@ -140,13 +141,17 @@ class RecipeRun(ABC):
         ) as exc:  # the recipe's own setup (a runtime's tasks()): resumable, like a trainer fault
             await self.end()
             raise self.failed(start, exc) from exc
-        status, step, metrics = "completed", start, {}
+        status, step = "completed", start
+        metrics: dict[str, Any] = {}
         try:
             for step in range(start, self.total_steps):
                 if self.stop.is_set():
                     status = "stopped"
                     break
-                metrics = await self.train_step(step)
+                record = await self.train_step(step)
+                self.run_dir.steps.append(record.to_json())
+                self.observers.emit("on_step", record)
+                metrics = record.to_json()
                 done = step + 1
                 if self.save_every and done % self.save_every == 0 and done < self.total_steps:
                     await self.save(done, sampler=False)

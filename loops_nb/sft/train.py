@@ -32,6 +32,7 @@ from loops_nb.sft.config import SFTConfig
 from loops_nb.sft.evaluation import EvalResult, example_datum, held_out_loss, weighted_nll
 from loops_nb.sft.rendering import Example
 from loops_nb.sft.schedule import learning_rate
+from loops_nb.step_record import StepRecord
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +152,7 @@ class SFTRun(RecipeRun):
             "eval_loss": last_eval["eval/loss"] if last_eval else None,
         }
 
-    async def train_step(self, step: int) -> dict[str, Any]:
+    async def train_step(self, step: int) -> StepRecord:
         step_started = time.perf_counter()
         batch = self.data.plan.batch(step)
         examples = await asyncio.to_thread(self.data.train.load, batch.indices, self.data.renderer)
@@ -164,7 +165,6 @@ class SFTRun(RecipeRun):
         optim_out = await optim.result_async()
         nll, weight = weighted_nll(examples, out.loss_fn_outputs)
         record: dict[str, Any] = {
-            "step": step,
             "epoch": batch.epoch,
             "loss": nll / weight if weight else 0.0,
             "learning_rate": lr,
@@ -181,10 +181,7 @@ class SFTRun(RecipeRun):
         last = step + 1 == self.data.plan.total_steps
         if self._eval_examples and (last or (every and (step + 1) % every == 0)):
             record.update((await self._evaluate(step + 1)).record())
-        record["time"] = time.time()
-        self.run_dir.steps.append(record)
-        self.observers.emit("on_step", record)
-        return record
+        return StepRecord(step, record, time=time.time())
 
     async def _evaluate(self, steps_applied: int) -> EvalResult:
         started = time.perf_counter()

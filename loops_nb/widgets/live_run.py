@@ -26,11 +26,12 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from html import escape
 from typing import Any, TextIO
 
 from loops_nb.observers import TerminalReporter, eta
+from loops_nb.step_record import StepRecord
 from loops_nb.widgets.attempts_table import AttemptsTable
 from loops_nb.widgets.environment import LiveDisplay, ipython_display, resolve_output
 from loops_nb.widgets.reward_curve import LossCurve, RewardCurve
@@ -100,13 +101,14 @@ class LiveRun:
         else:
             self.show()
 
-    def on_step(self, record: dict[str, Any]) -> None:
+    def on_step(self, record: Mapping[str, Any]) -> None:
+        record = StepRecord.of(record)
         if self.started is None:
             self.started = time.monotonic()
             self.status = "running"
-        self.step = int(record["step"]) + 1
+        self.step = record.step + 1
         if self.curve is None:
-            self.curve = RewardCurve() if "reward/mean" in record else LossCurve()
+            self.curve = RewardCurve() if "reward/mean" in record.metrics else LossCurve()
         self.curve.on_step(record)
         self.tokens.on_step(record)
         self.health.on_step(record)

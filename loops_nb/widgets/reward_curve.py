@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from html import escape
 from typing import Any, Literal
 
+from loops_nb.step_record import StepRecord
 from loops_nb.widgets.environment import LiveDisplay
 from loops_nb.widgets.plotly_chart import plotly_bundle, plotly_figure
 from loops_nb.widgets.svg_chart import (
@@ -124,15 +125,17 @@ class RewardCurve(_Curve):
         self.highs.append(high)
 
     def on_step(self, record: Mapping[str, Any]) -> None:
-        """Take a step record (``step``, ``reward/mean``, ``reward/std``, ``reward/min``, ``reward/max``)."""
-        if self.key not in record:
+        """Take a step record (``step``, ``reward/mean``, ``reward/std``, ``reward/min``, ``reward/max``): a
+        `StepRecord`, or a line read back from steps.jsonl."""
+        step = StepRecord.of(record)
+        if self.key not in step.metrics:
             return
         self.add(
-            int(record["step"]),
-            _num(record.get(self.key)),
-            std=_num(record.get("reward/std")),
-            low=_num(record.get("reward/min")),
-            high=_num(record.get("reward/max")),
+            step.step,
+            step.number(self.key),
+            std=step.number("reward/std"),
+            low=step.number("reward/min"),
+            high=step.number("reward/max"),
         )
 
     add_record = on_step
@@ -191,8 +194,9 @@ class LossCurve(_Curve):
 
     def on_step(self, record: Mapping[str, Any]) -> None:
         """Take a step record (``step``, ``loss``, ``eval/loss``)."""
-        if "loss" in record or "eval/loss" in record:
-            self.add(int(record["step"]), _num(record.get("loss")), _num(record.get("eval/loss")))
+        step = StepRecord.of(record)
+        if "loss" in step.metrics or "eval/loss" in step.metrics:
+            self.add(step.step, step.number("loss"), step.number("eval/loss"))
 
     add_record = on_step
 
@@ -252,10 +256,3 @@ class LossCurve(_Curve):
                 )
             )
         return out
-
-
-def _num(value: Any) -> float | None:
-    try:
-        return None if value is None else float(value)
-    except (TypeError, ValueError):
-        return None

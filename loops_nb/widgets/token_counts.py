@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import TYPE_CHECKING, Any
 
+from loops_nb.step_record import StepRecord
 from loops_nb.widgets.environment import LiveDisplay
 
 if TYPE_CHECKING:
@@ -45,13 +46,16 @@ class TokenCounts:
 
     def on_step(self, record: Mapping[str, Any]) -> None:
         """Take a step record's ``tokens/*`` counts (records without any are ignored)."""
-        counts = {k: int(v) for k, v in record.items() if k.startswith(PREFIX) and isinstance(v, int | float)}
+        step = StepRecord.of(record)
+        counts = {
+            k: int(v) for k in step.metrics if k.startswith(PREFIX) and (v := step.number(k)) is not None
+        }
         if not counts:
             return
         for key in counts:
             if key not in self.columns:
                 self.columns.append(key)
-        self.steps.append((int(record.get("step", len(self.steps))), counts))
+        self.steps.append((step.step, counts))
         for key, value in counts.items():
             if key in self.cumulative_keys:
                 self.totals[key] = value

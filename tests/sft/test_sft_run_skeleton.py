@@ -1,6 +1,9 @@
-"""The run skeleton both recipes share: a failure at the final checkpoint is a `RunFailed` naming the resume
-command and the checkpoint it resumes from, in SFT as in RL (tests/rl/test_faults.py has RL's twin of this
-test through the RL recipe's own run). Before the shared skeleton, SFT let the raw error escape."""
+"""SFT on the run skeleton both recipes share, with a scripted training client.
+
+A failure at the final checkpoint is a `RunFailed` naming the resume command and the checkpoint it resumes
+from, in SFT as in RL (tests/rl/test_faults.py has RL's twin through the RL recipe's own run); before the
+shared skeleton, SFT let the raw error escape. Observers get each step as the `StepRecord` whose line
+steps.jsonl holds."""
 
 from __future__ import annotations
 
@@ -18,7 +21,8 @@ from loops_nb.observers import ObserverSet
 from loops_nb.run_dir import RunDirectory
 from loops_nb.sft.batching import SFTData
 from loops_nb.sft.config import SFTConfig
-from loops_nb.sft.train import SFTRun
+from loops_nb.sft.train import SFTOutcome, SFTRun
+from loops_nb.step_record import StepRecord
 
 
 class Done:
@@ -53,7 +57,9 @@ class ScriptedTrainer:
         return Done(SimpleNamespace(path=f"loops://scripted/sampler/{name}"))
 
 
-def sft_run(tmp_path: Path, tokenizer: Any, trainer: ScriptedTrainer) -> SFTRun:
+def sft_run(
+    tmp_path: Path, tokenizer: Any, trainer: ScriptedTrainer, observers: ObserverSet | None = None
+) -> SFTRun:
     rows = [
         {
             "messages": [
@@ -71,7 +77,7 @@ def sft_run(tmp_path: Path, tokenizer: Any, trainer: ScriptedTrainer) -> SFTRun:
         }
     )
     data = SFTData.load(config, tokenizer)
-    return SFTRun(config, RunDirectory(tmp_path / "run"), trainer, data, ObserverSet())
+    return SFTRun(config, RunDirectory(tmp_path / "run"), trainer, data, observers or ObserverSet())
 
 
 async def test_sft_a_failed_final_checkpoint_is_a_run_failure_with_the_resume_command(
@@ -89,3 +95,43 @@ async def test_sft_a_failed_final_checkpoint_is_a_run_failure_with_the_resume_co
     assert [c["step"] for c in read_jsonl(tmp_path / "run" / "checkpoints.jsonl")] == [2]
     assert [r["step"] for r in read_jsonl(tmp_path / "run" / "steps.jsonl")] == [0, 1, 2]
     assert "failed:" in (tmp_path / "run" / "run.log").read_text()
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.steps: list[Any] = []
+        self.ends: list[dict[str, Any]] = []
+
+    def on_step(self, record: Any) -> None:
+        self.steps.append(record)
+
+    def on_end(self, summary: dict[str, Any]) -> None:
+        self.ends.append(summary)
+
+
+async def test_sft_observers_get_each_step_as_the_record_steps_jsonl_holds(
+    tmp_path: Path, smollm2: Any
+) -> None:
+    recorder = Recorder()
+    run = sft_run(tmp_path, smollm2, ScriptedTrainer(disk_full_at_save=0), ObserverSet([recorder]))
+    outcome = await run.execute(await run.resume_point())
+    assert isinstance(outcome, SFTOutcome) and outcome.status == "completed" and outcome.steps == 3
+    lines = read_jsonl(tmp_path / "run" / "steps.jsonl")
+    assert all(isinstance(r, StepRecord) for r in recorder.steps)
+    assert [r.to_json() for r in recorder.steps] == lines
+    assert [r.step for r in recorder.steps] == [0, 1, 2] and all(
+        r.number("loss") == 1.0 for r in recorder.steps
+    )
+    assert outcome.last_metrics == lines[-1]
+    assert recorder.ends == [{"status": "completed", "steps": 3, "seconds": outcome.seconds}]
+    assert [c["step"] for c in read_jsonl(tmp_path / "run" / "checkpoints.jsonl")] == [2, 3]
+
+
+def test_a_step_record_is_its_steps_jsonl_line() -> None:
+    line = {"step": 4, "reward/mean": 0.5, "reward/std": None, "trained": True, "note": "x", "time": 17.0}
+    record = StepRecord.of(line)
+    assert record.step == 4 and record.time == 17.0 and dict(record) == line and record.to_json() == line
+    assert list(record) == list(line) and record["reward/mean"] == 0.5 and record.get("missing") is None
+    assert StepRecord.of(record) is record
+    assert record.number("reward/mean") == 0.5
+    assert [record.number(k) for k in ("reward/std", "trained", "note", "missing")] == [None] * 4
