@@ -8,12 +8,12 @@
 Any `--section.key value` is a config override, as with `loops run`. A run directory that exists is resumed (a
 finished one returns at once), so `--compare` after `loops run` compares without retraining. `--turns all` (the
 default here) scores every assistant turn, the tool call and the final answer; `last` only the final one. The
-table is written to `<run dir>/comparison.csv`. The work is done by `loops_nb.sft.compare.main`.
+table is written to `<run dir>/comparison.csv`. The work is done by `loops_nb.sft.compare_command.main`.
 """
 
 from pathlib import Path
 
-from loops_nb.sft.compare import main
+from loops_nb.sft.compare_command import main
 
 if __name__ == "__main__":
     main(config_dir=Path(__file__).resolve().parent)
