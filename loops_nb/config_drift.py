@@ -92,7 +92,7 @@ def resume_drift(
     return drift.lines()
 
 
-def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+def _flatten(tree: object, prefix: str = "") -> dict[str, Any]:
     if not isinstance(tree, dict):
         return {prefix.rstrip("."): tree}
     flat: dict[str, Any] = {}
@@ -105,6 +105,6 @@ def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def _shown(value: Any) -> str:
+def _shown(value: object) -> str:
     text = json.dumps(value, default=str)
     return text if len(text) <= 80 else text[:77] + "..."

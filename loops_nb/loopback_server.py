@@ -25,6 +25,7 @@ from loops_nb.errors import UserError
 
 if TYPE_CHECKING:
     import uvicorn
+    from starlette.types import ASGIApp
 
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,7 @@ class LoopbackServer:
     def running(self) -> bool:
         return self._server is not None
 
-    def start(self, app: Any, host: str, port: int, *, timeout: float = 60.0) -> int:
+    def start(self, app: ASGIApp, host: str, port: int, *, timeout: float = 60.0) -> int:
         """Bind `host:port` (0: a free port), serve `app`, and return the port once it answers."""
         import uvicorn
 

@@ -70,7 +70,7 @@ class ResourceJournal:
             f.flush()
             os.fsync(f.fileno())
 
-    def intent(self, provider: str, kind: str, **detail: Any) -> ResourceEntry:
+    def intent(self, provider: str, kind: str, **detail: object) -> ResourceEntry:
         entry = ResourceEntry(
             key=f"{kind}-{uuid.uuid4().hex[:12]}", provider=provider, kind=kind, detail=detail
         )
@@ -79,7 +79,7 @@ class ResourceJournal:
         )
         return entry
 
-    def created(self, entry: ResourceEntry, provider_id: str, **detail: Any) -> None:
+    def created(self, entry: ResourceEntry, provider_id: str, **detail: object) -> None:
         entry.provider_id, entry.status = provider_id, "created"
         entry.detail.update(detail)
         self._append({"event": "created", "key": entry.key, "provider_id": provider_id, "detail": detail})
@@ -137,7 +137,7 @@ class ResourceRegistry:
         provider: str,
         kind: str,
         make: Callable[[], Awaitable[tuple[str, Any]]],
-        **detail: Any,
+        **detail: object,
     ) -> tuple[ResourceEntry, Any]:
         """Journal the intent, then `make()` -> (provider id, handle); a failure is journalled too."""
         entry = self.journal.intent(provider, kind, **detail)

@@ -14,7 +14,7 @@ import re
 import tempfile
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -40,7 +40,7 @@ def atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
-def atomic_write_json(path: Path, data: Any) -> None:
+def atomic_write_json(path: Path, data: object) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
@@ -92,7 +92,7 @@ class JsonlLog:
                 if line.strip() and line.endswith("\n"):
                     yield json.loads(line)
 
-    def keep(self, predicate: Any) -> int:
+    def keep(self, predicate: Callable[[dict[str, Any]], bool]) -> int:
         """Rewrite the log keeping only records for which `predicate(record)` holds; returns dropped count."""
         records = list(self.records())
         kept = [r for r in records if predicate(r)]
@@ -240,5 +240,5 @@ class RunDirectory:
         self.rollouts.keep(lambda r: r.get("step", 0) < step)
         self.checkpoint_log.keep(lambda r: r.get("step", 0) <= step)
 
-    def write_transcript(self, name: str, data: Any) -> None:
+    def write_transcript(self, name: str, data: object) -> None:
         atomic_write_json(self.transcripts / f"{name}.json", data)

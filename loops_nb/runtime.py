@@ -43,7 +43,7 @@ class AttemptServices:
 
     llm: LoopsLLM
     capture: TokenCapture
-    resources: Any = None
+    resources: ResourceRegistry | None = None
     model_base_url: str | None = None
     """For an agent that is its own program: the OpenAI-compatible URL of this attempt's lease."""
     model_api_key: str | None = None

@@ -11,13 +11,16 @@ import typing
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from loops_nb.config.loader import _submodel
 from loops_nb.config.schema import RECIPES
+
+if TYPE_CHECKING:
+    from pydantic.fields import FieldInfo
 
 SHARED_SECTIONS = ("model", "compute", "output")
 
@@ -30,7 +33,7 @@ class Knob:
     description: str
 
 
-def _type_name(annotation: Any) -> str:
+def _type_name(annotation: object) -> str:
     if typing.get_origin(annotation) is typing.Annotated:
         return _type_name(typing.get_args(annotation)[0])
     if typing.get_origin(annotation) is typing.Literal:
@@ -47,7 +50,7 @@ def _type_name(annotation: Any) -> str:
     return getattr(annotation, "__name__", str(annotation))
 
 
-def _table_variants(annotation: Any) -> list[type[BaseModel]]:
+def _table_variants(annotation: object) -> list[type[BaseModel]]:
     """The models a `dict[str, Model | Model ...]` field's tables can be (empty for anything else)."""
     if typing.get_origin(annotation) is not dict:
         return []
@@ -60,10 +63,10 @@ def _table_variants(annotation: Any) -> list[type[BaseModel]]:
     return [o for o in options if isinstance(o, type) and issubclass(o, BaseModel)]
 
 
-def _default(info: Any) -> str:
+def _default(info: FieldInfo) -> str:
     if info.default is PydanticUndefined and info.default_factory is None:
         return "(required)"
-    value = info.default_factory() if info.default_factory is not None else info.default
+    value = info.get_default(call_default_factory=True)  # the factory's value, or the default
     if value is None:
         return "none"
     if isinstance(value, bool):

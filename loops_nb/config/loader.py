@@ -148,11 +148,11 @@ def apply_overrides(raw: dict[str, Any], overrides: Mapping[str, Any]) -> dict[s
     return merged
 
 
-def _path_kind(annotation: Any) -> str | None:
+def _path_kind(annotation: object) -> str | None:
     """CONFIG_RELATIVE / CWD_RELATIVE when the annotation is (an optional) marked path."""
     origin = typing.get_origin(annotation)
     if origin is typing.Annotated:
-        for extra in annotation.__metadata__:
+        for extra in typing.get_args(annotation)[1:]:  # Annotated[T, *metadata]
             if extra in (CONFIG_RELATIVE, CWD_RELATIVE):
                 return str(extra)
         return None
@@ -164,7 +164,7 @@ def _path_kind(annotation: Any) -> str | None:
     return None
 
 
-def _submodel(annotation: Any) -> type[BaseModel] | None:
+def _submodel(annotation: object) -> type[BaseModel] | None:
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     for arg in typing.get_args(annotation):
@@ -193,7 +193,7 @@ def path_fields(model: type[BaseModel], prefix: str = "") -> dict[str, str]:
 
 def _lookup(raw: Mapping[str, Any], dotted: str) -> tuple[Mapping[str, Any] | None, str]:
     parts = dotted.split(".")
-    table: Any = raw
+    table: object = raw
     for part in parts[:-1]:
         table = table.get(part) if isinstance(table, Mapping) else None
         if table is None:

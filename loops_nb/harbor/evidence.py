@@ -11,9 +11,12 @@ whose agent raised: Harbor would grade it, but loops_nb never trains on an agent
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING
 
 from loops_nb.runtime import Evidence
+
+if TYPE_CHECKING:
+    from harbor.models.trial.result import ExceptionInfo, TimingInfo, TrialResult
 
 # Harbor exception type -> loops_nb discard reason (anything else is `error`).
 DISCARD_REASONS = {
@@ -30,13 +33,13 @@ DISCARD_REASONS = {
 }
 
 
-def _seconds(timing: Any) -> float | None:
+def _seconds(timing: TimingInfo | None) -> float | None:
     if timing is None or timing.started_at is None or timing.finished_at is None:
         return None
     return (timing.finished_at - timing.started_at).total_seconds()
 
 
-def trial_metrics(result: Any) -> dict[str, float]:
+def trial_metrics(result: TrialResult) -> dict[str, float]:
     metrics: dict[str, float] = {}
     for name in ("environment_setup", "agent_setup", "agent_execution", "verifier"):
         seconds = _seconds(getattr(result, name, None))
@@ -45,7 +48,7 @@ def trial_metrics(result: Any) -> dict[str, float]:
     return metrics
 
 
-def _graded(exc: Any) -> bool:
+def _graded(exc: ExceptionInfo) -> bool:
     """Whether a trial that recorded `exc` may still train on its reward.
 
     Harbor grades an exception type it does not know (it treats it as the agent's business); loops_nb
@@ -62,7 +65,7 @@ def _graded(exc: Any) -> bool:
     return bool(exc.policy.has_valid_reward)
 
 
-def agent_metrics(result: Any) -> dict[str, float]:
+def agent_metrics(result: TrialResult) -> dict[str, float]:
     """Numbers an agent reported in Harbor's result metadata (e.g. ShellAgent's turns and tool calls)."""
     metadata = (result.agent_result and result.agent_result.metadata) or {}
     out: dict[str, float] = {}
@@ -75,7 +78,9 @@ def agent_metrics(result: Any) -> dict[str, float]:
     return out
 
 
-def evidence_from_trial(result: Any, reward_key: str = "reward", verifier_output: str = "") -> Evidence:
+def evidence_from_trial(
+    result: TrialResult, reward_key: str = "reward", verifier_output: str = ""
+) -> Evidence:
     """Evidence of one finished trial (a harbor `TrialResult`)."""
     metrics = trial_metrics(result)
     transcript = list(

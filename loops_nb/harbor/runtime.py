@@ -24,7 +24,7 @@ import sys
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from loops_nb.errors import ConfigError, UserError
 from loops_nb.harbor.evidence import evidence_from_trial
@@ -32,6 +32,9 @@ from loops_nb.llm.client import bind_llm, unbind_llm
 from loops_nb.model_access import ModelAccessMode
 from loops_nb.providers.adapters import ProviderAdapter, provider_adapter
 from loops_nb.runtime import Attempt, Evidence, RolloutRuntime, RunContext, Task
+
+if TYPE_CHECKING:
+    from harbor.models.trial.config import TaskConfig
 
 # litellm (a Harbor dependency) otherwise fetches its cost map from GitHub on import, offline or not.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -180,7 +183,7 @@ class HarborRuntime(RolloutRuntime):
             ]
         return self._tasks
 
-    async def _task_configs(self) -> list[Any]:
+    async def _task_configs(self) -> list[TaskConfig]:
         from harbor.models.job.config import DatasetConfig
         from harbor.models.task.task import Task as HarborTask
         from harbor.models.trial.config import TaskConfig
@@ -291,7 +294,7 @@ def _refuse_links_out(task_dir: Path) -> None:
                 )
 
 
-def _task_name(config: Any) -> str:
+def _task_name(config: TaskConfig) -> str:
     if config.path is not None and config.name is None:
         return Path(config.path).name
     return str(config.name or config.path)

@@ -26,7 +26,7 @@ import asyncio
 import json
 import shlex
 from dataclasses import asdict, dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from harbor.agents.options import AgentOptions
 from harbor.environments.base import BaseEnvironment
@@ -34,6 +34,9 @@ from harbor.models.agent.context import AgentContext
 from pydantic import Field
 
 from loops_nb.harbor.agent import LoopsAgent
+
+if TYPE_CHECKING:
+    from loops_nb.llm.client import Reply
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are an agent solving a task in a Linux sandbox through tools.\n"
@@ -257,12 +260,14 @@ class ShellAgent(LoopsAgent):
             raise
 
 
-def _arguments(raw: Any) -> dict[str, Any]:
+def _arguments(raw: object) -> dict[str, Any]:
     if isinstance(raw, dict):
         return raw
     if raw is None or raw == "":
         return {}
     try:
+        if not isinstance(raw, str | bytes | bytearray):
+            raise TypeError("json.loads reads only text")
         args = json.loads(raw)
     except (TypeError, json.JSONDecodeError):
         raise ValueError(f"arguments are not a JSON object: {clip(str(raw), 200)}") from None
@@ -284,7 +289,7 @@ def _string(args: dict[str, Any], key: str) -> str:
     return value
 
 
-def unparsed_calls_message(reply: Any) -> str:
+def unparsed_calls_message(reply: Reply) -> str:
     reasons = "; ".join(reply.tool_call_errors)
     cut = reply.finish_reason == "length" and any("no closing" in e for e in reply.tool_call_errors)
     hint = " (the reply hit the token limit: keep tool calls short)" if cut else ""

@@ -39,6 +39,7 @@ from loops_nb.model_access.leases import AttemptLease, LeaseRegistry, ReturnedRe
 from loops_nb.request_body import BodyRefused, parse_json, read_limited
 
 if TYPE_CHECKING:
+    from loops_nb.llm.capture import ModelCall
     from loops_nb.llm.client import LoopsLLM
 
 log = logging.getLogger(__name__)
@@ -139,7 +140,7 @@ async def _complete(lease: AttemptLease, req: wire.ChatRequest) -> dict[str, Any
     return {"choices": choices, "usage": usage, "extra": extra}
 
 
-def _exact_text(llm: LoopsLLM, call: Any) -> str:
+def _exact_text(llm: LoopsLLM, call: ModelCall) -> str:
     tokens = list(call.completion_tokens)
     if tokens and tokens[-1] in llm.renderer.stop_token_ids:
         tokens = tokens[:-1]  # the template writes the end-of-turn token itself

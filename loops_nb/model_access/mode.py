@@ -7,8 +7,6 @@ lease. The mode also sizes the open-file check: a process per attempt holds far 
 
 from __future__ import annotations
 
-from typing import Any
-
 from loops_nb.runtime import ModelAccessMode, RolloutRuntime
 
 __all__ = ["FILES_PER_ATTEMPT", "ModelAccessMode", "files_per_attempt", "model_access_of"]
@@ -22,7 +20,7 @@ FILES_PER_ATTEMPT = {
 }
 
 
-def model_access_of(runtime: Any) -> ModelAccessMode:
+def model_access_of(runtime: object) -> ModelAccessMode:
     """The mode a runtime asks for: its `model_access`, or its Episode's; in-process by default."""
     if isinstance(runtime, RolloutRuntime):
         return ModelAccessMode(runtime.model_access)

@@ -69,7 +69,7 @@ def _integer(body: dict[str, Any], key: str, low: int, high: int) -> int | None:
     return value
 
 
-def _content(value: Any, where: str) -> str | None:
+def _content(value: object, where: str) -> str | None:
     """Message content: a string, null, or a list of text parts (joined); other parts are refused."""
     if value is None or isinstance(value, str):
         return value
@@ -87,9 +87,9 @@ def _content(value: Any, where: str) -> str | None:
     raise BadRequest(f"{where} must be a string, null or a list of text parts", where)
 
 
-def _tool_call(call: Any, where: str) -> dict[str, Any]:
+def _tool_call(call: object, where: str) -> dict[str, Any]:
     fn = call.get("function") if isinstance(call, dict) else None
-    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+    if not isinstance(call, dict) or not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
         raise BadRequest(
             f"{where} must be {{'type': 'function', 'function': {{'name', 'arguments'}}}}", where
         )
@@ -103,7 +103,7 @@ def _tool_call(call: Any, where: str) -> dict[str, Any]:
     }
 
 
-def _message(raw: Any, i: int) -> dict[str, Any]:
+def _message(raw: object, i: int) -> dict[str, Any]:
     where = f"messages[{i}]"
     if not isinstance(raw, dict):
         raise BadRequest(f"{where} must be an object", where)
@@ -131,7 +131,7 @@ def _message(raw: Any, i: int) -> dict[str, Any]:
     return msg
 
 
-def _tools(value: Any) -> list[dict[str, Any]] | None:
+def _tools(value: object) -> list[dict[str, Any]] | None:
     if value is None:
         return None
     if not isinstance(value, list):
@@ -147,7 +147,7 @@ def _tools(value: Any) -> list[dict[str, Any]] | None:
     return value or None
 
 
-def parse_chat_request(body: Any) -> ChatRequest:
+def parse_chat_request(body: object) -> ChatRequest:
     """A validated request, or BadRequest naming the first problem."""
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")

@@ -8,8 +8,6 @@ point leaves a journal line `loops cleanup` can act on.
 
 from __future__ import annotations
 
-from typing import Any
-
 from loops_nb.resources import ResourceEntry, ResourceJournal
 
 
@@ -22,11 +20,11 @@ class JournalledSandbox:
         self._journal = ResourceJournal.at(path) if path else None
         self._journal_entry: ResourceEntry | None = None
 
-    def _journal_intent(self, **detail: Any) -> None:
+    def _journal_intent(self, **detail: object) -> None:
         if self._journal is not None:
             self._journal_entry = self._journal.intent(self.provider, "sandbox", **detail)
 
-    def _journal_created(self, provider_id: str, **detail: Any) -> None:
+    def _journal_created(self, provider_id: str, **detail: object) -> None:
         if self._journal is not None and self._journal_entry is not None:
             self._journal.created(self._journal_entry, provider_id, **detail)
 

@@ -25,7 +25,7 @@ REWARD_LIMIT = 1e6
 
 
 def checked_evidence(
-    result: Any, *, made_model_calls: bool, reward_range: tuple[float, float] = (-1.0, 1.0)
+    result: object, *, made_model_calls: bool, reward_range: tuple[float, float] = (-1.0, 1.0)
 ) -> Evidence:
     """`result` as Evidence that trains, or a discard that says why it cannot. Never raises."""
     try:
@@ -36,7 +36,7 @@ def checked_evidence(
         )
 
 
-def _checked(result: Any, made_model_calls: bool, reward_range: tuple[float, float]) -> Evidence:
+def _checked(result: object, made_model_calls: bool, reward_range: tuple[float, float]) -> Evidence:
     if not isinstance(result, Evidence):
         return Evidence.discard(
             "error",
@@ -64,7 +64,7 @@ def _checked(result: Any, made_model_calls: bool, reward_range: tuple[float, flo
     return Evidence(reward, metrics, None, detail, transcript)
 
 
-def _reward(value: Any, reward_range: tuple[float, float]) -> tuple[float, str]:
+def _reward(value: object, reward_range: tuple[float, float]) -> tuple[float, str]:
     low, high = reward_range
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         hint = " (True/False: return 1.0 or 0.0)" if isinstance(value, bool) else ""
@@ -83,7 +83,7 @@ def _reward(value: Any, reward_range: tuple[float, float]) -> tuple[float, str]:
     return reward, ""
 
 
-def _metrics(metrics: Any) -> tuple[dict[str, float], str]:
+def _metrics(metrics: object) -> tuple[dict[str, float], str]:
     if not isinstance(metrics, Mapping):
         return {}, f"metrics is a {type(metrics).__name__}, not a dict of names to numbers"
     out: dict[str, float] = {}
@@ -94,7 +94,7 @@ def _metrics(metrics: Any) -> tuple[dict[str, float], str]:
     return out, ""
 
 
-def _transcript(transcript: Any) -> tuple[list[Any], str]:
+def _transcript(transcript: object) -> tuple[list[Any], str]:
     if not isinstance(transcript, list):
         return [], f"transcript is a {type(transcript).__name__}, not a list of messages"
     try:

@@ -25,9 +25,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loops_nb.errors import ConfigError
+
+if TYPE_CHECKING:
+    from baseten.loops import Datum
 
 __all__ = [
     "REFERENCE_ATTRIBUTE",
@@ -65,7 +68,7 @@ def uses_reference_logprobs(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-def needs_reference_logprobs(fn: Any) -> bool:
+def needs_reference_logprobs(fn: object) -> bool:
     return bool(getattr(fn, REFERENCE_ATTRIBUTE, False))
 
 
@@ -197,7 +200,7 @@ class SdkLoss:
         return loss.reshape(()), named
 
 
-def bare_datum(datum: Any) -> Any:
+def bare_datum(datum: Datum) -> Datum:
     """`datum` with only its `target_tokens`: what the SDK's custom path accepts (the SDK then sends the
     trainer all-zero weights for the logprob forward)."""
     return datum.model_copy(
@@ -208,7 +211,7 @@ def bare_datum(datum: Any) -> Any:
 # ------------------------------------------------------------------------------------- loss helpers
 
 
-def rl_inputs(datum: Any) -> dict[str, Any]:
+def rl_inputs(datum: Datum) -> dict[str, Any]:
     """A datum's `loss_fn_inputs` as torch tensors: `target_tokens`, `logprobs` (q), `advantages`,
     `mask` (1 where the token was sampled, so it trains) and `ref_logprobs` when present."""
     import torch

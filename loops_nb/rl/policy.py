@@ -10,11 +10,14 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
-from loops_nb.rl.custom_loss import SdkLoss, TrainingLoss, bare_datum
+from loops_nb.rl.custom_loss import CustomLoss, SdkLoss, TrainingLoss, bare_datum
 from loops_nb.rl.datums import SequenceDatum, token_batches
 from loops_nb.run.optimizer import AdamSettings
+
+if TYPE_CHECKING:
+    from baseten.loops import Datum, SamplingClient, TrainingClient
 
 FORWARD_BACKWARD_TOKENS = 32768
 """Tokens per forward_backward request; one optimizer step may span several."""
@@ -38,12 +41,12 @@ def run_is_gone(exc: BaseException) -> bool:
 class Policy:
     """The run's current policy: a trainer behind it and a sampling client in front of it."""
 
-    def __init__(self, training_client: Any, base_model: str) -> None:
+    def __init__(self, training_client: TrainingClient, base_model: str) -> None:
         self.training_client = training_client
         self.base_model = base_model
-        self._sampling_client: Any = None
+        self._sampling_client: SamplingClient | None = None
         self._version = 0
-        self._reference: Any = None
+        self._reference: SamplingClient | None = None
         self.trainer_steps = 0
         """Optimizer steps the trainer has applied: the version the next publish serves."""
         self.lost: Exception | None = None
@@ -55,7 +58,7 @@ class Policy:
             self.lost = exc
 
     @property
-    def sampling_client(self) -> Any:
+    def sampling_client(self) -> SamplingClient:
         if self._sampling_client is None:
             raise RuntimeError("the policy has not been published yet")
         return self._sampling_client
@@ -75,7 +78,7 @@ class Policy:
         return time.perf_counter() - started
 
     @property
-    def reference_client(self) -> Any:
+    def reference_client(self) -> SamplingClient:
         """The version-0 policy (the base model), which scores `ref_logprobs` for a custom loss."""
         if self._reference is None:
             raise RuntimeError(
@@ -167,14 +170,14 @@ class Policy:
         return self.trainer_steps
 
 
-def _for_batch(loss: Any, full: list[Any]) -> Any:
+def _for_batch(loss: SdkLoss | CustomLoss, full: list[Datum]) -> CustomLoss:
     if isinstance(loss, SdkLoss):
         return loss.for_batch(full)
     # A plain SDK-shaped callable: give it the full datums too.
     return lambda data, logprobs: loss(full, logprobs)
 
 
-def with_input(datum: Any, name: str, values: list[float]) -> Any:
+def with_input(datum: Datum, name: str, values: list[float]) -> Datum:
     """`datum` with one more float `loss_fn_inputs` entry (shaped like its targets)."""
     from baseten.loops import TensorData
 

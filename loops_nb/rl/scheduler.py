@@ -20,15 +20,18 @@ import logging
 import random
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loops_nb.llm.capture import TokenCapture
 from loops_nb.llm.client import ContextTooLong, LoopsLLM
 from loops_nb.rl.attempt_boundary import checked_evidence
 from loops_nb.rl.loop_watchdog import LoopWatchdog
 from loops_nb.runtime import Attempt, AttemptServices, Evidence, RolloutRuntime, Task
+
+if TYPE_CHECKING:
+    from loops_nb.resources import ResourceRegistry
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +94,7 @@ class RolloutScheduler:
         mode: str = "sync",
         max_staleness: int = 1,
         stale_policy: str = "requeue",
-        resources: Any = None,
+        resources: ResourceRegistry | None = None,
         on_attempt: Callable[[AttemptRecord], None] | None = None,
         reward_range: tuple[float, float] = (-1.0, 1.0),
         watchdog: LoopWatchdog | None = None,
@@ -285,7 +288,8 @@ class AttemptExited(Exception):
     """Agent code called `sys.exit()`: in the training process that would end the run, not the attempt."""
 
 
-async def _contained(attempt: Any) -> Any:
+async def _contained(attempt: Awaitable[object]) -> object:
+    # object, not Evidence: the attempt is user code, and `checked_evidence` checks what it returned.
     try:
         return await attempt
     except SystemExit as exc:

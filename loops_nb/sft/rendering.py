@@ -299,7 +299,9 @@ class Renderer:
             examples.append(_example(ids, weights, row.row_number, indices, token_turns, split_reason))
         return RenderedRow(row.row_number, examples, split_reason)
 
-    def _render(self, messages: list[dict[str, Any]], tools: Any, j: int, *, prompt: bool) -> str:
+    def _render(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, j: int, *, prompt: bool
+    ) -> str:
         try:
             return self.template.render(messages, tools, add_generation_prompt=prompt)
         except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
@@ -309,7 +311,9 @@ class Renderer:
             error = error if len(error) <= 200 else f"{error[:200]}..."
             raise _Refusal(f"messages[{j}]: the chat template failed to render {upto}: {error}") from None
 
-    def _locate_turn(self, row: ChatRow, messages: list[dict[str, Any]], tools: Any, j: int) -> _Turn:
+    def _locate_turn(
+        self, row: ChatRow, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, j: int
+    ) -> _Turn:
         if j == 0:
             raise _Refusal(
                 "messages[0]: a trained assistant turn cannot open the conversation (there is no prompt it was "
