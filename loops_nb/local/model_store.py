@@ -360,15 +360,24 @@ def device_and_dtype(preference: str = "auto", dtype: str = "auto") -> tuple[tor
         raise UserError(f"Unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}.")
     if preference == "cpu" or (preference == "auto" and not torch.cuda.is_available()):
         device = torch.device("cpu")
-        automatic = torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
     elif not torch.cuda.is_available():
         raise UserError(
             f"Device {preference!r} was requested but CUDA is not available here; use 'auto' or 'cpu'."
         )
     else:
         device = torch.device("cuda" if preference == "auto" else preference)
-        automatic = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return device, automatic if dtype == "auto" else getattr(torch, dtype)
+    return device, auto_dtype(device) if dtype == "auto" else getattr(torch, dtype)
+
+
+def auto_dtype(device: torch.device) -> torch.dtype:
+    """What `dtype = "auto"` means on `device`: bf16 on CUDA that supports it (else fp16), bf16 on a CPU
+    that is fast at it, else float32. The trainer and sampler use it too when given no dtype, so a
+    direct `LoraTrainer(path)` computes as the embedded Loops does."""
+    import torch
+
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.bfloat16 if device.type == "cpu" and cpu_has_fast_bf16() else torch.float32
 
 
 def ensure_hf_cache_alias(resolved: ResolvedModel, *, hub_cache: Path | None = None) -> None:

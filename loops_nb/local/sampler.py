@@ -34,6 +34,7 @@ from transformers import AutoTokenizer, DynamicCache, PreTrainedTokenizerBase
 
 from loops_nb.local.decoding import select_tokens
 from loops_nb.local.memory_budget import resolve_budget, weight_bytes
+from loops_nb.local.model_store import auto_dtype
 from loops_nb.local.sampler_adapters import AdapterSet, read_adapter_dir
 from loops_nb.local.sampler_batch import DecodeBatch, Job, Row, cache_is_mergeable
 from loops_nb.local.sampling_types import (
@@ -90,8 +91,8 @@ class SamplerEngine:
         tokenizer: PreTrainedTokenizerBase | None = None,
     ) -> None:
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        if dtype is None:
-            dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        if dtype is None:  # as `[compute.local] dtype = "auto"`, so the trainer and sampler agree
+            dtype = auto_dtype(self.device)
         # The base weights are shared with every trainer on this model (see shared_base).
         self.model = BASE_MODELS.instance(model_path, self.device, dtype)
         self.vision = VisionInputs.load(model_path, self.model)

@@ -52,6 +52,7 @@ from loops_nb.local.activation_memory import ActivationCost, checkpointed
 from loops_nb.local.bad_request import BadRequest
 from loops_nb.local.losses import LOSSES, collate, micro_batches, needed_positions, target_logprobs
 from loops_nb.local.memory_budget import resolve_budget, weight_bytes
+from loops_nb.local.model_store import auto_dtype
 from loops_nb.local.shared_base import BASE_MODELS
 from loops_nb.local.vision import VisionInputs, max_positions
 from loops_nb.local.wire import (
@@ -99,8 +100,8 @@ class LoraTrainer:
         seed: int = 0,
     ) -> None:
         self.device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        if dtype is None:  # bf16 where it is fast, float32 on CPU for exact, reproducible maths
-            dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        if dtype is None:  # as `[compute.local] dtype = "auto"`: bf16 where the hardware is fast at it
+            dtype = auto_dtype(self.device)
         self.model_path = str(model_path)
         base: Any = BASE_MODELS.instance(self.model_path, self.device, dtype)
         self._base: Any = base

@@ -80,7 +80,8 @@ def plain_model_fixture(sampler_model_path: Path):
 def engine_fixture(sampler_model_path: Path) -> Iterator:
     from loops_nb.local.sampler import SamplerEngine
 
-    with SamplerEngine(sampler_model_path, device="cpu", max_batch_sequences=64) as eng:
+    # float32, as `plain_model`: the tests compare tokens and logprobs with it
+    with SamplerEngine(sampler_model_path, device="cpu", dtype=torch.float32, max_batch_sequences=64) as eng:
         yield eng
 
 

@@ -20,6 +20,7 @@ from loops_nb.local.model_store import (
     DEFAULT_MODEL,
     OFFLINE_MODELS,
     ResolvedModel,
+    auto_dtype,
     default_cache_dir,
     device_and_dtype,
     ensure_hf_cache_alias,
@@ -95,12 +96,14 @@ def test_default_cache_dir_follows_env(tmp_path: Path, monkeypatch: pytest.Monke
 
 
 def test_device_and_dtype() -> None:
-    assert device_and_dtype("cpu") == (torch.device("cpu"), torch.float32)
+    # The CPU's dtype depends on its bf16 hardware (tests/local/test_memory_bounds.py covers both cases).
+    assert device_and_dtype("cpu") == (torch.device("cpu"), auto_dtype(torch.device("cpu")))
+    assert device_and_dtype("cpu", "float32") == (torch.device("cpu"), torch.float32)
     device, dtype = device_and_dtype()
     if torch.cuda.is_available():
         assert device.type == "cuda" and dtype in {torch.bfloat16, torch.float16}
     else:
-        assert (device, dtype) == (torch.device("cpu"), torch.float32)
+        assert (device, dtype) == (torch.device("cpu"), auto_dtype(device))
         with pytest.raises(UserError, match="CUDA is not available"):
             device_and_dtype("cuda")
     with pytest.raises(UserError, match="Unknown device"):

@@ -356,7 +356,7 @@ def test_sliding_window_model_batches_without_joins(tmp_path):
     model = MistralForCausalLM(config).eval()
     model.save_pretrained(tmp_path)
     build_char_tokenizer().save_pretrained(tmp_path)
-    with SamplerEngine(tmp_path, device="cpu") as eng:
+    with SamplerEngine(tmp_path, device="cpu", dtype=torch.float32) as eng:
         assert not eng._mergeable
         requests = [
             greedy(p, 12 + 3 * i, prompt_logprobs=0 if i == 1 else None) for i, p in enumerate(PROMPTS)
