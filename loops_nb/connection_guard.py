@@ -27,10 +27,14 @@ import resource
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+if TYPE_CHECKING:
+    from uvicorn.config import Config
+    from uvicorn.server import ServerState
 
 DISCARD_LIMIT_BYTES = 1024 * 1024
 """How much of a refused request's unread body is read and dropped before the connection is closed."""
@@ -92,8 +96,14 @@ class GuardedH11Protocol(H11Protocol):
 
     guard: ConnectionGuard
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        config: Config,
+        server_state: ServerState,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        super().__init__(config, server_state, app_state, _loop)
         self._timer: asyncio.TimerHandle | None = None
         self._timer_for: str | None = None  # "headers" or "body": which wait the timer bounds
         self._proven = False
