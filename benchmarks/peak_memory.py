@@ -1,8 +1,8 @@
 """Peak resident memory of whole runs and servers, each measured as its own process tree.
 
 Run: `uv run python -m benchmarks memory`, or some rows: `uv run python -m benchmarks.peak_memory quickstart
-serve` (rows: quickstart, quickstart_x4, sft, serve, ladder: one RL and one SFT step on the 1.5B-shaped
-model).
+serve` (rows: quickstart, quickstart_x4, sft, serve, ladder_0.5b and ladder_1.5b: one RL and one SFT step
+on the 0.5B- and 1.5B-shaped models; `ladder` names both).
 
 Each row starts a fresh process (so one row's peak never counts in another's) and samples the resident
 memory of that process and all its children every 0.1 s; the row reports the peak of that sum, and the
@@ -96,7 +96,7 @@ def serve_clients(clients: int) -> list[int]:
 
 
 QUICKSTART = "patterns/custom_runtime/in_process_direct/train_local.toml"
-ROWS = ("quickstart", "quickstart_x4", "sft", "serve", "ladder")
+ROWS = ("quickstart", "quickstart_x4", "sft", "serve", "ladder_0.5b", "ladder_1.5b")
 
 
 def run(names: tuple[str, ...] = ROWS) -> Iterator[str]:
@@ -121,13 +121,26 @@ def run(names: tuple[str, ...] = ROWS) -> Iterator[str]:
                 f"| loops serve, 4 training clients | {' / '.join(f'{s / GB:.2f}' for s in sizes)} GB after 1..4 | "
                 f"each after the first adds {', '.join(f'{a / 2**20:.0f}' for a in added)} MB | | <= 150 MB each |"
             )
-        if "ladder" in names:
+        for size, aim in LADDER_MODELS:
+            if f"ladder_{size}" not in names and "ladder" not in names:
+                continue
+            model = f"loops-nb/random-qwen2-{size}"
+            build(model)
             for name, config, overrides in LADDER_STEPS:
-                peak = loops_run(config, "--model.base_model", LADDER_MODEL, *overrides, out=out / name)
-                yield row(f"1.5B-shaped model: one {name} step", peak, "<= 12 GB")
+                peak = loops_run(config, "--model.base_model", model, *overrides, out=out / f"{size}-{name}")
+                yield row(f"{size.upper()}-shaped model: one {name} step", peak, aim)
 
 
-LADDER_MODEL = "loops-nb/random-qwen2-1.5b"
+def build(model: str) -> None:
+    """Build the random model once, in a process of its own, so the rows measure the steps, not the build."""
+    code = f"from loops_nb.local.model_store import resolve_model; resolve_model({model!r})"
+    subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}
+    )
+
+
+# The issue's aim is for the 1.5B; the 0.5B shows how the peak grows with the model.
+LADDER_MODELS = (("0.5b", "informational"), ("1.5b", "<= 12 GB"))
 LADDER_STEPS = (
     # One group of 4 rollouts of 16 tokens: the step's shape, at a size two CPU cores finish in minutes.
     ("RL", "patterns/custom_runtime/in_process_direct/train_local.toml",
