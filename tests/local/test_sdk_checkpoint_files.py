@@ -33,7 +33,9 @@ def svc(embedded_loops):
 def tokens(tiny_chat_model):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(tiny_chat_model).encode("checkpoints travel as files, not as promises")
+    return AutoTokenizer.from_pretrained(tiny_chat_model).encode(
+        "checkpoints travel as files, not as promises"
+    )
 
 
 @pytest.fixture(scope="module")
