@@ -92,3 +92,13 @@ def import_file(path: str | os.PathLike[str], name: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+class Done:
+    """An SDK future that has already resolved to ``value`` (what scripted training clients return)."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    async def result_async(self) -> Any:
+        return self.value

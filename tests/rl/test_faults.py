@@ -11,7 +11,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from helpers import read_jsonl
+from helpers import Done, read_jsonl
 
 from loops_nb import load
 from loops_nb.episodes import Episode, EpisodeRuntime, Evidence, Task, load_runtime, run_blocking
@@ -25,14 +25,6 @@ from loops_nb.run_dir import RunDirectory
 
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "patterns/custom_runtime/in_process_direct/train_local.toml"
-
-
-class Done:
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    async def result_async(self) -> Any:
-        return self.value
 
 
 MONOPOLY = [11278, 32969, 2]  # SmolLM2's tokens for "Monopoly" and its end of turn (checked below)

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from helpers import read_jsonl
+from helpers import Done, read_jsonl
 from sft_fixtures import write_jsonl
 
 from loops_nb.errors import RunFailed
@@ -23,14 +23,6 @@ from loops_nb.sft.batching import SFTData
 from loops_nb.sft.config import SFTConfig
 from loops_nb.sft.train import SFTOutcome, SFTRun
 from loops_nb.step_record import StepRecord
-
-
-class Done:
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    async def result_async(self) -> Any:
-        return self.value
 
 
 class ScriptedTrainer:
