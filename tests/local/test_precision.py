@@ -1,0 +1,75 @@
+"""Precision of the embedded Loops: what the sampler reports for the tokens it drew and what the trainer
+computes for the same tokens agree, at T = 1, in float32 and in bf16 (what `dtype = "auto"` picks on a
+CPU with AVX512-BF16 or AMX, and on CUDA). RL's importance ratios exp(trainer lp - sampler lp) rest on
+this agreement. The LoRA weights and AdamW's state stay float32 whatever the base dtype.
+
+The issue's aim is a mean |delta| under 0.02. float32 meets it; bf16 does not:
+docs/benchmarks.md records a mean of about 0.04 on SmolLM2-135M, because the trainer's full-sequence
+forward and the sampler's cached one-token decode round differently in a bf16 residual stream. The
+bf16 bound below guards that level against regressions; it is not the aim.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from loops_nb.local.sampler import SamplerEngine
+from loops_nb.local.sampling_types import SampleRequest
+from loops_nb.local.trainer import LoraTrainer
+
+pytestmark = pytest.mark.slow
+
+PROMPT = "Write a short story about a lighthouse keeper."
+MEAN_BOUND = {torch.float32: 0.02, torch.bfloat16: 0.06}
+"""float32: the issue's aim. bf16: the measured 0.04 with headroom (the aim is missed there)."""
+
+
+def datum(tokens: list[int]) -> dict:
+    return {
+        "model_input": {"chunks": [{"type": "encoded_text", "tokens": tokens[:-1]}]},
+        "loss_fn_inputs": {
+            "target_tokens": {"data": tokens[1:], "dtype": "int64", "shape": [len(tokens) - 1]}
+        },
+    }
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bf16"])
+def test_sampler_and_trainer_logprobs_agree_at_temperature_1(smollm2_path: Path, dtype: torch.dtype) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_path)
+    prompt = list(
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": PROMPT}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
+    )
+    trainer = LoraTrainer(smollm2_path, device=torch.device("cpu"), dtype=dtype)
+    trainer.init(8, seed=0)
+    # One step on the prompt itself, so the adapter is not zero and the sampler serves a real policy.
+    trainer.forward_backward([datum(prompt)])
+    trainer.optim_step({"learning_rate": 1e-3})
+    lora = trainer.lora_parameters()
+    assert lora and all(p.dtype == torch.float32 for p in lora)
+    assert trainer.model.get_base_model().get_output_embeddings().weight.dtype == dtype
+    moments = [s for state in trainer._optimizer.state.values() for s in state.values() if s.numel() > 1]  # type: ignore[union-attr]
+    assert moments and all(m.dtype == torch.float32 for m in moments)
+
+    with SamplerEngine(smollm2_path, device="cpu", dtype=dtype) as engine:
+        engine.set_adapter("policy", trainer.lora_config_dict(), trainer.adapter_state_dict(), 1)
+        request = SampleRequest(prompt=prompt, n=4, temperature=1.0, max_tokens=24, seed=3)
+        result = engine.sample(request, "policy")
+    sequences = [(prompt + list(c.token_ids), list(c.logprobs)) for c in result.choices]
+    out = trainer.forward([datum(tokens) for tokens, _ in sequences])
+    deltas = []
+    for (_, sampled), entry in zip(sequences, out["loss_fn_outputs"], strict=True):
+        trained = entry["logprobs"]["data"][len(prompt) - 1 :]
+        assert len(trained) == len(sampled)
+        deltas += [abs(a - b) for a, b in zip(trained, sampled, strict=True)]
+    mean = sum(deltas) / len(deltas)
+    assert mean < MEAN_BOUND[dtype], f"mean |delta| {mean:.4f}, max {max(deltas):.4f}"
