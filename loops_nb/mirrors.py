@@ -7,6 +7,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from loops_nb.config.sections import OutputConfig
 from loops_nb.errors import UserError
 from loops_nb.observers import TerminalReporter, eta
 from loops_nb.step_record import StepRecord
@@ -93,7 +94,9 @@ class RichConsole(TerminalReporter):
         self._live.stop()
 
 
-def run_observers(output: Any, config_dump: dict[str, Any], observers: list[Any] | None) -> list[Any]:
+def run_observers(
+    output: OutputConfig, config_dump: dict[str, Any], observers: list[Any] | None
+) -> list[Any]:
     """The caller's observers (or `[output]`'s defaults), plus W&B whenever wandb_project is set."""
     if observers is None:
         return default_observers(output, config_dump)
@@ -102,7 +105,7 @@ def run_observers(output: Any, config_dump: dict[str, Any], observers: list[Any]
     return list(observers)
 
 
-def default_observers(output: Any, config_dump: dict[str, Any]) -> list[Any]:
+def default_observers(output: OutputConfig, config_dump: dict[str, Any]) -> list[Any]:
     """The observers `[output]` asks for when the caller passes none: terminal (or rich), plus W&B."""
     observers: list[Any] = [RichConsole() if output.console else TerminalReporter()]
     if output.wandb_project:

@@ -16,6 +16,7 @@ import time
 from collections import Counter
 from typing import Any
 
+from loops_nb.llm.capture import TokenCapture
 from loops_nb.llm.client import LoopsLLM, SamplingDefaults
 from loops_nb.llm.renderer import ChatRenderer
 from loops_nb.observers import ObserverSet
@@ -74,7 +75,7 @@ class RLRun(RecipeRun):
         self._scheduler: RolloutScheduler | None = None
         self._progress: asyncio.Task[None] | None = None
 
-    def _make_llm(self, capture: Any, seed: int) -> LoopsLLM:
+    def _make_llm(self, capture: TokenCapture, seed: int) -> LoopsLLM:
         return LoopsLLM(
             self.renderer,
             self.policy,

@@ -32,6 +32,8 @@ from loops_nb.runtime import ModelAccessMode, RolloutRuntime, RunContext
 from loops_nb.tokenization import load_model_renderer
 
 if TYPE_CHECKING:
+    from baseten.loops import TrainingClient
+
     from loops_nb.project import Project
 
 FILES_PER_ATTEMPT = 4
@@ -232,7 +234,11 @@ class RLRecipe(Recipe):
         self.runtime.bind(run_context(self.rl, self.config_path, run_dir.state, self.resources))
 
     async def start(
-        self, run_dir: RunDirectory, training_client: Any, observers: ObserverSet, stop: asyncio.Event | None
+        self,
+        run_dir: RunDirectory,
+        training_client: TrainingClient,
+        observers: ObserverSet,
+        stop: asyncio.Event | None,
     ) -> RecipeRun:
         config = self.rl
         if self.runtime.model_access is ModelAccessMode.OPENAI_HTTP:

@@ -17,13 +17,16 @@ import asyncio
 import logging
 import time
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loops_nb.errors import RunFailed, UserError
 from loops_nb.observers import ObserverSet
 from loops_nb.run.outcome import Outcome
 from loops_nb.run_dir import Checkpoint, RunDirectory
 from loops_nb.step_record import StepRecord
+
+if TYPE_CHECKING:
+    from baseten.loops import TrainingClient
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +40,7 @@ class RecipeRun(ABC):
     def __init__(
         self,
         run_dir: RunDirectory,
-        training_client: Any,
+        training_client: TrainingClient | None,
         observers: ObserverSet,
         *,
         total_steps: int,
@@ -46,10 +49,18 @@ class RecipeRun(ABC):
     ) -> None:
         self.run_dir = run_dir
         self.training_client = training_client
+        """None only for a run answered from its files (a finished one), which never reaches the trainer."""
         self.observers = observers
         self.total_steps = total_steps
         self.save_every = save_every
         self.stop = stop or asyncio.Event()
+
+    @property
+    def trainer(self) -> TrainingClient:
+        """The Loops training client."""
+        if self.training_client is None:
+            raise RuntimeError(f"{self.run_dir.root} was read from its files: it has no training client")
+        return self.training_client
 
     @abstractmethod
     async def train_step(self, step: int) -> StepRecord:
@@ -69,7 +80,7 @@ class RecipeRun(ABC):
 
     async def load_checkpoint(self, checkpoint: Checkpoint) -> None:
         """Load a checkpoint's trainer state with its optimizer state."""
-        future = await self.training_client.load_state_with_optimizer_async(checkpoint.path)
+        future = await self.trainer.load_state_with_optimizer_async(checkpoint.path)
         await future.result_async()
 
     def rewind(self, step: int) -> None:
@@ -176,7 +187,7 @@ class RecipeRun(ABC):
         return self.run_dir.record_failure(step, exc)
 
     async def save_state(self, name: str) -> str:
-        future = await self.training_client.save_state_async(name)
+        future = await self.trainer.save_state_async(name)
         return str((await future.result_async()).path)
 
     async def save(self, step: int, *, sampler: bool) -> Checkpoint:
@@ -184,7 +195,7 @@ class RecipeRun(ABC):
         path = await self.save_state(f"state-{step:06d}")
         sampler_path = None
         if sampler:
-            future = await self.training_client.save_weights_for_sampler_async(f"final-{step:06d}")
+            future = await self.trainer.save_weights_for_sampler_async(f"final-{step:06d}")
             sampler_path = str((await future.result_async()).path)
         checkpoint = Checkpoint(
             step=step, path=path, sampler_path=sampler_path, extra=self.checkpoint_extra()

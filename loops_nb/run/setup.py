@@ -17,7 +17,7 @@ import json
 import logging
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loops_nb.compute import LoopsConnection
 from loops_nb.config.sections import RecipeConfig
@@ -29,6 +29,9 @@ from loops_nb.resources import RunLock
 from loops_nb.run.outcome import Outcome
 from loops_nb.run.recipe_run import RecipeRun
 from loops_nb.run_dir import Checkpoint, RunDirectory
+
+if TYPE_CHECKING:
+    from baseten.loops import TrainingClient
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +58,11 @@ class Recipe(ABC):
 
     @abstractmethod
     async def start(
-        self, run_dir: RunDirectory, training_client: Any, observers: ObserverSet, stop: asyncio.Event | None
+        self,
+        run_dir: RunDirectory,
+        training_client: TrainingClient,
+        observers: ObserverSet,
+        stop: asyncio.Event | None,
     ) -> RecipeRun:
         """Build the recipe's `RecipeRun` (called with the lock held and the training client open)."""
 

@@ -29,6 +29,8 @@ from loops_nb.sft.train import SFTOutcome, SFTRun
 from loops_nb.tokenization import load_model_tokenizer
 
 if TYPE_CHECKING:
+    from baseten.loops import TrainingClient
+
     from loops_nb.project import Project
 
 log = logging.getLogger(__name__)
@@ -249,7 +251,11 @@ class SFTRecipe(Recipe):
         return SFTRun(self.sft, run_dir, None, self.data, ObserverSet()).finished(checkpoint)
 
     async def start(
-        self, run_dir: RunDirectory, training_client: Any, observers: ObserverSet, stop: asyncio.Event | None
+        self,
+        run_dir: RunDirectory,
+        training_client: TrainingClient,
+        observers: ObserverSet,
+        stop: asyncio.Event | None,
     ) -> SFTRun:
         return SFTRun(self.sft, run_dir, training_client, self.data, observers, stop=stop)
 

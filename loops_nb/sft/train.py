@@ -19,7 +19,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loops_nb.errors import UserError
 from loops_nb.observers import ObserverSet
@@ -33,6 +33,9 @@ from loops_nb.sft.evaluation import EvalResult, example_datum, held_out_loss, we
 from loops_nb.sft.rendering import Example
 from loops_nb.sft.schedule import learning_rate
 from loops_nb.step_record import StepRecord
+
+if TYPE_CHECKING:
+    from baseten.loops import TrainingClient
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +64,7 @@ class SFTRun(RecipeRun):
         self,
         config: SFTConfig,
         run_dir: RunDirectory,
-        training_client: Any,
+        training_client: TrainingClient | None,
         data: SFTData,
         observers: ObserverSet,
         *,
@@ -157,11 +160,11 @@ class SFTRun(RecipeRun):
         batch = self.data.plan.batch(step)
         examples = await asyncio.to_thread(self.data.train.load, batch.indices, self.data.renderer)
         lr = self.lr(step)
-        fb = await self.training_client.forward_backward_async(
+        fb = await self.trainer.forward_backward_async(
             [example_datum(e) for e in examples], loss_fn="cross_entropy"
         )
         out = await fb.result_async()
-        optim = await self.training_client.optim_step_async(self.adam.params(lr))
+        optim = await self.trainer.optim_step_async(self.adam.params(lr))
         optim_out = await optim.result_async()
         nll, weight = weighted_nll(examples, out.loss_fn_outputs)
         record: dict[str, Any] = {
@@ -186,7 +189,7 @@ class SFTRun(RecipeRun):
     async def _evaluate(self, steps_applied: int) -> EvalResult:
         started = time.perf_counter()
         result = await held_out_loss(
-            self.training_client, self._eval_examples, self.config.training.batch_tokens
+            self.trainer, self._eval_examples, self.config.training.batch_tokens
         )
         self.evals.append(
             {
