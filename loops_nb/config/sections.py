@@ -77,9 +77,9 @@ class LocalLoopsConfig(Section):
     """Where the local trainer and sampler run: CUDA when available, else the CPU."""
 
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    """Precision of the frozen base weights. `auto`: bf16 on CUDA (fp16 where bf16 is unsupported) and
-    on CPUs that multiply bf16 in hardware (AMX or AVX512-BF16), else float32. LoRA weights and the
-    optimizer state are always float32."""
+    """Precision of the frozen base weights. `auto`: bf16 on CUDA (fp16 where bf16 is unsupported), float32
+    on a CPU (`bfloat16` there is faster on CPUs with AMX or AVX512-BF16 but learned worse in our
+    measurements; see docs/benchmarks.md). LoRA weights and the optimizer state are always float32."""
 
     memory_budget_mb: int | None = Field(None, ge=64)
     """Memory (MiB) one trainer micro-batch's activations may use, and the sampler's KV cache likewise.

@@ -1,6 +1,6 @@
 """Precision of the embedded Loops: what the sampler reports for the tokens it drew and what the trainer
-computes for the same tokens agree, at T = 1, in float32 and in bf16 (what `dtype = "auto"` picks on a
-CPU with AVX512-BF16 or AMX, and on CUDA). RL's importance ratios exp(trainer lp - sampler lp) rest on
+computes for the same tokens agree, at T = 1, in float32 (what `dtype = "auto"` picks on a CPU) and in
+bf16 (its pick on CUDA, and the opt-in `dtype = "bfloat16"` on a CPU). RL's importance ratios exp(trainer lp - sampler lp) rest on
 this agreement. The LoRA weights and AdamW's state stay float32 whatever the base dtype.
 
 The issue's aim is a mean |delta| under 0.02. float32 meets it; bf16 does not:
