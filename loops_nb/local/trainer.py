@@ -430,9 +430,7 @@ class LoraTrainer:
                 or not math.isfinite(value)
                 or value < 0
             ):
-                raise BadRequest(
-                    f"adam_params[{key!r}] must be a finite non-negative number, got {value!r}"
-                )
+                raise BadRequest(f"adam_params[{key!r}] must be a finite non-negative number, got {value!r}")
         params = self.lora_parameters()
         assert self._optimizer is not None
         tokens = self._tokens
