@@ -3,8 +3,8 @@ same math in a plain torch/PEFT loop on the same batch and model.
 
 Run: `uv run python -m benchmarks trainer`.
 
-The embedded Loops runs at its default dtype (`auto`: bf16 on CUDA or a CPU with AMX/AVX512-BF16, else
-float32). It is compared with a plain PEFT loop in float32 (the issue's aim: >= 1.3x its tokens/s) and
+The embedded Loops runs at its default dtype (`auto`: bf16 on CUDA, float32 on a CPU; bf16 on a CPU was
+measured and is not the default there, see docs/benchmarks.md). It is compared with a plain PEFT loop in float32 (the issue's aim: >= 1.3x its tokens/s) and
 with the same plain loop at the embedded Loops' dtype (what the SDK path costs: >= 0.9). The step
 functions are built first and then run alternately, so load from other processes falls on all alike.
 The rows: wall-clock tokens/s, and the process's CPU seconds per step (all threads: torch's, the
