@@ -41,3 +41,15 @@ def tiny_chat_model_path(tmp_path_factory) -> Path:
     from tiny_models import build_tiny_chat_model
 
     return build_tiny_chat_model(tmp_path_factory.mktemp("tiny-chat"))
+
+
+@pytest.fixture(scope="module")
+def embedded_loops(tmp_path_factory, model_cache_dir):
+    """An embedded Loops (what `loops serve` runs) for one test module, on the CPU, with the shared model
+    cache."""
+    from loops_nb.local.embedded import EmbeddedLoops
+
+    with EmbeddedLoops(
+        state_dir=tmp_path_factory.mktemp("loops-state"), cache_dir=model_cache_dir, device="cpu"
+    ) as server:
+        yield server

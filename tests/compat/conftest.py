@@ -1,4 +1,4 @@
-"""Fixtures for the compatibility suite: one embedded Loops per module, on the tiny chat model.
+"""Fixtures for the compatibility suite: one embedded Loops per module (tests/conftest.py's `embedded_loops`).
 
 The suite runs third-party-style code (Tinker-style loops through the `tinker` shim, the SDK's documented
 calls) against the embedded Loops exactly as it would run against Baseten: through `LOOPS_BASE_URL` and
@@ -8,16 +8,6 @@ calls) against the embedded Loops exactly as it would run against Baseten: throu
 from __future__ import annotations
 
 import pytest
-
-
-@pytest.fixture(scope="module")
-def embedded_loops(tmp_path_factory, model_cache_dir):
-    from loops_nb.local.embedded import EmbeddedLoops
-
-    with EmbeddedLoops(
-        state_dir=tmp_path_factory.mktemp("compat-loops-state"), cache_dir=model_cache_dir, device="cpu"
-    ) as server:
-        yield server
 
 
 @pytest.fixture

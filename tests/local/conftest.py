@@ -13,16 +13,6 @@ def tiny_chat_model(tmp_path_factory) -> Path:
     return build_tiny_chat_model(tmp_path_factory.mktemp("tiny-chat-model"))
 
 
-@pytest.fixture(scope="module")
-def embedded_loops(tmp_path_factory, model_cache_dir):
-    from loops_nb.local.embedded import EmbeddedLoops
-
-    with EmbeddedLoops(
-        state_dir=tmp_path_factory.mktemp("loops-state"), cache_dir=model_cache_dir, device="cpu"
-    ) as server:
-        yield server
-
-
 @pytest.fixture(scope="session")
 def tiny_llama_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 2-layer random `LlamaForCausalLM` (vocab 128, hidden 32), no tokenizer: trainer tests speak ids."""
