@@ -147,9 +147,8 @@ class RecipeRun(ABC):
         except UserError:
             await self.end()
             raise
-        except (
-            Exception
-        ) as exc:  # the recipe's own setup (a runtime's tasks()): resumable, like a trainer fault
+        except Exception as exc:
+            # The recipe's own setup failed (a runtime's tasks()): resumable, like a trainer fault.
             await self.end()
             raise self.failed(start, exc) from exc
         status, step = "completed", start
