@@ -188,9 +188,7 @@ class SFTRun(RecipeRun):
 
     async def _evaluate(self, steps_applied: int) -> EvalResult:
         started = time.perf_counter()
-        result = await held_out_loss(
-            self.trainer, self._eval_examples, self.config.training.batch_tokens
-        )
+        result = await held_out_loss(self.trainer, self._eval_examples, self.config.training.batch_tokens)
         self.evals.append(
             {
                 "step": steps_applied,
