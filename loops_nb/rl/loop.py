@@ -49,7 +49,9 @@ class RLRun(RecipeRun):
         *,
         stop: asyncio.Event | None = None,
         resources: ResourceRegistry | None = None,
+        loss: TrainingLoss | None = None,
     ) -> None:
+        """``loss``: the loss the recipe already resolved from the config (resolved here when not given)."""
         t = config.training
         super().__init__(
             run_dir,
@@ -64,7 +66,7 @@ class RLRun(RecipeRun):
         self.policy = policy
         self.runtime = runtime
         self.renderer = renderer
-        self.loss = TrainingLoss.of(t.loss, t.loss_config)
+        self.loss = loss if loss is not None else TrainingLoss.of(t.loss, t.loss_config)
         self.adam = AdamSettings.of(t, t.learning_rate)
         self.defaults = SamplingDefaults(
             temperature=config.sampling.temperature,

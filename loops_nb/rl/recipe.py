@@ -21,7 +21,7 @@ from loops_nb.model_access import LeasedRuntime, ModelGateway, files_per_attempt
 from loops_nb.observers import ObserverSet
 from loops_nb.resources import ResourceJournal, ResourceRegistry
 from loops_nb.rl.config import RLConfig
-from loops_nb.rl.custom_loss import loss_name, needs_reference_logprobs, resolve_custom_loss
+from loops_nb.rl.custom_loss import TrainingLoss, loss_name, needs_reference_logprobs, resolve_custom_loss
 from loops_nb.rl.loop import RLRun
 from loops_nb.rl.policy import Policy
 from loops_nb.run.outcome import Outcome
@@ -217,10 +217,13 @@ class RLRecipe(Recipe):
 
     name = "rl"
 
-    def __init__(self, config: RLConfig, config_path: Path, runtime: RolloutRuntime) -> None:
+    def __init__(
+        self, config: RLConfig, config_path: Path, runtime: RolloutRuntime, loss: TrainingLoss
+    ) -> None:
         super().__init__(config, config_path, seed=config.training.seed)
         self.rl = config
         self.runtime = runtime
+        self.loss = loss
         self.gateway: ModelGateway | None = None
         self.resources: ResourceRegistry | None = None
 
@@ -251,7 +254,15 @@ class RLRecipe(Recipe):
         )
         policy = Policy(training_client, config.model.base_model)
         return RLRun(
-            config, run_dir, policy, self.runtime, renderer, observers, stop=stop, resources=self.resources
+            config,
+            run_dir,
+            policy,
+            self.runtime,
+            renderer,
+            observers,
+            stop=stop,
+            resources=self.resources,
+            loss=self.loss,
         )
 
     async def close(self) -> None:
@@ -276,9 +287,9 @@ async def train(
         raise UserError(problem)
     # A custom loss that cannot be imported is a config mistake: refuse it before the run directory exists.
     try:
-        resolve_custom_loss(config.training.loss, config.training.loss_config)
+        loss = TrainingLoss.of(config.training.loss, config.training.loss_config)
     except UserError:
         await runtime.close()
         raise
-    recipe = RLRecipe(config, project.path, runtime)
+    recipe = RLRecipe(config, project.path, runtime, loss)
     return await run_recipe(recipe, project.describe(), observers=observers, stop=stop)
