@@ -23,7 +23,9 @@ from loops_nb.observers import ObserverSet
 from loops_nb.resources import ResourceRegistry
 from loops_nb.rl.config import RLConfig
 from loops_nb.rl.custom_loss import TrainingLoss
+from loops_nb.rl.evaluation import EvalLog, Evaluator, eval_due, eval_sampling, eval_tasks
 from loops_nb.rl.grpo import step_datums
+from loops_nb.rl.outcome import RLOutcome
 from loops_nb.rl.policy import Policy
 from loops_nb.rl.scheduler import AttemptRecord, GroupResult, RolloutScheduler
 from loops_nb.run.optimizer import AdamSettings
@@ -36,7 +38,10 @@ log = logging.getLogger(__name__)
 
 
 class RLRun(RecipeRun):
-    """The RL recipe's steps: rollouts from the runtime, GRPO, one optimizer step, publish."""
+    """The RL recipe's steps: rollouts from the runtime, GRPO, one optimizer step, publish; and the `[eval]`
+    evaluations (`rl/evaluation.py`) before the steps they are due at and after the last one."""
+
+    outcome_type = RLOutcome
 
     def __init__(
         self,
@@ -50,8 +55,10 @@ class RLRun(RecipeRun):
         stop: asyncio.Event | None = None,
         resources: ResourceRegistry | None = None,
         loss: TrainingLoss | None = None,
+        eval_runtime: RolloutRuntime | None = None,
     ) -> None:
-        """``loss``: the loss the recipe already resolved from the config (resolved here when not given)."""
+        """``loss``: the loss the recipe already resolved from the config (resolved here when not given);
+        ``eval_runtime``: the runtime instance of `eval.options`' held-out tasks (None: the training one's)."""
         t = config.training
         super().__init__(
             run_dir,
@@ -76,6 +83,9 @@ class RLRun(RecipeRun):
         )
         self._scheduler: RolloutScheduler | None = None
         self._progress: asyncio.Task[None] | None = None
+        self.eval_runtime = eval_runtime
+        self.evals = EvalLog(run_dir.root)
+        self._evaluator: Evaluator | None = None
 
     def _make_llm(self, capture: TokenCapture, seed: int) -> LoopsLLM:
         return LoopsLLM(
@@ -96,9 +106,20 @@ class RLRun(RecipeRun):
     def checkpoint_extra(self) -> dict[str, Any]:
         return {"policy_version": self.policy.version}
 
+    def rewind(self, step: int) -> None:
+        super().rewind(step)
+        self.evals.keep_up_to(step)  # the policy at the checkpoint is the one those evaluations measured
+
+    def start_over(self) -> None:
+        super().start_over()
+        self.evals.keep_up_to(0)  # a fresh LoRA with the same seed is the base model evaluated at step 0
+
+    def outcome_fields(self) -> dict[str, Any]:
+        return RLOutcome.eval_fields(self.evals.records())
+
     async def begin(self, start: int) -> None:
         t = self.config.training
-        tasks = await self.runtime.tasks()
+        tasks, held_out = await eval_tasks(self.config, self.runtime, self.eval_runtime)
         self._scheduler = RolloutScheduler(
             self.runtime,
             tasks,
@@ -116,6 +137,24 @@ class RLRun(RecipeRun):
             on_attempt=self._on_attempt,
             reward_range=(t.reward_min, t.reward_max),
         )
+        if self.config.eval.enabled:
+            sampling = eval_sampling(self.config)
+            self._evaluator = Evaluator(
+                self.config.eval,
+                self.eval_runtime or self.runtime,
+                held_out,
+                make_llm=lambda capture, seed: LoopsLLM(
+                    self.renderer, self.policy, capture, sampling, seed=seed, on_sampling_error=self.policy.sampling_failed
+                ),
+                version=lambda: self.policy.version,
+                renderer=self.renderer,
+                max_concurrent=t.max_concurrent_rollouts,
+                attempt_timeout=t.attempt_timeout_seconds,
+                reward_range=(t.reward_min, t.reward_max),
+                resources=self.resources,
+                watchdog=self._scheduler.watchdog,
+                full_transcripts=self.config.output.trace == "full",
+            )
         await self.policy.publish()
         if t.mode == "async":
             self._scheduler.start(start, t.max_steps)
@@ -129,9 +168,28 @@ class RLRun(RecipeRun):
         if self._scheduler is not None:
             await self._scheduler.close()
 
+    async def evaluate(self, step: int) -> dict[str, Any]:
+        """The `eval/*` metrics of the policy after ``step`` steps: recorded ones (a resumed run), or measured
+        now, recorded and given to the observers (`on_eval`)."""
+        assert self._evaluator is not None, "begin() creates the evaluator"
+        line = self.evals.recorded(step)
+        if line is None:
+            line = self.evals.write(await self._evaluator.evaluate(step))
+            self.observers.emit("on_eval", line)
+            if self.policy.lost is not None:
+                raise self.policy.lost
+        return {k: v for k, v in line.items() if k.startswith(("eval/", "time/eval"))}
+
+    async def when_completed(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
+        if self._evaluator is None or not self.config.eval.at_end:
+            return metrics
+        return {**metrics, **(await self.evaluate(step))}
+
     async def train_step(self, step: int) -> StepRecord:
         scheduler = self._scheduler
         assert scheduler is not None, "begin() creates the scheduler"
+        # Before the step samples: the policy evaluated is the one this step's rollouts sample.
+        evaluated = await self.evaluate(step) if eval_due(self.config.eval, step) else {}
         step_started = time.perf_counter()
         groups = await (
             scheduler.next_groups(step)
@@ -141,7 +199,8 @@ class RLRun(RecipeRun):
         rollout_s = time.perf_counter() - step_started
         if self.policy.lost is not None:  # its attempts were discarded; so would all later ones be
             raise self.policy.lost
-        return await self._train_and_log(step, groups, scheduler, rollout_s, step_started)
+        record = await self._train_and_log(step, groups, scheduler, rollout_s, step_started)
+        return StepRecord(step, {**record.metrics, **evaluated}, record.time) if evaluated else record
 
     def _on_attempt(self, record: AttemptRecord) -> None:
         if not self.observers.wants("on_attempt"):
@@ -158,9 +217,12 @@ class RLRun(RecipeRun):
             "sequence_breaks": dict(record.capture.breaks),
             "seconds": round(record.seconds, 3),
         }
-        self.observers.emit("on_attempt", {**summary, "text": self._transcript(record, full=True)})
+        # Whether it trains is known only once its step's advantages are (on_rollouts says): None until then.
+        self.observers.emit(
+            "on_attempt", {**summary, "text": self._transcript(record, full=True, trained=None)}
+        )
 
-    def _transcript(self, record: AttemptRecord, *, full: bool) -> dict[str, Any]:
+    def _transcript(self, record: AttemptRecord, *, full: bool, trained: bool | None) -> dict[str, Any]:
         out: dict[str, Any] = {
             "attempt": record.attempt.id,
             "reward": record.evidence.reward,
@@ -175,7 +237,7 @@ class RLRun(RecipeRun):
                     "completion": self.renderer.decode(c.completion_tokens),
                     "completion_tokens": c.completion_tokens,
                     "logprobs": [round(x, 5) for x in c.logprobs],
-                    "trained": record.kept,
+                    "trained": trained,
                     "finish_reason": c.finish_reason,
                     "tool_calls": c.tool_calls,
                 }
@@ -219,29 +281,34 @@ class RLRun(RecipeRun):
             "time/publish_s": round(publish_s, 3),
             "time/step_s": round(time.perf_counter() - t0, 3),
         }
-        self.run_dir.rollouts.extend(
-            [
-                {
-                    "step": step,
-                    "slot": g.slot,
-                    "group": g.group,
-                    "task": g.task.id,
-                    "attempt": a.attempt.id,
-                    "reward": a.evidence.reward,
-                    "trained": a.attempt.id in trained_ids,
-                    "discarded": a.evidence.discarded,
-                    "detail": a.evidence.detail,
-                    "policy_versions": a.capture.policy_versions,
-                    "sampled_tokens": a.capture.sampled_tokens,
-                    "seconds": round(a.seconds, 3),
-                }
-                for g in groups
-                for a in g.attempts
-            ]
-        )
+        rows = [
+            {
+                "step": step,
+                "slot": g.slot,
+                "group": g.group,
+                "task": g.task.id,
+                "attempt": a.attempt.id,
+                "reward": a.evidence.reward,
+                "trained": a.attempt.id in trained_ids,
+                "discarded": a.evidence.discarded,
+                "detail": a.evidence.detail,
+                "policy_versions": a.capture.policy_versions,
+                "sampled_tokens": a.capture.sampled_tokens,
+                "seconds": round(a.seconds, 3),
+            }
+            for g in groups
+            for a in g.attempts
+        ]
+        self.run_dir.rollouts.extend(rows)
+        self.observers.emit("on_rollouts", {"step": step, "rows": rows})
         full = self.config.output.trace == "full"
         self.run_dir.write_transcript(
-            f"step-{step:06d}", [self._transcript(a, full=full) for g in groups for a in g.attempts]
+            f"step-{step:06d}",
+            [
+                self._transcript(a, full=full, trained=a.attempt.id in trained_ids)
+                for g in groups
+                for a in g.attempts
+            ],
         )
         return StepRecord(step, metrics)
 

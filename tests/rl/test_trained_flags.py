@@ -1,0 +1,66 @@
+"""What an RL run says was trained is what trained: the live events agree with rollouts.jsonl.
+
+An attempt finishes before its step's advantages exist, so ``on_attempt`` cannot know whether it will train
+(a group whose rewards are all equal trains nothing); its transcript says ``trained: None``, and the step's
+``on_rollouts`` event carries the rows rollouts.jsonl gets, with the real ``trained`` of each attempt. The
+live panel once showed "trained" in green for attempts of a step that trained no token.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from helpers import read_jsonl
+from test_faults import MONOPOLY, ScriptedSampler, ScriptedTrainer, make_run
+
+from loops_nb.observers import ObserverSet
+
+
+class AlwaysRight(ScriptedSampler):
+    """Every answer is right: every group's rewards are equal, so no attempt has an advantage."""
+
+    async def sample_async(self, model_input: Any, num_samples: int, sampling_params: Any) -> Any:
+        self.calls += 1
+        seq = SimpleNamespace(tokens=MONOPOLY, logprobs=[-1.0] * len(MONOPOLY), stop_reason="stop")
+        return SimpleNamespace(sequences=[seq] * num_samples, policy_version=None)
+
+
+class Events:
+    def __init__(self) -> None:
+        self.attempts: list[dict[str, Any]] = []
+        self.rollouts: list[dict[str, Any]] = []
+
+    def on_attempt(self, record: dict[str, Any]) -> None:
+        self.attempts.append(record)
+
+    def on_rollouts(self, payload: dict[str, Any]) -> None:
+        self.rollouts.extend(dict(r, event_step=payload["step"]) for r in payload["rows"])
+
+
+async def run_with(tmp_path: Path, sampler: ScriptedSampler) -> tuple[Events, list[dict[str, Any]]]:
+    events = Events()
+    run = make_run(tmp_path, ScriptedTrainer(sampler), max_steps=2)
+    run.observers = ObserverSet([events])
+    outcome = await run.execute(0)
+    assert outcome.status == "completed"
+    return events, read_jsonl(tmp_path / "run" / "rollouts.jsonl")
+
+
+async def test_a_step_whose_rewards_are_all_equal_says_nothing_trained(tmp_path: Path) -> None:
+    events, rows = await run_with(tmp_path, AlwaysRight())
+    assert rows and not any(r["trained"] for r in rows)
+    assert [(r["attempt"], r["step"], r["trained"]) for r in events.rollouts] == [
+        (r["attempt"], r["step"], r["trained"]) for r in rows
+    ]
+    assert all(r["event_step"] == r["step"] for r in events.rollouts)
+    calls = [c for a in events.attempts for c in a["text"]["calls"]]
+    assert calls and all(c["trained"] is None for c in calls), "unknown when the attempt finishes"
+
+
+async def test_trained_attempts_are_the_ones_rollouts_jsonl_marks(tmp_path: Path) -> None:
+    events, rows = await run_with(tmp_path, ScriptedSampler())  # right, wrong, right, ...: groups train
+    assert any(r["trained"] for r in rows)
+    assert {r["attempt"]: r["trained"] for r in events.rollouts} == {r["attempt"]: r["trained"] for r in rows}
+    assert {r["group"] for r in events.rollouts} == {r["group"] for r in rows}
