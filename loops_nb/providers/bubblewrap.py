@@ -1,50 +1,48 @@
 """`BubblewrapSandbox`: a sandbox on this machine without Docker, built from bubblewrap (`bwrap`).
 
 The host's filesystem is visible read-only; a per-sandbox host directory backs every writable path
-(the task's workdir, Harbor's `/logs/*`, `/tests`, `/solution`, `/tmp`), so files persist across
-commands while processes do not: every `run()` is a fresh `bwrap` with new PID, IPC and UTS namespaces
-(and a new, empty network namespace when the sandbox has no network). The environment is cleared and
-only the given variables are passed, so the run's credentials never reach a task.
+(the task's workdir, Harbor's `/logs/*`, `/tests`, `/solution`, `/tmp`). One `bwrap` per sandbox,
+from `start()` to `stop()`, holds its PID, IPC and UTS namespaces (and a new, empty network namespace
+when the sandbox has no network); a supervisor inside it (`sandbox_supervisor.py`) runs each command,
+so files and background processes (a tmux server) persist across commands, as in a container. Each
+command's environment is exactly the given variables, so the run's credentials never reach a task.
 
 Deliberate limits (docs/reference/harbor.md): no image builds, the task's tools must exist on the host,
-no background process outlives its command, everything runs as the calling user, no CPU or memory caps.
+everything runs as the calling user, no CPU or memory caps.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import shutil
-import signal
+import sys
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+
+from loops_nb.providers import sandbox_supervisor
+from loops_nb.providers.sandbox_session import (
+    CommandResult,
+    SandboxDied,
+    SandboxUnavailable,
+    SupervisorSession,
+)
+
+__all__ = [
+    "BubblewrapSandbox",
+    "CommandResult",
+    "SandboxDied",
+    "SandboxUnavailable",
+    "bwrap_path",
+    "remove_tree",
+]
 
 BWRAP = "bwrap"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Host entries never bound from the host: the sandbox gets its own /proc, /dev and /tmp.
 _OWN_MOUNTS = {"proc", "dev", "tmp", "sys"}
-
-
-class SandboxUnavailable(RuntimeError):
-    """bubblewrap is missing or cannot create namespaces here."""
-
-
-class SandboxDied(RuntimeError):
-    """The sandbox died under a running trial: its `bwrap` was killed, or its host directory was removed.
-
-    Not the task's doing and not the model's: the attempt must be discarded, never graded. The message
-    never says "timed out" (nor quotes the command, which might), so agents that answer a timeout to the
-    model as its own mistake (`ShellAgent`) raise this one instead.
-    """
-
-
-@dataclass(frozen=True)
-class CommandResult:
-    return_code: int
-    stdout: str
-    stderr: str
+# The supervisor runs from its source text, so no file of the package need be visible in the sandbox.
+_SUPERVISOR_SOURCE = Path(sandbox_supervisor.__file__).read_text(encoding="utf-8")
 
 
 def bwrap_path() -> str:
@@ -83,6 +81,7 @@ class BubblewrapSandbox:
             self.mounts[clean] = root / "fs" / clean.lstrip("/")
         for target, source in (host_binds or {}).items():
             self.mounts[str(PurePosixPath("/") / target)] = Path(source)
+        self._session = SupervisorSession()
 
     def create(self) -> None:
         for host in self.mounts.values():
@@ -119,7 +118,8 @@ class BubblewrapSandbox:
             )
         return self.mounts[best] / path.relative_to(best)
 
-    def argv(self, command: str, cwd: str | None = None, env: Mapping[str, str] | None = None) -> list[str]:
+    def argv(self, control_fd: int) -> list[str]:
+        """The `bwrap` command line of the sandbox's supervisor, talking to the host on `control_fd`."""
         args = [bwrap_path(), "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
         if not self.network:
             args.append("--unshare-net")
@@ -129,14 +129,23 @@ class BubblewrapSandbox:
         args += ["--dev", "/dev", "--proc", "/proc"]
         for hidden in self.hidden:
             args += ["--tmpfs", hidden]
+        python, prefix = _interpreter()
+        if any(prefix == PurePosixPath(h) or PurePosixPath(h) in prefix.parents for h in self.hidden):
+            args += ["--ro-bind", str(prefix), str(prefix)]  # only the interpreter, for the supervisor
         for target in sorted(self.mounts, key=lambda t: len(PurePosixPath(t).parts)):
             args += ["--dir", target, "--bind", str(self.mounts[target]), target]
         # Root is bwrap's own tmpfs: make it read-only so a stray write fails loudly instead of vanishing.
-        args += ["--remount-ro", "/", "--chdir", cwd or self.workdir, "--clearenv"]
-        variables = {"PATH": DEFAULT_PATH, "HOME": "/tmp", "LANG": "C.UTF-8", **(env or {})}
-        for key, value in variables.items():
-            args += ["--setenv", key, value]
-        return [*args, "bash", "-c", command]
+        args += ["--remount-ro", "/", "--chdir", "/", "--clearenv"]
+        return [*args, python, "-I", "-S", "-c", _SUPERVISOR_SOURCE, str(control_fd)]
+
+    async def start(self) -> None:
+        """Start the sandbox: one bwrap, whose namespaces every later command shares until `stop()`."""
+        self.check()
+        await self._session.start(self.argv)
+
+    async def stop(self) -> None:
+        """Kill every process in the sandbox (its PID namespace ends with bwrap). Files stay."""
+        await self._session.stop()
 
     async def run(
         self,
@@ -145,36 +154,17 @@ class BubblewrapSandbox:
         env: Mapping[str, str] | None = None,
         timeout: float | None = None,
     ) -> CommandResult:
-        """Run `bash -c command` in the sandbox; a timeout kills it and raises TimeoutError.
+        """Run `bash -c command` in the sandbox (starting it if needed); a timeout raises TimeoutError.
 
-        Raises SandboxDied when the sandbox's directory is gone, before or after the command, or when the
-        bwrap process itself was killed by a signal from outside.
+        A timeout kills the command's process group; what it started in a session of its own (a tmux
+        server) lives on until `stop()`. Raises SandboxDied when the sandbox's directory is gone, before
+        or after the command, or when its bwrap was killed from outside.
         """
         self.check()
-        proc = await asyncio.create_subprocess_exec(
-            *self.argv(command, cwd, env),
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,  # one process group: a timeout or cancel kills all of it
-        )
-        try:
-            out, err = await asyncio.wait_for(proc.communicate(), timeout)
-        finally:
-            if proc.returncode is None:
-                _kill_group(proc.pid)
-                await proc.wait()
-        if proc.returncode is not None and proc.returncode < 0:
-            # bwrap reports a command that died of signal N as exit code 128 + N, as a shell does; a
-            # negative code is bwrap itself killed (an operator's kill, the OOM killer, a crash). Its
-            # --die-with-parent and PID namespace take the command down with it, and whatever the
-            # command left half done is no state to grade.
-            raise SandboxDied(
-                f"the local sandbox died: its bwrap process was killed by {_signal_name(-proc.returncode)} "
-                "from outside the sandbox while a command ran"  # not the command: it may say "timed out"
-            )
+        variables = {"PATH": DEFAULT_PATH, "HOME": "/tmp", "LANG": "C.UTF-8", **(env or {})}
+        result = await self._session.run(self.argv, command, cwd or self.workdir, variables, timeout)
         self.check()  # removed while the command ran: what it wrote went with the directory
-        return CommandResult(proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace"))
+        return result
 
 
 def _host_tree(directory: Path, targets: set[PurePosixPath], ancestors: set[PurePosixPath]) -> list[str]:
@@ -227,13 +217,7 @@ def remove_tree(path: Path) -> bool:
     return not os.path.lexists(path)
 
 
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
-
-def _kill_group(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGKILL)
+def _interpreter() -> tuple[str, PurePosixPath]:
+    """This Python's real interpreter (never a venv's link) and its installation prefix."""
+    executable = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+    return executable, PurePosixPath(os.path.realpath(sys.base_prefix))

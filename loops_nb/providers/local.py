@@ -2,8 +2,9 @@
 
 `LocalSandboxEnvironment` is a Harbor environment (`EnvironmentConfig(import_path=...)`, or
 `harbor run -e loops_nb.providers.local:LocalSandboxEnvironment`). Each trial gets a host directory
-behind the sandbox's writable paths; every `exec` is a fresh `bwrap` (see `bubblewrap.py` for what that
-sandbox is and is not). The task's Dockerfile is read, not built: `WORKDIR` and `ENV` are honoured,
+behind the sandbox's writable paths and one long-lived `bwrap` whose namespaces every `exec` shares, so
+background processes (tmux) survive between commands (see `bubblewrap.py` for what that sandbox is and
+is not). The task's Dockerfile is read, not built: `WORKDIR` and `ENV` are honoured,
 `COPY`/`ADD` of files from `environment/` into writable paths are replayed, and anything that needs an
 image build (`RUN`, `FROM` another stage's files, a `docker_image`) refuses the task with the line at
 fault, unless `[providers.local] ignore_dockerfile = true`.
@@ -195,6 +196,7 @@ class LocalSandboxEnvironment(JournalledSandbox, BaseEnvironment):
         )
         self._sandbox.create()
         self._journal_created(str(root), path=str(root))
+        await self._sandbox.start()
         task_env = {**self._plan.env, **(self.task_env_config.env or {})}
         self._persistent_env: dict[str, str] = {**task_env, **self._persistent_env}
         for source, dest in self._plan.copies:
@@ -239,7 +241,10 @@ class LocalSandboxEnvironment(JournalledSandbox, BaseEnvironment):
     async def stop(self, delete: bool) -> None:
         sandbox, self._sandbox = self._sandbox, None
         options: LocalSandboxOptions = self.options  # type: ignore[assignment]
-        if sandbox is None or options.keep_sandboxes:
+        if sandbox is None:
+            return
+        await sandbox.stop()  # every process of the trial, its background ones too, dies here
+        if options.keep_sandboxes:
             return
         if await asyncio.to_thread(sandbox.remove):
             self._journal_released()

@@ -1,13 +1,17 @@
-"""The bubblewrap sandbox: host read-only, writable paths persist, no network, no leaked env, timeouts kill."""
+"""The bubblewrap sandbox: host read-only, writable paths persist, no network, no leaked env, timeouts kill,
+and one long-lived namespace per sandbox, so background processes (tmux) survive between commands."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
 
 from loops_nb.providers.bubblewrap import BubblewrapSandbox
 
@@ -16,11 +20,12 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.fixture
-def sandbox(tmp_path: Path) -> BubblewrapSandbox:
+@pytest_asyncio.fixture(loop_scope="function")  # stop() runs on the loop that started the sandbox
+async def sandbox(tmp_path: Path) -> AsyncIterator[BubblewrapSandbox]:
     box = BubblewrapSandbox(tmp_path / "box", ["/logs/verifier", "/tests"], "/app", network=False)
     box.create()
-    return box
+    yield box
+    await box.stop()
 
 
 async def test_writable_paths_persist_across_commands_and_map_to_the_host(sandbox: BubblewrapSandbox) -> None:
@@ -69,6 +74,51 @@ async def test_a_timeout_kills_the_command_and_everything_it_started(sandbox: Bu
     assert not survivors
 
 
+async def test_a_background_process_started_in_one_command_is_alive_in_the_next(
+    sandbox: BubblewrapSandbox,
+) -> None:
+    started = await sandbox.run("setsid sleep 300 > /dev/null 2>&1 < /dev/null & echo $! > /app/bg.pid")
+    assert started.return_code == 0, started.stderr
+    pid = sandbox.host_path("/app/bg.pid").read_text().strip()
+    alive = await sandbox.run(f"kill -0 {pid} && cat /proc/{pid}/cmdline | tr '\\0' ' '")
+    assert alive.return_code == 0, alive.stderr
+    assert alive.stdout.strip() == "sleep 300"
+    # A timeout kills its own command's process group, never the sandbox or what lives on in it.
+    with pytest.raises(TimeoutError):
+        await sandbox.run("sleep 60", timeout=0.5)
+    assert (await sandbox.run(f"kill -0 {pid}")).return_code == 0
+
+
+async def test_a_tmux_session_survives_between_commands(sandbox: BubblewrapSandbox) -> None:
+    if shutil.which("tmux") is None:
+        pytest.skip("tmux is not installed (.ci/run installs it)")
+    made = await sandbox.run("tmux new-session -d -s agent -x 80 -y 24 && tmux ls")
+    assert made.return_code == 0, made.stderr
+    typed = await sandbox.run(
+        "tmux send-keys -t agent 'echo typed-in-tmux > /app/from_tmux.txt; tmux wait -S done' Enter"
+        " && timeout 20 tmux wait done"
+    )
+    assert typed.return_code == 0, typed.stderr
+    assert sandbox.host_path("/app/from_tmux.txt").read_text() == "typed-in-tmux\n"
+    listed = await sandbox.run("tmux ls")
+    assert listed.stdout.startswith("agent:"), listed.stderr
+
+
+async def test_stop_kills_every_process_in_the_sandbox(sandbox: BubblewrapSandbox) -> None:
+    token = f"loops-stop-probe-{os.getpid()}"
+    await sandbox.run(f"setsid bash -c 'exec -a {token} sleep 300' > /dev/null 2>&1 < /dev/null &")
+    assert _live(token), "the background process runs while the sandbox does"
+    await sandbox.stop()
+    deadline = time.monotonic() + 30  # the kernel tears the PID namespace down after its init dies
+    while _live(token) and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    assert not _live(token)
+
+
+def _live(token: str) -> list[Path]:
+    return [p for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline(p).startswith(token)]
+
+
 def _cmdline(proc: Path) -> str:
     try:
         return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
@@ -83,6 +133,7 @@ async def test_hidden_paths_are_covered(tmp_path: Path) -> None:
     box = BubblewrapSandbox(tmp_path / "box", [], "/app", hidden=[str(secret)])
     box.create()
     result = await box.run(f"ls -A {secret} | wc -l")
+    await box.stop()
     assert result.stdout.strip() == "0"
     assert os.path.exists(secret / "key")
 
@@ -93,6 +144,7 @@ async def test_a_workdir_inside_a_host_directory_keeps_the_rest_of_it_visible(tm
     result = await box.run(
         "echo made > here.txt && ls /usr/bin/bash && touch /usr/loops_nb_probe 2>&1; cat here.txt"
     )
+    await box.stop()
     assert "/usr/bin/bash" in result.stdout, result.stderr
     assert "made" in result.stdout
     assert "Read-only file system" in result.stdout + result.stderr

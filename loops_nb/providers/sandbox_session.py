@@ -1,0 +1,208 @@
+"""The host side of a long-lived local sandbox: one `bwrap` per sandbox, and a supervisor inside it.
+
+`SupervisorSession.start` launches bwrap running `sandbox_supervisor.py`; each `run` sends it one
+command over a socket, with the files the command's output goes to, and waits for its exit code. So a
+process a command leaves behind in a session of its own (a tmux server) is still there for the next
+command, as in a container. The sandbox dies only with its bwrap: `stop()`, the training process
+exiting (`--die-with-parent`), or a kill from outside, which fails the commands in flight and every
+later one with `SandboxDied`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import signal
+import socket
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import IO
+
+START_TIMEOUT = 60.0
+"""Seconds for bwrap to set its mounts up and the supervisor to say it is ready."""
+KILL_GRACE = 10.0
+"""Seconds a timed-out command's process group gets to be reaped after its SIGKILL."""
+
+
+class SandboxUnavailable(RuntimeError):
+    """bubblewrap is missing or cannot create namespaces here."""
+
+
+class SandboxDied(RuntimeError):
+    """The sandbox died under a running trial: its `bwrap` was killed, or its host directory was removed.
+
+    Not the task's doing and not the model's: the attempt must be discarded, never graded. The message
+    never says "timed out" (nor quotes the command, which might), so agents that answer a timeout to the
+    model as its own mistake (`ShellAgent`) raise this one instead.
+    """
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    return_code: int
+    stdout: str
+    stderr: str
+
+
+class SupervisorSession:
+    """The running bwrap of one sandbox, and the commands in flight in it."""
+
+    def __init__(self) -> None:
+        self._proc: asyncio.subprocess.Process | None = None
+        self._control: socket.socket | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._pending: dict[int, asyncio.Future[int]] = {}
+        self._ids = itertools.count(1)
+        self._died: str | None = None
+        self._stopped = False
+        self._log: IO[bytes] | None = None
+        self._starting = asyncio.Lock()
+
+    async def start(self, argv: Callable[[int], list[str]]) -> None:
+        async with self._starting:  # concurrent first commands share one bwrap
+            if self._proc is not None or self._died is not None:
+                return
+            if self._stopped:
+                raise RuntimeError("the local sandbox was stopped")
+            host_end, box_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            # bwrap's and the supervisor's own complaints; open until stop(), so no `with`
+            self._log = tempfile.TemporaryFile()  # noqa: SIM115
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    *argv(box_end.fileno()),
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=self._log,
+                    pass_fds=(box_end.fileno(),),
+                    start_new_session=True,  # one process group: stop() kills bwrap and its init
+                )
+            finally:
+                box_end.close()
+            host_end.settimeout(KILL_GRACE)
+            self._proc, self._control = proc, host_end
+            assert proc.stdout is not None
+            try:
+                ready = await asyncio.wait_for(proc.stdout.readline(), START_TIMEOUT)
+            except TimeoutError:
+                ready = b""
+            if b'"ready"' not in ready:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                await proc.wait()
+                why = self._complaints()
+                await self.stop()
+                raise SandboxUnavailable(f"the local sandbox did not start: {why}")
+            self._reader = asyncio.ensure_future(self._read_answers(proc))
+
+    async def run(
+        self,
+        argv: Callable[[int], list[str]],
+        command: str,
+        cwd: str,
+        env: Mapping[str, str],
+        timeout: float | None,
+    ) -> CommandResult:
+        await self.start(argv)
+        request_id = next(self._ids)
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            with tempfile.TemporaryFile() as spec:
+                spec.write(json.dumps({"command": command, "cwd": cwd, "env": dict(env)}).encode())
+                spec.seek(0)
+                self._pending[request_id] = future
+                self._send({"op": "run", "id": request_id}, [spec.fileno(), out.fileno(), err.fileno()])
+            try:
+                code = await asyncio.wait_for(asyncio.shield(future), timeout)
+            except TimeoutError:
+                self._kill(request_id)
+                with contextlib.suppress(TimeoutError, SandboxDied):
+                    await asyncio.wait_for(future, KILL_GRACE)
+                raise TimeoutError(f"the command did not finish within {timeout} seconds") from None
+            except asyncio.CancelledError:
+                self._kill(request_id)  # the agent was cut off: its command goes with it
+                raise
+            finally:
+                self._pending.pop(request_id, None)
+            out.seek(0)
+            err.seek(0)
+            return CommandResult(
+                code, out.read().decode(errors="replace"), err.read().decode(errors="replace")
+            )
+
+    async def stop(self) -> None:
+        """Kill the sandbox's bwrap and wait for it; its PID namespace takes every process with it."""
+        self._stopped = True
+        proc, self._proc = self._proc, None
+        if self._control is not None:
+            self._control.close()
+            self._control = None
+        if proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+        if self._reader is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+            self._reader = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def _send(self, header: dict[str, object], fds: list[int]) -> None:
+        if self._died is not None:
+            raise SandboxDied(self._died)
+        try:
+            assert self._control is not None
+            socket.send_fds(self._control, [json.dumps(header).encode()], fds)
+        except (OSError, AssertionError):
+            # The supervisor is gone or stopped reading: the reader says why as soon as bwrap exits.
+            raise SandboxDied(
+                self._died or "the local sandbox died: its supervisor stopped taking commands"
+            ) from None
+
+    def _kill(self, request_id: int) -> None:
+        with contextlib.suppress(SandboxDied):
+            self._send({"op": "kill", "id": request_id}, [])
+
+    async def _read_answers(self, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdout is not None
+        while line := await proc.stdout.readline():
+            answer = json.loads(line)
+            future = self._pending.get(answer.get("id"))
+            if future is not None and not future.done():
+                future.set_result(int(answer["rc"]))
+        code = await proc.wait()
+        if self._stopped:
+            return
+        in_flight = " while a command ran" if self._pending else ""
+        if code < 0:
+            # A negative code is bwrap itself killed (an operator's kill, the OOM killer, a crash); its
+            # --die-with-parent and PID namespace take the commands down with it, and whatever they left
+            # half done is no state to grade. Never "timed out", never the command: see SandboxDied.
+            self._died = (
+                f"the local sandbox died: its bwrap process was killed by {_signal_name(-code)} "
+                f"from outside the sandbox{in_flight}"
+            )
+        else:
+            self._died = f"the local sandbox died: its supervisor exited with code {code}{in_flight}: {self._complaints()}"
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(SandboxDied(self._died))
+
+    def _complaints(self) -> str:
+        if self._log is None:
+            return "(no output)"
+        self._log.seek(0)
+        text = self._log.read().decode(errors="replace").strip()
+        return text[-1500:] or "(no output)"
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
