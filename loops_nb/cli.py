@@ -1,8 +1,9 @@
-"""The `loops` command: check, run, serve, deactivate, glossary.
+"""The `loops` command: check, run, eval, serve, deactivate, glossary.
 
     loops check CONFIG [--KEY VALUE ...]   resolve, render and prepare; launches no trainer
                 [--refusals FILE]         SFT: every refused row, as JSONL
     loops run   CONFIG [--KEY VALUE ...]   train (resumes an existing run directory)
+    loops eval  CONFIG [--checkpoint C]    RL: only the [eval] of a checkpoint (base, latest, a name)
     loops serve [--port N] [--model ID]     a local Loops for several notebooks or scripts
     loops deactivate RUN_ID [--config C]    end a dedicated (or local) run
     loops cleanup CONFIG --state-dir DIR    release sandboxes a crashed run left (its journal)
@@ -41,6 +42,12 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument(
                 "--refusals", type=Path, metavar="FILE", help="SFT: write every refused row as JSONL"
             )
+    text = "RL: evaluate a checkpoint with the config's [eval]; trains nothing"
+    p = sub.add_parser("eval", help=text, add_help=False, description=text)
+    p.add_argument("config", nargs="?", help="an RL config (its output.run_name names the run)")
+    p.add_argument("-h", "--help", action="store_true", help="show settings with their defaults")
+    p.add_argument("--checkpoint", default="latest", help="base, latest (default), a name, or a step")
+    p.add_argument("--out", type=Path, default=None, help="write the results here (default <run>/evals/...)")
     p = sub.add_parser("serve", help="a local Loops for several notebooks or scripts")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0 picks a free port")
@@ -87,10 +94,17 @@ def _print_help(parser: argparse.ArgumentParser, command: str, config: str | Non
             recipe = load(config).recipe
         except UserError:
             recipe = None
-    refusals = " [--refusals FILE]" if command == "check" else ""
+    refusals = {"check": " [--refusals FILE]", "eval": " [--checkpoint base|latest|NAME] [--out DIR]"}.get(
+        command, ""
+    )
     print(f"usage: loops {command} CONFIG{refusals} [--KEY VALUE ...]\n")
-    if refusals:
+    if command == "check":
         print("--refusals FILE: for an SFT config, write every refused row to FILE as JSONL.\n")
+    if command == "eval":
+        print(
+            "--checkpoint: base (the base model), latest (the run's last checkpoint), a checkpoint's name\n"
+            "(final-000008, state-000004) or step (8). The run is output.run_name's; the [eval] settings apply.\n"
+        )
     print('Any setting can be overridden: --training.max_steps 5 (values parse as TOML: 5, true, "x").\n')
     print(knob_help(recipe))
 
@@ -114,6 +128,20 @@ async def _check_or_run(
         return 0 if getattr(report, "ok", True) else 1
     outcome = await project.train()
     for line in outcome.describe() if hasattr(outcome, "describe") else [str(outcome)]:
+        print(line)
+    return 0
+
+
+async def _eval(config: str, overrides: dict[str, Any], checkpoint: str, out: Path | None) -> int:
+    from loops_nb.config import load_config
+    from loops_nb.project import Project
+
+    loaded = load_config(config, overrides, cli_env=True)
+    project = Project(path=loaded.source.path, source=loaded.source, config=loaded.config)
+    for line in project.describe():
+        print(line)
+    report = await project.evaluate(checkpoint=checkpoint, out=out)
+    for line in report.describe():
         print(line)
     return 0
 
@@ -213,13 +241,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, rest = parser.parse_known_args(argv)
     _configure_logging(args.verbose)
     try:
-        if args.command in ("check", "run"):
+        if args.command in ("check", "run", "eval"):
             if args.help or not args.config:
                 _print_help(parser, args.command, args.config)
                 return 0 if args.help else EXIT_USER_ERROR
             refusals = getattr(args, "refusals", None)
             from loops_nb.config import split_overrides
 
+            if args.command == "eval":
+                return asyncio.run(_eval(args.config, split_overrides(rest), args.checkpoint, args.out))
             return asyncio.run(_check_or_run(args.command, args.config, split_overrides(rest), refusals))
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")

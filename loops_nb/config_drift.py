@@ -24,11 +24,15 @@ FIXED: dict[str, tuple[str, ...]] = {
         "training.seed",
         "training.group_size",
         "training.groups_per_step",
+        "eval.holdout",
     ),
     "sft": ("model.base_model", "model.lora_rank", "compute.scope"),
 }
 """Per recipe, the settings a resume must keep: the checkpoint's shape, where it lives, and the order in
 which tasks or examples are drawn (a pure function of these)."""
+
+ADDED_LATER: dict[str, Any] = {"eval.holdout": 0.0}
+"""Settings newer than some run directories, with the value a run.json written before them meant."""
 
 _UNCHECKED = ("output.",)  # where the run's files go and how it reports: changing them changes no training
 
@@ -42,7 +46,8 @@ class ConfigDrift:
 
     @classmethod
     def between(cls, started: dict[str, Any], now: dict[str, Any]) -> ConfigDrift:
-        before, after = _flatten(started), _flatten(now)
+        after = _flatten(now)
+        before = {**{k: v for k, v in ADDED_LATER.items() if k in after}, **_flatten(started)}
         changes = {
             key: (before.get(key), after.get(key))
             for key in sorted(before.keys() | after.keys())

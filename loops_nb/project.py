@@ -6,7 +6,8 @@
     print("\\n".join(report.describe()))
     outcome = await project.train()
 
-`check()` and `train()` do exactly what `loops check` and `loops run` do; the CLI calls them.
+`check()`, `train()` and `evaluate()` do exactly what `loops check`, `loops run` and `loops eval` do; the CLI
+calls them.
 """
 
 from __future__ import annotations
@@ -62,6 +63,19 @@ class Project:
         """Run the recipe (resuming the run directory if it exists); returns the run's Outcome."""
         return await self._recipe_module().train(self, **options)
 
+    async def evaluate(self, **options: Any) -> Report:
+        """Only the recipe's evaluation, of a checkpoint (RL: ``checkpoint="base"|"latest"|<name>``, ``out``):
+        what `loops eval` does; awaitable inside a notebook's loop."""
+        module = self._recipe_module()
+        if not hasattr(module, "evaluate"):
+            from loops_nb.errors import UserError
+
+            raise UserError(
+                f"{self.path} is a {self.recipe!r} config: `loops eval` evaluates RL configs (an SFT run measures "
+                "its held-out loss while it trains: evals.jsonl)"
+            )
+        return await module.evaluate(self, **options)
+
     def check_sync(self, **options: Any) -> Report:
         """`check()` for plain scripts with no running event loop."""
         return _run_sync(self.check(**options))
@@ -69,6 +83,10 @@ class Project:
     def train_sync(self, **options: Any) -> Outcome:
         """`train()` for plain scripts with no running event loop."""
         return _run_sync(self.train(**options))
+
+    def evaluate_sync(self, **options: Any) -> Report:
+        """`evaluate()` for plain scripts with no running event loop."""
+        return _run_sync(self.evaluate(**options))
 
 
 def _run_sync[T](coro: Coroutine[Any, Any, T]) -> T:

@@ -125,6 +125,72 @@ class RLTrainingConfig(OptimizerSettings):
         return self
 
 
+class RLEvalConfig(Section):
+    enabled: bool = False
+    """Evaluate the policy during the run. A config with an `[eval]` table (or an `--eval.*` override) has
+    it on unless it says `enabled = false`; `loops eval` evaluates a checkpoint with these settings either
+    way. Eval attempts run through the same runtime and agent as training and never train."""
+
+    options: dict[str, Any] | None = None
+    """Held-out tasks: a second instance of `runtime.factory`, built with `runtime.options` updated by these
+    (another task file, another seed range), whose `tasks()` are the eval tasks. Unset: the eval tasks are
+    the training runtime's own (all of them, or the `holdout` share)."""
+
+    holdout: float = Field(0.0, ge=0.0, lt=1.0)
+    """Share of the training runtime's tasks held out for evaluation, chosen by `training.seed`: training
+    never samples them (even with `enabled = false`, so turning evaluation on or off changes no training).
+    0 evaluates on the training tasks themselves. Not with `options`; a resume must keep it."""
+
+    max_tasks: int | None = Field(None, ge=1)
+    """Evaluate at most this many of the eval tasks (a seeded choice; the same ones at every evaluation)."""
+
+    attempts: int = Field(4, ge=1)
+    """Attempts per eval task. pass@1 and pass@attempts are reported (`eval/pass_at_<k>`)."""
+
+    temperature: float | None = Field(None, ge=0)
+    """Sampling temperature of eval attempts: 0 is greedy; unset uses `sampling.temperature`."""
+
+    top_p: float | None = Field(None, gt=0, le=1)
+    """Nucleus sampling threshold of eval attempts; unset uses `sampling.top_p`."""
+
+    max_tokens: int | None = Field(None, ge=1)
+    """Most tokens one model call of an eval attempt may generate; unset uses `sampling.max_tokens`."""
+
+    pass_threshold: float = 1.0
+    """An attempt passes (for pass@k) when its reward is at least this; a discarded attempt never passes."""
+
+    every: int = Field(0, ge=0)
+    """Evaluate every this many steps (before the step samples, so `eval/*` in a step's record measures
+    the policy that step's rollouts sampled); 0: only at the start and the end."""
+
+    at_start: bool = True
+    """Evaluate before the first step: the base model (policy version 0)."""
+
+    at_end: bool = True
+    """Evaluate the final policy after the last step (before the final checkpoint); not when stopped."""
+
+    seed: int = 0
+    """Seed of the `max_tasks` choice and of the eval attempts' sampling (the same seeds at every
+    evaluation, so two evaluations differ by the policy, not by luck)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _on_when_given(cls, data: Any) -> Any:
+        # Writing an [eval] table is asking for evaluation; only an explicit `enabled = false` keeps it off.
+        if isinstance(data, dict) and "enabled" not in data:
+            return {**data, "enabled": True}
+        return data
+
+    @model_validator(mode="after")
+    def _one_source(self) -> RLEvalConfig:
+        if self.options is not None and self.holdout > 0:
+            raise ValueError(
+                "eval.options and eval.holdout: give held-out tasks from their own runtime instance or a "
+                "share of the training tasks, not both"
+            )
+        return self
+
+
 class RLConfig(RecipeConfig):
     recipe: Literal["rl"] = "rl"
     """The recipe: `rl` trains on what an agent did, scored by a verifier."""
@@ -137,6 +203,9 @@ class RLConfig(RecipeConfig):
 
     training: RLTrainingConfig = Field(default_factory=RLTrainingConfig)
     """GRPO, scheduling and optimisation settings."""
+
+    eval: RLEvalConfig = Field(default_factory=lambda: RLEvalConfig(enabled=False))
+    """Evaluation on held-out (or the training) tasks: which tasks, attempts, sampling and cadence."""
 
     providers: dict[str, ProviderConfig] = Field(default_factory=dict)
     """Environment backends by name (`[providers.<name>]` with `type` = local, docker, blaxel or

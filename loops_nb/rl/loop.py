@@ -144,7 +144,12 @@ class RLRun(RecipeRun):
                 self.eval_runtime or self.runtime,
                 held_out,
                 make_llm=lambda capture, seed: LoopsLLM(
-                    self.renderer, self.policy, capture, sampling, seed=seed, on_sampling_error=self.policy.sampling_failed
+                    self.renderer,
+                    self.policy,
+                    capture,
+                    sampling,
+                    seed=seed,
+                    on_sampling_error=self.policy.sampling_failed,
                 ),
                 version=lambda: self.policy.version,
                 renderer=self.renderer,

@@ -22,13 +22,15 @@ from loops_nb.observers import ObserverSet
 from loops_nb.resources import ResourceJournal, ResourceRegistry
 from loops_nb.rl.config import RLConfig
 from loops_nb.rl.custom_loss import TrainingLoss, loss_name, needs_reference_logprobs, resolve_custom_loss
+from loops_nb.rl.evaluation import EvalLog, held_out_options
 from loops_nb.rl.loop import RLRun
+from loops_nb.rl.outcome import RLOutcome
 from loops_nb.rl.policy import Policy
 from loops_nb.run.outcome import Outcome
 from loops_nb.run.recipe_run import RecipeRun
 from loops_nb.run.setup import Recipe, run_recipe
-from loops_nb.run_dir import RunDirectory, atomic_write_json
-from loops_nb.runtime import ModelAccessMode, RolloutRuntime, RunContext
+from loops_nb.run_dir import Checkpoint, RunDirectory, atomic_write_json
+from loops_nb.runtime import CheckWarning, ModelAccessMode, RolloutRuntime, RunContext
 from loops_nb.tokenization import load_model_renderer
 
 if TYPE_CHECKING:
@@ -141,7 +143,9 @@ async def check(project: Project, **_: Any) -> RLCheckReport:
         runtime.bind(
             run_context(config, project.path, preflight.state, ResourceRegistry(journal), checking=True)
         )
-        report.problems += await runtime.preflight()
+        found = await runtime.preflight()
+        report.problems += [p for p in found if not isinstance(p, CheckWarning)]
+        report.warnings += [p for p in found if isinstance(p, CheckWarning)]
         tasks = await runtime.tasks()
         report.tasks = len(tasks)
         report.lines.append(
@@ -218,11 +222,18 @@ class RLRecipe(Recipe):
     name = "rl"
 
     def __init__(
-        self, config: RLConfig, config_path: Path, runtime: RolloutRuntime, loss: TrainingLoss
+        self,
+        config: RLConfig,
+        config_path: Path,
+        runtime: RolloutRuntime,
+        loss: TrainingLoss,
+        eval_runtime: RolloutRuntime | None = None,
     ) -> None:
         super().__init__(config, config_path, seed=config.training.seed)
         self.rl = config
         self.runtime = runtime
+        self.eval_runtime = eval_runtime
+        """The `eval.options` instance of the runtime, whose tasks are the held-out ones (None: no such)."""
         self.loss = loss
         self.gateway: ModelGateway | None = None
         self.resources: ResourceRegistry | None = None
@@ -235,6 +246,8 @@ class RLRecipe(Recipe):
         # The journal exists before the runtime can create anything; `loops cleanup` reads it after a crash.
         self.resources = ResourceRegistry(ResourceJournal.at(run_dir.state / "journal.jsonl"))
         self.runtime.bind(run_context(self.rl, self.config_path, run_dir.state, self.resources))
+        if self.eval_runtime is not None:
+            self.eval_runtime.bind(run_context(self.rl, self.config_path, run_dir.state, self.resources))
 
     async def start(
         self,
@@ -249,6 +262,10 @@ class RLRecipe(Recipe):
             # per-attempt lease, through the same LoopsLLM (and exact capture) as in-process agents.
             self.gateway = await ModelGateway(model_name=config.model.base_model).astart()
             self.runtime = LeasedRuntime(self.runtime, self.gateway, agent_env=config.runtime.agent_env)
+            if self.eval_runtime is not None:
+                self.eval_runtime = LeasedRuntime(
+                    self.eval_runtime, self.gateway, agent_env=config.runtime.agent_env
+                )
         renderer = await asyncio.to_thread(
             load_model_renderer, config.model, config.compute.scope, cache_dir=config.compute.local.cache_dir
         )
@@ -263,11 +280,18 @@ class RLRecipe(Recipe):
             stop=stop,
             resources=self.resources,
             loss=self.loss,
+            eval_runtime=self.eval_runtime,
         )
+
+    def finished(self, run_dir: RunDirectory, checkpoint: Checkpoint) -> Outcome:
+        outcome = super().finished(run_dir, checkpoint)
+        return RLOutcome(**vars(outcome), **RLOutcome.eval_fields(EvalLog(run_dir.root).records()))
 
     async def close(self) -> None:
         try:
             await self.runtime.close()
+            if self.eval_runtime is not None:
+                await self.eval_runtime.close()
         finally:
             if self.gateway is not None:
                 await self.gateway.astop()
@@ -291,5 +315,19 @@ async def train(
     except UserError:
         await runtime.close()
         raise
-    recipe = RLRecipe(config, project.path, runtime, loss)
+    eval_runtime = None
+    if config.eval.enabled and config.eval.options is not None:
+        try:
+            eval_runtime = load_runtime(config.runtime.factory, held_out_options(config))
+        except BaseException:
+            await runtime.close()
+            raise
+    recipe = RLRecipe(config, project.path, runtime, loss, eval_runtime)
     return await run_recipe(recipe, project.describe(), observers=observers, stop=stop)
+
+
+async def evaluate(project: Project, *, checkpoint: str = "latest", out: Path | None = None) -> Any:
+    """`loops eval`: the config's `[eval]` against one checkpoint (`rl/eval_command.py`); nothing trains."""
+    from loops_nb.rl.eval_command import evaluate as evaluate_checkpoint
+
+    return await evaluate_checkpoint(project, checkpoint=checkpoint, out=out)

@@ -8,7 +8,7 @@ resumes from — the final checkpoint's included, in every recipe.
 
 A recipe subclasses it and supplies `train_step` (one optimizer step, logged) and, where it needs them,
 the hooks `begin` (before the first step), `end` (after the last, always), `load_checkpoint`, `rewind`,
-`start_over`, `when_stopped`, `checkpoint_extra` and `outcome`.
+`start_over`, `when_stopped`, `when_completed`, `checkpoint_extra` and `outcome`.
 """
 
 from __future__ import annotations
@@ -76,6 +76,11 @@ class RecipeRun(ABC):
 
     async def when_stopped(self, step: int, start: int, metrics: dict[str, Any]) -> dict[str, Any]:
         """The metrics to report for a run stopped after ``step`` steps (SFT measures its held-out loss)."""
+        return metrics
+
+    async def when_completed(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
+        """After the last step, before the final checkpoint: the metrics to report for the completed run (RL
+        evaluates the final policy). A failure here is the run's, resumable like a step's."""
         return metrics
 
     async def load_checkpoint(self, checkpoint: Checkpoint) -> None:
@@ -167,6 +172,8 @@ class RecipeRun(ABC):
                     await self.save(done, sampler=False)
             else:
                 step = self.total_steps
+            if status == "completed":
+                metrics = await self.when_completed(step, metrics)
         except Exception as exc:
             raise self.failed(step, exc) from exc
         finally:

@@ -1,0 +1,247 @@
+"""`loops eval CONFIG [--checkpoint base|latest|<name>]`: only the evaluation of an RL config, on a checkpoint.
+
+The library call is `await project.evaluate(checkpoint=...)` (awaitable in a notebook's loop). It runs the
+config's `[eval]` (tasks, attempts, sampling) once, with the same runtime and agent as training, against:
+
+- `base`: the base model (no adapter);
+- `latest`: the run's last checkpoint (`output.run_name`'s checkpoints.jsonl);
+- a checkpoint by name (`final-000008`, `state-000004`), by step (`8`) or by its path.
+
+The run's saved sampler weights are served by a standalone sampler (`create_sampling_client(model_path=)`):
+on the local scope the embedded Loops opens the run's own state directory, so it finds them. A periodic
+checkpoint, which holds trainer state only, is loaded into a fresh training client first. Nothing trains.
+The results go to their own directory (`<run>/evals/<checkpoint>-<time>/`, or `out`): `evals.jsonl`,
+`eval_attempts.jsonl`, `transcripts/` and `summary.json`; the run's own logs are not touched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from loops_nb.compute import LoopsConnection
+from loops_nb.episodes import load_runtime
+from loops_nb.errors import UserError
+from loops_nb.llm.client import LoopsLLM
+from loops_nb.model_access import LeasedRuntime, ModelGateway
+from loops_nb.resources import ResourceJournal, ResourceRegistry, RunLock
+from loops_nb.rl.config import RLConfig
+from loops_nb.rl.evaluation import EvalLog, Evaluator, eval_sampling, eval_tasks, held_out_options
+from loops_nb.run_dir import Checkpoint, RunDirectory, atomic_write_json
+from loops_nb.runtime import ModelAccessMode, RolloutRuntime, RunContext
+from loops_nb.tokenization import load_model_renderer
+
+if TYPE_CHECKING:
+    from loops_nb.project import Project
+
+
+@dataclass(frozen=True)
+class FixedPolicy:
+    """A policy that does not change: one checkpoint's (or the base model's) sampling client."""
+
+    sampling_client: Any
+    version: int
+
+
+@dataclass(frozen=True)
+class EvalTarget:
+    """What `--checkpoint` named: a label for the output, the steps it had, and where its weights are."""
+
+    label: str
+    step: int
+    sampler_path: str | None = None
+    """Saved sampler weights (`bt://loops:<run>/sampler_weights/<name>`)."""
+    state_path: str | None = None
+    """Trainer state only (a periodic checkpoint): loaded into a training client to sample it."""
+
+
+@dataclass
+class EvalReport:
+    """What `loops eval` measured: the `eval/*` metrics of one checkpoint, and where the results are."""
+
+    checkpoint: str
+    step: int
+    metrics: dict[str, Any]
+    output_dir: str
+    run_dir: str | None = None
+    lines: list[str] = field(default_factory=list)
+
+    def describe(self) -> list[str]:
+        out = list(self.lines)
+        out.append(f"checkpoint: {self.checkpoint} ({self.step} steps)")
+        for key, value in self.metrics.items():
+            if key.startswith("eval/") and not key.startswith("eval/discarded/"):
+                out.append(f"{key}: {value:.4g}" if isinstance(value, float) else f"{key}: {value}")
+        out.append(f"results: {self.output_dir}")
+        return out
+
+
+def resolve_target(run_dir: RunDirectory | None, checkpoint: str) -> EvalTarget:
+    """The checkpoint ``checkpoint`` names in ``run_dir`` (see the module's docstring)."""
+    if checkpoint == "base":
+        return EvalTarget("base", 0)
+    if run_dir is None:
+        raise UserError(
+            f"--checkpoint {checkpoint}: set output.run_name to the run whose checkpoint to evaluate "
+            "(or evaluate --checkpoint base)"
+        )
+    saved = [
+        Checkpoint(r["step"], r["path"], r.get("sampler_path"), r.get("extra"))
+        for r in run_dir.checkpoint_log.records()
+    ]
+    if not saved:
+        raise UserError(f"{run_dir.root} has no checkpoint yet (checkpoints.jsonl); use --checkpoint base")
+    found = saved[-1] if checkpoint == "latest" else _named(saved, checkpoint)
+    if found is None:
+        names = ", ".join(_names(c)[0] for c in saved)
+        raise UserError(
+            f"--checkpoint {checkpoint}: no such checkpoint in {run_dir.root}; it has {names} "
+            "(or give base, latest, or a step number)"
+        )
+    label = _names(found)[0]
+    return EvalTarget(label, found.step, found.sampler_path, None if found.sampler_path else found.path)
+
+
+def _names(c: Checkpoint) -> list[str]:
+    paths = [p for p in (c.sampler_path, c.path) if p]
+    return [p.rstrip("/").rsplit("/", 1)[-1] for p in paths] + paths
+
+
+def _named(saved: list[Checkpoint], name: str) -> Checkpoint | None:
+    if name.isdigit():
+        at_step = [c for c in saved if c.step == int(name)]
+        # The final checkpoint (with sampler weights) of a step over its periodic one.
+        return max(at_step, key=lambda c: c.sampler_path is not None, default=None)
+    return next((c for c in reversed(saved) if name in _names(c)), None)
+
+
+async def evaluate(project: Project, *, checkpoint: str = "latest", out: Path | None = None) -> EvalReport:
+    """Evaluate ``checkpoint`` of the project's run with its `[eval]` settings; nothing trains."""
+    config = project.config_as(RLConfig)
+    existing = (
+        config.output.output_dir / config.output.run_name if config.output.run_name is not None else None
+    )
+    run_dir = RunDirectory(existing) if existing is not None and existing.is_dir() else None
+    target = resolve_target(run_dir, checkpoint)
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    if out is None:
+        parent = (
+            run_dir.root if run_dir is not None else config.output.output_dir / f"{project.path.stem}-base"
+        )
+        out = parent / "evals" / f"{target.label}-{stamp}"
+    out.mkdir(parents=True, exist_ok=True)
+    # A live run on this directory would share its local Loops state: refuse, as a second `loops run` is.
+    lock = RunLock.claim(run_dir.root) if run_dir is not None else None
+    try:
+        return await _evaluate(project, config, run_dir, target, out)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+async def _evaluate(
+    project: Project, config: RLConfig, run_dir: RunDirectory | None, target: EvalTarget, out: Path
+) -> EvalReport:
+    state = out / "state"
+    state.mkdir(parents=True, exist_ok=True)
+    resources = ResourceRegistry(ResourceJournal.at(state / "journal.jsonl"))
+    held_out = config.eval.options is not None
+    runtime: RolloutRuntime = load_runtime(
+        config.runtime.factory, held_out_options(config) if held_out else config.runtime.options
+    )
+    gateway: ModelGateway | None = None
+    loops_state = (run_dir.state if run_dir is not None else state) / "local_loops"
+    connection: LoopsConnection | None = None
+    try:
+        runtime.bind(
+            RunContext(
+                config_dir=project.path.parent,
+                state_dir=state,
+                providers=config.providers,
+                resources=resources,
+            )
+        )
+        _, tasks = await eval_tasks(config, runtime, runtime if held_out else None)
+        renderer = await asyncio.to_thread(
+            load_model_renderer, config.model, config.compute.scope, cache_dir=config.compute.local.cache_dir
+        )
+        connection = await LoopsConnection.open(config.compute, state_dir=loops_state)
+        client = await _sampling_client(connection, config, target)
+        if runtime.model_access is ModelAccessMode.OPENAI_HTTP:
+            gateway = await ModelGateway(model_name=config.model.base_model).astart()
+            runtime = LeasedRuntime(runtime, gateway, agent_env=config.runtime.agent_env)
+        policy = FixedPolicy(client, target.step)
+        sampling = eval_sampling(config)
+        t = config.training
+        evaluator = Evaluator(
+            config.eval,
+            runtime,
+            tasks,
+            make_llm=lambda capture, seed: LoopsLLM(renderer, policy, capture, sampling, seed=seed),
+            version=lambda: target.step,
+            renderer=renderer,
+            max_concurrent=t.max_concurrent_rollouts,
+            attempt_timeout=t.attempt_timeout_seconds,
+            reward_range=(t.reward_min, t.reward_max),
+            resources=resources,
+            full_transcripts=True,
+        )
+        evaluation = await evaluator.evaluate(target.step)
+    finally:
+        with contextlib.suppress(Exception):
+            await runtime.close()
+        if gateway is not None:
+            await gateway.astop()
+        if connection is not None:
+            await connection.close()
+    line = EvalLog(out).write(evaluation)
+    lines = [
+        f"eval: {len(tasks)} task(s) x {config.eval.attempts} attempt(s), temperature {sampling.temperature:g}"
+        + (" (held-out runtime options)" if held_out else "")
+        + (f" (holdout {config.eval.holdout:g} of the training tasks)" if config.eval.holdout else "")
+    ]
+    atomic_write_json(
+        out / "summary.json",
+        {
+            "config_path": str(project.path),
+            "run_dir": str(run_dir.root) if run_dir is not None else None,
+            "checkpoint": target.label,
+            "sampler_path": target.sampler_path,
+            "state_path": target.state_path,
+            **line,
+        },
+    )
+    return EvalReport(
+        target.label,
+        target.step,
+        evaluation.metrics,
+        str(out),
+        str(run_dir.root) if run_dir is not None else None,
+        lines,
+    )
+
+
+async def _sampling_client(connection: LoopsConnection, config: RLConfig, target: EvalTarget) -> Any:
+    kwargs: dict[str, Any] = {}
+    if connection.ready_timeout is not None:
+        kwargs["ready_timeout"] = connection.ready_timeout
+    if target.sampler_path is not None:
+        return await connection.service.create_sampling_client_async(model_path=target.sampler_path, **kwargs)
+    if target.state_path is None:
+        return await connection.service.create_sampling_client_async(
+            base_model=config.model.base_model, **kwargs
+        )
+    # Trainer state only: load it into a fresh training client and publish its weights to a sampler.
+    trainer = await connection.training_client(
+        config.model.base_model,
+        rank=config.model.lora_rank,
+        seed=config.training.seed,
+        max_seq_len=config.model.max_seq_len,
+    )
+    loaded = await trainer.load_state_async(target.state_path)
+    await loaded.result_async()
+    return await trainer.save_weights_and_get_sampling_client_async(f"eval-{target.label}")

@@ -1,0 +1,308 @@
+"""RL evaluation: the policy's attempts on eval tasks, scored and recorded, never trained.
+
+An evaluation runs `eval.attempts` attempts of every eval task through the same runtime and agent as
+training (the same `RolloutScheduler` path: timeouts, discards, the attempt boundary), with the eval's own
+sampling settings and seeds. Its attempts never become datums: nothing here holds a training client, and
+the RL step trains only the groups its own scheduler collected. What it measured goes to `evals.jsonl` (one
+line per evaluation, keyed by `step`: the optimizer steps the evaluated policy had) and its attempts to
+`eval_attempts.jsonl` and `transcripts/eval-<step>.json`, apart from the training logs.
+
+Which tasks (`eval_tasks`): a second runtime instance's (`eval.options`), a `holdout` share of the training
+tasks (`split_holdout`, by a hash of each task id and the training seed, so training never samples them),
+or the training tasks themselves; at most `max_tasks` of them, the same ones every time.
+
+pass@k is the unbiased estimator over a task's `n` attempts with `c` passing, ``1 - C(n-c, k) / C(n, k)``,
+averaged over tasks (a discarded attempt counts as not passing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import math
+import random
+import statistics
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from loops_nb.errors import UserError
+from loops_nb.llm.client import SamplingDefaults
+from loops_nb.rl.config import RLConfig, RLEvalConfig
+from loops_nb.rl.scheduler import AttemptRecord, MakeLLM, RolloutScheduler
+from loops_nb.run_dir import JsonlLog, atomic_write_json
+from loops_nb.runtime import RolloutRuntime, Task
+
+if TYPE_CHECKING:
+    from loops_nb.llm.renderer import ChatRenderer
+    from loops_nb.resources import ResourceRegistry
+    from loops_nb.rl.loop_watchdog import LoopWatchdog
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The chance that at least one of ``k`` attempts drawn from ``n`` (``c`` of them passing) passes."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def pass_ks(attempts: int) -> list[int]:
+    """The k of the pass@k an evaluation reports: 1 and the attempts per task."""
+    return sorted({1, attempts})
+
+
+def _rank(seed: int, task: Task) -> str:
+    return hashlib.sha256(f"{seed}:{task.id}".encode()).hexdigest()
+
+
+def split_holdout(tasks: Sequence[Task], share: float, seed: int) -> tuple[list[Task], list[Task]]:
+    """``(training tasks, held-out tasks)``: ``share`` of the tasks (at least one) held out, chosen by a hash of
+    each task's id and ``seed``, so the split does not depend on the order `tasks()` returns them in."""
+    if share <= 0:
+        return list(tasks), []
+    held_count = max(1, round(len(tasks) * share))
+    if held_count >= len(tasks):
+        raise UserError(
+            f"eval.holdout = {share:g} of {len(tasks)} task(s) leaves none to train on; lower eval.holdout or "
+            "give held-out tasks with eval.options"
+        )
+    held = {t.id for t in sorted(tasks, key=lambda t: _rank(seed, t))[:held_count]}
+    return [t for t in tasks if t.id not in held], [t for t in tasks if t.id in held]
+
+
+def choose_tasks(tasks: Sequence[Task], max_tasks: int | None, seed: int) -> list[Task]:
+    """At most ``max_tasks`` of ``tasks`` (a seeded choice, kept in their order); all of them when unset."""
+    if max_tasks is None or len(tasks) <= max_tasks:
+        return list(tasks)
+    chosen = set(random.Random(f"eval:{seed}").sample(range(len(tasks)), max_tasks))
+    return [t for i, t in enumerate(tasks) if i in chosen]
+
+
+async def eval_tasks(
+    config: RLConfig, runtime: RolloutRuntime, eval_runtime: RolloutRuntime | None
+) -> tuple[list[Task], list[Task]]:
+    """``(training tasks, eval tasks)`` for ``config``: see the module's docstring."""
+    settings = config.eval
+    tasks = list(await runtime.tasks())
+    training, held = split_holdout(tasks, settings.holdout, config.training.seed)
+    if eval_runtime is not None:
+        held = list(await eval_runtime.tasks())
+    elif settings.holdout <= 0:
+        held = list(training)
+    if not held and settings.enabled:
+        raise UserError(f"eval: the runtime {config.runtime.factory} gave no eval tasks (eval.options)")
+    return training, choose_tasks(held, settings.max_tasks, settings.seed)
+
+
+def held_out_options(config: RLConfig) -> dict[str, Any]:
+    """The options of the held-out runtime instance: `runtime.options` updated by `eval.options`."""
+    return {**config.runtime.options, **(config.eval.options or {})}
+
+
+def eval_sampling(config: RLConfig) -> SamplingDefaults:
+    """The eval attempts' sampling settings: `[eval]`'s, falling back to `[sampling]`'s."""
+    e, s = config.eval, config.sampling
+    return SamplingDefaults(
+        temperature=s.temperature if e.temperature is None else e.temperature,
+        top_p=s.top_p if e.top_p is None else e.top_p,
+        max_tokens=s.max_tokens if e.max_tokens is None else e.max_tokens,
+        max_seq_len=config.model.max_seq_len,
+    )
+
+
+def eval_due(settings: RLEvalConfig, step: int) -> bool:
+    """Whether an evaluation runs before step ``step`` samples (``step`` steps applied)."""
+    if not settings.enabled:
+        return False
+    if step == 0:
+        return settings.at_start
+    return bool(settings.every) and step % settings.every == 0
+
+
+@dataclass
+class Evaluation:
+    """One evaluation: its `evals.jsonl` line and the lines its attempts give `eval_attempts.jsonl`."""
+
+    step: int
+    """Optimizer steps the evaluated policy had (0: the base model)."""
+    metrics: dict[str, Any]
+    """`eval/*` metrics, as a step record and evals.jsonl carry them."""
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+    transcripts: list[dict[str, Any]] = field(default_factory=list)
+
+    def record(self) -> dict[str, Any]:
+        return {"step": self.step, **self.metrics, "time": time.time()}
+
+
+def summarize(
+    records: Sequence[AttemptRecord], tasks: Sequence[Task], settings: RLEvalConfig
+) -> dict[str, Any]:
+    """The `eval/*` metrics of an evaluation's attempts."""
+    by_task: dict[str, list[AttemptRecord]] = {t.id: [] for t in tasks}
+    for r in records:
+        by_task.setdefault(r.attempt.task.id, []).append(r)
+    rewards = [float(r.evidence.reward) for r in records if r.kept and r.evidence.reward is not None]
+    discarded = Counter(r.evidence.discarded for r in records if r.evidence.discarded)
+    metrics: dict[str, Any] = {
+        "eval/reward_mean": statistics.fmean(rewards) if rewards else None,
+        "eval/reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else (0.0 if rewards else None),
+    }
+    for k in pass_ks(settings.attempts):
+        values = [
+            pass_at_k(len(rs), sum(_passed(r, settings) for r in rs), k)
+            for rs in by_task.values()
+            if len(rs) >= k
+        ]
+        metrics[f"eval/pass_at_{k}"] = statistics.fmean(values) if values else None
+    metrics.update(
+        {
+            "eval/tasks": len(by_task),
+            "eval/attempts": len(records),
+            "eval/discarded": sum(discarded.values()),
+            **{f"eval/discarded/{k}": v for k, v in sorted(discarded.items())},
+            "eval/tokens_sampled": sum(r.capture.sampled_tokens for r in records),
+        }
+    )
+    return metrics
+
+
+def _passed(record: AttemptRecord, settings: RLEvalConfig) -> bool:
+    reward = record.evidence.reward
+    return record.kept and reward is not None and float(reward) >= settings.pass_threshold
+
+
+class Evaluator:
+    """Runs evaluations of whatever policy ``make_llm``'s models sample (the run's current one, or a
+    checkpoint's) on ``tasks`` through ``runtime``."""
+
+    def __init__(
+        self,
+        settings: RLEvalConfig,
+        runtime: RolloutRuntime,
+        tasks: Sequence[Task],
+        *,
+        make_llm: MakeLLM,
+        version: Callable[[], int],
+        renderer: ChatRenderer,
+        max_concurrent: int,
+        attempt_timeout: float,
+        reward_range: tuple[float, float],
+        resources: ResourceRegistry | None = None,
+        watchdog: LoopWatchdog | None = None,
+        full_transcripts: bool = True,
+    ) -> None:
+        self.settings = settings
+        self.runtime = runtime
+        self.tasks = list(tasks)
+        self.make_llm = make_llm
+        self.version = version
+        self.renderer = renderer
+        self.max_concurrent = max_concurrent
+        self.attempt_timeout = attempt_timeout
+        self.reward_range = reward_range
+        self.resources = resources
+        self.watchdog = watchdog
+        self.full_transcripts = full_transcripts
+
+    async def evaluate(self, step: int) -> Evaluation:
+        """Evaluate the current policy, which has had ``step`` optimizer steps."""
+        started = time.perf_counter()
+        scheduler = RolloutScheduler(
+            self.runtime,
+            self.tasks,
+            make_llm=self.make_llm,
+            version=self.version,
+            group_size=self.settings.attempts,
+            groups_per_step=len(self.tasks),
+            max_concurrent=self.max_concurrent,
+            attempt_timeout=self.attempt_timeout,
+            seed=self.settings.seed,
+            resources=self.resources,
+            reward_range=self.reward_range,
+            watchdog=self.watchdog,
+        )
+        version = self.version()
+        try:
+            # Slot 0 at every evaluation: the same attempt seeds each time, so evaluations differ by policy.
+            groups = await asyncio.gather(*(scheduler.run_group(0, g, t) for g, t in enumerate(self.tasks)))
+        finally:
+            if self.watchdog is None:  # a watchdog the run shares is the run's to stop
+                await scheduler.close()
+        records = [a for g in groups for a in g.attempts]
+        metrics = {
+            "eval/policy_version": version,
+            **summarize(records, self.tasks, self.settings),
+            "time/eval_s": round(time.perf_counter() - started, 3),
+        }
+        rows = [
+            {
+                "step": step,
+                "task": r.attempt.task.id,
+                "attempt": r.attempt.id,
+                "reward": r.evidence.reward,
+                "passed": _passed(r, self.settings),
+                "discarded": r.evidence.discarded,
+                "detail": r.evidence.detail,
+                "policy_versions": r.capture.policy_versions,
+                "sampled_tokens": r.capture.sampled_tokens,
+                "seconds": round(r.seconds, 3),
+            }
+            for r in records
+        ]
+        return Evaluation(step, metrics, rows, [self._transcript(r) for r in records])
+
+    def _transcript(self, record: AttemptRecord) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "attempt": record.attempt.id,
+            "reward": record.evidence.reward,
+            "discarded": record.evidence.discarded,
+            "trained": False,
+        }
+        if self.full_transcripts:
+            out["calls"] = [
+                {
+                    "prompt": self.renderer.decode(c.prompt_tokens),
+                    "completion": self.renderer.decode(c.completion_tokens),
+                    "finish_reason": c.finish_reason,
+                }
+                for c in record.capture.calls
+            ]
+            out["transcript"] = record.evidence.transcript
+        return out
+
+
+class EvalLog:
+    """A directory's `evals.jsonl` (one line per evaluation), `eval_attempts.jsonl` and eval transcripts."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.evals = JsonlLog(root / "evals.jsonl")
+        self.attempts = JsonlLog(root / "eval_attempts.jsonl")
+
+    def recorded(self, step: int) -> dict[str, Any] | None:
+        """The evals.jsonl line of the evaluation after ``step`` steps, if one was recorded."""
+        return next((r for r in self.evals.records() if r.get("step") == step), None)
+
+    def records(self) -> list[dict[str, Any]]:
+        return list(self.evals.records())
+
+    def write(self, evaluation: Evaluation) -> dict[str, Any]:
+        """Record an evaluation: its attempts and transcript first, its evals.jsonl line (what marks it
+        done) last, so a crash in between leaves it to be redone, never half-recorded."""
+        self.attempts.extend(evaluation.attempts)
+        atomic_write_json(
+            self.root / "transcripts" / f"eval-{evaluation.step:06d}.json", evaluation.transcripts
+        )
+        line = evaluation.record()
+        self.evals.append(line)
+        return line
+
+    def keep_up_to(self, step: int) -> None:
+        """Forget the evaluations of policies past ``step`` steps (a resume redoes those steps)."""
+        self.evals.keep(lambda r: r.get("step", 0) <= step)
+        recorded = {r["step"] for r in self.evals.records()}
+        # Attempts of an evaluation whose evals.jsonl line never made it are redone with it.
+        self.attempts.keep(lambda r: r.get("step", 0) in recorded)

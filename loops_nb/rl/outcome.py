@@ -1,0 +1,63 @@
+"""`RLOutcome`: what an RL run did, with its first and last evaluation (`[eval]`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from loops_nb.run.outcome import Outcome
+
+
+@dataclass
+class RLOutcome(Outcome):
+    """An RL run's `Outcome`; ``eval_before`` and ``eval_after`` are the `eval/*` metrics of the run's first and
+    last evaluation (None without `[eval]`), ``eval_steps`` the steps every evaluation was after."""
+
+    eval_before: dict[str, Any] | None = None
+    eval_after: dict[str, Any] | None = None
+    eval_steps: list[int] | None = None
+
+    @staticmethod
+    def eval_fields(evals: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        """The outcome's eval fields from a run's evals.jsonl lines."""
+        if not evals:
+            return {}
+        first, last = evals[0], evals[-1]
+
+        def metrics(line: dict[str, Any]) -> dict[str, Any]:
+            return {"step": line["step"], **{k: v for k, v in line.items() if k.startswith("eval/")}}
+
+        return {
+            "eval_before": metrics(first),
+            "eval_after": metrics(last),
+            "eval_steps": [int(e["step"]) for e in evals],
+        }
+
+    def describe(self) -> list[str]:
+        lines = super().describe()
+        if self.eval_after is not None:
+            lines.append("eval: " + _compared(self.eval_before, self.eval_after))
+        return lines
+
+
+def _compared(before: dict[str, Any] | None, after: dict[str, Any]) -> str:
+    """``reward_mean 0.12 (step 0) -> 0.81 (step 8), pass_at_1 ...`` over the keys both have."""
+    parts = []
+    passes = sorted(
+        (k for k in after if k.startswith("eval/pass_at_")), key=lambda k: int(k.rsplit("_", 1)[1])
+    )
+    for key in ["eval/reward_mean", *passes]:
+        name = key.removeprefix("eval/")
+        value = after.get(key)
+        shown = "-" if value is None else f"{value:.3g}"
+        if before is not None and before is not after and before.get("step") != after.get("step"):
+            prior = before.get(key)
+            shown = f"{'-' if prior is None else f'{prior:.3g}'} -> {shown}"
+        parts.append(f"{name} {shown}")
+    steps = (
+        f" (step {before['step']} -> {after['step']})"
+        if before is not None and before.get("step") != after.get("step")
+        else f" (step {after['step']})"
+    )
+    return ", ".join(parts) + steps
