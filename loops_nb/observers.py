@@ -31,6 +31,8 @@ class RunObserver(Protocol):
     def on_rollouts(self, payload: dict[str, Any]) -> None: ...
     def on_progress(self, snapshot: dict[str, Any]) -> None: ...
     def on_end(self, summary: dict[str, Any]) -> None: ...
+    # RL, after each evaluation (`[eval]`): its evals.jsonl line, {"step": steps applied, "eval/reward_mean", ...}.
+    def on_eval(self, line: dict[str, Any]) -> None: ...
 
 
 class ObserverSet:
@@ -104,6 +106,15 @@ class TerminalReporter:
 
     def on_progress(self, snapshot: dict[str, Any]) -> None:
         self._print("  … " + ", ".join(f"{k}={v}" for k, v in snapshot.items()))
+
+    def on_eval(self, line: dict[str, Any]) -> None:
+        """An RL evaluation's evals.jsonl line: the policy after ``step`` steps on the eval tasks."""
+        shown = [
+            f"{k.removeprefix('eval/')}={v:.4g}" if isinstance(v, float) else f"{k.removeprefix('eval/')}={v}"
+            for k, v in line.items()
+            if k in ("eval/reward_mean", "eval/tasks", "eval/attempts") or k.startswith("eval/pass_at_")
+        ]
+        self._print(f"eval after {line.get('step')} steps: " + "  ".join(shown))
 
     def on_end(self, summary: dict[str, Any]) -> None:
         self._print(
