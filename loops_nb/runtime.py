@@ -113,6 +113,11 @@ class RunContext:
     """True under `loops check`: prepare and validate, but create no sandbox."""
 
 
+class CheckWarning(str):
+    """A line of `preflight()` that `loops check` prints as a warning: the run can start, but something
+    will go wrong (e.g. a verifier that needs network the sandbox does not have)."""
+
+
 class RolloutRuntime:
     """Runs attempts. Implementations: `loops_nb.episodes.EpisodeRuntime`, `loops_nb.harbor.HarborRuntime`.
 
@@ -142,7 +147,8 @@ class RolloutRuntime:
         return None
 
     async def preflight(self) -> list[str]:
-        """Problems `loops check` reports before any attempt runs (a missing image, a bad task)."""
+        """Problems `loops check` reports before any attempt runs (a missing image, a bad task); a
+        `CheckWarning` among them is printed as a warning and does not fail the check."""
         return []
 
     def prompt_messages(self, task: Task) -> list[dict[str, Any]] | None:

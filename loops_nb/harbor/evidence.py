@@ -25,6 +25,7 @@ DISCARD_REASONS = {
     "AgentSetupTimeoutError": "timeout",
     "EnvironmentStartTimeoutError": "timeout",
     "VerifierTimeoutError": "verifier_error",
+    "VerifierCannotRun": "verifier_error",  # the local sandbox: a verifier that broke, not failed tests
     "VerifierOutputParseError": "verifier_error",
     "DownloadVerifierDirError": "verifier_error",
     "AddTestsDirError": "verifier_error",

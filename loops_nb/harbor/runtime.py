@@ -31,7 +31,7 @@ from loops_nb.harbor.evidence import evidence_from_trial
 from loops_nb.llm.client import bind_llm, unbind_llm
 from loops_nb.model_access import ModelAccessMode
 from loops_nb.providers.adapters import ProviderAdapter, provider_adapter
-from loops_nb.runtime import Attempt, Evidence, RolloutRuntime, RunContext, Task
+from loops_nb.runtime import Attempt, CheckWarning, Evidence, RolloutRuntime, RunContext, Task
 
 if TYPE_CHECKING:
     from harbor.models.trial.config import TaskConfig
@@ -102,7 +102,8 @@ class HarborRuntime(RolloutRuntime):
         return path.resolve()
 
     async def preflight(self) -> list[str]:
-        """Problems `loops check` reports: the agent class, the provider's extra, tools and credentials."""
+        """Problems `loops check` reports: the agent class, the provider's extra, tools and credentials, and
+        for the local provider each task `start()` would refuse (CheckWarning lines are warnings)."""
         problems: list[str] = []
         try:
             agent_class = self._agent_class()
@@ -113,34 +114,51 @@ class HarborRuntime(RolloutRuntime):
         except UserError as exc:
             problems.append(str(exc))
         problems += await asyncio.to_thread(self.provider.problems)
-        if self.provider.type == "local" and not getattr(self.provider, "config", None).ignore_dockerfile:  # type: ignore[union-attr]
-            problems += await self._local_refusals()
+        if self.provider.type == "local":
+            problems += await self._local_task_problems()
         return problems
 
-    async def _local_refusals(self) -> list[str]:
-        """Tasks the local sandbox would refuse at start: say so now, not once per attempt."""
-        import tomllib
+    async def _local_task_problems(self) -> list[str]:
+        """What the local sandbox's `start()` would refuse, said now rather than once per attempt; and, as
+        warnings, verifier scripts that need what the sandbox cannot give (they end as `verifier_error`)."""
+        from harbor.models.task.config import NetworkMode
+        from harbor.models.task.task import Task as HarborTask
 
-        from loops_nb.providers.local import local_refusal, read_dockerfile
+        from loops_nb.providers.local import static_problems
+        from loops_nb.providers.local_verifier import verifier_warnings
 
-        refusals = []
+        config = self.provider.config  # type: ignore[attr-defined]
+        try:
+            skills = bool(self._agent_class().capabilities.skills)  # type: ignore[attr-defined]
+        except (UserError, AttributeError):
+            skills = True  # a bad agent path is reported on its own
+        found: list[str] = []
         for task in await self.tasks():
             path = task.data["harbor_task"].get("path")
             if not path:
                 continue  # a registry task: its files arrive when the trial starts
             task_dir = Path(path)
             try:
-                image = (
-                    tomllib.loads((task_dir / "task.toml").read_text())
-                    .get("environment", {})
-                    .get("docker_image")
+                env_config = HarborTask(task_dir).config.environment
+            except Exception as exc:  # Harbor's own validation of task.toml
+                found.append(f"task {task.id}: task.toml: {' '.join(str(exc).split())[:300]}")
+                continue
+            found += await asyncio.to_thread(
+                static_problems, task.id, task_dir / "environment", env_config, config.ignore_dockerfile
+            )
+            if env_config.skills_dir and not skills:
+                found.append(
+                    f"task {task.id}: it has skills (environment.skills_dir = {env_config.skills_dir!r}) and "
+                    f"the agent {self.agent} does not declare capabilities.skills, so Harbor refuses each trial"
                 )
-            except (OSError, tomllib.TOMLDecodeError):
-                image = None
-            refusal = local_refusal(task.id, read_dockerfile(task_dir / "environment" / "Dockerfile"), image)
-            if refusal:
-                refusals.append(refusal)
-        return refusals
+            network = config.network == "host" and env_config.network_mode != NetworkMode.NO_NETWORK
+            found += [
+                CheckWarning(w)
+                for w in await asyncio.to_thread(
+                    verifier_warnings, task.id, task_dir / "tests" / "test.sh", network
+                )
+            ]
+        return found
 
     def _agent_class(self) -> type:
         from loops_nb.episodes import import_object

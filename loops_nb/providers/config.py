@@ -22,9 +22,10 @@ class LocalProviderConfig(Section):
     """Where sandbox directories are made (default: the system temp directory). Each trial gets its
     own directory backing the sandbox's writable paths; it is removed when the trial ends."""
 
-    network: Literal["task", "none"] = "task"
-    """`task`: a task with `network_mode = "no-network"` gets no network and others share the host's;
-    `none`: no sandbox gets network, whatever the task says."""
+    network: Literal["none", "host"] = "none"
+    """`none`: no sandbox gets network, whatever the task says; verifiers get uv, uvx and pytest from the
+    Python environment running loops_nb instead of downloading them. `host` (opt-in, for a machine with a
+    network): sandboxes share the host's network, except tasks with `network_mode = "no-network"`."""
 
     hidden_paths: list[str] = Field(default_factory=list)
     """Host paths the sandbox must not see (each is covered by an empty directory), e.g. `/home`.

@@ -30,6 +30,13 @@ from pydantic import Field
 
 from loops_nb.providers.bubblewrap import BubblewrapSandbox, SandboxDied, bwrap_path
 from loops_nb.providers.journalled import JournalledSandbox
+from loops_nb.providers.local_verifier import (
+    PROBLEMS_FILE,
+    VerifierCannotRun,
+    is_verifier_command,
+    verifier_env,
+    verifier_failure,
+)
 
 DEFAULT_WORKDIR = "/app"
 logger = logging.getLogger(__name__)
@@ -40,8 +47,8 @@ class LocalSandboxOptions(EnvironmentOptions):
     """The run's resource journal (set by loops_nb; absent when Harbor is used directly)."""
     scratch_dir: str | None = None
     """Where sandbox directories are made (default: the system temp directory)."""
-    network: Literal["task", "none"] = "task"
-    """`none` denies network to every sandbox; `task` follows the task's network_mode."""
+    network: Literal["none", "host"] = "none"
+    """`none`: no sandbox has network; `host`: sandboxes share the host's, except `no-network` tasks."""
     hidden_paths: list[str] = Field(default_factory=list)
     """Host paths covered by an empty directory inside the sandbox."""
     ignore_dockerfile: bool = False
@@ -127,6 +134,66 @@ def local_refusal(task: str, plan: DockerfilePlan, docker_image: str | None) -> 
     )
 
 
+def writable_paths(plan: DockerfilePlan, workdir: str, task_os: Any = None) -> list[str]:
+    """Every path a local sandbox can write: Harbor's, the workdir, each WORKDIR and /tmp."""
+    paths = EnvironmentPaths.for_os(task_os) if task_os is not None else EnvironmentPaths()
+    harbor_paths = (
+        paths.agent_dir,
+        paths.verifier_dir,
+        paths.artifacts_dir,
+        paths.tests_dir,
+        paths.solution_dir,
+    )
+    return [*(str(p) for p in harbor_paths), "/installed-agent", *plan.workdirs, workdir, "/tmp"]
+
+
+def _inside(path: str, roots: list[str]) -> bool:
+    target = PurePosixPath(path)
+    return any(target == PurePosixPath(r) or PurePosixPath(r) in target.parents for r in roots)
+
+
+def static_problems(
+    task: str, environment_dir: Path, env_config: Any, ignore_dockerfile: bool = False
+) -> list[str]:
+    """Why the local sandbox cannot start a task: `start()` raises the first, `loops check` lists them all.
+
+    `env_config` is the task's Harbor `[environment]` config (`EnvironmentConfig`).
+    """
+    plan = read_dockerfile(environment_dir / "Dockerfile")
+    problems: list[str] = []
+    if not ignore_dockerfile:
+        refusal = local_refusal(task, plan, getattr(env_config, "docker_image", None))
+        if refusal:
+            problems.append(refusal)
+    if getattr(env_config, "gpus", None):
+        problems.append(f"task {task}: it asks for {env_config.gpus} GPU(s); the local sandbox gives none")
+    if str(getattr(getattr(env_config, "os", None), "value", "linux")) == "windows":
+        problems.append(f"task {task}: it is a Windows task; the local sandbox runs Linux commands only")
+    if str(getattr(getattr(env_config, "network_mode", None), "value", "")) == "allowlist":
+        problems.append(
+            f'task {task}: network_mode = "allowlist" cannot be enforced by the local sandbox (only all of '
+            "the host's network or none); run it on a blaxel or daytona provider"
+        )
+    workdir = getattr(env_config, "workdir", None) or plan.workdir or DEFAULT_WORKDIR
+    writable = writable_paths(plan, workdir, getattr(env_config, "os", None))
+    root = environment_dir.resolve()
+    for source, dest in plan.copies:
+        path = (environment_dir / source).resolve()
+        if not path.is_relative_to(root):
+            problems.append(
+                f"task {task}: Dockerfile COPY {source} is outside environment/; a build context cannot reach it either"
+            )
+        elif not path.exists():
+            problems.append(f"task {task}: Dockerfile COPY {source}: environment/{source} does not exist")
+        if not _inside(dest, writable):
+            problems.append(
+                f"task {task}: Dockerfile COPY {source} {dest}: {dest} is outside the local sandbox's writable "
+                f"paths ({', '.join(sorted(set(writable)))}), so the copy cannot be replayed; copy into the "
+                "WORKDIR instead, or run the task on a docker, blaxel or daytona provider"
+            )
+    return problems
+
+
 def _env_pairs(text: str) -> dict[str, str]:
     parts = shlex.split(text)
     if parts and "=" not in parts[0]:  # legacy `ENV KEY value with spaces`
@@ -147,6 +214,8 @@ class LocalSandboxEnvironment(JournalledSandbox, BaseEnvironment):
         self._plan = read_dockerfile(self.environment_dir / "Dockerfile")
         self._sandbox: BubblewrapSandbox | None = None
         self._died: SandboxDied | None = None
+        self._paths = EnvironmentPaths.for_os(self.os)
+        self._tests_uploaded = False
 
     @staticmethod
     def type() -> str:
@@ -161,27 +230,17 @@ class LocalSandboxEnvironment(JournalledSandbox, BaseEnvironment):
 
     async def start(self, force_build: bool) -> None:
         options: LocalSandboxOptions = self.options  # type: ignore[assignment]
-        if not options.ignore_dockerfile:
-            image = getattr(self.task_env_config, "docker_image", None)
-            refusal = local_refusal(self.environment_name, self._plan, image)
-            if refusal:
-                raise TaskNeedsImage(refusal)
+        problems = static_problems(
+            self.environment_name, self.environment_dir, self.task_env_config, options.ignore_dockerfile
+        )
+        if problems:  # the same lines `loops check` prints, so a bad task never reaches its first trial
+            raise TaskNeedsImage(problems[0])
         bwrap_path()
         scratch = Path(options.scratch_dir or tempfile.gettempdir()) / "loops_nb_sandboxes"
         root = scratch / f"{self.session_id}-{uuid.uuid4().hex[:8]}"
         self._journal_intent(session=self.session_id, task=self.environment_name, path=str(root))
-        paths = EnvironmentPaths.for_os(self.os)
         workdir = self.task_env_config.workdir or self._plan.workdir or DEFAULT_WORKDIR
-        writable = [
-            str(p)
-            for p in (
-                paths.agent_dir,
-                paths.verifier_dir,
-                paths.artifacts_dir,
-                paths.tests_dir,
-                paths.solution_dir,
-            )
-        ] + ["/installed-agent", *self._plan.workdirs]
+        writable = writable_paths(self._plan, workdir, self.os)
         host_binds = {
             str(m["target"]): Path(m["source"]) for m in self._host_mounts if m.get("type") == "bind"
         }
@@ -199,14 +258,8 @@ class LocalSandboxEnvironment(JournalledSandbox, BaseEnvironment):
         await self._sandbox.start()
         task_env = {**self._plan.env, **(self.task_env_config.env or {})}
         self._persistent_env: dict[str, str] = {**task_env, **self._persistent_env}
-        for source, dest in self._plan.copies:
-            path = (self.environment_dir / source).resolve()
-            if not path.is_relative_to(self.environment_dir.resolve()):
-                raise TaskNeedsImage(
-                    f"task {self.environment_name}: Dockerfile COPY {source} is outside environment/; "
-                    "a build context cannot reach it either"
-                )
-            await self._copy_in(path, dest)
+        for source, dest in self._plan.copies:  # static_problems() checked sources and destinations
+            await self._copy_in((self.environment_dir / source).resolve(), dest)
 
     async def _copy_in(self, source: Path, target: str) -> None:
         try:
@@ -264,14 +317,29 @@ class LocalSandboxEnvironment(JournalledSandbox, BaseEnvironment):
         user: str | int | None = None,
     ) -> ExecResult:
         sandbox = self._require()
+        merged = self._merge_env(env)
+        paths = self._paths
+        verifier = self._tests_uploaded and is_verifier_command(command, paths.tests_dir, paths.verifier_dir)
+        if verifier:
+            merged = self._verifier_env(merged)
         try:
-            result = await sandbox.run(command, cwd, self._merge_env(env), timeout_sec)
+            result = await sandbox.run(command, cwd, merged, timeout_sec)
         except TimeoutError:
             raise RuntimeError(f"command timed out after {timeout_sec} seconds: {command[:200]}") from None
         except SandboxDied as exc:
             self._died = exc  # every later exec, upload and download raises too (see _require)
             raise
+        if verifier:
+            why = verifier_failure(result.return_code, sandbox.host_path(str(self._paths.verifier_dir)))
+            if why:
+                raise VerifierCannotRun(why)
         return ExecResult(stdout=result.stdout, stderr=result.stderr, return_code=result.return_code)
+
+    def _verifier_env(self, env: dict[str, str] | None) -> dict[str, str]:
+        """The verifier's run gets the offline tools (local_verifier.py) and a fresh problems file."""
+        sandbox = self._require()
+        sandbox.host_path(str(self._paths.verifier_dir / PROBLEMS_FILE)).unlink(missing_ok=True)
+        return verifier_env(env, self._paths.verifier_dir, "host" if sandbox.network else "none")
 
     async def upload_file(self, source_path: Path | str, target_path: str) -> None:
         host = self._require().host_path(target_path)
@@ -279,6 +347,8 @@ class LocalSandboxEnvironment(JournalledSandbox, BaseEnvironment):
         await asyncio.to_thread(shutil.copy2, source_path, host)
 
     async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
+        # Harbor uploads the tests right before the verifier runs: only after it is a command the verifier.
+        self._tests_uploaded |= PurePosixPath(target_dir) == self._paths.tests_dir
         host = self._require().host_path(target_dir)
         await asyncio.to_thread(shutil.copytree, source_dir, host, dirs_exist_ok=True)
 
