@@ -113,6 +113,40 @@ def eval_sampling(config: RLConfig) -> SamplingDefaults:
     )
 
 
+def describe_eval(config: RLConfig, training: int, held_out: int) -> tuple[str, list[str]]:
+    """`loops check`'s line about the evaluation, and its warnings."""
+    e, sampling = config.eval, eval_sampling(config)
+    source = (
+        "held-out runtime options"
+        if e.options is not None
+        else f"holdout {e.holdout:g} of the training tasks"
+        if e.holdout
+        else "the training tasks"
+    )
+    cadence = ", ".join(
+        part
+        for part in (
+            "the base model" if e.at_start else "",
+            f"every {e.every} steps" if e.every else "",
+            "the end" if e.at_end else "",
+        )
+        if part
+    )
+    line = (
+        f"eval: {held_out} task(s) ({source}; {training} train) x {e.attempts} attempt(s), "
+        f"{'greedy' if sampling.temperature == 0 else f'temperature {sampling.temperature:g}'}, "
+        f"pass@{', pass@'.join(map(str, pass_ks(e.attempts)))}; "
+        + (f"at {cadence}" if e.enabled and cadence else "off during training (loops eval only)")
+    )
+    warnings = []
+    if sampling.temperature == 0 and e.attempts > 1:
+        warnings.append(
+            f"eval.attempts = {e.attempts} at temperature 0: greedy attempts of a task sample the same "
+            "completion, so pass@k equals pass@1; use eval.attempts = 1, or a temperature above 0"
+        )
+    return line, warnings
+
+
 def eval_due(settings: RLEvalConfig, step: int) -> bool:
     """Whether an evaluation runs before step ``step`` samples (``step`` steps applied)."""
     if not settings.enabled:

@@ -22,7 +22,7 @@ from loops_nb.observers import ObserverSet
 from loops_nb.resources import ResourceJournal, ResourceRegistry
 from loops_nb.rl.config import RLConfig
 from loops_nb.rl.custom_loss import TrainingLoss, loss_name, needs_reference_logprobs, resolve_custom_loss
-from loops_nb.rl.evaluation import EvalLog, held_out_options
+from loops_nb.rl.evaluation import EvalLog, describe_eval, eval_tasks, held_out_options
 from loops_nb.rl.loop import RLRun
 from loops_nb.rl.outcome import RLOutcome
 from loops_nb.rl.policy import Policy
@@ -151,6 +151,10 @@ async def check(project: Project, **_: Any) -> RLCheckReport:
         report.lines.append(
             f"runtime: {config.runtime.factory} with {len(tasks)} task(s), model access {access.value}"
         )
+        if config.eval.enabled or config.eval.holdout:
+            line, warnings = await _check_eval(config, project.path, runtime, preflight, journal)
+            report.lines.append(line)
+            report.warnings += warnings
         # A runtime that can show its first prompts (`prompt_messages(task)`) gets them rendered here: token
         # counts, and for a vision model each prompt's images and their token cost.
         prompts = [(t.id, messages) for t in tasks if (messages := runtime.prompt_messages(t)) is not None]
@@ -198,6 +202,28 @@ async def check(project: Project, **_: Any) -> RLCheckReport:
         preflight.root / "check.json", {"ok": report.ok, "lines": report.lines, "problems": report.problems}
     )
     return report
+
+
+async def _check_eval(
+    config: RLConfig,
+    config_path: Path,
+    runtime: RolloutRuntime,
+    preflight: RunDirectory,
+    journal: ResourceJournal,
+) -> tuple[str, list[str]]:
+    """The eval tasks as the run would pick them (a held-out runtime instance built and bound as in a run)."""
+    held_out = None
+    if config.eval.options is not None:
+        held_out = load_runtime(config.runtime.factory, held_out_options(config))
+        held_out.bind(
+            run_context(config, config_path, preflight.state, ResourceRegistry(journal), checking=True)
+        )
+    try:
+        training, tasks = await eval_tasks(config, runtime, held_out)
+    finally:
+        if held_out is not None:
+            await held_out.close()
+    return describe_eval(config, len(training), len(tasks))
 
 
 def cannot_train(config: RLConfig) -> list[str]:
