@@ -1,9 +1,11 @@
-"""The `loops` command: check, run, eval, serve, deactivate, glossary.
+"""The `loops` command: check, run, eval, runs, export, serve, deactivate, glossary.
 
     loops check CONFIG [--KEY VALUE ...]   resolve, render and prepare; launches no trainer
                 [--refusals FILE]         SFT: every refused row, as JSONL
     loops run   CONFIG [--KEY VALUE ...]   train (resumes an existing run directory)
     loops eval  CONFIG [--checkpoint C]    RL: only the [eval] of a checkpoint (base, latest, a name)
+    loops runs  [RUN_DIR | GLOB ...]        the runs table (default runs/*): steps, status, reward, eval
+    loops export RUN_DIR --to DIR [--merged] [--checkpoint C]   the adapter, or a merged HF model directory
     loops serve [--port N] [--model ID]     a local Loops for several notebooks or scripts
     loops deactivate RUN_ID [--config C]    end a dedicated (or local) run
     loops cleanup CONFIG --state-dir DIR    release sandboxes a crashed run left (its journal)
@@ -76,6 +78,27 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--dry-run", action="store_true", help="list what would be released; release nothing")
     p.add_argument("--force", action="store_true", help="release even while the run's process still holds it")
+    p = sub.add_parser(
+        "runs", help="the runs table: name, recipe, model, steps, status, reward, eval, wall time"
+    )
+    p.add_argument(
+        "runs", nargs="*", default=["runs/*"], help="run directories, globs or folders (default runs/*)"
+    )
+    text = "write a run's LoRA adapter (PEFT), or the base model with it merged, to a new directory"
+    p = sub.add_parser("export", help=text, description=text)
+    p.add_argument("run_dir", type=Path, help="the run directory (runs/<run_name>)")
+    p.add_argument("--to", type=Path, required=True, metavar="DIR", help="the new directory to write")
+    p.add_argument(
+        "--checkpoint",
+        default="latest",
+        help="latest (default), a step, or a name (final-000008, state-000004)",
+    )
+    p.add_argument(
+        "--merged", action="store_true", help="merge the adapter into the base model (safetensors)"
+    )
+    p.add_argument(
+        "--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto", help="merged weights"
+    )
     p = sub.add_parser("glossary", help="print or write docs/reference/KNOB_GLOSSARY.md")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--write", action="store_true", help="write the file (in a checkout)")
@@ -205,6 +228,25 @@ def _cleanup(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def _runs(args: argparse.Namespace) -> int:
+    from loops_nb.runs_table import read_runs
+
+    for line in read_runs(args.runs).describe():
+        print(line)
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from loops_nb.export import export_run
+
+    result = asyncio.run(
+        export_run(args.run_dir, args.to, checkpoint=args.checkpoint, merged=args.merged, dtype=args.dtype)
+    )
+    for line in result.describe():
+        print(line)
+    return 0
+
+
 def _glossary(args: argparse.Namespace) -> int:
     from loops_nb.config.glossary import GLOSSARY_PATH, glossary_markdown
     from loops_nb.shipped import shipped_root
@@ -253,6 +295,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(_check_or_run(args.command, args.config, split_overrides(rest), refusals))
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        if args.command == "runs":
+            return _runs(args)
+        if args.command == "export":
+            return _export(args)
         if args.command == "serve":
             return _serve(args)
         if args.command == "deactivate":

@@ -1,0 +1,175 @@
+"""`loops export`: a run's LoRA adapter, or the base model with the adapter merged in, as a directory other tools
+load.
+
+    loops export runs/my-run --to exported/my-run                 # PEFT adapter + tokenizer (chat template)
+    loops export runs/my-run --to exported/merged --merged        # safetensors model + tokenizer
+
+    from loops_nb.export import export_run
+    result = await export_run("runs/my-run", "exported/merged", merged=True)
+
+The adapter directory is what `peft.PeftModel.from_pretrained(base, DIR)` and vLLM's ``--lora-modules`` load;
+its ``adapter_config.json`` names the base model as the config did (``model.base_model``). The merged
+directory is what `transformers.AutoModelForCausalLM.from_pretrained(DIR)` (and vLLM, TGI, llama.cpp's
+converter) load: the LoRA deltas folded into the base weights (`merge_and_unload`), saved as safetensors with
+the tokenizer and the chat template the run trained with (``model.chat_template`` / ``chat_template_file``
+included). Both carry ``loops_export.json`` (run, checkpoint, base model).
+
+The checkpoint's files come through the SDK's `download_checkpoint`, on every scope: on the local scope from
+an embedded Loops on the run's own state directory. The target is written whole or not at all: everything goes
+to a hidden temporary directory beside it, which is renamed to the target only when complete.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from loops_nb.errors import UserError
+from loops_nb.saved_run import RunCheckpoint, SavedRun
+
+EXPORT_RECORD = "loops_export.json"
+ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    directory: Path
+    checkpoint: RunCheckpoint
+    merged: bool
+    base_model: str
+
+    def describe(self) -> list[str]:
+        what = "merged model" if self.merged else "PEFT adapter"
+        return [
+            f"exported: {what} of {self.checkpoint.describe()}",
+            f"to: {self.directory}",
+            f"base model: {self.base_model}",
+            (
+                f"load: AutoModelForCausalLM.from_pretrained({str(self.directory)!r})"
+                if self.merged
+                else f"load: PeftModel.from_pretrained(base, {str(self.directory)!r})"
+            ),
+        ]
+
+
+def _check_target(target: Path) -> None:
+    if target.exists():
+        raise UserError(
+            f"--to {target}: already exists; export writes a new directory (remove it or pick another)"
+        )
+    parent = target.parent if str(target.parent) else Path(".")
+    if parent.exists() and not parent.is_dir():
+        raise UserError(f"--to {target}: {parent} is a file")
+
+
+async def _download_adapter(run: SavedRun, checkpoint: RunCheckpoint, into: Path) -> Path:
+    """The checkpoint's adapter files under ``into`` (through the SDK); returns the adapter's directory."""
+    connection = await run.connect()
+    try:
+        target = "sampler" if checkpoint.kind == "sampler" else "trainer"
+        download = await asyncio.to_thread(
+            lambda: connection.service.download_checkpoint(
+                name=checkpoint.name, run_id=checkpoint.loops_run_id, target=target, dest_dir=str(into)
+            )
+        )
+    except UserError:
+        raise
+    except Exception as exc:
+        raise UserError(f"cannot fetch {checkpoint.describe()} from Loops: {exc}") from None
+    finally:
+        await connection.close(keep_runs=True)
+    root = Path(download.dest_dir)
+    for candidate in (root, root / "adapter"):
+        if all((candidate / f).is_file() for f in ADAPTER_FILES):
+            return candidate
+    raise UserError(f"{checkpoint.describe()}: its files hold no PEFT adapter ({', '.join(ADAPTER_FILES)})")
+
+
+def _write_adapter(adapter: Path, out: Path, base_model: str) -> None:
+    out.mkdir(parents=True)
+    for name in ADAPTER_FILES:
+        shutil.copy2(adapter / name, out / name)
+    config_path = out / "adapter_config.json"
+    config = json.loads(config_path.read_text())
+    # The trainer wrote the path it loaded the base from (a cache directory); the config's name travels.
+    config["base_model_name_or_path"] = base_model
+    config["inference_mode"] = True
+    config_path.write_text(json.dumps(config, indent=2) + "\n")
+
+
+def _write_merged(run: SavedRun, adapter: Path, out: Path, dtype: str) -> None:
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from loops_nb.local.model_store import quiet_model_loading, resolve_model
+
+    base_path = resolve_model(run.model.base_model, cache_dir=run.compute.local.cache_dir).path
+    torch_dtype: Any = "auto" if dtype == "auto" else getattr(torch, dtype)
+    with quiet_model_loading():
+        base = AutoModelForCausalLM.from_pretrained(str(base_path), dtype=torch_dtype)
+        merged = PeftModel.from_pretrained(base, str(adapter)).merge_and_unload()
+    merged.config.name_or_path = run.model.base_model
+    merged.save_pretrained(str(out), safe_serialization=True)
+
+
+def _write_tokenizer(run: SavedRun, out: Path) -> None:
+    from loops_nb.tokenization import load_model_tokenizer
+
+    tokenizer = load_model_tokenizer(run.model, run.compute.scope, cache_dir=run.compute.local.cache_dir)
+    tokenizer.save_pretrained(str(out))
+
+
+async def export_run(
+    run_dir: str | os.PathLike[str],
+    to: str | os.PathLike[str],
+    *,
+    checkpoint: str | int = "latest",
+    merged: bool = False,
+    dtype: str = "auto",
+) -> ExportResult:
+    """Export ``checkpoint`` of the run at ``run_dir`` to the new directory ``to`` (see the module doc)."""
+    if dtype not in DTYPES:
+        raise UserError(f"--dtype {dtype!r}: use one of {', '.join(DTYPES)}")
+    target = Path(to).expanduser()
+    _check_target(target)
+    run = SavedRun.open(run_dir)
+    chosen = run.checkpoint(checkpoint)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        adapter = await _download_adapter(run, chosen, work / "download")
+        staged = work / "export"
+        if merged:
+            staged.mkdir()
+            await asyncio.to_thread(_write_merged, run, adapter, staged, dtype)
+        else:
+            _write_adapter(adapter, staged, run.model.base_model)
+        await asyncio.to_thread(_write_tokenizer, run, staged)
+        record = {
+            "run_dir": str(run.root.resolve()),
+            "checkpoint": chosen.path,
+            "kind": chosen.kind,
+            "step": chosen.step,
+            "base_model": run.model.base_model,
+            "merged": merged,
+            "dtype": dtype if merged else None,
+            "exported": time.time(),
+        }
+        (staged / EXPORT_RECORD).write_text(json.dumps(record, indent=2) + "\n")
+        try:
+            # A rename within one directory: the target appears complete, or not at all.
+            os.rename(staged, target)
+        except OSError as exc:
+            raise UserError(f"--to {target}: cannot create it ({exc.strerror or exc})") from None
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return ExportResult(target, chosen, merged, run.model.base_model)

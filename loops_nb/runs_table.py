@@ -1,0 +1,384 @@
+"""Runs read back from their directories: what `loops runs` prints and the compare widget overlays.
+
+    runs = read_runs(["runs/*"])          # directories (or globs) holding run.json or steps.jsonl
+    print("\\n".join(runs.describe()))     # name, recipe, model, steps, status, last reward, eval, wall time
+    runs.differences()                    # the config keys whose values differ between the runs
+
+Everything comes from the files a run writes (run.json, steps.jsonl, checkpoints.jsonl, run.log and the run
+lock), so a finished, stopped, failed or live run reads the same way and nothing needs a Loops connection.
+A run's status:
+
+* ``running``: a process holds its run lock (state/run.lock);
+* ``completed``: its last checkpoint holds the sampler weights and every planned step;
+* ``stopped``: the sampler weights were saved before the planned last step (a Stop button, `stop.set()`);
+* ``failed``: run.log's last event is a failure (the run resumes from its last checkpoint);
+* ``incomplete``: none of these (killed before its final checkpoint; a rerun resumes it).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from loops_nb.errors import UserError
+from loops_nb.run_dir import Checkpoint, RunDirectory
+from loops_nb.step_record import StepRecord
+
+COUNT_SUFFIXES = ("/examples", "/tokens", "/attempts", "/count", "/tasks", "/discarded")
+"""`eval/*` keys that count things rather than measure them: not curves."""
+IGNORED_CONFIG_PREFIXES = ("output.",)
+"""Config keys that differ between any two runs by construction (the run's name and folder)."""
+EVAL_PREFERENCE = ("eval/reward/mean", "eval/reward", "eval/loss")
+"""Which eval metric the table shows when a run logs several (else the first `eval/*` measure)."""
+
+
+def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"training.learning_rate": 0.02, ...}``: nested tables as dotted keys, as `--KEY VALUE` names them."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out.update(flatten(value, f"{name}."))
+        else:
+            out[name] = value
+    return out
+
+
+def is_eval_measure(key: str) -> bool:
+    return key.startswith("eval/") and not key.endswith(COUNT_SUFFIXES)
+
+
+@dataclass
+class RunSummary:
+    """One run directory, read from its files."""
+
+    path: Path
+    run_json: dict[str, Any]
+    records: list[StepRecord]
+    checkpoint: Checkpoint | None
+    status: str
+    config: dict[str, Any] = field(default_factory=dict)
+    """The run's config as run.json saved it, flattened to dotted keys."""
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def recipe(self) -> str:
+        return str(self.run_json.get("recipe") or self.config.get("recipe") or "?")
+
+    @property
+    def model(self) -> str:
+        return str(self.run_json.get("model") or self.config.get("model.base_model") or "?")
+
+    @property
+    def steps(self) -> int:
+        """Steps logged (a step's line is written after it trained)."""
+        return self.records[-1].step + 1 if self.records else 0
+
+    @property
+    def total_steps(self) -> int | None:
+        """The steps the run planned: SFT's plan (run.json), else ``training.max_steps``."""
+        data = self.run_json.get("data")
+        planned = data.get("total_steps") if isinstance(data, Mapping) else None
+        if planned is None:
+            planned = self.config.get("training.max_steps")
+        return int(planned) if isinstance(planned, int) else None
+
+    def series(self, key: str) -> tuple[list[int], list[float | None]]:
+        """Steps and values of one metric, only the steps that logged it."""
+        steps, values = [], []
+        for record in self.records:
+            if key in record.metrics:
+                steps.append(record.step)
+                values.append(record.number(key))
+        return steps, values
+
+    def last(self, key: str) -> float | None:
+        return next((v for v in reversed(self.series(key)[1]) if v is not None), None)
+
+    def metric_keys(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for record in self.records:
+            for key in record.metrics:
+                seen.setdefault(key, None)
+        return list(seen)
+
+    @property
+    def eval_key(self) -> str | None:
+        keys = [k for k in self.metric_keys() if is_eval_measure(k)]
+        return next((k for k in EVAL_PREFERENCE if k in keys), keys[0] if keys else None)
+
+    @property
+    def wall_seconds(self) -> float | None:
+        """From the first attempt's start to the last step logged (a resumed run counts the pause too)."""
+        started = self.run_json.get("started")
+        ends = [r.time for r in self.records if r.time is not None]
+        if not isinstance(started, int | float) or not ends:
+            return None
+        return max(0.0, ends[-1] - float(started))
+
+    def row(self) -> dict[str, Any]:
+        """The runs table's row."""
+        eval_key = self.eval_key
+        total = self.total_steps
+        return {
+            "name": self.name,
+            "recipe": self.recipe,
+            "model": self.model,
+            "steps": f"{self.steps}/{total}" if total else str(self.steps),
+            "status": self.status,
+            "last reward": self.last("reward/mean"),
+            "last loss": self.last("loss"),
+            "eval": self.last(eval_key) if eval_key else None,
+            "eval metric": eval_key,
+            "wall": self.wall_seconds,
+            "path": str(self.path),
+        }
+
+
+def _lock_held(run_root: Path) -> bool:
+    lock = run_root / "state" / "run.lock"
+    if not lock.exists():
+        return False
+    import fcntl
+
+    # A shared, non-blocking flock fails only while a run holds its exclusive one; it never writes the file.
+    fd = os.open(lock, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing drops the shared lock
+    return False
+
+
+def _last_event_failed(run_root: Path) -> bool:
+    log = run_root / "run.log"
+    if not log.is_file():
+        return False
+    failed = False
+    with log.open(encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if line.startswith("failed: "):
+                failed = True
+            elif line.startswith("Config: ") or " is already complete: " in line:
+                failed = False  # a later attempt started (or found the run done)
+    return failed
+
+
+def read_run(path: str | os.PathLike[str]) -> RunSummary:
+    """One run directory; a UserError when it is not one."""
+    root = Path(path)
+    if not root.is_dir():
+        raise UserError(f"{root}: no such run directory")
+    if not (root / "run.json").is_file() and not (root / "steps.jsonl").is_file():
+        raise UserError(f"{root}: not a run directory (no run.json or steps.jsonl)")
+    run_dir = RunDirectory(root)
+    try:
+        run_json = run_dir.read_run_json() or {}
+    except ValueError as exc:
+        raise UserError(f"{root / 'run.json'}: not valid JSON ({exc})") from None
+    try:
+        records = [StepRecord.of(line) for line in run_dir.steps.records()]
+    except (ValueError, KeyError) as exc:
+        raise UserError(f"{root / 'steps.jsonl'}: a line is not a step record ({exc})") from None
+    config = run_json.get("config")
+    flat = flatten(config) if isinstance(config, Mapping) else {}
+    checkpoint = run_dir.last_checkpoint()
+    summary = RunSummary(root, run_json, records, checkpoint, "incomplete", flat)
+    summary.status = _status(summary)
+    return summary
+
+
+def _status(run: RunSummary) -> str:
+    if _lock_held(run.path):
+        return "running"
+    checkpoint = run.checkpoint
+    if checkpoint is not None and checkpoint.sampler_path and checkpoint.step >= run.steps:
+        total = run.total_steps
+        return "stopped" if total is not None and checkpoint.step < total else "completed"
+    if _last_event_failed(run.path):
+        return "failed"
+    return "incomplete"
+
+
+def run_paths(patterns: Iterable[str | os.PathLike[str]]) -> list[Path]:
+    """The run directories ``patterns`` name: a run directory, a glob (``runs/*``), or a folder of runs."""
+    found: dict[Path, None] = {}
+    for pattern in patterns:
+        text = os.fspath(pattern)
+        matches = sorted(glob.glob(os.path.expanduser(text))) if glob.has_magic(text) else [text]
+        if not matches:
+            raise UserError(f"{text}: matches no run directory")
+        for match in matches:
+            path = Path(match)
+            if _is_run(path):
+                found.setdefault(path, None)
+            elif path.is_dir() and not glob.has_magic(text):
+                inner = sorted(p for p in path.iterdir() if _is_run(p))
+                if not inner:
+                    raise UserError(f"{path}: neither a run directory nor a folder of run directories")
+                for p in inner:
+                    found.setdefault(p, None)
+            elif not glob.has_magic(text):
+                raise UserError(f"{path}: no such run directory")
+    return list(found)
+
+
+def _is_run(path: Path) -> bool:
+    return path.is_dir() and ((path / "run.json").is_file() or (path / "steps.jsonl").is_file())
+
+
+class Runs(Sequence[RunSummary]):
+    """Several runs, in the order they were named."""
+
+    def __init__(self, runs: Sequence[RunSummary]) -> None:
+        self.runs = list(runs)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.runs[index]
+
+    def __len__(self) -> int:
+        return len(self.runs)
+
+    def __iter__(self) -> Iterator[RunSummary]:
+        return iter(self.runs)
+
+    def differences(self) -> dict[str, list[Any]]:
+        """Config key -> each run's value, for the keys whose values are not all the same."""
+        keys: dict[str, None] = {}
+        for run in self.runs:
+            for key in run.config:
+                if not key.startswith(IGNORED_CONFIG_PREFIXES):
+                    keys.setdefault(key, None)
+        out = {}
+        for key in keys:
+            values = [run.config.get(key) for run in self.runs]
+            if any(json.dumps(v, default=str) != json.dumps(values[0], default=str) for v in values):
+                out[key] = values
+        return out
+
+    def labels(self, *, max_keys: int = 3) -> list[str]:
+        """A legend entry per run: what sets it apart (``learning_rate=0.02``), else its name."""
+        diffs = self.differences()
+        names = [r.name for r in self.runs]
+        if not diffs or len(self.runs) < 2:
+            return names
+        # Keys whose shown values are all alike (data files of the same name in different folders) say nothing.
+        shown = {k: [_value(v) for v in vs] for k, vs in diffs.items()}
+        shown = {k: vs for k, vs in shown.items() if len(set(vs)) > 1} or shown
+        short = _short_keys(list(shown))
+        labels = []
+        for i in range(len(self.runs)):
+            parts = [f"{short[k]}={v[i]}" for k, v in list(shown.items())[:max_keys]]
+            labels.append(", ".join(parts))
+        # Two runs with the same differing values (a repeated seed-less run): their names tell them apart.
+        if len(set(labels)) < len(labels):
+            labels = [f"{n} ({label})" for n, label in zip(names, labels, strict=True)]
+        return labels
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [run.row() for run in self.runs]
+
+    def to_dataframe(self) -> Any:
+        import pandas as pd
+
+        return pd.DataFrame(self.rows()).set_index("name")
+
+    def describe(self) -> list[str]:
+        """The runs table as text (what `loops runs` prints), then the config keys that differ."""
+        header = ("name", "recipe", "model", "steps", "status", "last reward", "eval", "wall")
+        cells = [header]
+        for row in self.rows():
+            eval_text = "-"
+            if row["eval"] is not None:
+                eval_text = f"{_num(row['eval'])} ({str(row['eval metric']).removeprefix('eval/')})"
+            cells.append(
+                (
+                    row["name"],
+                    row["recipe"],
+                    _tail(row["model"], 32),
+                    row["steps"],
+                    row["status"],
+                    _num(row["last reward"]),
+                    eval_text,
+                    duration(row["wall"]),
+                )
+            )
+        widths = [max(len(c[i]) for c in cells) for i in range(len(header))]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]
+        diffs = self.differences()
+        if diffs and len(self.runs) > 1:
+            lines.append(
+                "differs: " + "; ".join(f"{k} {' | '.join(map(_full, vs))}" for k, vs in diffs.items())
+            )
+        return lines
+
+
+def read_runs(patterns: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> Runs:
+    """The runs ``patterns`` name (a path or glob, or several), read from their directories."""
+    if isinstance(patterns, str | os.PathLike):
+        patterns = [patterns]
+    paths = run_paths(patterns)
+    if not paths:
+        raise UserError("no run directories given")
+    return Runs([read_run(p) for p in paths])
+
+
+def _short_keys(keys: list[str]) -> dict[str, str]:
+    """The shortest dotted suffix of each key that no other key shares (``learning_rate``)."""
+    out = {}
+    for key in keys:
+        parts = key.split(".")
+        for n in range(1, len(parts) + 1):
+            suffix = ".".join(parts[-n:])
+            if not any(other != key and (other == suffix or other.endswith("." + suffix)) for other in keys):
+                out[key] = suffix
+                break
+        else:
+            out[key] = key
+    return out
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, str) and "/" in value:
+        return value.rsplit("/", 1)[-1]
+    return json.dumps(value) if not isinstance(value, str) else value
+
+
+def _full(value: Any) -> str:
+    return (
+        f"{value:.4g}"
+        if isinstance(value, float)
+        else json.dumps(value)
+        if not isinstance(value, str)
+        else value
+    )
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+def _tail(text: str, width: int) -> str:
+    return text if len(text) <= width else "…" + text[-(width - 1) :]
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    if seconds < 3600:
+        return f"{seconds // 60:.0f}m{seconds % 60:02.0f}s"
+    return f"{seconds // 3600:.0f}h{seconds % 3600 // 60:02.0f}m"

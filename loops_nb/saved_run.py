@@ -1,0 +1,130 @@
+"""A finished (or stopped) run read back to use what it trained: its model and compute settings, its checkpoints.
+
+    run = SavedRun.open("runs/my-run")
+    run.checkpoint("latest")          # or a step (12), a name (final-000012, state-000010), a bt:// path
+    connection = await run.connect()  # the Loops the run trained on (the local scope: its own state directory)
+
+Used by `loops export` (`export.py`) and by the policy sampler (`policy_sampler.py`). A checkpoint is either
+*sampler weights* (the final one: a PEFT adapter a sampler serves by its path) or *trainer state* (every
+``save_every`` steps: the adapter under ``adapter/`` with the optimizer state). Both name the same LoRA weights
+after that many steps.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import ValidationError
+
+from loops_nb.config.sections import ComputeConfig, ModelConfig
+from loops_nb.errors import UserError
+from loops_nb.run_dir import RunDirectory
+
+if TYPE_CHECKING:
+    from loops_nb.compute import LoopsConnection
+
+_BT = re.compile(r"^bt://loops:(?P<run>[^/]+)/(?P<kind>weights|sampler_weights)/(?P<name>[^/]+)/?$")
+
+
+@dataclass(frozen=True)
+class RunCheckpoint:
+    """One saved checkpoint of a run."""
+
+    step: int
+    path: str
+    """Its bt:// path, as the SDK returned it."""
+    kind: Literal["sampler", "trainer"]
+
+    @property
+    def name(self) -> str:
+        return self._parts()["name"]
+
+    @property
+    def loops_run_id(self) -> str:
+        return self._parts()["run"]
+
+    def _parts(self) -> dict[str, str]:
+        match = _BT.match(self.path)
+        if match is None:
+            raise UserError(f"checkpoint path {self.path!r} is not a bt://loops:<run>/<kind>/<name> path")
+        return match.groupdict()
+
+    def describe(self) -> str:
+        what = "sampler weights" if self.kind == "sampler" else "trainer state"
+        return f"{what} after step {self.step} ({self.path})"
+
+
+@dataclass
+class SavedRun:
+    """A run directory with its saved config's model and compute sections."""
+
+    run_dir: RunDirectory
+    run_json: dict[str, Any]
+    model: ModelConfig
+    compute: ComputeConfig
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str]) -> SavedRun:
+        root = Path(path)
+        if not root.is_dir():
+            raise UserError(f"{root}: no such run directory")
+        if not (root / "run.json").is_file():
+            raise UserError(f"{root}: no run.json, so not a run directory (or the run never reached Loops)")
+        run_dir = RunDirectory(root)
+        try:
+            run_json = run_dir.read_run_json() or {}
+        except ValueError as exc:
+            raise UserError(f"{run_dir.run_json}: not valid JSON ({exc})") from None
+        config = run_json.get("config")
+        if not isinstance(config, dict) or "model" not in config:
+            raise UserError(f"{run_dir.run_json}: holds no saved config (written by an older loops_nb?)")
+        try:
+            model = ModelConfig.model_validate(config["model"])
+            compute = ComputeConfig.model_validate(config.get("compute") or {})
+        except ValidationError as exc:
+            raise UserError(f"{run_dir.run_json}: its saved config does not validate: {exc}") from None
+        return cls(run_dir, run_json, model, compute)
+
+    @property
+    def root(self) -> Path:
+        return self.run_dir.root
+
+    def checkpoints(self) -> list[RunCheckpoint]:
+        """Every checkpoint checkpoints.jsonl records, oldest first (sampler weights after the trainer state of
+        the same step)."""
+        out = []
+        for record in self.run_dir.checkpoint_log.records():
+            out.append(RunCheckpoint(int(record["step"]), str(record["path"]), "trainer"))
+            if record.get("sampler_path"):
+                out.append(RunCheckpoint(int(record["step"]), str(record["sampler_path"]), "sampler"))
+        return out
+
+    def checkpoint(self, spec: str | int = "latest") -> RunCheckpoint:
+        """The checkpoint ``spec`` names: ``latest`` (the last step's, sampler weights when saved), a step, a
+        checkpoint name (``final-000012``, ``state-000010``) or its bt:// path."""
+        found = self.checkpoints()
+        if not found:
+            raise UserError(f"{self.root}: no checkpoint yet (checkpoints.jsonl is empty); train first")
+        text = str(spec).strip()
+        if text in ("latest", "last", "final"):
+            return found[-1]
+        if text.isdigit():
+            at = [c for c in found if c.step == int(text)]
+            if at:
+                return at[-1]
+        for c in found:
+            if text in (c.path, c.path.rstrip("/"), c.name):
+                return c
+        names = ", ".join(f"{c.name} (step {c.step})" for c in found)
+        raise UserError(f"{self.root}: no checkpoint {text!r}; give latest, a step or a name: {names}")
+
+    async def connect(self) -> LoopsConnection:
+        """The Loops the run trained on: on the local scope an embedded Loops on the run's own state directory
+        (where its checkpoints are), elsewhere Baseten with BASETEN_API_KEY."""
+        from loops_nb.compute import LoopsConnection
+
+        return await LoopsConnection.open(self.compute, state_dir=self.run_dir.state / "local_loops")

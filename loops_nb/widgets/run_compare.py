@@ -1,0 +1,233 @@
+"""Several runs side by side: their reward, loss and eval curves overlaid, and the runs table.
+
+    comparison = compare_runs("runs/*")      # or several directories; metrics=["reward/mean", "eval/loss"]
+    comparison                               # the table and one chart per metric, one line per run
+    comparison.watch()                       # live: re-read the directories every few seconds while runs train
+
+The legend names each run by what differs in its saved config (``learning_rate=0.02``), else by its name. One
+object, three renderers like the other widgets: ``text/plain`` (the table and a sparkline per curve),
+``text/html`` that JupyterLab's sanitizer keeps (an inline-styled table and positioned-``<div>`` charts, no SVG,
+no ``<style>``) and a plotly figure (one panel per metric) that live and reopened notebooks render with zoom
+and hover.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Iterable, Sequence
+from html import escape
+from typing import Any
+
+from loops_nb.runs_table import Runs, duration, is_eval_measure, read_runs
+from loops_nb.widgets.environment import LiveDisplay
+from loops_nb.widgets.svg_chart import FONT, Series, dot_chart, fmt, sparkline
+
+PALETTE = ("#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#db2777", "#65a30d", "#4b5563")
+BASE_METRICS = ("reward/mean", "loss")
+_TABLE_COLUMNS = ("run", "recipe", "model", "steps", "status", "last reward", "eval", "wall")
+
+
+def default_metrics(runs: Runs) -> list[str]:
+    """``reward/mean`` and ``loss`` where any run logged them, then every ``eval/*`` measure."""
+    keys: dict[str, None] = {}
+    for run in runs:
+        for key in run.metric_keys():
+            keys.setdefault(key, None)
+    chosen = [k for k in BASE_METRICS if k in keys]
+    return chosen + [k for k in keys if is_eval_measure(k)]
+
+
+class RunComparison:
+    """The runs ``patterns`` name, their curves overlaid per metric."""
+
+    def __init__(
+        self,
+        patterns: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
+        *,
+        metrics: Sequence[str] | None = None,
+    ) -> None:
+        self.patterns = [patterns] if isinstance(patterns, str | os.PathLike) else list(patterns)
+        self.requested = list(metrics) if metrics is not None else None
+        self.runs = read_runs(self.patterns)
+        self._display: LiveDisplay | None = None
+
+    def refresh(self) -> RunComparison:
+        """Re-read the run directories (new steps, new runs the globs now match) and update the display."""
+        self.runs = read_runs(self.patterns)
+        if self._display is not None:
+            self._display.update(force=True)
+        return self
+
+    @property
+    def metrics(self) -> list[str]:
+        return self.requested if self.requested is not None else default_metrics(self.runs)
+
+    def labels(self) -> list[str]:
+        return self.runs.labels()
+
+    def colors(self) -> list[str]:
+        return [PALETTE[i % len(PALETTE)] for i in range(len(self.runs))]
+
+    def series(self, metric: str) -> list[Series]:
+        """One line per run that logged ``metric``."""
+        out = []
+        for run, label, color in zip(self.runs, self.labels(), self.colors(), strict=True):
+            steps, values = run.series(metric)
+            if not steps:
+                continue
+            hover = [f"{run.name} · step {s}: {metric} {fmt(v)}" for s, v in zip(steps, values, strict=True)]
+            out.append(Series(label, steps, values, color, hover=hover, connect_gaps=True))
+        return out
+
+    # -- text ---------------------------------------------------------------------------------------------
+
+    def summary(self) -> str:
+        return f"RunComparison({len(self.runs)} runs; {', '.join(self.metrics) or 'no metrics'})"
+
+    def __repr__(self) -> str:
+        return self.summary()
+
+    def __str__(self) -> str:
+        lines = [self.summary(), *self.runs.describe()]
+        labels = self.labels()
+        width = max((len(label) for label in labels), default=0)
+        for metric in self.metrics:
+            lines.append(f"{metric}:")
+            for run, label in zip(self.runs, labels, strict=True):
+                values = run.series(metric)[1]
+                if values:
+                    lines.append(
+                        f"  {label.ljust(width)}  last {fmt(run.last(metric), 4):>8}  {sparkline(values)}"
+                    )
+        return "\n".join(lines)
+
+    # -- html ---------------------------------------------------------------------------------------------
+
+    def to_html(self) -> str:
+        out = [f'<div style="{FONT};color:#1f2328">']
+        out.append(f'<div style="font-weight:600;font-size:12px;margin:2px 0">{escape(self.summary())}</div>')
+        out.append(self._table_html())
+        out.append(self._legend_html())
+        for metric in self.metrics:
+            series = self.series(metric)
+            if any(s.points() for s in series):
+                out.append(f'<div style="margin-top:6px">{dot_chart(series, title=metric, width=560)}</div>')
+        out.append("</div>")
+        return "".join(out)
+
+    def _table_html(self) -> str:
+        cell = "padding:2px 8px;border-bottom:1px solid #e5e7eb;text-align:left;white-space:nowrap"
+        head = "".join(f'<th style="{cell};color:#374151">{escape(c)}</th>' for c in _TABLE_COLUMNS)
+        rows = []
+        for row, color in zip(self.runs.rows(), self.colors(), strict=True):
+            eval_text = "-"
+            if row["eval"] is not None:
+                eval_text = f"{fmt(row['eval'], 4)} ({str(row['eval metric']).removeprefix('eval/')})"
+            status_color = {"failed": "#b91c1c", "running": "#2563eb"}.get(row["status"], "#1f2328")
+            values = [
+                (row["name"], color),
+                (row["recipe"], None),
+                (row["model"], None),
+                (row["steps"], None),
+                (row["status"], status_color),
+                (fmt(row["last reward"], 4), None),
+                (eval_text, None),
+                (duration(row["wall"]), None),
+            ]
+            tds = "".join(
+                f'<td title="{escape(row["path"]) if i == 0 else escape(str(text))}" '
+                f'style="{cell}{f";color:{c};font-weight:600" if c else ""}">{escape(str(text))}</td>'
+                for i, (text, c) in enumerate(values)
+            )
+            rows.append(f"<tr>{tds}</tr>")
+        return (
+            f'<table style="border-collapse:collapse;font-size:12px"><tr>{head}</tr>{"".join(rows)}</table>'
+        )
+
+    def _legend_html(self) -> str:
+        items = []
+        for label, color, run in zip(self.labels(), self.colors(), self.runs, strict=True):
+            items.append(
+                f'<span title="{escape(run.name)}" style="display:inline-block;margin-right:14px">'
+                f'<span style="display:inline-block;width:10px;height:10px;border-radius:50%;'
+                f'background:{color};margin-right:4px;vertical-align:middle"></span>{escape(label)}</span>'
+            )
+        return f'<div style="margin:6px 0 2px;font-size:12px">{"".join(items)}</div>'
+
+    # -- plotly -------------------------------------------------------------------------------------------
+
+    def to_plotly(self) -> dict[str, Any]:
+        """One panel per metric, stacked, sharing one legend entry per run."""
+        metrics = [m for m in self.metrics if any(s.points() for s in self.series(m))]
+        rows = max(len(metrics), 1)
+        data: list[dict[str, Any]] = []
+        layout: dict[str, Any] = {
+            "template": "plotly_white",
+            "height": 60 + 240 * rows,
+            "margin": {"l": 60, "r": 20, "t": 40, "b": 45},
+            "legend": {"orientation": "h", "x": 0, "y": 1.0, "yanchor": "bottom"},
+            "grid": {"rows": rows, "columns": 1, "pattern": "independent", "roworder": "top to bottom"},
+            "title": {"text": f"{len(self.runs)} runs"},
+        }
+        shown: set[str] = set()
+        for i, metric in enumerate(metrics, 1):
+            suffix = "" if i == 1 else str(i)
+            for s in self.series(metric):
+                data.append(
+                    {
+                        "type": "scatter",
+                        "x": list(s.xs),
+                        "y": [y if y is not None else None for y in s.ys],
+                        "name": s.name,
+                        "legendgroup": s.name,
+                        "showlegend": s.name not in shown,
+                        "mode": "lines+markers",
+                        "line": {"color": s.color},
+                        "marker": {"size": 5},
+                        "text": [s.hover_text(j) for j in range(len(s.xs))],
+                        "hovertemplate": "%{text}<extra></extra>",
+                        "connectgaps": True,
+                        "xaxis": f"x{suffix}",
+                        "yaxis": f"y{suffix}",
+                    }
+                )
+                shown.add(s.name)
+            layout[f"yaxis{suffix}"] = {"title": {"text": metric}}
+            layout[f"xaxis{suffix}"] = {"title": {"text": "step"} if i == len(metrics) else {}}
+        return {"data": data, "layout": layout}
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        bundle: dict[str, Any] = {"text/plain": str(self), "text/html": self.to_html()}
+        figure = self.to_plotly()
+        if figure["data"]:
+            bundle["application/vnd.plotly.v1+json"] = figure
+        return bundle
+
+    def show(self, **kwargs: Any) -> LiveDisplay:
+        """Display the comparison and return its `LiveDisplay` (``refresh()`` updates it)."""
+        self._display = LiveDisplay(self, **kwargs).show()
+        return self._display
+
+    async def watch(
+        self, *, every: float = 5.0, until_done: bool = True, timeout: float | None = None
+    ) -> None:
+        """Show the comparison and re-read the runs every ``every`` seconds while any is ``running`` (or until
+        ``timeout``); awaitable in a running notebook loop, so a run can train in another cell or process."""
+        if self._display is None:
+            self.show()
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            self.refresh()
+            running = any(r.status == "running" for r in self.runs)
+            if (until_done and not running) or (deadline is not None and loop.time() >= deadline):
+                break
+            await asyncio.sleep(every)
+        assert self._display is not None
+        self._display.finalize()
+
+
+def compare_runs(*patterns: str | os.PathLike[str], metrics: Sequence[str] | None = None) -> RunComparison:
+    """The runs named by ``patterns`` (run directories, globs such as ``runs/*``, or folders of runs) compared."""
+    return RunComparison(list(patterns) or ["runs/*"], metrics=metrics)
