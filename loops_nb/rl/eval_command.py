@@ -126,6 +126,10 @@ async def evaluate(project: Project, *, checkpoint: str = "latest", out: Path | 
         config.output.output_dir / config.output.run_name if config.output.run_name is not None else None
     )
     run_dir = RunDirectory(existing) if existing is not None and existing.is_dir() else None
+    if existing is not None and run_dir is None and checkpoint != "base":
+        raise UserError(
+            f"--checkpoint {checkpoint}: {existing} does not exist; no run to evaluate (or use base)"
+        )
     target = resolve_target(run_dir, checkpoint)
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     if out is None:
