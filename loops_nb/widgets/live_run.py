@@ -127,6 +127,16 @@ class LiveRun:
             self._reporter.on_progress(snapshot)
         self._display.update()
 
+    def on_eval(self, line: dict[str, Any]) -> None:
+        """An RL evaluation (`[eval]`): its reward joins the curve as the eval series."""
+        if self.curve is None:
+            self.curve = RewardCurve()
+        if isinstance(self.curve, RewardCurve):
+            self.curve.on_eval(line)
+        if self._reporter:
+            self._reporter.on_eval(line)
+        self._display.update()
+
     def on_end(self, summary: dict[str, Any]) -> None:
         self.status = str(summary.get("status") or "completed")
         self.ended = time.monotonic()

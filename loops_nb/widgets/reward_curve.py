@@ -98,6 +98,9 @@ class RewardCurve(_Curve):
         self.lows: list[float | None] = []
         self.highs: list[float | None] = []
         self.stds: list[float | None] = []
+        self.eval_steps: list[int] = []
+        """Steps applied to each evaluated policy (0: the base model), from `[eval]`."""
+        self.eval_means: list[float | None] = []
 
     def add(
         self,
@@ -138,11 +141,37 @@ class RewardCurve(_Curve):
             high=step.number("reward/max"),
         )
 
+        if "eval/reward_mean" in step.metrics:  # the eval of the policy this step's rollouts sampled
+            self.add_eval(step.step, step.number("eval/reward_mean"))
+
     add_record = on_step
+
+    def add_eval(self, step: int, mean: float | None) -> None:
+        """The eval reward of the policy after ``step`` steps; a repeated step replaces the old value."""
+        points = dict(zip(self.eval_steps, self.eval_means, strict=True))
+        points[step] = mean
+        self.eval_steps, self.eval_means = sorted(points), [points[s] for s in sorted(points)]
+
+    def on_eval(self, line: Mapping[str, Any]) -> None:
+        """Take an RL evaluation's evals.jsonl line (``step``, ``eval/reward_mean``): the `on_eval` event."""
+        value = line.get("eval/reward_mean")
+        self.add_eval(int(line["step"]), float(value) if isinstance(value, int | float) else None)
 
     @property
     def last(self) -> float | None:
         return next((m for m in reversed(self.means) if m is not None), None)
+
+    @property
+    def last_eval(self) -> tuple[int, float] | None:
+        """(steps applied, eval reward) of the latest evaluation with a value."""
+        return next(
+            (
+                (s, v)
+                for s, v in zip(reversed(self.eval_steps), reversed(self.eval_means), strict=True)
+                if v is not None
+            ),
+            None,
+        )
 
     @property
     def best(self) -> float | None:
@@ -157,7 +186,23 @@ class RewardCurve(_Curve):
 
     def series(self) -> list[Series]:
         band = (self.lows, self.highs) if any(v is not None for v in self.lows) else None
-        return [Series(self.key, self.steps, self.means, self.color, band=band, hover=self._hover())]
+        out = [Series(self.key, self.steps, self.means, self.color, band=band, hover=self._hover())]
+        if any(v is not None for v in self.eval_means):
+            out.append(
+                Series(
+                    "eval reward",
+                    self.eval_steps,
+                    self.eval_means,
+                    EVAL_COLOR,
+                    dash=True,
+                    connect_gaps=True,
+                    hover=[
+                        f"eval after {s} steps: reward {fmt(v)}"
+                        for s, v in zip(self.eval_steps, self.eval_means, strict=True)
+                    ],
+                )
+            )
+        return out
 
     def _hover(self) -> list[str]:
         out = []
