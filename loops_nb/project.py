@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import json
 import os
 from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from loops_nb.config import ConfigSource, RecipeConfig, load_config
 
 if TYPE_CHECKING:
+    from loops_nb.policy_sampler import PolicySampler
     from loops_nb.run.outcome import Outcome
 
 
@@ -75,6 +77,36 @@ class Project:
                 "its held-out loss while it trains: evals.jsonl)"
             )
         return await module.evaluate(self, **options)
+
+    def run_dir(self) -> Path:
+        """This config's run directory: ``output.run_name``'s, else the latest run made from this config."""
+        from loops_nb.errors import UserError
+
+        output = self.config.output
+        if output.run_name:
+            return output.output_dir / output.run_name
+        made = []
+        for run_json in output.output_dir.glob("*/run.json"):
+            try:
+                record = json.loads(run_json.read_text())
+            except (OSError, ValueError):
+                continue
+            if record.get("config_path") == str(self.path):
+                made.append((float(record.get("started") or 0), run_json.parent))
+        if not made:
+            raise UserError(
+                f"no run of {self.path} in {output.output_dir}: train first, or set output.run_name (or pass run=)"
+            )
+        return max(made)[1]
+
+    def sampler(
+        self, checkpoint: str | int = "latest", *, run: str | os.PathLike[str] | None = None
+    ) -> PolicySampler:
+        """A handle to chat with a checkpoint of this config's run (``latest``, a step, a name, or ``base``);
+        ``run``: another run directory. See `loops_nb.policy_sampler`."""
+        from loops_nb.policy_sampler import PolicySampler
+
+        return PolicySampler(run if run is not None else self.run_dir(), checkpoint)
 
     def check_sync(self, **options: Any) -> Report:
         """`check()` for plain scripts with no running event loop."""

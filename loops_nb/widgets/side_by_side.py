@@ -1,0 +1,147 @@
+"""Two (or more) models' replies to the same prompts, side by side, each token's logprob on hover.
+
+    policy = project.sampler()
+    view = await side_by_side(["What is 2+2?", "Name a game."], policy.base(), policy)
+    view                                    # one row per prompt, one column per model
+
+The samplers are duck-typed (anything with ``label`` and an awaitable ``chat(messages, **sampling)`` returning
+a reply with ``text``, ``token_texts``, ``logprobs``, ``prompt_tokens`` and ``completion_tokens``, as
+`loops_nb.policy_sampler.PolicySampler` does), so the widget imports no sampling code. Renderers: a text
+transcript, inline-styled HTML (each token a ``<span>`` whose ``title`` holds its logprob and probability,
+shaded lighter the less likely it was; kept by JupyterLab's sanitizer) and nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Sequence
+from html import escape
+from typing import Any
+
+from loops_nb.widgets.environment import LiveDisplay
+from loops_nb.widgets.svg_chart import FONT, fmt
+
+_MONO = "font:12px/1.5 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace"
+
+
+def _prompt_text(prompt: Any) -> str:
+    if isinstance(prompt, str):
+        return prompt
+    last = [m for m in prompt if m.get("role") == "user"] or list(prompt)
+    return str(last[-1].get("content", "")) if last else ""
+
+
+class SideBySide:
+    """``replies[i][j]``: the reply of model ``labels[j]`` to ``prompts[i]``."""
+
+    def __init__(
+        self, prompts: Sequence[Any], labels: Sequence[str], replies: Sequence[Sequence[Any]]
+    ) -> None:
+        self.prompts = list(prompts)
+        self.labels = list(labels)
+        self.replies = [list(r) for r in replies]
+
+    def totals(self) -> list[tuple[int, float | None]]:
+        """Per model: reply tokens over all prompts, and the mean logprob of those tokens."""
+        out = []
+        for j in range(len(self.labels)):
+            values = [
+                v for row in self.replies for v in row[j].logprobs if v is not None and math.isfinite(v)
+            ]
+            tokens = sum(row[j].completion_tokens for row in self.replies)
+            out.append((tokens, sum(values) / len(values) if values else None))
+        return out
+
+    def summary(self) -> str:
+        parts = [
+            f"{label}: {tokens} tokens, mean logprob {fmt(mean, 3)}"
+            for label, (tokens, mean) in zip(self.labels, self.totals(), strict=True)
+        ]
+        return f"SideBySide({len(self.prompts)} prompts; " + "; ".join(parts) + ")"
+
+    __repr__ = summary
+
+    def __str__(self) -> str:
+        lines = [self.summary()]
+        for prompt, row in zip(self.prompts, self.replies, strict=True):
+            lines.append(f"prompt: {_prompt_text(prompt)}")
+            for label, reply in zip(self.labels, row, strict=True):
+                lines.append(
+                    f"  [{label}] ({reply.completion_tokens} tokens, mean logprob {fmt(reply.mean_logprob, 3)}) "
+                    f"{reply.text}"
+                )
+        return "\n".join(lines)
+
+    def to_html(self) -> str:
+        cell = "padding:4px 8px;border-bottom:1px solid #e5e7eb;vertical-align:top;text-align:left"
+        head = f'<th style="{cell};color:#374151">prompt</th>' + "".join(
+            f'<th style="{cell};color:#374151">{escape(label)} '
+            f'<span style="font-weight:400;color:#6b7280">{tokens} tokens · mean logprob {fmt(mean, 3)}</span></th>'
+            for label, (tokens, mean) in zip(self.labels, self.totals(), strict=True)
+        )
+        rows = []
+        for prompt, row in zip(self.prompts, self.replies, strict=True):
+            cells = [f'<td style="{cell};color:#57606a;max-width:260px">{escape(_prompt_text(prompt))}</td>']
+            for reply in row:
+                meta = (
+                    f'<div style="color:#6b7280;{FONT}">{reply.prompt_tokens} prompt + {reply.completion_tokens} '
+                    f"reply tokens · mean logprob {fmt(reply.mean_logprob, 3)} · stop {escape(reply.stop_reason)}"
+                    "</div>"
+                )
+                cells.append(
+                    f'<td style="{cell};max-width:420px"><div style="{_MONO};white-space:pre-wrap;'
+                    f'word-break:break-word">{_tokens_html(reply)}</div>{meta}</td>'
+                )
+            rows.append(f"<tr>{''.join(cells)}</tr>")
+        return (
+            f'<div style="{FONT};color:#1f2328"><div style="font-weight:600;font-size:12px;margin:2px 0">'
+            f"{escape(self.summary())}"
+            '<span style="font-weight:400;color:#6b7280"> · hover a token for its logprob</span></div>'
+            f'<table style="border-collapse:collapse;font-size:12px"><tr>{head}</tr>{"".join(rows)}</table></div>'
+        )
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        return {"text/plain": str(self), "text/html": self.to_html()}
+
+    def show(self, **kwargs: Any) -> LiveDisplay:
+        return LiveDisplay(self, **kwargs).show()
+
+
+def _tokens_html(reply: Any) -> str:
+    spans = []
+    for n, (text, logprob) in enumerate(zip(reply.token_texts, reply.logprobs, strict=True)):
+        if logprob is None or not math.isfinite(logprob):
+            title, alpha = f"token {n + 1}: {text!r}", 0.0
+        else:
+            p = math.exp(logprob)
+            title = f"token {n + 1}: {text!r} · logprob {logprob:.3f} · p {p:.3f}"
+            alpha = 0.08 + 0.32 * p  # likelier tokens darker
+        spans.append(
+            f'<span title="{escape(title)}" style="background:rgba(37,99,235,{alpha:.2f});'
+            f'border-right:1px solid rgba(255,255,255,0.8)">{escape(text)}</span>'
+        )
+    return "".join(spans)
+
+
+async def side_by_side(prompts: Sequence[Any] | str, *samplers: Any, **sampling: Any) -> SideBySide:
+    """Ask every sampler every prompt (a string, or a message list) with the same ``sampling`` settings
+    (``max_tokens``, ``temperature``, ...), concurrently."""
+    if isinstance(prompts, str):
+        prompts = [prompts]
+    if not samplers:
+        raise ValueError("side_by_side needs at least one sampler (e.g. policy.base(), policy)")
+    replies = await asyncio.gather(*(s.chat(p, **sampling) for p in prompts for s in samplers))
+    k = len(samplers)
+    rows = [replies[i * k : (i + 1) * k] for i in range(len(prompts))]
+    return SideBySide(list(prompts), [s.label for s in samplers], rows)
+
+
+def side_by_side_sync(prompts: Sequence[Any] | str, *samplers: Any, **sampling: Any) -> SideBySide:
+    """`side_by_side` for a cell or script that does not await: each sampler's ``chat_sync``, one at a time."""
+    if isinstance(prompts, str):
+        prompts = [prompts]
+    if not samplers:
+        raise ValueError("side_by_side needs at least one sampler (e.g. policy.base(), policy)")
+    rows = [[s.chat_sync(p, **sampling) for s in samplers] for p in prompts]
+    return SideBySide(list(prompts), [s.label for s in samplers], rows)
