@@ -96,10 +96,7 @@ def verifier_warnings(task: str, test_script: Path, network: bool) -> list[str]:
         return []
     warnings: list[str] = []
     where = f"task {task}: tests/{test_script.name}"
-    for number, raw in enumerate(lines, 1):
-        line = raw.split("#", 1)[0] if not raw.lstrip().startswith("#!") else ""
-        if not line.strip():
-            continue
+    for number, line in _logical_lines(lines):
         if _FETCH.search(line) and not network:
             urls = [u for u in _URL.findall(line) if not _UV_INSTALLER.match(u)]
             if urls:
@@ -130,6 +127,26 @@ def verifier_warnings(task: str, test_script: Path, network: bool) -> list[str]:
         for match in _UVX.finditer(line):
             warnings += _uvx_warnings(where, number, match["args"].split(), network)
     return warnings
+
+
+def _logical_lines(lines: list[str]) -> list[tuple[int, str]]:
+    """(first line number, text) of each command, with `\\` continuations joined and comments dropped."""
+    out: list[tuple[int, str]] = []
+    pending, start = "", 0
+    for number, raw in enumerate(lines, 1):
+        text = "" if raw.lstrip().startswith("#") else raw
+        if not pending:
+            start = number
+        if text.rstrip().endswith("\\"):
+            pending += text.rstrip()[:-1] + " "
+            continue
+        joined = (pending + text).strip()
+        pending = ""
+        if joined:
+            out.append((start, joined))
+    if pending.strip():
+        out.append((start, pending.strip()))
+    return out
 
 
 def _uvx_warnings(where: str, number: int, args: list[str], network: bool) -> list[str]:
