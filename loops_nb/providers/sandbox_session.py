@@ -11,13 +11,17 @@ later one with `SandboxDied`.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import itertools
 import json
 import os
+import select
 import signal
 import socket
+import subprocess
 import tempfile
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import IO
@@ -49,54 +53,75 @@ class CommandResult:
 
 
 class SupervisorSession:
-    """The running bwrap of one sandbox, and the commands in flight in it."""
+    """The running bwrap of one sandbox, and the commands in flight in it.
+
+    Not tied to an event loop: a thread reads the supervisor's answers and resolves each command's
+    future on the loop that awaits it, so a sandbox started on one loop (a fixture, a notebook cell)
+    serves commands on another.
+    """
 
     def __init__(self) -> None:
-        self._proc: asyncio.subprocess.Process | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
         self._control: socket.socket | None = None
-        self._reader: asyncio.Task[None] | None = None
+        self._reader: threading.Thread | None = None
         self._pending: dict[int, asyncio.Future[int]] = {}
+        self._lock = threading.Lock()  # _pending and _died, shared with the reader thread
         self._ids = itertools.count(1)
         self._died: str | None = None
         self._stopped = False
         self._log: IO[bytes] | None = None
-        self._starting = asyncio.Lock()
+        self._ready: concurrent.futures.Future[None] | None = None
 
     async def start(self, argv: Callable[[int], list[str]]) -> None:
-        async with self._starting:  # concurrent first commands share one bwrap
-            if self._proc is not None or self._died is not None:
-                return
-            if self._stopped:
-                raise RuntimeError("the local sandbox was stopped")
-            host_end, box_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-            # bwrap's and the supervisor's own complaints; open until stop(), so no `with`
-            self._log = tempfile.TemporaryFile()  # noqa: SIM115
-            try:
-                proc = await asyncio.create_subprocess_exec(
-                    *argv(box_end.fileno()),
-                    stdin=asyncio.subprocess.DEVNULL,
-                    stdout=asyncio.subprocess.PIPE,
-                    stderr=self._log,
-                    pass_fds=(box_end.fileno(),),
-                    start_new_session=True,  # one process group: stop() kills bwrap and its init
-                )
-            finally:
-                box_end.close()
-            host_end.settimeout(KILL_GRACE)
-            self._proc, self._control = proc, host_end
+        """Launch bwrap (once; concurrent first commands wait for the same start) and wait for the
+        supervisor's ready line."""
+        if self._ready is not None:
+            await asyncio.wrap_future(self._ready)
+            return
+        if self._stopped:
+            raise RuntimeError("the local sandbox was stopped")
+        self._ready = concurrent.futures.Future()
+        try:
+            proc = self._launch(argv)
             assert proc.stdout is not None
-            try:
-                ready = await asyncio.wait_for(proc.stdout.readline(), START_TIMEOUT)
-            except TimeoutError:
-                ready = b""
+            ready = await asyncio.to_thread(_readline, proc.stdout, START_TIMEOUT)
             if b'"ready"' not in ready:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                await proc.wait()
-                why = self._complaints()
-                await self.stop()
-                raise SandboxUnavailable(f"the local sandbox did not start: {why}")
-            self._reader = asyncio.ensure_future(self._read_answers(proc))
+                _kill_group(proc.pid)
+                await asyncio.to_thread(proc.wait)
+                raise SandboxUnavailable(f"the local sandbox did not start: {self._complaints()}")
+        except BaseException as exc:
+            interrupted = isinstance(exc, asyncio.CancelledError)
+            self._ready.set_exception(
+                SandboxUnavailable("the local sandbox's start was interrupted") if interrupted else exc
+            )
+            await self.stop()
+            raise
+        self._reader = threading.Thread(target=self._read_answers, args=(proc,), daemon=True)
+        self._reader.start()
+        self._ready.set_result(None)
+
+    def _launch(self, argv: Callable[[int], list[str]]) -> subprocess.Popen[bytes]:
+        # On the caller's thread, not a worker's: `--die-with-parent` follows the thread that forked.
+        host_end, box_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        # bwrap's and the supervisor's own complaints; open until stop(), so no `with`
+        self._log = tempfile.TemporaryFile()  # noqa: SIM115
+        try:
+            proc = subprocess.Popen(
+                argv(box_end.fileno()),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=self._log,
+                pass_fds=(box_end.fileno(),),
+                start_new_session=True,  # one process group: stop() kills bwrap and its init
+            )
+        except BaseException:
+            host_end.close()
+            raise
+        finally:
+            box_end.close()
+        host_end.settimeout(KILL_GRACE)
+        self._proc, self._control = proc, host_end
+        return proc
 
     async def run(
         self,
@@ -110,12 +135,13 @@ class SupervisorSession:
         request_id = next(self._ids)
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-            with tempfile.TemporaryFile() as spec:
-                spec.write(json.dumps({"command": command, "cwd": cwd, "env": dict(env)}).encode())
-                spec.seek(0)
-                self._pending[request_id] = future
-                self._send({"op": "run", "id": request_id}, [spec.fileno(), out.fileno(), err.fileno()])
             try:
+                with tempfile.TemporaryFile() as spec:
+                    spec.write(json.dumps({"command": command, "cwd": cwd, "env": dict(env)}).encode())
+                    spec.seek(0)
+                    with self._lock:
+                        self._pending[request_id] = future
+                    self._send({"op": "run", "id": request_id}, [spec.fileno(), out.fileno(), err.fileno()])
                 code = await asyncio.wait_for(asyncio.shield(future), timeout)
             except TimeoutError:
                 self._kill(request_id)
@@ -126,7 +152,8 @@ class SupervisorSession:
                 self._kill(request_id)  # the agent was cut off: its command goes with it
                 raise
             finally:
-                self._pending.pop(request_id, None)
+                with self._lock:
+                    self._pending.pop(request_id, None)
             out.seek(0)
             err.seek(0)
             return CommandResult(
@@ -141,12 +168,10 @@ class SupervisorSession:
             self._control.close()
             self._control = None
         if proc is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            await proc.wait()
+            _kill_group(proc.pid)
+            await asyncio.to_thread(proc.wait)
         if self._reader is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reader
+            await asyncio.to_thread(self._reader.join)
             self._reader = None
         if self._log is not None:
             self._log.close()
@@ -168,30 +193,37 @@ class SupervisorSession:
         with contextlib.suppress(SandboxDied):
             self._send({"op": "kill", "id": request_id}, [])
 
-    async def _read_answers(self, proc: asyncio.subprocess.Process) -> None:
+    def _read_answers(self, proc: subprocess.Popen[bytes]) -> None:
+        """The reader thread: resolve each answered command, then say how the sandbox ended."""
         assert proc.stdout is not None
-        while line := await proc.stdout.readline():
+        for line in proc.stdout:
             answer = json.loads(line)
-            future = self._pending.get(answer.get("id"))
-            if future is not None and not future.done():
-                future.set_result(int(answer["rc"]))
-        code = await proc.wait()
+            with self._lock:
+                future = self._pending.get(answer.get("id"))
+            if future is not None:
+                _resolve(future, result=int(answer["rc"]))
+        code = proc.wait()
+        proc.stdout.close()
         if self._stopped:
             return
-        in_flight = " while a command ran" if self._pending else ""
-        if code < 0:
-            # A negative code is bwrap itself killed (an operator's kill, the OOM killer, a crash); its
-            # --die-with-parent and PID namespace take the commands down with it, and whatever they left
-            # half done is no state to grade. Never "timed out", never the command: see SandboxDied.
-            self._died = (
-                f"the local sandbox died: its bwrap process was killed by {_signal_name(-code)} "
-                f"from outside the sandbox{in_flight}"
-            )
-        else:
-            self._died = f"the local sandbox died: its supervisor exited with code {code}{in_flight}: {self._complaints()}"
-        for future in self._pending.values():
-            if not future.done():
-                future.set_exception(SandboxDied(self._died))
+        with self._lock:
+            in_flight = " while a command ran" if self._pending else ""
+            if code < 0:
+                # A negative code is bwrap itself killed (an operator's kill, the OOM killer, a crash);
+                # its --die-with-parent and PID namespace take the commands down with it, and whatever
+                # they left half done is no state to grade. Never "timed out", never the command.
+                self._died = (
+                    f"the local sandbox died: its bwrap process was killed by {_signal_name(-code)} "
+                    f"from outside the sandbox{in_flight}"
+                )
+            else:
+                self._died = (
+                    f"the local sandbox died: its supervisor exited with code {code}{in_flight}: "
+                    f"{self._complaints()}"
+                )
+            pending = list(self._pending.values())
+        for future in pending:
+            _resolve(future, error=SandboxDied(self._died))
 
     def _complaints(self) -> str:
         if self._log is None:
@@ -199,6 +231,32 @@ class SupervisorSession:
         self._log.seek(0)
         text = self._log.read().decode(errors="replace").strip()
         return text[-1500:] or "(no output)"
+
+
+def _resolve(future: asyncio.Future[int], result: int = 0, error: BaseException | None = None) -> None:
+    """Settle `future` from the reader thread, on its own loop (unless it is done or its loop closed)."""
+
+    def settle() -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    with contextlib.suppress(RuntimeError):  # the loop that awaited it has closed: nobody waits
+        future.get_loop().call_soon_threadsafe(settle)
+
+
+def _readline(stream: IO[bytes], timeout: float) -> bytes:
+    """One line from a pipe, or b"" when none comes within `timeout` seconds or it closes first."""
+    ready, _, _ = select.select([stream], [], [], timeout)
+    return stream.readline() if ready else b""
+
+
+def _kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
 
 
 def _signal_name(number: int) -> str:

@@ -107,6 +107,9 @@ async def test_a_tmux_session_survives_between_commands(sandbox: BubblewrapSandb
 async def test_stop_kills_every_process_in_the_sandbox(sandbox: BubblewrapSandbox) -> None:
     token = f"loops-stop-probe-{os.getpid()}"
     await sandbox.run(f"setsid bash -c 'exec -a {token} sleep 300' > /dev/null 2>&1 < /dev/null &")
+    deadline = time.monotonic() + 30  # the command returns before its background child has exec'd
+    while not _live(token) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
     assert _live(token), "the background process runs while the sandbox does"
     await sandbox.stop()
     deadline = time.monotonic() + 30  # the kernel tears the PID namespace down after its init dies
