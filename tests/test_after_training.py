@@ -9,6 +9,8 @@ import json
 from pathlib import Path
 
 import pytest
+
+pytestmark = pytest.mark.slow  # trains a tiny run through the embedded Loops, then loads models (about a minute)
 from test_sft_train import PAIRS, chat, write_project
 from tiny_models import build_tiny_chat_model
 

@@ -12,13 +12,17 @@ notebook saved by papermill or nbconvert holds the final state. In scripts the s
 - `TargetPreview`: tokens coloured by loss weight (SFT examples, RL captures).
 - `AttemptsTable`: recent RL attempts with their transcripts.
 - `RunHealth`: the numbers to read first, with hints.
+- `RunComparison` (`compare_runs`): several runs' curves overlaid and the runs table.
+- `SideBySide` (`side_by_side`): several models' replies to the same prompts, logprobs on hover.
 """
 
 from loops_nb.widgets.attempts_table import AttemptsTable
 from loops_nb.widgets.environment import LiveDisplay, environment, in_kernel, progress_mode
 from loops_nb.widgets.live_run import LiveRun
 from loops_nb.widgets.reward_curve import LossCurve, RewardCurve
+from loops_nb.widgets.run_compare import RunComparison, compare_runs
 from loops_nb.widgets.run_health import Check, RunHealth
+from loops_nb.widgets.side_by_side import SideBySide, side_by_side, side_by_side_sync
 from loops_nb.widgets.target_preview import TargetPreview
 from loops_nb.widgets.token_counts import TokenCounts
 from loops_nb.widgets.token_sequence import TokenSequence, as_sequences
@@ -30,12 +34,17 @@ __all__ = [
     "LiveRun",
     "LossCurve",
     "RewardCurve",
+    "RunComparison",
     "RunHealth",
+    "SideBySide",
     "TargetPreview",
     "TokenCounts",
     "TokenSequence",
     "as_sequences",
+    "compare_runs",
     "environment",
     "in_kernel",
     "progress_mode",
+    "side_by_side",
+    "side_by_side_sync",
 ]
