@@ -2,7 +2,8 @@
 
 Each task draws a few overlapping circles with PIL (seeded, so a task is the same image every time); the
 episode asks the model once how many there are, and grades the reply here: 1.0 for the right number,
-0.1 for a reply that is one number but the wrong one (so the format is learnt first), 0 otherwise.
+0.1 for a reply that is one number but the wrong one (so the format is learnt first), 0 otherwise. The
+configs evaluate on held-out images, drawn with another seed, that training never sees (`[eval]`).
 
     uv run loops check examples/counting/train_local.toml   # renders every prompt's image: tokens, image cost
     uv run loops run   examples/counting/train_local.toml   # the tiny random test VLM: runs, cannot learn
@@ -47,10 +48,10 @@ class CountCircles(Episode):
     def __init__(self, tasks: int = 32, max_circles: int = 6, seed: int = 0, image_size: int = 224) -> None:
         super().__init__(tasks=tasks, max_circles=max_circles, seed=seed, image_size=image_size)
         rng = random.Random(seed)
+        # Another seed draws other images: `[eval] options = {seed = 1}` gives held-out tasks (named apart).
+        prefix = "circles-" if seed == 0 else f"circles-s{seed}-"
         self._tasks = [
-            Task(
-                id=f"circles-{i:03d}", data={"count": rng.randint(1, max_circles), "seed": seed * 100_003 + i}
-            )
+            Task(id=f"{prefix}{i:03d}", data={"count": rng.randint(1, max_circles), "seed": seed * 100_003 + i})
             for i in range(tasks)
         ]
         self.image_size = image_size

@@ -74,6 +74,11 @@ NOT_RUN_HERE: list[tuple[str, str]] = [
         "needs a crashed run's state directory; tests/harbor/test_cleanup.py kills a run and cleans up after it",
     ),
     (r"loops deactivate\b", "needs a Baseten run and BASETEN_API_KEY"),
+    (
+        r"loops eval \S+\.toml\b",
+        "evaluates a trained run's checkpoint (or the base model) for minutes; tests/rl/test_eval_command.py "
+        "trains a tiny run and runs loops eval on base, latest and a periodic checkpoint",
+    ),
     # Writes the committed glossary; `loops glossary --check` runs here instead.
     (r"loops glossary --write$", "writes docs/reference/KNOB_GLOSSARY.md; --check runs here"),
     (r"python -m benchmarks$", "measures speed for many minutes; results are in docs/benchmarks.md"),
