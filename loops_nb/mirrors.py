@@ -38,6 +38,16 @@ class WandbMirror:
             numbers = {k: v for k in step.metrics if (v := step.number(k)) is not None}
             self._run.log(numbers, step=step.step)
 
+    def on_eval(self, line: Mapping[str, Any]) -> None:
+        """An RL evaluation, at the steps its policy had (the final one follows the last step record)."""
+        if self._run is not None:
+            numbers = {
+                k: float(v)
+                for k, v in line.items()
+                if k.startswith("eval/") and isinstance(v, int | float) and not isinstance(v, bool)
+            }
+            self._run.log(numbers, step=int(line["step"]))
+
     def on_end(self, summary: dict[str, Any]) -> None:
         if self._run is not None:
             self._run.summary.update({k: v for k, v in summary.items() if isinstance(v, int | float | str)})

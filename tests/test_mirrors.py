@@ -21,6 +21,20 @@ def test_wandb_mirror_logs_every_step_offline(tmp_path, monkeypatch):
     assert history, "wandb wrote no offline run"
 
 
+def test_wandb_mirror_logs_each_evaluation_at_its_step():
+    class Recorder:
+        def __init__(self):
+            self.logged = []
+
+        def log(self, values, step):
+            self.logged.append((step, values))
+
+    mirror = WandbMirror.__new__(WandbMirror)
+    mirror._run = Recorder()
+    mirror.on_eval({"step": 4, "eval/reward_mean": 0.75, "eval/pass_at_1": 0.5, "eval/tasks": 3, "time": 1.0})
+    assert mirror._run.logged == [(4, {"eval/reward_mean": 0.75, "eval/pass_at_1": 0.5, "eval/tasks": 3.0})]
+
+
 def test_rich_console_shows_the_latest_step(capsys):
     console = RichConsole()
     console.on_start({"run_dir": "r", "recipe": "rl", "model": "m", "scope": "local", "max_steps": 2})
