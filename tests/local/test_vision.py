@@ -198,3 +198,9 @@ def test_the_counting_example_checks_its_images_and_trains(tmp_path: Path, model
     assert len(steps) == 2
     assert sum(s["tokens/trained"] for s in steps) > 0  # a training step ran on image prompts
     assert all(abs(s["kl/sample_train_v1"]) < 1e-3 for s in steps if s["tokens/trained"])
+    # The held-out evaluation ([eval] options: another seed) before and after training, on images training never saw.
+    assert "eval: 8 task(s) (held-out runtime options; 16 train)" in check.stdout
+    assert [e["step"] for e in read_jsonl(tmp_path / "count" / "evals.jsonl")] == [0, 2]
+    evaluated = {r["task"] for r in read_jsonl(tmp_path / "count" / "eval_attempts.jsonl")}
+    trained = {r["task"] for r in read_jsonl(tmp_path / "count" / "rollouts.jsonl")}
+    assert evaluated == {f"circles-s1-{i:03d}" for i in range(8)} and not evaluated & trained
