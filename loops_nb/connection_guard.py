@@ -17,7 +17,9 @@ nobody is served, the run's own clients with the right key included. The guard a
   `DISCARD_LIMIT_BYTES` the connection is closed instead.
 
 `GuardedH11Protocol` is uvicorn's h11 protocol with these hooks; `guard.protocol_class()` gives the
-class to pass as uvicorn's `http`.
+class to pass as uvicorn's `http`. It also puts `CLIENT_CONNECTED` in each request's ASGI scope: a
+function telling the app whether the client is still connected, which ASGI itself cannot say once a
+response has been sent (uvicorn drops what an app sends to a client that left, silently).
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ if TYPE_CHECKING:
 
 DISCARD_LIMIT_BYTES = 1024 * 1024
 """How much of a refused request's unread body is read and dropped before the connection is closed."""
+
+CLIENT_CONNECTED = "loops_nb.client_connected"
+"""The ASGI scope key of a `() -> bool`: whether the request's client is still connected."""
 
 Headers = list[tuple[bytes, bytes]]
 """Request headers as uvicorn hands them to the app: lower-cased names, raw values."""
@@ -128,6 +133,10 @@ class GuardedH11Protocol(H11Protocol):
                 self.drop()
                 return
         super().data_received(data)
+        cycle = self.cycle
+        if cycle is not None and CLIENT_CONNECTED not in cycle.scope:
+            # A new request's cycle: its app task is created but not yet run, so it sees the key.
+            cycle.scope[CLIENT_CONNECTED] = lambda: not cycle.disconnected  # type: ignore[literal-required]
         if self.conn.their_state is not h11.SEND_BODY:
             self._discard_left = None
         if self.transport.is_closing():

@@ -70,6 +70,10 @@ class TokenCapture:
 
     calls: list[ModelCall] = field(default_factory=list)
     breaks: Counter[str] = field(default_factory=Counter)
+    cut_off: int = 0
+    """Model calls that started but whose completion never reached the agent: cancelled while in flight
+    (the agent's timeout, a client that gave up), or sampled by the gateway for a client that had gone.
+    None of them is in `calls`, so none trains."""
 
     def last_tokens(self) -> list[int] | None:
         """Prompt + completion of the latest call: the prefix a next turn should extend."""
@@ -83,6 +87,20 @@ class TokenCapture:
         if previous is not None and not extends(call, previous, self.calls[-1].images):
             self.breaks[REASON_NOT_EXTENDING] += 1
         self.calls.append(call)
+
+    def withdraw(self, call: ModelCall) -> None:
+        """Take back a recorded call whose completion was never delivered: it must not train."""
+        self.calls = [c for c in self.calls if c is not call]
+        self.cut_off += 1
+        # Recount: the withdrawn call may have been a break, or the call after it may now be one.
+        count = sum(
+            not extends(later, earlier.prompt_tokens + earlier.completion_tokens, earlier.images)
+            for earlier, later in zip(self.calls, self.calls[1:], strict=False)
+        )
+        if count:
+            self.breaks[REASON_NOT_EXTENDING] = count
+        else:
+            self.breaks.pop(REASON_NOT_EXTENDING, None)
 
     def sequences(self) -> list[CapturedSequence]:
         """The calls joined into as few sequences as the prefix rule allows, in call order."""

@@ -7,6 +7,7 @@ sampled ids and logprobs in the attempt's `TokenCapture`.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -138,6 +139,10 @@ class LoopsLLM:
             resp = await client.sample_async(
                 model_input(prompt, images), num_samples=n, sampling_params=params
             )
+        except asyncio.CancelledError:
+            # Cut off in flight (the agent's timeout, a gateway client that left): it called the model.
+            self.capture.cut_off += 1
+            raise
         except Exception as exc:
             if self.on_sampling_error is not None:
                 self.on_sampling_error(exc)

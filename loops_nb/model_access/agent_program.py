@@ -3,7 +3,8 @@
 An agent that is its own program may hold one thing of the run's: its attempt's lease key. So:
 
 - Its environment is built from an allowlist (`BASE_VARIABLES`, `LC_*`, the names in
-  `[runtime] agent_env`, then `OPENAI_BASE_URL` / `OPENAI_API_KEY` of its lease), never by removing
+  `[runtime] agent_env`, then `OPENAI_BASE_URL` / `OPENAI_API_KEY` of its lease, and
+  `OPENAI_AGENTS_DISABLE_TRACING=1` so no framework sends the lease to its vendor), never by removing
   known secrets from ours: an `AWS_SECRET_ACCESS_KEY`, a `GITHUB_TOKEN` or a line of `.env` is not
   on any list of the run's credentials.
 - It runs under bubblewrap (`bwrap --unshare-pid`), with its own /proc. Its parent there is bwrap's
@@ -58,6 +59,10 @@ SECRET_VARIABLES = frozenset(
 )
 """The run's own credentials: `[runtime] agent_env` may not pass them to agent programs."""
 
+QUIET_FRAMEWORKS = {"OPENAI_AGENTS_DISABLE_TRACING": "1"}
+"""Set for every agent program (unless `[runtime] agent_env` passes the name): the OpenAI Agents SDK
+otherwise exports traces to OpenAI's servers, authenticated with `OPENAI_API_KEY`, the lease key."""
+
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 _passed_names: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar(
@@ -89,7 +94,8 @@ def passing_env(names: Iterable[str]) -> Any:
 def agent_process_env(attempt: Attempt | None = None, *, extra: Iterable[str] = ()) -> dict[str, str]:
     """The environment to launch an agent program with: PATH, HOME and the locale of this process,
     the variables `[runtime] agent_env` (and `extra`) name, and the attempt's `OPENAI_BASE_URL` /
-    `OPENAI_API_KEY`, with loopback kept off any proxy."""
+    `OPENAI_API_KEY`, with loopback kept off any proxy and frameworks' tracing to their vendors off
+    (`QUIET_FRAMEWORKS`)."""
     from loops_nb.model_access.runtime import model_env
 
     named = {*_passed_names.get(), *extra}
@@ -97,7 +103,10 @@ def agent_process_env(attempt: Attempt | None = None, *, extra: Iterable[str] = 
         why = refused_agent_env_name(name)
         if why is not None:
             raise ValueError(f"agent program environment: {why}")
-    env = {k: v for k, v in os.environ.items() if k in BASE_VARIABLES or k.startswith("LC_") or k in named}
+    env = dict(QUIET_FRAMEWORKS)
+    env.update(
+        (k, v) for k, v in os.environ.items() if k in BASE_VARIABLES or k.startswith("LC_") or k in named
+    )
     env.update(model_env(attempt))
     loopback = "127.0.0.1,localhost"
     env["NO_PROXY"] = env["no_proxy"] = ",".join(filter(None, [env.get("NO_PROXY"), loopback]))

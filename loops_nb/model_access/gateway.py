@@ -23,33 +23,31 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from loops_nb.connection_guard import ConnectionLimits, Headers
 from loops_nb.llm.client import ContextTooLong
 from loops_nb.loopback_server import LoopbackServer
-from loops_nb.model_access import wire
+from loops_nb.model_access import responses_wire, wire
+from loops_nb.model_access.delivery import ClientGone, DeliveringResponse, Exchange, LeaseEnded
 from loops_nb.model_access.leases import AttemptLease, LeaseRegistry, ReturnedReply
 from loops_nb.request_body import BodyRefused, parse_json, read_limited
 
 if TYPE_CHECKING:
     from loops_nb.llm.capture import ModelCall
-    from loops_nb.llm.client import LoopsLLM
+    from loops_nb.llm.client import LoopsLLM, Reply
 
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
 """A chat request larger than this is refused; contexts that size do not fit max_seq_len anyway."""
-
-
-class LeaseRevoked(RuntimeError):
-    """The lease was revoked between accepting a request and sampling it."""
 
 
 def _error(
@@ -92,52 +90,58 @@ def _restore_exact(lease: AttemptLease, messages: list[dict[str, Any]]) -> list[
     return out
 
 
-async def _complete(lease: AttemptLease, req: wire.ChatRequest) -> dict[str, Any]:
-    """One chat completion on the attempt's loop, through its LoopsLLM (the in-process code path)."""
-    llm = lease.llm
-    async with lease.lock():
-        if lease.revoked:  # the attempt ended while this request waited: its tokens must not count
-            raise LeaseRevoked(lease.attempt_id)
-        try:
-            replies = await llm.sample(
-                _restore_exact(lease, req.messages),
-                tools=req.tools,
-                n=req.n,
-                max_tokens=req.max_tokens,
-                temperature=req.temperature,
-                top_p=req.top_p,
-                stop=req.stop,
-            )
-        except ContextTooLong as exc:
-            lease.truncated = str(exc)
-            raise
-        lease.calls += 1
-        call = llm.capture.calls[-1]  # the lock makes this call's record the latest
-    choices = []
-    for i, reply in enumerate(replies):
-        tool_calls = reply.tool_calls if req.parse_tools else []
-        content = reply.content if req.parse_tools else reply.text.strip()
-        finish = "tool_calls" if tool_calls else ("length" if reply.finish_reason == "length" else "stop")
-        message = wire.choice_message(content, tool_calls)
-        choices.append({"index": i, "message": message, "finish_reason": finish, "logprobs": None})
-        if i == 0:
-            lease.returned.append(
-                ReturnedReply(message["content"] or "", _tool_key(tool_calls), _exact_text(llm, call))
-            )
-    completion_tokens = sum(r.tokens for r in replies)
-    usage = {
-        "prompt_tokens": len(call.prompt_tokens),
-        "completion_tokens": completion_tokens,
-        "total_tokens": len(call.prompt_tokens) + completion_tokens,
-    }
-    extra = {
-        "loops": {
-            "attempt": lease.attempt_id,
-            "policy_version": call.policy_version,
-            "completion_token_ids": list(call.completion_tokens),
+@dataclass
+class Sampled:
+    """One request's replies, the call its first reply was recorded as, and that call's exact text."""
+
+    replies: list[Reply]
+    call: ModelCall
+    exact_text: str
+    parse_tools: bool
+
+    def first(self) -> tuple[str, list[dict[str, Any]]]:
+        """The first reply's content and tool calls, as the agent gets them."""
+        reply = self.replies[0]
+        if self.parse_tools:
+            return reply.content, reply.tool_calls
+        return reply.text.strip(), []  # tool_choice "none": any tool-call text stays plain text
+
+    def usage(self) -> dict[str, int]:
+        completion = sum(r.tokens for r in self.replies)
+        prompt = len(self.call.prompt_tokens)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    def extra(self, attempt_id: str) -> dict[str, Any]:
+        return {
+            "loops": {
+                "attempt": attempt_id,
+                "policy_version": self.call.policy_version,
+                "completion_token_ids": list(self.call.completion_tokens),
+            }
         }
-    }
-    return {"choices": choices, "usage": usage, "extra": extra}
+
+
+async def _sample(lease: AttemptLease, req: wire.ChatRequest) -> Sampled:
+    """The request sampled on the attempt's loop through its LoopsLLM (the in-process code path).
+
+    Runs under the lease's lock (delivery.Exchange), so this call's record is the capture's latest.
+    """
+    llm = lease.llm
+    try:
+        replies = await llm.sample(
+            _restore_exact(lease, req.messages),
+            tools=req.tools,
+            n=req.n,
+            max_tokens=req.max_tokens,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            stop=req.stop,
+        )
+    except ContextTooLong as exc:
+        lease.truncated = str(exc)
+        raise
+    call = llm.capture.calls[-1]
+    return Sampled(replies, call, _exact_text(llm, call), req.parse_tools)
 
 
 def _exact_text(llm: LoopsLLM, call: ModelCall) -> str:
@@ -145,6 +149,29 @@ def _exact_text(llm: LoopsLLM, call: ModelCall) -> str:
     if tokens and tokens[-1] in llm.renderer.stop_token_ids:
         tokens = tokens[:-1]  # the template writes the end-of-turn token itself
     return llm.renderer.decode(tokens)
+
+
+def _delivered(lease: AttemptLease, sampled: Sampled) -> None:
+    """A reply reached its agent: it is the attempt's turn, and may come back in a later conversation."""
+    lease.calls += 1
+    content, tool_calls = sampled.first()
+    lease.returned.append(ReturnedReply(content, _tool_key(tool_calls), sampled.exact_text))
+
+
+def _withdrawn(lease: AttemptLease, sampled: Sampled) -> None:
+    """A reply its agent never got must not train."""
+    lease.llm.capture.withdraw(sampled.call)
+
+
+def _chat_choices(sampled: Sampled) -> list[dict[str, Any]]:
+    choices = []
+    for i, reply in enumerate(sampled.replies):
+        tool_calls = reply.tool_calls if sampled.parse_tools else []
+        content = reply.content if sampled.parse_tools else reply.text.strip()
+        finish = "tool_calls" if tool_calls else ("length" if reply.finish_reason == "length" else "stop")
+        message = wire.choice_message(content, tool_calls)
+        choices.append({"index": i, "message": message, "finish_reason": finish, "logprobs": None})
+    return choices
 
 
 class ModelGateway:
@@ -220,49 +247,129 @@ class ModelGateway:
                 return scheme.lower() == "bearer" and self.registry.get(key.strip()) is not None
         return False
 
-    async def chat_completions(self, request: Request) -> Response:
+    async def _serve(
+        self,
+        request: Request,
+        parse: Callable[[Any, AttemptLease], wire.ChatRequest],
+        reply: Callable[[AttemptLease, Sampled], tuple[Any, list[str] | None]],
+        delivered: Callable[[AttemptLease, Sampled], None] = _delivered,
+    ) -> Response:
+        """One sampling request, whatever its API: `parse` the body into a chat request, sample it
+        (delivery.Exchange), and send `reply`'s body (or its SSE events when it gives them)."""
         self.requests += 1
         try:
             lease = self._lease(request)
             if isinstance(lease, Response):
                 return lease
             try:
-                req = wire.parse_chat_request(await self._body(request))
+                req = parse(await self._body(request), lease)
             except wire.BadRequest as exc:
                 return _bad(exc)
+
+            def on_delivered(sampled: Sampled) -> None:
+                delivered(lease, sampled)
+
+            exchange = Exchange(
+                lease, lambda: _sample(lease, req), lambda s: _withdrawn(lease, s), on_delivered
+            )
             try:
-                future = asyncio.run_coroutine_threadsafe(_complete(lease, req), lease.loop)
-                result = await asyncio.wrap_future(future)
+                sampled = await exchange.run(request.receive)
+            except ClientGone:
+                # Nobody reads this; the sampling was cancelled and nothing of it is recorded.
+                return _error(408, "the client disconnected", "invalid_request_error")
             except ContextTooLong as exc:
                 return _error(400, str(exc), "invalid_request_error", "messages", "context_length_exceeded")
-            except RuntimeError as exc:
-                if isinstance(exc, LeaseRevoked) or lease.loop.is_closed():
-                    return _error(
-                        401,
-                        "the attempt of this lease has ended",
-                        "invalid_request_error",
-                        code="invalid_api_key",
-                    )
-                raise exc
-            cid, model = wire.completion_id(), req.model or self.model_name
-            if not req.stream:
-                body = wire.completion_body(cid, model, result["choices"], result["usage"], result["extra"])
-                return JSONResponse(body)
-            events = wire.stream_events(
-                cid, model, result["choices"], result["usage"] if req.include_usage else None
-            )
-
-            async def stream() -> AsyncIterator[str]:
-                for event in events:
-                    yield event
-
-            return StreamingResponse(stream(), media_type="text/event-stream")
+            except LeaseEnded:
+                return _error(
+                    401,
+                    "the attempt of this lease has ended",
+                    "invalid_request_error",
+                    code="invalid_api_key",
+                )
+            try:
+                body, events = reply(lease, sampled)
+            except BaseException:
+                exchange.settle(False)
+                raise
+            if events is not None:
+                return DeliveringResponse(exchange.settle, events=events)
+            return DeliveringResponse(exchange.settle, body=body)
         except RecursionError:
             # Parseable JSON can still be too deep for the code that walks it.
             return _error(400, "the request is nested too deeply", "invalid_request_error")
+        except asyncio.CancelledError:
+            # The server is shutting down with this request in flight: answer rather than raise.
+            return _error(503, "the model gateway is shutting down", "server_error")
         except Exception as exc:  # a request must never take the run down
             log.exception("model gateway: request failed")
             return _error(500, f"the gateway failed: {type(exc).__name__}: {exc}", "server_error")
+
+    async def chat_completions(self, request: Request) -> Response:
+        parsed: list[wire.ChatRequest] = []
+
+        def parse(body: Any, lease: AttemptLease) -> wire.ChatRequest:
+            parsed.append(wire.parse_chat_request(body))
+            return parsed[0]
+
+        def reply(lease: AttemptLease, sampled: Sampled) -> tuple[Any, list[str] | None]:
+            req = parsed[0]
+            cid, model, choices = wire.completion_id(), req.model or self.model_name, _chat_choices(sampled)
+            if req.stream:
+                usage = sampled.usage() if req.include_usage else None
+                return None, wire.stream_events(cid, model, choices, usage)
+            return wire.completion_body(
+                cid, model, choices, sampled.usage(), sampled.extra(lease.attempt_id)
+            ), None
+
+        return await self._serve(request, parse, reply)
+
+    async def responses(self, request: Request) -> Response:
+        """`POST /v1/responses`: the Responses API, on the same sampling and capture path."""
+        parsed: list[responses_wire.ResponsesRequest] = []
+        conversation: list[dict[str, Any]] = []  # without instructions, for previous_response_id
+        answered: list[str] = []  # the Response's id
+
+        def parse(body: Any, lease: AttemptLease) -> wire.ChatRequest:
+            req = responses_wire.parse_responses_request(body)
+            if req.previous_response_id is not None:
+                history = lease.responses.get(req.previous_response_id)
+                if history is None:
+                    raise wire.BadRequest(
+                        f"previous response {req.previous_response_id!r} not found: only this attempt's "
+                        "own stored responses can be continued",
+                        "previous_response_id",
+                        "previous_response_not_found",
+                    )
+                conversation.extend(history)
+            conversation.extend(req.input_messages)
+            # As in OpenAI's API, instructions apply to this response only, never carried over.
+            system = [{"role": "system", "content": req.instructions}] if req.instructions else []
+            req.chat.messages = [*system, *conversation]
+            parsed.append(req)
+            return req.chat
+
+        def reply(lease: AttemptLease, sampled: Sampled) -> tuple[Any, list[str] | None]:
+            req = parsed[0]
+            content, tool_calls = sampled.first()
+            body = responses_wire.response_body(
+                responses_wire.response_id(),
+                req.chat.model or self.model_name,
+                req.echo,
+                responses_wire.output_items(content, tool_calls),
+                sampled.usage(),
+                sampled.replies[0].finish_reason == "length" and not tool_calls,
+                sampled.extra(lease.attempt_id),
+            )
+            answered.append(body["id"])
+            return (None, responses_wire.stream_events(body)) if req.chat.stream else (body, None)
+
+        def delivered(lease: AttemptLease, sampled: Sampled) -> None:
+            _delivered(lease, sampled)
+            if parsed[0].store:
+                content, tool_calls = sampled.first()
+                lease.responses[answered[0]] = [*conversation, wire.choice_message(content, tool_calls)]
+
+        return await self._serve(request, parse, reply, delivered)
 
     async def models(self, request: Request) -> Response:
         lease = self._lease(request)
@@ -275,6 +382,7 @@ class ModelGateway:
         app = Starlette(
             routes=[
                 Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+                Route("/v1/responses", self.responses, methods=["POST"]),
                 Route("/v1/models", self.models, methods=["GET"]),
             ]
         )

@@ -42,6 +42,10 @@ class AttemptLease:
     calls: int = 0
     revoked: bool = False
     """Set on revocation: a request already accepted does not sample after its attempt ended."""
+    inflight: dict[asyncio.Task[Any], str] = field(default_factory=dict)
+    """This lease's requests on the attempt's loop, each `sampling` or `delivering` (delivery.py)."""
+    responses: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    """Delivered Responses API replies by id: their conversation, for a later `previous_response_id`."""
     _lock: asyncio.Lock | None = None
 
     def lock(self) -> asyncio.Lock:

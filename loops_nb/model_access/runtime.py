@@ -5,7 +5,8 @@ The recipe wraps a runtime that asks for `openai_http` model access. Each attemp
 them into the `OPENAI_BASE_URL` / `OPENAI_API_KEY` an agent process reads (inside an Episode's `run`,
 which has no attempt argument, `model_env()` reads the running attempt's), and `agent_program.py`
 launches the process with them and nothing else of the run's. The lease is revoked when the attempt
-returns, raises, or is cancelled by its timeout, so a straggling agent cannot add tokens later.
+returns, raises, or is cancelled by its timeout, so a straggling agent cannot add tokens later; its
+requests still sampling are cancelled, and a reply its agent never got is withdrawn (delivery.py).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 from loops_nb.llm.client import ContextTooLong
 from loops_nb.model_access.agent_program import passing_env
+from loops_nb.model_access.delivery import settle_lease
 from loops_nb.model_access.gateway import ModelGateway
 from loops_nb.model_access.mode import ModelAccessMode
 from loops_nb.runtime import Attempt, Evidence, RolloutRuntime, RunContext, Task
@@ -48,6 +50,9 @@ class LeasedRuntime(RolloutRuntime):
         finally:
             _current_env.reset(token)
             self.gateway.revoke(lease.key)
+            # Stop its requests still sampling, and learn which replies reached the agent: only those
+            # stay in the capture the attempt trains on.
+            await settle_lease(lease)
         if lease.truncated is not None and evidence.discarded is None:
             # The agent saw a context_length_exceeded error; in-process this discards as truncated too.
             raise ContextTooLong(lease.truncated)

@@ -47,7 +47,7 @@ class ChatRequest:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def _number(body: dict[str, Any], key: str, low: float, high: float) -> float | None:
+def number(body: dict[str, Any], key: str, low: float, high: float) -> float | None:
     value = body.get(key)
     if value is None:
         return None
@@ -58,7 +58,7 @@ def _number(body: dict[str, Any], key: str, low: float, high: float) -> float | 
     return float(value)
 
 
-def _integer(body: dict[str, Any], key: str, low: int, high: int) -> int | None:
+def integer(body: dict[str, Any], key: str, low: int, high: int) -> int | None:
     value = body.get(key)
     if value is None:
         return None
@@ -175,19 +175,19 @@ def parse_chat_request(body: object) -> ChatRequest:
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise BadRequest("stream_options must be an object", "stream_options")
-    max_tokens = _integer(body, "max_completion_tokens", 1, 1 << 20)
+    max_tokens = integer(body, "max_completion_tokens", 1, 1 << 20)
     if max_tokens is None:
-        max_tokens = _integer(body, "max_tokens", 1, 1 << 20)
+        max_tokens = integer(body, "max_tokens", 1, 1 << 20)
     return ChatRequest(
         model=model,
         messages=[_message(m, i) for i, m in enumerate(messages)],
         tools=_tools(body.get("tools")),
         parse_tools=choice != "none",
-        temperature=_number(body, "temperature", 0.0, 2.0),
-        top_p=_number(body, "top_p", 1e-9, 1.0),
+        temperature=number(body, "temperature", 0.0, 2.0),
+        top_p=number(body, "top_p", 1e-9, 1.0),
         max_tokens=max_tokens,
         stop=stop or None,
-        n=_integer(body, "n", 1, MAX_CHOICES) or 1,
+        n=integer(body, "n", 1, MAX_CHOICES) or 1,
         stream=bool(stream),
         include_usage=bool(options.get("include_usage", False)),
     )

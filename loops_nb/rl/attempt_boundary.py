@@ -25,18 +25,29 @@ REWARD_LIMIT = 1e6
 
 
 def checked_evidence(
-    result: object, *, made_model_calls: bool, reward_range: tuple[float, float] = (-1.0, 1.0)
+    result: object,
+    *,
+    made_model_calls: bool,
+    reward_range: tuple[float, float] = (-1.0, 1.0),
+    cut_off_calls: int = 0,
 ) -> Evidence:
-    """`result` as Evidence that trains, or a discard that says why it cannot. Never raises."""
+    """`result` as Evidence that trains, or a discard that says why it cannot. Never raises.
+
+    `cut_off_calls`: model calls of the attempt that were cut off in flight (`TokenCapture.cut_off`);
+    an attempt with no completed call but such a call did call the model: it is a `timeout`, not
+    `no_model_calls`.
+    """
     try:
-        return _checked(result, made_model_calls, reward_range)
+        return _checked(result, made_model_calls, reward_range, cut_off_calls)
     except Exception as exc:  # a property or __float__ of user code that raises
         return Evidence.discard(
             "error", f"the attempt's result could not be read: {type(exc).__name__}: {exc}"
         )
 
 
-def _checked(result: object, made_model_calls: bool, reward_range: tuple[float, float]) -> Evidence:
+def _checked(
+    result: object, made_model_calls: bool, reward_range: tuple[float, float], cut_off_calls: int
+) -> Evidence:
     if not isinstance(result, Evidence):
         return Evidence.discard(
             "error",
@@ -54,6 +65,12 @@ def _checked(result: object, made_model_calls: bool, reward_range: tuple[float, 
         return Evidence(None, metrics, result.discarded, detail, transcript)
     if problem or metrics_problem:
         return Evidence.discard("error", problem or metrics_problem)
+    if not made_model_calls and cut_off_calls:
+        return Evidence.discard(
+            "timeout",
+            f"the attempt ended with {cut_off_calls} model call(s) cut off in flight (the agent's own "
+            "timeout, or a client that gave up before the reply) and none completed: nothing to train",
+        )
     if not made_model_calls:
         return Evidence.discard("no_model_calls", "the attempt never called the model")
     if result.reward is None:

@@ -214,6 +214,7 @@ class RolloutScheduler:
             job.result(),
             made_model_calls=bool(attempt.services.capture.calls),
             reward_range=self.reward_range,
+            cut_off_calls=attempt.services.capture.cut_off,
         )
 
     # -- sync ---------------------------------------------------------------------------------

@@ -55,6 +55,8 @@ def test_agent_programs_inherit_an_allowlist_not_everything_but_known_secrets(
     assert not set(SECRETS) & set(env), sorted(env)
     assert env["OPENAI_API_KEY"] == "lease-1" and env["PATH"] == os.environ["PATH"]
     assert env["LC_ALL"] == "C.UTF-8" and "MY_TOOL_HOME" not in env
+    # The OpenAI Agents SDK would export traces to OpenAI with the lease key as OPENAI_API_KEY.
+    assert env["OPENAI_AGENTS_DISABLE_TRACING"] == "1"
     with agent_program.passing_env(["MY_TOOL_HOME"]):  # what [runtime] agent_env names
         assert agent_process_env(fake_attempt("lease-1"))["MY_TOOL_HOME"] == "/opt/tool"
     with agent_program.passing_env(["BASETEN_API_KEY"]), pytest.raises(ValueError, match="credentials"):

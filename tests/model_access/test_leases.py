@@ -107,17 +107,25 @@ def test_model_env_without_a_lease_explains_what_to_declare(scripted: Any) -> No
 
 
 async def test_a_request_accepted_before_revocation_does_not_sample_after_it(scripted: Any) -> None:
+    import asyncio
+
     from loops_nb.model_access import gateway as gateway_module
+    from loops_nb.model_access.delivery import Exchange, LeaseEnded
     from loops_nb.model_access.wire import parse_chat_request
 
-    llm, _ = scripted("late")
+    llm, policy = scripted("late")
     registry = LeaseRegistry()
     lease = registry.issue("t/g0/a0", llm)
     registry.revoke(lease.key)
     request = parse_chat_request({"messages": [{"role": "user", "content": "hi"}]})
-    with pytest.raises(gateway_module.LeaseRevoked):
-        await gateway_module._complete(lease, request)
-    assert not llm.capture.calls
+
+    async def receive() -> Any:  # a client that stays connected
+        await asyncio.Event().wait()
+
+    exchange = Exchange(lease, lambda: gateway_module._sample(lease, request), lambda _: None)
+    with pytest.raises(LeaseEnded):
+        await exchange.run(receive)
+    assert not llm.capture.calls and not policy.prompts
 
 
 def test_the_open_file_check_counts_more_per_attempt_for_agent_processes(monkeypatch: Any) -> None:

@@ -189,3 +189,11 @@ def test_grpo_advantages_of_ordinary_rewards_are_the_plain_formulas() -> None:
     adv = group_advantages(rewards)
     assert adv.advantages == [r - mean for r in rewards] and adv.mean == mean
     assert adv.std == math.sqrt(math.fsum((r - mean) ** 2 for r in rewards) / len(rewards))
+
+
+def test_a_model_call_cut_off_in_flight_is_a_timeout_and_completed_calls_still_train() -> None:
+    cut = checked_evidence(Evidence(reward=1.0), made_model_calls=False, cut_off_calls=1)
+    assert cut.discarded == "timeout" and "cut off in flight" in cut.detail
+    assert checked_evidence(Evidence(reward=1.0), made_model_calls=False).discarded == "no_model_calls"
+    kept = checked_evidence(Evidence(reward=1.0), made_model_calls=True, cut_off_calls=1)
+    assert kept.discarded is None and kept.reward == 1.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
@@ -128,3 +129,62 @@ async def test_close_cancels_outstanding_work(mode):
         s.start(0, 10)
         await asyncio.sleep(0.05)
     await s.close()
+
+
+class StuckSampler:
+    """A sampling client that never answers (a loaded sampler past the agent's patience)."""
+
+    version = 0
+
+    @property
+    def sampling_client(self) -> StuckSampler:
+        return self
+
+    async def sample_async(self, prompt, num_samples, sampling_params):
+        await asyncio.Event().wait()
+
+
+class StubRenderer:
+    stop_token_ids = (0,)
+
+    def render_prompt(self, messages, tools, previous):
+        return [1, 2, 3], ()
+
+
+class ImpatientAgent:
+    """Gives up on its model call after its own timeout and returns a reward anyway; 'silent' never calls."""
+
+    async def tasks(self):
+        return [Task("impatient"), Task("silent")]
+
+    async def run_attempt(self, attempt: Attempt) -> Evidence:
+        if attempt.task.id == "impatient":
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(attempt.services.llm.chat([{"role": "user", "content": "hi"}]), 0.05)
+        return Evidence(reward=0.0)
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_an_attempt_cut_off_in_its_model_call_is_a_timeout_not_no_model_calls():
+    from loops_nb.llm.client import LoopsLLM
+
+    clock = Clock()
+    s = RolloutScheduler(
+        ImpatientAgent(),
+        [Task("impatient"), Task("silent")],
+        make_llm=lambda capture, seed: LoopsLLM(StubRenderer(), StuckSampler(), capture),  # type: ignore[arg-type]
+        version=lambda: clock.version,
+        group_size=2,
+        groups_per_step=2,
+        max_concurrent=4,
+        attempt_timeout=30,
+        seed=7,
+    )
+    groups = await s.collect_sync(0)
+    by_task = {g.task.id: g.attempts for g in groups}
+    assert {a.evidence.discarded for a in by_task["impatient"]} == {"timeout"}
+    assert all("cut off in flight" in a.evidence.detail for a in by_task["impatient"])
+    assert all(a.capture.cut_off == 1 and not a.capture.calls for a in by_task["impatient"])
+    assert {a.evidence.discarded for a in by_task["silent"]} == {"no_model_calls"}
