@@ -52,6 +52,7 @@ def test_allowed_changes_are_listed_with_old_and_new_values() -> None:
         ("training.seed", 3, "training.seed = 0 (this config: 3)"),
         ("training.group_size", 4, "training.group_size = 16 (this config: 4)"),
         ("runtime.factory", "other:Episode", 'runtime.factory = "episode:HiddenGame"'),
+        ("eval.holdout", 0.5, "eval.holdout = 0.0 (this config: 0.5)"),
     ],
 )
 def test_a_fixed_setting_that_changed_is_refused(key: str, value: object, shown: str) -> None:
@@ -60,6 +61,17 @@ def test_a_fixed_setting_that_changed_is_refused(key: str, value: object, shown:
     message = str(refused.value)
     assert message.startswith("runs/x was started with ") and shown in message
     assert "--output.run_name" in message
+
+
+def test_eval_settings_other_than_the_holdout_may_change_and_a_run_from_before_eval_resumes() -> None:
+    lines = resume_drift("rl", {"recipe": "rl", "config": dump()}, dump(**{"eval.attempts": 8}), "runs/x")
+    assert "changed since the run started: eval.attempts = 8 (was 16)" in lines
+    before_eval = dump()
+    del before_eval["eval"]  # a run.json written before [eval] existed: its holdout was 0
+    lines = resume_drift("rl", {"recipe": "rl", "config": before_eval}, dump(), "runs/x")  # not refused
+    assert not any("eval.holdout" in line for line in lines)
+    with pytest.raises(ConfigError, match="eval.holdout"):
+        resume_drift("rl", {"recipe": "rl", "config": before_eval}, dump(**{"eval.holdout": 0.5}), "runs/x")
 
 
 def test_an_sft_run_directory_cannot_be_resumed_as_rl() -> None:
