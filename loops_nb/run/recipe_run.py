@@ -19,7 +19,7 @@ import time
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any
 
-from loops_nb.errors import RunFailed, UserError
+from loops_nb.errors import RunFailed, UserError, describe_cause
 from loops_nb.observers import ObserverSet
 from loops_nb.run.outcome import Outcome
 from loops_nb.run_dir import Checkpoint, RunDirectory
@@ -190,7 +190,18 @@ class RecipeRun(ABC):
 
     def failed(self, step: int, exc: BaseException) -> RunFailed:
         # Raised, not logged: the CLI prints it once, train() raises it, and run.log gets the traceback.
-        return self.run_dir.record_failure(step, exc)
+        failure = self.run_dir.record_failure(step, exc)
+        # Observers hear a failed run end too: a live panel stops its clock and says how to resume.
+        self.observers.emit(
+            "on_end",
+            {
+                "status": "failed",
+                "steps": step,
+                "error": describe_cause(exc),
+                "resume_step": failure.resume_step,
+            },
+        )
+        return failure
 
     async def save_state(self, name: str) -> str:
         future = await self.trainer.save_state_async(name)

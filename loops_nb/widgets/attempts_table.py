@@ -1,42 +1,59 @@
-"""The recent attempts of an RL run, each with its transcript one click away.
+"""RL attempts with their transcripts one click away: `AttemptsTable` and the row renderer `LiveRun` shares.
 
 Reading transcripts is the check that numbers cannot replace: a reward that rises because the model found a
 loophole looks like learning on every chart. The table keeps the last ``max_rows`` attempt records (bounded: a
-run makes thousands) with reward, discard reason, policy versions and tokens. Each row is a ``<details>`` element
-whose ``<summary>`` is the row and whose body is the transcript: it opens without JavaScript and still works in a
-saved, untrusted notebook. Long texts are cut to ``max_chars`` so that a live panel re-rendered twice a second
-stays small.
+run makes thousands) with step, group, reward, status (discarded, trained or not), policy versions and tokens.
+Each row is a ``<details>`` element whose ``<summary>`` is the row and whose body is the transcript: it opens
+without JavaScript and works in a saved, untrusted notebook.
+
+The layout uses only what JupyterLab's sanitizer keeps in untrusted notebooks (every papermill output): cells
+are inline-block ``<span>``s sized in ``em`` (the sanitizer drops ``ch``, which once ran every column
+together), each with its full text in ``title`` for hover. Whether an attempt trained is known only after its
+step's advantages are computed: ``on_attempt`` rows say "pending" until the step's ``on_rollouts`` event (the
+rows rollouts.jsonl gets) fills in ``trained``, ``step`` and ``group``. Steps are numbered from 1, as the CLI and
+the rest of the panel number them (``step`` in rollouts.jsonl counts from 0).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from html import escape
 from typing import Any
 
 from loops_nb.widgets.environment import LiveDisplay
 from loops_nb.widgets.svg_chart import fmt
 
-_MONO = "font:12px/1.45 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace"
-_COLUMNS = (
-    ("#", 6),
-    ("task", 18),
+MONO = "font:12px/1.45 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace"
+# (name, width in characters): rendered as em at 0.62em per monospace character.
+COLUMNS = (
+    ("step", 5),
+    ("group", 5),
+    ("attempt", 8),
+    ("task", 20),
     ("reward", 8),
-    ("status", 22),
-    ("policy", 8),
-    ("calls", 6),
-    ("tokens", 8),
-    ("secs", 7),
+    ("status", 20),
+    ("policy", 7),
+    ("calls", 5),
+    ("tokens", 7),
+    ("secs", 6),
 )
+_EM_PER_CHAR = 0.62
 _PRE = (
-    "white-space:pre-wrap;word-break:break-word;margin:2px 0 6px;padding:4px 6px;border-radius:4px;"
+    "white-space:pre-wrap;overflow-wrap:break-word;margin:2px 0 6px;padding:4px 6px;border-radius:4px;"
     "max-height:360px;overflow-y:auto"
 )
 
 
+def plural(n: int, word: str) -> str:
+    return f"{n:,} {word}" if n == 1 else f"{n:,} {word}s"
+
+
 class AttemptsTable:
-    """The last ``max_rows`` attempts (newest first), with their transcripts folded under each row."""
+    """The last ``max_rows`` attempts (newest first), with their transcripts folded under each row.
+
+    A run observer: ``on_attempt`` takes an attempt as `RLRun` emits it, ``on_rollouts`` the step's
+    rollouts.jsonl rows (trained, step, group)."""
 
     def __init__(self, *, max_rows: int = 50, max_chars: int = 4000, anchor: str | None = None) -> None:
         self.max_rows = max_rows
@@ -60,108 +77,45 @@ class AttemptsTable:
 
     add = on_attempt
 
+    def on_rollouts(self, payload: Mapping[str, Any]) -> None:
+        """Fill in ``trained``, ``step`` and ``group`` from a step's rollouts.jsonl rows."""
+        by_id = {r.get("attempt"): r for r in payload.get("rows") or []}
+        for row in self.rows:
+            known = by_id.get(row.get("attempt"))
+            if known is not None:
+                merge_rollout(row, known)
+
     @property
     def mean_reward(self) -> float | None:
         return self.reward_sum / self.rewarded if self.rewarded else None
 
     def summary(self) -> str:
         if not self.seen:
-            return "AttemptsTable(no attempts yet)"
+            return "attempts: none yet"
+        shown = f", the last {len(self.rows)} shown" if len(self.rows) < self.seen else ""
         return (
-            f"AttemptsTable({len(self.rows)} of {self.seen} attempts, mean reward {fmt(self.mean_reward, 3)}, "
-            f"{self.discarded} discarded)"
+            f"{plural(self.seen, 'attempt')}{shown}: mean reward {fmt(self.mean_reward, 3)}, "
+            f"{self.discarded:,} discarded"
         )
 
-    __repr__ = summary
+    def __repr__(self) -> str:
+        return f"<AttemptsTable: {self.summary()}>"
 
     def __str__(self) -> str:
         lines = [self.summary()]
         if self.rows:
-            lines.append("  ".join(name.ljust(width) for name, width in _COLUMNS))
-            lines.extend(
-                "  ".join(
-                    cell[:width].ljust(width)
-                    for cell, (_, width) in zip(self._cells(r), _COLUMNS, strict=True)
-                ).rstrip()
-                for r in list(self.rows)[::-1][:10]
-            )
+            lines.append(text_table(list(self.rows)[::-1][:10]))
         return "\n".join(lines)
-
-    def _cells(self, r: Mapping[str, Any]) -> list[str]:
-        versions = [v for v in r.get("policy_versions") or [] if isinstance(v, int)]
-        policy = "-"
-        if versions:
-            lo, hi = min(versions), max(versions)
-            policy = f"v{lo}" if lo == hi else f"v{lo}-{hi}"
-        return [
-            str(r.get("attempt", "")),
-            str(r.get("task", "")),
-            fmt(r.get("reward"), 3),
-            _status(r),
-            policy,
-            str(r.get("calls", "")),
-            fmt(r.get("sampled_tokens")),
-            fmt(r.get("seconds"), 3),
-        ]
 
     def to_html(self) -> str:
         anchor = f' id="{escape(self.anchor)}"' if self.anchor else ""
-        head = "".join(_cell(name, width, "#374151;font-weight:600") for name, width in _COLUMNS)
-        out = [
-            f'<div{anchor} style="{_MONO};color:#1f2328">',
+        note = "newest first; click a row for its transcript"
+        return (
+            f'<div{anchor} style="{MONO};color:#1f2328">'
             f'<div style="font:600 12px system-ui,sans-serif;margin:2px 0">{escape(self.summary())}'
-            f'<span style="font-weight:400;color:#6b7280"> · newest first; click a row for its transcript'
-            f"</span></div>",
-            f'<div style="padding-left:14px;border-bottom:1px solid #9ca3af">{head}</div>',
-        ]
-        for r in list(self.rows)[::-1]:
-            out.append(self._row_html(r))
-        out.append("</div>")
-        return "".join(out)
-
-    def _row_html(self, r: Mapping[str, Any]) -> str:
-        discarded = bool(r.get("discarded"))
-        colour = "#b91c1c" if discarded else "#1f2328"
-        cells = "".join(
-            _cell(text, width, colour if name == "status" else "#1f2328")
-            for text, (name, width) in zip(self._cells(r), _COLUMNS, strict=True)
+            f'<span style="font-weight:400;color:#6b7280"> · {note}</span></div>'
+            f"{rows_html(list(self.rows)[::-1], max_chars=self.max_chars)}</div>"
         )
-        summary = f'<summary style="cursor:pointer;border-bottom:1px solid #f3f4f6">{cells}</summary>'
-        return f'<details>{summary}<div style="padding:4px 0 8px 14px">{self._transcript(r)}</div></details>'
-
-    def _transcript(self, r: Mapping[str, Any]) -> str:
-        parts = []
-        if r.get("detail"):
-            parts.append(f'<div style="color:#57606a">detail: {escape(_clip(str(r["detail"]), 500))}</div>')
-        text = r.get("text")
-        calls = (text.get("calls") if isinstance(text, Mapping) else None) or []
-        if not calls:
-            parts.append(
-                '<div style="color:#6b7280">no transcript recorded (output.trace = "full" keeps '
-                "one per attempt)</div>"
-            )
-        for n, call in enumerate(calls, 1):
-            trained = call.get("trained")
-            finish = call.get("finish_reason") or "-"
-            label = f"call {n}/{len(calls)} · finish {finish}" + (
-                " · trained" if trained else " · not trained"
-            )
-            parts.append(f'<div style="color:#57606a;margin-top:4px">{escape(label)}</div>')
-            parts.append(
-                f'<div style="{_PRE};background:#f6f8fa;color:#57606a" title="prompt">'
-                f"{escape(_clip(str(call.get('prompt', '')), self.max_chars, keep='end'))}</div>"
-            )
-            bg = "rgba(46,160,67,0.18)" if trained else "#f6f8fa"
-            parts.append(
-                f'<div style="{_PRE};background:{bg}" title="completion">'
-                f"{escape(_clip(str(call.get('completion', '')), self.max_chars))}</div>"
-            )
-            if call.get("tool_calls"):
-                parts.append(
-                    f'<div style="color:#57606a">tool calls: '
-                    f"{escape(_clip(str(call['tool_calls']), 1000))}</div>"
-                )
-        return "".join(parts)
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
         return {"text/plain": self.summary(), "text/html": self.to_html()}
@@ -170,17 +124,156 @@ class AttemptsTable:
         return LiveDisplay(self, **kwargs).show()
 
 
-def _status(r: Mapping[str, Any]) -> str:
+def merge_rollout(row: dict[str, Any], rollout: Mapping[str, Any]) -> None:
+    """Copy what only the trained step knows (step, group, trained) onto an ``on_attempt`` row."""
+    for key in ("step", "group", "slot", "trained"):
+        if key in rollout:
+            row[key] = rollout[key]
+    text = row.get("text")
+    if isinstance(text, Mapping) and isinstance(text.get("calls"), list) and "trained" in rollout:
+        row["text"] = {**text, "calls": [{**c, "trained": rollout["trained"]} for c in text["calls"]]}
+
+
+def cells(r: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """One attempt's (shown text, hover text) per column."""
+    versions = [v for v in r.get("policy_versions") or [] if isinstance(v, int)]
+    policy = "-"
+    if versions:
+        lo, hi = min(versions), max(versions)
+        policy = f"v{lo}" if lo == hi else f"v{lo}-{hi}"
+    attempt = str(r.get("attempt", ""))
+    short = attempt.rsplit("/", 1)[-1] if "/" in attempt else attempt
+    step = r.get("step")
+    shown_step = str(step + 1) if isinstance(step, int) else "-"
+    group = r.get("group")
+    status = status_text(r)
+    out = [
+        (
+            shown_step,
+            f"step {shown_step}" + (f" (step {step} in rollouts.jsonl)" if isinstance(step, int) else ""),
+        ),
+        (
+            f"g{group}" if group is not None else "-",
+            f"group {group}" if group is not None else "group unknown",
+        ),
+        (short, attempt),
+        (str(r.get("task", "")), str(r.get("task", ""))),
+        (fmt(r.get("reward"), 3), f"reward {r.get('reward')}"),
+        (status, status + (f": {r['detail']}" if r.get("detail") else "")),
+        (policy, "sampled by policy " + policy),
+        (str(r.get("calls", "")), "model calls"),
+        (fmt(r.get("sampled_tokens")), "sampled tokens"),
+        (fmt(r.get("seconds"), 3), "seconds"),
+    ]
+    return out
+
+
+def trained_flag(r: Mapping[str, Any]) -> bool | None:
+    """Whether the attempt trained: the row's flag (from its step's rollouts), else its calls' flags when every
+    call has one (a hand-fed record), else None (its step has not trained yet)."""
+    if r.get("trained") is not None:
+        return bool(r["trained"])
+    text = r.get("text")
+    calls = (text.get("calls") if isinstance(text, Mapping) else None) or []
+    flags = [c.get("trained") for c in calls if isinstance(c, Mapping)]
+    if flags and all(f is not None for f in flags):
+        return any(flags)
+    return None
+
+
+def status_text(r: Mapping[str, Any]) -> str:
     if r.get("discarded"):
         return f"discarded: {r['discarded']}"
-    return "ok"
+    trained = trained_flag(r)
+    if trained is None:
+        return "ok · pending"  # its step has not trained yet
+    return "ok · trained" if trained else "ok · not trained"
 
 
-def _cell(text: str, width: int, colour: str) -> str:
+def _status_colour(r: Mapping[str, Any]) -> str:
+    if r.get("discarded"):
+        return "#b91c1c"
+    if trained_flag(r):
+        return "#1a7f37"
+    return "#57606a"
+
+
+def text_table(rows: Iterable[Mapping[str, Any]]) -> str:
+    lines = ["  ".join(name.ljust(width) for name, width in COLUMNS).rstrip()]
+    for r in rows:
+        lines.append(
+            "  ".join(
+                _ellipsis(text, width).ljust(width)
+                for (text, _), (_, width) in zip(cells(r), COLUMNS, strict=True)
+            ).rstrip()
+        )
+    return "\n".join(lines)
+
+
+def rows_html(rows: Iterable[Mapping[str, Any]], *, max_chars: int = 4000) -> str:
+    """The header and one ``<details>`` per attempt, transcript inside (sanitizer-proof)."""
+    head = "".join(_cell(name, name, width, "#374151;font-weight:600") for name, width in COLUMNS)
+    out = [f'<div style="padding-left:14px;border-bottom:1px solid #9ca3af;white-space:nowrap">{head}</div>']
+    out.extend(row_html(r, max_chars=max_chars) for r in rows)
+    return "".join(out)
+
+
+def row_html(r: Mapping[str, Any], *, max_chars: int = 4000) -> str:
+    status_colour = _status_colour(r)
+    row = "".join(
+        _cell(text, hover, width, status_colour if name == "status" else "#1f2328")
+        for (text, hover), (name, width) in zip(cells(r), COLUMNS, strict=True)
+    )
+    summary = (
+        f'<summary style="cursor:pointer;white-space:nowrap;border-bottom:1px solid #f3f4f6">{row}</summary>'
+    )
+    return f'<details>{summary}<div style="padding:4px 0 8px 14px">{transcript_html(r, max_chars)}</div></details>'
+
+
+def transcript_html(r: Mapping[str, Any], max_chars: int) -> str:
+    parts = []
+    parts.append(f'<div style="color:#57606a">attempt {escape(str(r.get("attempt", "")))}</div>')
+    if r.get("detail"):
+        parts.append(f'<div style="color:#57606a">detail: {escape(_clip(str(r["detail"]), 500))}</div>')
+    text = r.get("text")
+    calls = (text.get("calls") if isinstance(text, Mapping) else None) or []
+    if not calls:
+        parts.append(
+            '<div style="color:#6b7280">no transcript recorded (output.trace = "full" keeps '
+            "one per attempt)</div>"
+        )
+    for n, call in enumerate(calls, 1):
+        trained = call.get("trained", r.get("trained"))
+        finish = call.get("finish_reason") or "-"
+        state = {True: "trained", False: "not trained", None: "training pending"}.get(trained, "not trained")
+        label = f"call {n}/{len(calls)} · finish {finish} · {state}"
+        parts.append(f'<div style="color:#57606a;margin-top:4px">{escape(label)}</div>')
+        parts.append(
+            f'<div style="{_PRE};background:#f6f8fa;color:#57606a" title="prompt">'
+            f"{escape(_clip(str(call.get('prompt', '')), max_chars, keep='end'))}</div>"
+        )
+        bg = "rgba(46,160,67,0.18)" if trained is True else "#f6f8fa"
+        parts.append(
+            f'<div style="{_PRE};background:{bg}" title="completion">'
+            f"{escape(_clip(str(call.get('completion', '')), max_chars))}</div>"
+        )
+        if call.get("tool_calls"):
+            parts.append(
+                f'<div style="color:#57606a">tool calls: {escape(_clip(str(call["tool_calls"]), 1000))}</div>'
+            )
+    return "".join(parts)
+
+
+def _cell(text: str, hover: str, width: int, colour: str) -> str:
+    em = f"{width * _EM_PER_CHAR + 0.6:.2f}em"  # + a gap between columns
     return (
-        f'<span title="{escape(text)}" style="display:inline-block;width:{width + 1}ch;overflow:hidden;'
+        f'<span title="{escape(hover)}" style="display:inline-block;width:{em};overflow:hidden;'
         f'text-overflow:ellipsis;white-space:nowrap;vertical-align:top;color:{colour}">{escape(text)}</span>'
     )
+
+
+def _ellipsis(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _clip(text: str, limit: int, *, keep: str = "start") -> str:

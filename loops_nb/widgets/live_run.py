@@ -1,10 +1,16 @@
 """`LiveRun`: a run observer that shows the whole run in one live notebook output, or prints lines in a script.
 
-It composes the other widgets (reward or loss curve, run health, token counts, recent attempts) under a
-progress line with the step counter and ETA, and re-renders them through one throttled display handle, so the
-notebook never receives more than a couple of updates a second and a saved notebook holds the final state. The
-panel is plain inline-styled HTML (the curve drawn with positioned ``<div>``s rather than SVG, which JupyterLab
-strips from untrusted notebooks), so it reads the same live, in papermill output, offline HTML and on reopen.
+It composes the other widgets (reward or loss curve, run health, token counts) under a progress line with the
+step counter and ETA, and re-renders them through one throttled display handle, so the notebook never receives
+more than a couple of updates a second and a saved notebook holds the final state. While a step runs a
+heartbeat re-renders the panel every ``heartbeat_s`` seconds, so elapsed time and "step k running for …" move
+even before the first step ends. The panel is plain inline-styled HTML using only what JupyterLab's sanitizer
+keeps (the curve drawn with positioned ``<div>``s rather than SVG), so it reads the same live, in papermill
+output, offline HTML and on reopen.
+
+RL attempts are not part of the panel: each trained step's attempts are displayed once, below the panel, by an
+`AttemptsLog`, and never re-rendered, so a transcript a person opens stays open while training goes on. Steps
+are numbered from 1 everywhere in the panel (the CLI's "step 1/3"); steps.jsonl and rollouts.jsonl count from 0.
 
 Stopping: ``LiveRun(stop_event=asyncio.Event())`` adds a Stop button (an ipywidgets Button, only in a kernel)
 that sets the event; pass the same event to the loop (``project.train(observers=[live], stop=live.stop_event)``),
@@ -32,7 +38,8 @@ from typing import Any, TextIO
 
 from loops_nb.observers import TerminalReporter, eta
 from loops_nb.step_record import StepRecord
-from loops_nb.widgets.attempts_table import AttemptsTable
+from loops_nb.widgets.attempts_log import AttemptsLog
+from loops_nb.widgets.attempts_table import plural
 from loops_nb.widgets.environment import LiveDisplay, ipython_display, resolve_output
 from loops_nb.widgets.reward_curve import LossCurve, RewardCurve
 from loops_nb.widgets.run_health import RunHealth
@@ -46,8 +53,10 @@ class LiveRun:
     """A run observer (``on_start``/``on_step``/``on_attempt``/``on_progress``/``on_end``) rendering the run live.
 
     ``stop_event`` adds a Stop button that sets it; ``max_hz`` caps re-renders; ``mode`` overrides
-    ``$LOOPS_NB_PROGRESS``; ``stream`` is where script lines go; ``attempts`` how many recent attempts the panel
-    keeps; ``display_fn`` replaces IPython's ``display`` (tests, other frontends).
+    ``$LOOPS_NB_PROGRESS``; ``stream`` is where script lines go; ``attempts`` how many attempts of a step the
+    attempts log shows and ``attempt_steps`` for how many recent steps; ``heartbeat_s`` how often the panel
+    re-renders while a step runs (0: never); ``display_fn`` replaces IPython's ``display`` (tests, other
+    frontends).
     """
 
     def __init__(
@@ -57,21 +66,28 @@ class LiveRun:
         max_hz: float = 2.0,
         mode: str | None = None,
         stream: TextIO | None = None,
-        attempts: int = 20,
+        attempts: int = 64,
+        attempt_steps: int = 4,
+        heartbeat_s: float = 2.0,
         display_fn: Callable[..., Any] | None = None,
     ) -> None:
         self.stop_event = stop_event
         self.output = resolve_output(mode, display_fn)
         self.curve: RewardCurve | LossCurve | None = None
         self.tokens = TokenCounts()
-        anchor = f"loops-attempts-{uuid.uuid4().hex[:8]}"
-        self.attempts = AttemptsTable(max_rows=attempts, anchor=anchor)
-        self.health = RunHealth(attempts_anchor=anchor)
+        self.anchor = f"loops-attempts-{uuid.uuid4().hex[:8]}"
+        shows = (display_fn or ipython_display) if self.output == "display" else None
+        self.attempts = AttemptsLog(display_fn=shows, keep_steps=attempt_steps, max_rows=attempts)
+        self.health = RunHealth(attempts_anchor=self.anchor)
         self.info: dict[str, Any] = {}
         self.progress: dict[str, Any] = {}
         self.status = "waiting"
         self.step: int | None = None  # steps done (the last record's step + 1)
         self.started: float | None = None
+        self.step_started: float | None = None  # when the step now running began (the heartbeat shows it)
+        self.heartbeat_s = heartbeat_s
+        self.resume_step: int | None = None  # a failed run's last checkpoint (on_end says)
+        self._heartbeat: asyncio.TimerHandle | None = None
         self.ended: float | None = None
         self.task: asyncio.Task[Any] | None = None
         self._display = LiveDisplay(
@@ -89,7 +105,7 @@ class LiveRun:
         self.info = dict(info)
         if self.status != "stopping":  # Stop may be pressed before the run has set itself up
             self.status = "running"
-        self.started = time.monotonic()
+        self.started = self.step_started = time.monotonic()
         self.step = int(info.get("start_step") or 0)
         self._remember_loop()
         if self.curve is None and info.get("recipe") in ("rl", "sft"):
@@ -100,6 +116,8 @@ class LiveRun:
             self._display.update(force=True)
         else:
             self.show()
+        self._cancel_beat()
+        self._beat()
 
     def on_step(self, record: Mapping[str, Any]) -> None:
         record = StepRecord.of(record)
@@ -107,6 +125,9 @@ class LiveRun:
             self.started = time.monotonic()
             self.status = "running"
         self.step = record.step + 1
+        self.step_started = time.monotonic()
+        if not self.attempts.got_rollouts:  # a producer without on_rollouts: show its attempts per step
+            self.attempts.flush(record.step)
         if self.curve is None:
             self.curve = RewardCurve() if "reward/mean" in record.metrics else LossCurve()
         self.curve.on_step(record)
@@ -119,6 +140,11 @@ class LiveRun:
     def on_attempt(self, record: dict[str, Any]) -> None:
         self.attempts.on_attempt(record)
         self.health.on_attempt(record)
+        self._display.update()
+
+    def on_rollouts(self, payload: dict[str, Any]) -> None:
+        """A step trained: its attempts (with what trained) go below the panel, once."""
+        self.attempts.on_rollouts(payload)
         self._display.update()
 
     def on_progress(self, snapshot: dict[str, Any]) -> None:
@@ -139,9 +165,15 @@ class LiveRun:
 
     def on_end(self, summary: dict[str, Any]) -> None:
         self.status = str(summary.get("status") or "completed")
+        if self.status == "failed" and summary.get("error"):
+            self.status = f"failed: {summary['error']}"
+        if summary.get("resume_step") is not None:
+            self.resume_step = int(summary["resume_step"])
         self.ended = time.monotonic()
         if summary.get("steps") is not None:
             self.step = int(summary["steps"])
+        if not self.attempts.got_rollouts:
+            self.attempts.flush(self.step - 1 if self.step else None)
         if self._reporter:
             self._reporter.on_end(summary)
         self.finalize()
@@ -159,11 +191,12 @@ class LiveRun:
 
     def finalize(self) -> None:
         """Render the final state and retire the Stop button (called by ``on_end``)."""
+        self._cancel_beat()
         if self.button is not None:
             with contextlib.suppress(Exception):  # the kernel's comm may already be gone
                 self.button.disabled = True
                 if self._button_handle is not None:
-                    self._button_handle.update(_Static(f"run {self.status} at step {self.step}"))
+                    self._button_handle.update(_Static(self._final_line()))
                 self.button.close()
             self.button = None
         self._display.finalize()
@@ -192,7 +225,8 @@ class LiveRun:
         if self.button is not None:
             with contextlib.suppress(Exception):  # the kernel's comm may already be gone
                 self.button.disabled = True
-                self.button.description = "Stopping at the next step…"
+                self.button.description = "Stopping…"
+                self.button.tooltip = "Stopping at the next step boundary; a checkpoint is saved"
         self._display.update(force=True)
 
     def run_in_background(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
@@ -235,6 +269,7 @@ class LiveRun:
             button_style="danger",
             icon="stop",
             tooltip="Stop at the next step boundary; a checkpoint is saved",
+            layout=ipywidgets.Layout(width="auto", min_width="110px"),  # the label must never be cut
         )
         button.on_click(lambda _: self.stop())
         return button
@@ -242,6 +277,46 @@ class LiveRun:
     def _remember_loop(self) -> None:
         with contextlib.suppress(RuntimeError):  # called without a loop (a synchronous test)
             self._loop = asyncio.get_running_loop()
+
+    def _beat(self) -> None:
+        """Re-render every ``heartbeat_s`` while the run runs, so the clock moves during a long step."""
+        self._heartbeat = None
+        if self.status not in ("running", "stopping", "waiting") or self.output != "display":
+            return
+        if self.heartbeat_s <= 0 or self._loop is None or self._loop.is_closed():
+            return
+        if self.started is not None and self._display.shown:
+            try:
+                self._display.update()
+            except Exception:  # a display glitch must never surface in the training loop
+                log.exception("live panel heartbeat failed")
+        self._heartbeat = self._loop.call_later(self.heartbeat_s, self._beat)
+
+    def _cancel_beat(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            self._heartbeat = None
+
+    def _final_line(self) -> str:
+        done = self.step or 0
+        text = f"run {self.status} after {plural(done, 'step')}"
+        if self.resume_hint():
+            text += f". {self.resume_hint()}"
+        return text
+
+    def resume_hint(self) -> str | None:
+        """How to go on with a run that stopped or failed before its last step (None otherwise)."""
+        total = int(self.info.get("max_steps") or 0)
+        if not self.info.get("run_dir") or self.status in ("completed", "running", "waiting"):
+            return None
+        if total and (self.step or 0) >= total:
+            return None
+        name = str(self.info["run_dir"]).rstrip("/").rsplit("/", 1)[-1]
+        where = f" (step {self.resume_step})" if self.resume_step is not None else ""
+        return (
+            f'To resume from its last checkpoint{where}, set run_name = "{name}" in the parameters cell and run '
+            f"the notebook again, or run: loops train <config> --output.run_name {name}"
+        )
 
     # -- renderers --------------------------------------------------------------------------------------------
 
@@ -255,22 +330,28 @@ class LiveRun:
                 str(self.info["recipe"]).upper()
                 + (f" · {self.info['model']}" if self.info.get("model") else "")
             )
-        parts.append(f"step {done}/{total}" if total else f"step {done}")
+        parts.append(f"{done}/{total} steps" if total else plural(done, "step"))
+        live = self.status in ("running", "stopping")
+        now = self.ended or time.monotonic()
         if self.started is not None:
-            elapsed = (self.ended or time.monotonic()) - self.started
-            parts.append(f"{_duration(elapsed)} elapsed")
-            if self.status in ("running", "stopping") and total:
-                parts.append(f"ETA {eta(done - start, total - start, elapsed)}")
-        if self.progress.get("attempts_done") is not None:
+            parts.append(f"{_duration(now - self.started)} elapsed")
+            if self.status == "running" and total:
+                parts.append(f"ETA {eta(done - start, total - start, now - self.started)}")
+        if live and self.step_started is not None and (not total or done < total):
+            parts.append(f"step {done + 1} running for {_duration(now - self.step_started)}")
+        if live and self.progress.get("attempts_done") is not None:
             flight = self.progress.get("in_flight")
             parts.append(
-                f"{self.progress['attempts_done']} attempts" + (f" ({flight} in flight)" if flight else "")
+                plural(int(self.progress["attempts_done"]), "attempt")
+                + (f" ({flight} in flight)" if flight else "")
             )
-        parts.append(self.status)
+        elif not live and self.attempts.seen:
+            parts.append(plural(self.attempts.seen, "attempt"))
+        parts.append("stopping at the end of this step" if self.status == "stopping" else self.status)
         return " · ".join(parts)
 
     def __repr__(self) -> str:
-        return f"LiveRun({self.progress_line()})"
+        return f"<LiveRun: {self.progress_line()}>"
 
     def __str__(self) -> str:
         lines = [self.progress_line()]
@@ -279,6 +360,8 @@ class LiveRun:
         lines += [str(self.health), self.tokens.summary()]
         if self.attempts.seen:
             lines.append(self.attempts.summary())
+        if self.resume_hint():
+            lines.append(str(self.resume_hint()))
         return "\n".join(lines)
 
     def to_html(self) -> str:
@@ -298,13 +381,23 @@ class LiveRun:
             f"<div>{chart}</div><div>{self.tokens.to_html()}</div></div>"
         )
         health = f'<div style="margin-top:6px">{self.health.to_html()}</div>'
-        attempts = (
-            f'<div style="margin-top:8px">{self.attempts.to_html()}</div>' if self.attempts.seen else ""
-        )
-        return f'<div style="padding:4px 0">{head}{top}{health}{attempts}</div>'
+        attempts = ""
+        if self.attempts.seen or self.attempts.steps_shown:
+            where = " · each trained step's attempts below, newest last" if self.attempts.display_fn else ""
+            attempts = (
+                f'<div id="{self.anchor}" style="font:12px system-ui,sans-serif;color:#374151;margin-top:8px">'
+                f"{escape(self.attempts.summary())}{where}</div>"
+            )
+        resume = ""
+        if self.resume_hint():
+            resume = (
+                f'<div style="font:12px system-ui,sans-serif;margin-top:8px;padding:4px 8px;border-radius:4px;'
+                f'background:#fff8c5;color:#1f2328">{escape(str(self.resume_hint()))}</div>'
+            )
+        return f'<div style="padding:4px 0">{head}{top}{health}{attempts}{resume}</div>'
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        return {"text/plain": repr(self), "text/html": self.to_html()}
+        return {"text/plain": str(self), "text/html": self.to_html()}
 
 
 class _Static:

@@ -43,7 +43,7 @@ class _Curve:
         raise NotImplementedError
 
     def __repr__(self) -> str:
-        return self.summary()
+        return f"<{type(self).__name__}: {self.summary()}>"
 
     def to_svg(self, *, width: int = 520, height: int = 220) -> str:
         return svg_chart(self.series(), title=self.title, y_label=self.y_label, width=width, height=height)
@@ -134,7 +134,7 @@ class RewardCurve(_Curve):
         if self.key not in step.metrics:
             return
         self.add(
-            step.step,
+            step.step + 1,  # the panel numbers steps from 1 (the record's step counts from 0)
             step.number(self.key),
             std=step.number("reward/std"),
             low=step.number("reward/min"),
@@ -179,7 +179,7 @@ class RewardCurve(_Curve):
         return max(values) if values else None
 
     def summary(self) -> str:
-        return f"RewardCurve({len(self.steps)} steps, last={fmt(self.last, 3)}, best={fmt(self.best, 3)})"
+        return f"{self.title}: {_steps(len(self.steps))}, last {fmt(self.last, 3)}, best {fmt(self.best, 3)}"
 
     def __str__(self) -> str:
         return f"{self.summary()} {sparkline(self.means)}".rstrip()
@@ -241,7 +241,7 @@ class LossCurve(_Curve):
         """Take a step record (``step``, ``loss``, ``eval/loss``)."""
         step = StepRecord.of(record)
         if "loss" in step.metrics or "eval/loss" in step.metrics:
-            self.add(step.step, step.number("loss"), step.number("eval/loss"))
+            self.add(step.step + 1, step.number("loss"), step.number("eval/loss"))
 
     add_record = on_step
 
@@ -266,11 +266,11 @@ class LossCurve(_Curve):
         return min(values) if values else None
 
     def summary(self) -> str:
-        text = f"LossCurve({len(self.steps)} steps, loss={fmt(self.last, 3)}"
+        text = f"{self.title}: {_steps(len(self.steps))}, last {fmt(self.last, 3)}"
         if self.last_eval is not None:
             step, value = self.last_eval
-            text += f", eval={fmt(value, 3)} @ step {step}, best eval={fmt(self.best_eval, 3)}"
-        return text + ")"
+            text += f", eval {fmt(value, 3)} at step {step}, best eval {fmt(self.best_eval, 3)}"
+        return text
 
     def __str__(self) -> str:
         return f"{self.summary()} {sparkline(self.losses)}".rstrip()
@@ -301,3 +301,7 @@ class LossCurve(_Curve):
                 )
             )
         return out
+
+
+def _steps(n: int) -> str:
+    return "1 step" if n == 1 else f"{n} steps"

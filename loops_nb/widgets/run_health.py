@@ -222,9 +222,11 @@ class RunHealth:
     def summary(self) -> str:
         counts = Counter(c.status for c in self.checks())
         parts = ", ".join(f"{counts[s]} {s}" for s in ("ok", "warn", "bad") if counts[s])
-        return f"RunHealth({len(self.records)} steps{': ' + parts if parts else ''})"
+        steps = "1 step" if len(self.records) == 1 else f"{len(self.records)} steps"
+        return f"health over {steps}{': ' + parts if parts else ''}"
 
-    __repr__ = summary
+    def __repr__(self) -> str:
+        return f"<RunHealth: {self.summary()}>"
 
     def __str__(self) -> str:
         lines = [self.summary()]
@@ -242,8 +244,8 @@ class RunHealth:
             rows.append(
                 f'<tr><td style="padding:1px 6px;color:{colour};font-weight:700" title="{c.status}">{glyph}</td>'
                 f'<td style="padding:1px 6px;white-space:nowrap">{escape(c.name)}</td>'
-                f'<td style="padding:1px 6px;text-align:right;font-weight:600">{escape(c.value)}</td>'
-                f'<td style="padding:1px 6px;color:#57606a;letter-spacing:-1px">{escape(c.trend)}</td>'
+                f'<td style="padding:1px 6px;text-align:right;font-weight:600;white-space:nowrap">{escape(c.value)}</td>'
+                f'<td style="padding:1px 6px;color:#57606a;letter-spacing:-1px;white-space:nowrap">{escape(c.trend)}</td>'
                 f'<td style="padding:1px 6px;color:#1f2328">{hint}</td></tr>'
             )
         return (

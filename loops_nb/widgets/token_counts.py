@@ -55,7 +55,7 @@ class TokenCounts:
         for key in counts:
             if key not in self.columns:
                 self.columns.append(key)
-        self.steps.append((step.step, counts))
+        self.steps.append((step.step + 1, counts))  # numbered from 1, as the rest of the panel
         for key, value in counts.items():
             if key in self.cumulative_keys:
                 self.totals[key] = value
@@ -96,9 +96,9 @@ class TokenCounts:
             rows.append(("steps (estimate)", f"~{report.total_steps:,}"))
         counts.report_rows = rows
         counts._report_summary = (
-            f"TokenCounts(dataset: {report.tokens:,} tokens, {report.trained_tokens:,} "
+            f"dataset: {report.tokens:,} tokens, {report.trained_tokens:,} "
             f"trained{share}, {report.untrained_tokens:,} untrained, "
-            f"{report.n_examples:,} examples)"
+            f"{report.n_examples:,} examples"
         )
         return counts
 
@@ -114,12 +114,14 @@ class TokenCounts:
         if self.report_rows is not None:
             return self._report_summary
         if not self.steps:
-            return "TokenCounts(no steps yet)"
+            return "tokens: no steps yet"
         parts = [f"{_label(k)} {self.totals[k]:,}" for k in self.columns]
         share = f" ({self.trained_share:.1%} trained)" if self.trained_share is not None else ""
-        return f"TokenCounts({len(self.steps)} steps: {', '.join(parts)}{share})"
+        steps = f"{len(self.steps)} step" if len(self.steps) == 1 else f"{len(self.steps)} steps"
+        return f"tokens over {steps}: {', '.join(parts)}{share}"
 
-    __repr__ = summary
+    def __repr__(self) -> str:
+        return f"<TokenCounts: {self.summary()}>"
 
     def __str__(self) -> str:
         if self.report_rows is not None:
@@ -154,7 +156,7 @@ class TokenCounts:
         if skipped > 0:
             rows.append(
                 f'<tr><td colspan="{len(self.columns) + 1}" style="{_CELL};color:#9ca3af">'
-                f"… {skipped} earlier steps</td></tr>"
+                f"… {skipped} earlier step{'s' if skipped != 1 else ''}</td></tr>"
             )
         for step, counts in self.steps[-self.recent :]:
             cells = "".join(f'<td style="{_CELL}">{counts.get(k, 0):,}</td>' for k in self.columns)

@@ -80,7 +80,7 @@ EXPECT: dict[str, list[str]] = {
     "tool_agent.ipynb": [
         "check: ok",
         "status: completed",
-        "AttemptsTable(6 of 6 attempts",
+        "6 attempts: mean reward",
         "6 created, 6 released",
     ],
     "terminal_bench.ipynb": [

@@ -30,20 +30,20 @@ def trace(bundle: dict, name: str) -> dict:
 def test_reward_curve_three_renderers() -> None:
     curve = reward_curve()
     bundle = curve._repr_mimebundle_()
-    assert bundle["text/plain"] == "RewardCurve(8 steps, last=0.72, best=0.75)"
+    assert bundle["text/plain"] == "reward: 8 steps, last 0.72, best 0.75"
     assert "\n" not in bundle["text/plain"]
-    assert repr(curve) == bundle["text/plain"]
+    assert repr(curve) == f"<RewardCurve: {bundle['text/plain']}>"
 
     html = bundle["text/html"]
-    assert_static_html(html)
+    assert_static_html(html, svg=True)  # the SVG is for nbconvert; Lab shows the plotly JSON
     assert html.count("<circle") == 8
     titles = re.findall(r"<title>([^<]*)</title>", html)
-    assert titles[0] == "step 0: reward/mean 0.1 ± 0.1"
+    assert titles[0] == "step 1: reward/mean 0.1 ± 0.1"  # records count from 0, the panel from 1
     assert "<polygon" in html  # the ± std band
     assert ">step</text>" in html and ">reward/mean</text>" in html  # axis labels
 
     mean = trace(bundle, "reward/mean")
-    assert mean["x"] == list(range(8))
+    assert mean["x"] == list(range(1, 9))
     assert mean["y"] == REWARDS
     high = trace(bundle, "reward/mean high")
     assert high["y"][0] == REWARDS[0] + 0.1
@@ -54,7 +54,7 @@ def test_reward_curve_minmax_spread_and_resume() -> None:
     for step in range(5):
         curve.on_step({"step": step, "reward/mean": step / 10, "reward/min": 0.0, "reward/max": 1.0})
     curve.on_step({"step": 3, "reward/mean": 0.9, "reward/min": 0.5, "reward/max": 1.0})  # resumed at step 3
-    assert curve.steps == [0, 1, 2, 3]
+    assert curve.steps == [1, 2, 3, 4]
     assert curve.last == 0.9
     assert "[0.5, 1]" in curve.to_svg()
 
@@ -62,7 +62,7 @@ def test_reward_curve_minmax_spread_and_resume() -> None:
 def test_empty_curve_renders() -> None:
     curve = RewardCurve()
     bundle = curve._repr_mimebundle_()
-    assert bundle["text/plain"] == "RewardCurve(0 steps, last=-, best=-)"
+    assert bundle["text/plain"] == "reward: 0 steps, last -, best -"
     assert "<svg" in bundle["text/html"] and PLOTLY not in bundle
 
 
@@ -74,9 +74,9 @@ def test_loss_curve_train_and_eval() -> None:
             record["eval/loss"] = 2.1 - 0.05 * step
         curve.on_step(record)
     bundle = curve._repr_mimebundle_()
-    assert bundle["text/plain"] == "LossCurve(10 steps, loss=1.1, eval=1.7 @ step 8, best eval=1.7)"
+    assert bundle["text/plain"] == "loss: 10 steps, last 1.1, eval 1.7 at step 9, best eval 1.7"
     html = bundle["text/html"]
-    assert_static_html(html)
+    assert_static_html(html, svg=True)
     assert html.count("<circle") == 10 + 3
     assert 'stroke-dasharray="5,3"' in html  # eval is dashed
     assert trace(bundle, "train loss")["y"][-1] == 1.1
@@ -108,7 +108,7 @@ def test_dot_chart_uses_only_sanitizer_safe_markup() -> None:
     assert_static_html(html)
     assert "<svg" not in html and "<circle" not in html
     assert html.count("border-radius:50%") == 8
-    assert 'title="step 7: reward/mean 0.72 ± 0.1"' in html
+    assert 'title="step 8: reward/mean 0.72 ± 0.1"' in html
 
 
 def test_sparkline() -> None:

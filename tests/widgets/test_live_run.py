@@ -8,7 +8,7 @@ import re
 import threading
 
 import pytest
-from widget_fixtures import FakeDisplay, assert_static_html, fake_rl_run, sft_events
+from widget_fixtures import FakeDisplay, assert_static_html, fake_rl_run, rl_attempt, rl_step, sft_events
 
 from loops_nb.widgets import LiveRun, LossCurve, RewardCurve
 
@@ -16,35 +16,96 @@ from loops_nb.widgets import LiveRun, LossCurve, RewardCurve
 async def test_rl_events_render_one_throttled_panel(fake_display: FakeDisplay) -> None:
     live = LiveRun(display_fn=fake_display, max_hz=2.0)
     assert await fake_rl_run(live, steps=10) == "completed"
-    assert len(fake_display.handles) == 1  # no stop event: no button, one panel
-    panel = fake_display.handles[0]
+    panel, *blocks = fake_display.handles  # no stop event: no button; the panel, then one output per step
     # 10 steps x (4 attempts + step + progress) = 60 events in ~0.1 s: throttled, plus the final update.
     assert 1 <= panel.updates <= 4
     bundle = panel.last._repr_mimebundle_()
-    assert bundle["text/plain"].startswith("LiveRun(RL · tiny · step 10/10 ·")
-    assert bundle["text/plain"].endswith("40 attempts (2 in flight) · completed)")
+    first = bundle["text/plain"].splitlines()[0]
+    assert first.startswith("RL · tiny · 10/10 steps ·") and first.endswith("· 40 attempts · completed")
+    assert "in flight" not in first  # the final header does not keep the last progress snapshot
+    assert "LiveRun(" not in bundle["text/plain"]
     html = bundle["text/html"]
     assert_static_html(html)
     assert "<svg" not in html  # the panel's chart is sanitizer-proof divs
     assert len(re.findall(r'title="step \d+: reward/mean', html)) == 10
+    assert 'title="step 10: reward/mean' in html and 'title="step 0:' not in html  # numbered from 1
     assert "reward/group_std_mean" in html and "kl/sample_train_v1" in html  # run health
     assert ">10,045<" in html  # sampled tokens total
-    assert html.count("<details>") == 20  # the panel keeps the 20 most recent attempts
+    assert "<details>" not in html  # transcripts live in the step outputs, which are never re-rendered
     assert isinstance(live.curve, RewardCurve) and live.curve.last == pytest.approx(0.65)
+    # fake_rl_run sends no on_rollouts: each step's attempts are flushed as one block when the step ends.
+    assert len(blocks) == 10 and all(b.updates == 0 for b in blocks[-4:])  # the last 4 keep their rows
+    assert all(b.updates == 1 for b in blocks[:-4])  # older ones folded to a line, once
+    last = blocks[-1].obj.to_html()
+    assert_static_html(last)
+    assert last.count("<details>") == 4 and "step 10: 4 attempts" in last
+
+
+def rollout_rows(step: int, attempts: list[dict]) -> dict:
+    return {
+        "step": step,
+        "rows": [
+            {"step": step, "group": n // 2, "attempt": a["attempt"], "trained": n % 2 == 0}
+            for n, a in enumerate(attempts)
+        ],
+    }
+
+
+def test_an_open_transcript_is_never_re_rendered(fake_display: FakeDisplay) -> None:
+    """The update protocol: the panel is re-rendered, a step's attempts are displayed once and then left alone
+    (a re-render would replace the <details> a person had opened)."""
+    live = LiveRun(display_fn=fake_display, max_hz=1000.0, attempt_steps=3)
+    live.on_start({"recipe": "rl", "model": "tiny", "max_steps": 4, "start_step": 0, "run_dir": "runs/x"})
+    for step in range(4):
+        attempts = [rl_attempt(step * 4 + a) for a in range(4)]
+        for a in attempts:
+            a["text"]["calls"][0]["trained"] = None  # as RLRun sends it: unknown until the step trains
+            live.on_attempt(a)
+        assert len(fake_display.handles) == 1 + step  # nothing shown before the step has trained
+        live.on_rollouts(rollout_rows(step, attempts))
+        live.on_step(rl_step(step))
+        if step == 0:
+            opened = fake_display.handles[1]
+    live.on_end({"status": "completed", "steps": 4})
+    panel, *blocks = fake_display.handles
+    assert len(blocks) == 4
+    assert opened is blocks[0] and opened.updates == 1  # left alone for the next 2 steps, folded at the 4th
+    assert [b.updates for b in blocks[1:]] == [0, 0, 0]
+    html = blocks[1].obj.to_html()
+    assert "step 2: 4 attempts · mean reward 1 · 2 trained · 0 discarded" in html
+    assert html.count(">ok · trained<") == 2 and html.count(">ok · not trained<") == 2
+    assert ">g1<" in html and 'title="a5"' in html
+    assert "16 attempts, 8 trained, 0 discarded" in panel.last.to_html()
 
 
 def test_sft_events_use_the_loss_curve(fake_display: FakeDisplay) -> None:
     live = LiveRun(display_fn=fake_display)
     sft_events(live)
     assert isinstance(live.curve, LossCurve)
+    assert len(fake_display.handles) == 1  # SFT has no attempts: no step outputs
     html = fake_display.handles[0].last.to_html()
     assert_static_html(html)
-    assert "SFT · tiny · step 6/6" in html and "completed" in html
+    assert "SFT · tiny · 6/6 steps" in html and "completed" in html
     assert len(re.findall(r'title="step \d+: loss', html)) == 6
     assert len(re.findall(r'title="step \d+: eval loss', html)) == 3
     assert ">600<" in html and ">2,400<" in html  # trained and total tokens
-    assert "AttemptsTable" not in html  # SFT has no attempts
-    assert str(live).splitlines()[1].startswith("LossCurve(6 steps")
+    assert "attempts" not in html
+    assert str(live).splitlines()[1].startswith("loss: 6 steps")
+
+
+async def test_the_heartbeat_moves_the_clock_while_a_step_runs(fake_display: FakeDisplay) -> None:
+    live = LiveRun(display_fn=fake_display, heartbeat_s=0.01, max_hz=1000.0)
+    live.on_start({"recipe": "sft", "model": "tiny", "max_steps": 3, "start_step": 0})
+    panel = fake_display.handles[0]
+    before = panel.updates
+    await asyncio.sleep(0.2)  # no event at all: the first step is still training
+    assert panel.updates > before
+    assert "step 1 running for" in live.progress_line()
+    live.on_end({"status": "completed", "steps": 3})
+    settled = panel.updates
+    await asyncio.sleep(0.1)
+    assert panel.updates == settled, "the heartbeat stops with the run"
+    assert "running for" not in live.progress_line()
 
 
 async def test_script_mode_prints_one_line_per_step() -> None:
@@ -85,10 +146,14 @@ async def test_stop_button_sets_the_event_and_is_retired(fake_display: FakeDispl
     assert status == "stopped" and live.status == "stopped" and live.step == 2
     assert stop.is_set()
     final = button_handle.last._repr_mimebundle_()
-    assert final["text/plain"] == "run stopped at step 2"  # the saved notebook holds no dead widget
+    # The saved notebook holds no dead widget, and says how to go on.
+    assert final["text/plain"].startswith("run stopped after 2 steps. To resume from its last checkpoint")
+    assert 'set run_name = "fake"' in final["text/plain"] and "--output.run_name fake" in final["text/plain"]
     assert_static_html(final["text/html"])
     assert live.button is None
-    assert panel.last._repr_mimebundle_()["text/plain"].endswith("· stopped)")
+    text = panel.last._repr_mimebundle_()["text/plain"]
+    assert text.splitlines()[0].endswith("· stopped") and "--output.run_name fake" in text
+    assert "--output.run_name fake" in panel.last.to_html()
 
 
 async def test_stop_from_another_thread_wakes_the_loop(fake_display: FakeDisplay) -> None:
@@ -100,6 +165,8 @@ async def test_stop_from_another_thread_wakes_the_loop(fake_display: FakeDisplay
     await asyncio.wait_for(stop.wait(), 2)
     thread.join()
     assert live.status == "stopping"
+    line = live.progress_line()
+    assert "ETA" not in line and line.endswith("stopping at the end of this step")
 
 
 async def test_run_in_background_returns_at_once(fake_display: FakeDisplay) -> None:
@@ -138,3 +205,20 @@ def test_run_in_background_needs_a_loop() -> None:
 def test_stop_without_an_event_is_an_error() -> None:
     with pytest.raises(RuntimeError, match="stop_event"):
         LiveRun(mode="off").stop()
+
+
+def test_a_failed_run_stops_the_clock_and_says_how_to_resume(fake_display: FakeDisplay) -> None:
+    live = LiveRun(display_fn=fake_display)
+    live.on_start(
+        {"recipe": "rl", "model": "tiny", "max_steps": 5, "start_step": 0, "run_dir": "runs/r-0102"}
+    )
+    live.on_step(rl_step(0))
+    live.on_end({"status": "failed", "steps": 1, "error": "RuntimeError: CUDA error", "resume_step": 0})
+    html = fake_display.handles[0].last.to_html()
+    assert_static_html(html)
+    assert "failed: RuntimeError: CUDA error" in html and "ETA" not in html and "running for" not in html
+    assert (
+        "set run_name = &quot;r-0102&quot;" in html
+        and "--output.run_name r-0102" in html
+        and "(step 0)" in html
+    )

@@ -11,6 +11,7 @@ import time
 
 import nbformat
 import pytest
+from lab_sanitizer import stripped
 
 PLOTLY = "application/vnd.plotly.v1+json"
 WIDGET = "application/vnd.jupyter.widget-view+json"
@@ -34,7 +35,9 @@ run.on_start({"recipe": "rl", "model": "tiny", "max_steps": 3, "start_step": 0})
 for step in range(3):
     run.on_attempt({"attempt": f"a{step}", "task": "t", "reward": 1.0, "discarded": None, "calls": 1,
                     "policy_versions": [step], "sampled_tokens": 5, "seconds": 0.1,
-                    "text": {"calls": [{"prompt": "p", "completion": f"answer {step}", "trained": True}]}})
+                    "text": {"calls": [{"prompt": "p", "completion": f"answer {step}", "trained": None}]}})
+    run.on_rollouts({"step": step, "rows": [{"step": step, "group": 0, "attempt": f"a{step}",
+                                            "trained": step != 1}]})
     run.on_step({"step": step, "reward/mean": 0.5 + 0.1 * step, "reward/std": 0.1, "tokens/sampled": 10,
                  "tokens/trained": 5, "attempts": 1, "attempts/discarded": 0})
     await asyncio.sleep(0.01)
@@ -72,22 +75,28 @@ def test_saved_curve_holds_the_final_state(executed: nbformat.NotebookNode) -> N
     outputs = executed.cells[2].outputs  # [parameters, injected-parameters, curve, live run]
     assert [o.output_type for o in outputs] == ["display_data"]
     data = outputs[0].data
-    assert data["text/plain"] == "RewardCurve(5 steps, last=0.4, best=0.4)"
+    assert data["text/plain"] == "reward: 5 steps, last 0.4, best 0.4"
     assert data["text/html"].count("<circle") == 5
     figure = data[PLOTLY] if isinstance(data[PLOTLY], dict) else json.loads(data[PLOTLY])
     mean = next(t for t in figure["data"] if t["name"] == "reward/mean")
-    assert mean["x"] == [0, 1, 2, 3, 4]
+    assert mean["x"] == [0, 1, 2, 3, 4]  # add() takes the step as given
     assert mean["y"] == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.4])
 
 
 def test_saved_live_run_holds_the_final_panel_and_no_dead_widget(executed: nbformat.NotebookNode) -> None:
     outputs = executed.cells[3].outputs
     displays = [o for o in outputs if o.output_type == "display_data"]
-    assert len(displays) == 2
-    button, panel = (o.data for o in displays)
-    assert WIDGET not in button and button["text/plain"] == "run completed at step 3"
-    assert "step 3/3" in panel["text/plain"] and panel["text/plain"].endswith("completed)")
-    assert "answer 2" in panel["text/html"] and panel["text/html"].count("<details>") == 3
+    assert len(displays) == 2 + 3  # the button's line, the panel, one output per trained step
+    button, panel, *steps = (o.data for o in displays)
+    assert WIDGET not in button and button["text/plain"] == "run completed after 3 steps"
+    first = panel["text/plain"].splitlines()[0]
+    assert "3/3 steps" in first and first.endswith("· 3 attempts · completed")
+    assert "<details>" not in panel["text/html"]
+    assert [s["text/plain"].split(":")[0] for s in steps] == ["step 1", "step 2", "step 3"]
+    assert "answer 2" in steps[2]["text/html"] and steps[2]["text/html"].count("<details>") == 1
+    assert ">ok · not trained<" in steps[1]["text/html"] and ">ok · trained<" in steps[0]["text/html"]
+    for data in (button, panel, *steps):  # reopened untrusted, nothing of it is lost
+        assert stripped(data["text/html"]) == []
     assert "widgets" not in executed.metadata or not executed.metadata["widgets"].get(
         "application/vnd.jupyter.widget-state+json", {}
     ).get("state")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from widget_fixtures import assert_static_html, rl_attempt, rl_step
 
 from loops_nb.widgets import AttemptsTable, RunHealth, TokenCounts
@@ -14,7 +16,7 @@ def test_token_counts_per_step_rl() -> None:
     counts.on_step({"step": 5, "loss": 1.0})  # no tokens/*: ignored
     assert counts.totals == {"tokens/sampled": 5010, "tokens/trained": 3010}
     bundle = counts._repr_mimebundle_()
-    assert bundle["text/plain"] == "TokenCounts(5 steps: sampled 5,010, trained 3,010 (60.1% trained))"
+    assert bundle["text/plain"] == "tokens over 5 steps: sampled 5,010, trained 3,010 (60.1% trained)"
     html = bundle["text/html"]
     assert_static_html(html)
     assert "… 2 earlier steps" in html and ">5,010<" in html and html.count("<tr>") == 1 + 1 + 3 + 1
@@ -32,7 +34,7 @@ def test_token_counts_sft_and_cumulative_keys() -> None:
         counts.on_step({"step": step, "tokens/trained": 10, "tokens/total": 40 * (step + 1)})
     assert counts.totals == {"tokens/trained": 30, "tokens/total": 120}
     assert counts.trained_share == 0.25
-    assert TokenCounts().summary() == "TokenCounts(no steps yet)"
+    assert TokenCounts().summary() == "tokens: no steps yet"
 
 
 def test_attempts_table_is_bounded_with_transcripts_one_click_away() -> None:
@@ -41,16 +43,18 @@ def test_attempts_table_is_bounded_with_transcripts_one_click_away() -> None:
         table.on_attempt(rl_attempt(n, reward=1.0, discarded="timeout" if n == 11 else None))
     assert len(table.rows) == 5 and table.seen == 12 and table.discarded == 1
     bundle = table._repr_mimebundle_()
-    assert bundle["text/plain"] == "AttemptsTable(5 of 12 attempts, mean reward 1, 1 discarded)"
+    assert bundle["text/plain"] == "12 attempts, the last 5 shown: mean reward 1, 1 discarded"
     html = bundle["text/html"]
     assert_static_html(html)
     assert html.count("<details>") == 5 and html.count("<summary") == 5
     assert 'id="attempts-x"' in html
     assert html.index(">a11<") < html.index(">a7<")  # newest first
+    assert 'title="a11"' in html  # the full id on hover
     assert "discarded: timeout" in html and "detail: timed out" in html
     assert "The answer &lt;is&gt; 11 &amp; 42" in html  # transcripts are escaped
     text = str(table)
-    assert text.splitlines()[2].startswith("a11") and "discarded: timeout" in text
+    assert text.splitlines()[2].split()[:3] == ["-", "-", "a11"] and "discarded: timeout" in text
+    assert "ok · trained" in text  # the hand-fed calls say they trained
 
 
 def test_attempts_table_clips_long_texts() -> None:
@@ -89,7 +93,7 @@ def test_run_health_rl_reading_order_and_hints() -> None:
         "rising" in checks[0].hint and "95% of groups" in checks[1].hint and "timeout ×96" in checks[2].hint
     )
     bundle = health._repr_mimebundle_()
-    assert bundle["text/plain"] == "RunHealth(12 steps: 2 ok, 2 bad)"
+    assert bundle["text/plain"] == "health over 12 steps: 2 ok, 2 bad"
     assert_static_html(bundle["text/html"])
     assert 'href="#attempts-x"' in bundle["text/html"]
     assert str(health).splitlines()[1].lstrip().startswith("✓ reward/mean")
@@ -115,3 +119,46 @@ def test_run_health_sft_and_empty() -> None:
     loss, eval_loss = health.checks()
     assert loss.status == "ok" and "falling" in loss.hint
     assert eval_loss.status == "warn" and "overfitting" in eval_loss.hint
+
+
+def test_attempts_table_columns_survive_the_untrusted_sanitizer() -> None:
+    """Saved notebooks are untrusted: Lab drops style declarations it does not allow (``width:7ch`` once ran
+    every column together). Every declaration must survive, and the cells must have widths Lab keeps."""
+    from lab_sanitizer import stripped, style_kept
+
+    table = AttemptsTable()
+    long_id = "hidden-monopoly/g12/a31"
+    table.on_attempt({**rl_attempt(1), "attempt": long_id, "task": "hidden-monopoly"})
+    table.on_rollouts({"step": 4, "rows": [{"attempt": long_id, "step": 4, "group": 12, "trained": False}]})
+    html = table.to_html()
+    assert stripped(html) == []
+    widths = re.findall(r"width:([0-9.]+em)", html)
+    assert len(widths) >= 2 * 10 and all(style_kept("width", w) for w in widths)
+    assert not style_kept("width", "7ch")  # the checker itself knows what Lab drops
+    header = re.findall(r'<span title="([a-z]+)"', html)[:10]
+    assert header == [
+        "step",
+        "group",
+        "attempt",
+        "task",
+        "reward",
+        "status",
+        "policy",
+        "calls",
+        "tokens",
+        "secs",
+    ]
+    assert f'title="{long_id}"' in html and ">a31<" in html and ">g12<" in html
+    assert ">5<" in html  # step 4 in rollouts.jsonl is the panel's step 5
+    assert "ok · not trained" in html and "call 1/1 · finish stop · not trained" in html
+
+
+def test_attempts_say_pending_until_their_step_trains() -> None:
+    table = AttemptsTable()
+    record = rl_attempt(2)
+    record["text"]["calls"][0]["trained"] = None  # what RLRun sends: unknown when the attempt finishes
+    table.on_attempt(record)
+    assert "ok · pending" in table.to_html() and "training pending" in table.to_html()
+    table.on_rollouts({"step": 0, "rows": [{"attempt": "a2", "step": 0, "group": 0, "trained": True}]})
+    html = table.to_html()
+    assert "ok · trained" in html and "call 1/1 · finish stop · trained" in html

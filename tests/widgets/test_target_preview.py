@@ -132,9 +132,7 @@ def test_check_report_samples_and_token_counts(tokenizer: Any) -> None:
 
     counts = TokenCounts.from_report(report)
     bundle = counts._repr_mimebundle_()
-    assert bundle["text/plain"].startswith(
-        f"TokenCounts(dataset: {report.tokens:,} tokens, {report.trained_tokens:,}"
-    )
+    assert bundle["text/plain"].startswith(f"dataset: {report.tokens:,} tokens, {report.trained_tokens:,}")
     assert f"{report.untrained_tokens:,}" in bundle["text/html"]
     assert_static_html(bundle["text/html"])
     assert "rows: train / split / refused" in str(counts)

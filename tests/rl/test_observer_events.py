@@ -1,4 +1,5 @@
-"""What an RL run says was trained is what trained: the live events agree with rollouts.jsonl.
+"""What an RL run tells its observers: what trained is what trained (the live events agree with rollouts.jsonl),
+and a run that fails still ends (``on_end`` with status ``failed`` and the step to resume from).
 
 An attempt finishes before its step's advantages exist, so ``on_attempt`` cannot know whether it will train
 (a group whose rewards are all equal trains nothing); its transcript says ``trained: None``, and the step's
@@ -15,6 +16,7 @@ from typing import Any
 from helpers import read_jsonl
 from test_faults import MONOPOLY, ScriptedSampler, ScriptedTrainer, make_run
 
+from loops_nb.errors import RunFailed
 from loops_nb.observers import ObserverSet
 
 
@@ -31,9 +33,13 @@ class Events:
     def __init__(self) -> None:
         self.attempts: list[dict[str, Any]] = []
         self.rollouts: list[dict[str, Any]] = []
+        self.ends: list[dict[str, Any]] = []
 
     def on_attempt(self, record: dict[str, Any]) -> None:
         self.attempts.append(record)
+
+    def on_end(self, summary: dict[str, Any]) -> None:
+        self.ends.append(summary)
 
     def on_rollouts(self, payload: dict[str, Any]) -> None:
         self.rollouts.extend(dict(r, event_step=payload["step"]) for r in payload["rows"])
@@ -64,3 +70,16 @@ async def test_trained_attempts_are_the_ones_rollouts_jsonl_marks(tmp_path: Path
     assert any(r["trained"] for r in rows)
     assert {r["attempt"]: r["trained"] for r in events.rollouts} == {r["attempt"]: r["trained"] for r in rows}
     assert {r["group"] for r in events.rollouts} == {r["group"] for r in rows}
+
+
+async def test_a_failed_run_ends_for_its_observers_with_the_step_to_resume_from(tmp_path: Path) -> None:
+    import pytest
+
+    events = Events()
+    run = make_run(tmp_path, ScriptedTrainer(ScriptedSampler(), fail_forward_at=3), max_steps=4)
+    run.observers = ObserverSet([events])
+    with pytest.raises(RunFailed):
+        await run.execute(0)
+    [end] = events.ends
+    assert end["status"] == "failed" and end["steps"] == 2 and end["resume_step"] == 2
+    assert "CUDA error" in end["error"]

@@ -1,0 +1,171 @@
+"""`AttemptsLog`: a live run's attempts, one output per trained step, each displayed once and never re-rendered.
+
+A live panel re-rendered twice a second replaces its whole HTML, so a transcript a person had opened (a
+``<details>`` element) closed again within a second. `LiveRun` therefore keeps the attempts out of its panel:
+when a step has trained (RL's ``on_rollouts`` event, which says which attempts trained), this log displays that
+step's attempts as a new output below the panel and never updates it again, so an opened transcript stays
+open while the run goes on. Only the last ``keep_steps`` blocks keep their transcripts; an older block is
+folded to one line (its transcripts are in the run's transcripts/ folder and rollouts.jsonl).
+
+Attempts arrive (``on_attempt``) before anyone knows whether they train; they wait in a bounded buffer until
+their step's rows arrive. A producer that never sends ``on_rollouts`` (a hand-driven observer, a recipe without
+it) gets its buffered attempts shown at each ``flush``, which `LiveRun` calls on every step in that case.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Callable, Mapping
+from html import escape
+from typing import Any
+
+from loops_nb.widgets.attempts_table import MONO, merge_rollout, plural, rows_html, text_table
+from loops_nb.widgets.svg_chart import fmt
+
+_PENDING_LIMIT = 4096  # attempts that never reach a step (async overshoot, stale re-queues) must not pile up
+
+
+class StepAttempts:
+    """One step's attempts as a static output: header line, then a row per attempt with its transcript."""
+
+    def __init__(
+        self, step: int | None, rows: list[dict[str, Any]], *, max_rows: int, max_chars: int
+    ) -> None:
+        self.step = step
+        self.rows = rows
+        self.max_rows = max_rows
+        self.max_chars = max_chars
+
+    def title(self) -> str:
+        trained = sum(1 for r in self.rows if r.get("trained"))
+        discarded = sum(1 for r in self.rows if r.get("discarded"))
+        rewards = [float(r["reward"]) for r in self.rows if isinstance(r.get("reward"), int | float)]
+        mean = fmt(sum(rewards) / len(rewards), 3) if rewards else "-"
+        where = f"step {self.step + 1}" if self.step is not None else "attempts"
+        parts = [f"{where}: {plural(len(self.rows), 'attempt')}", f"mean reward {mean}"]
+        if any("trained" in r for r in self.rows):
+            parts.append(f"{trained:,} trained")
+        parts.append(f"{discarded:,} discarded")
+        return " · ".join(parts)
+
+    def __str__(self) -> str:
+        return f"{self.title()}\n{text_table(self.rows[: self.max_rows])}"
+
+    def to_html(self) -> str:
+        shown = self.rows[: self.max_rows]
+        more = len(self.rows) - len(shown)
+        tail = (
+            f'<div style="color:#6b7280">… {plural(more, "more attempt")} of this step in rollouts.jsonl</div>'
+            if more > 0
+            else ""
+        )
+        return (
+            f'<div style="{MONO};color:#1f2328;margin-top:4px">'
+            f'<div style="font:600 12px system-ui,sans-serif;margin:2px 0">{escape(self.title())}'
+            f'<span style="font-weight:400;color:#6b7280"> · click a row for its transcript</span></div>'
+            f"{rows_html(shown, max_chars=self.max_chars)}{tail}</div>"
+        )
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        return {"text/plain": self.title(), "text/html": self.to_html()}
+
+
+class _Folded:
+    """What an old step's block becomes: one line, so a long run's notebook stays small."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        return {
+            "text/plain": self.text,
+            "text/html": f'<div style="font:12px system-ui,sans-serif;color:#6b7280">{escape(self.text)}</div>',
+        }
+
+
+class AttemptsLog:
+    """Attempts grouped by trained step, each step shown once through ``display_fn`` (see the module doc).
+
+    ``keep_steps``: how many recent step blocks keep their rows; ``max_rows``: rows per block (the rest are in
+    rollouts.jsonl); ``max_chars``: the longest prompt or completion shown."""
+
+    def __init__(
+        self,
+        *,
+        display_fn: Callable[..., Any] | None,
+        keep_steps: int = 5,
+        max_rows: int = 64,
+        max_chars: int = 3000,
+    ) -> None:
+        self.display_fn = display_fn
+        self.keep_steps = keep_steps
+        self.max_rows = max_rows
+        self.max_chars = max_chars
+        self.pending: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self.blocks: deque[tuple[StepAttempts, Any]] = deque()
+        self.latest: StepAttempts | None = None
+        self.got_rollouts = False
+        self.seen = 0
+        self.trained = 0
+        self.discarded = 0
+        self.steps_shown = 0
+
+    def on_attempt(self, record: Mapping[str, Any]) -> None:
+        self.seen += 1
+        if record.get("discarded"):
+            self.discarded += 1
+        key = str(record.get("attempt", self.seen))
+        self.pending[key] = dict(record)
+        while len(self.pending) > _PENDING_LIMIT:
+            self.pending.popitem(last=False)
+
+    def on_rollouts(self, payload: Mapping[str, Any]) -> None:
+        self.got_rollouts = True
+        rows = []
+        for rollout in payload.get("rows") or []:
+            row = self.pending.pop(str(rollout.get("attempt")), None)
+            if row is None:  # on_attempt was not sent (or was dropped): the row alone, no transcript
+                row = dict(rollout)
+            merge_rollout(row, rollout)
+            if rollout.get("trained"):
+                self.trained += 1
+            rows.append(row)
+        step = payload.get("step")
+        self._show(StepAttempts(step if isinstance(step, int) else None, rows, **self._limits()))
+
+    def flush(self, step: int | None = None) -> None:
+        """Show the buffered attempts as one block (for producers that send no ``on_rollouts``)."""
+        if not self.pending:
+            return
+        rows = list(self.pending.values())
+        self.pending.clear()
+        for row in rows:
+            row.setdefault("step", step)
+        self._show(StepAttempts(step, rows, **self._limits()))
+
+    def summary(self) -> str:
+        if not self.seen and not self.steps_shown:
+            return "attempts: none yet"
+        parts = [plural(self.seen, "attempt")]
+        if self.got_rollouts:
+            parts.append(f"{self.trained:,} trained")
+        parts.append(f"{self.discarded:,} discarded")
+        if self.pending:
+            parts.append(f"{len(self.pending):,} waiting for their step to train")
+        return ", ".join(parts)
+
+    def _limits(self) -> dict[str, int]:
+        return {"max_rows": self.max_rows, "max_chars": self.max_chars}
+
+    def _show(self, block: StepAttempts) -> None:
+        self.latest = block
+        self.steps_shown += 1
+        if self.display_fn is None:
+            return
+        handle = self.display_fn(block, display_id=True)
+        self.blocks.append((block, handle))
+        while len(self.blocks) > self.keep_steps:
+            old, old_handle = self.blocks.popleft()
+            old_handle.update(
+                _Folded(f"{old.title()} (transcripts in the run's transcripts/ folder and rollouts.jsonl)")
+            )
