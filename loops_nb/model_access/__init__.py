@@ -1,7 +1,7 @@
 """Model access for agents that are their own programs: per-attempt leases and an OpenAI-compatible gateway.
 
 An in-process agent calls `llm()`; an agent in another process (a CLI, a framework, any language)
-talks OpenAI's chat-completions protocol to the run's `ModelGateway`, with the attempt's lease key as
+talks OpenAI's Chat Completions or Responses API to the run's `ModelGateway`, with the attempt's lease key as
 its API key. Both paths end in the same `LoopsLLM`, so rendering, sampling and exact token capture are
 one code path.
 """

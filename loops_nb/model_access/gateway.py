@@ -1,4 +1,5 @@
-"""The OpenAI-compatible model gateway: `POST /v1/chat/completions` and `GET /v1/models` on loopback.
+"""The OpenAI-compatible model gateway on loopback: `POST /v1/chat/completions`, `POST /v1/responses`
+(the Responses API, responses_wire.py) and `GET /v1/models`.
 
 An agent that is its own program gets `OPENAI_BASE_URL` (this server's `/v1`) and `OPENAI_API_KEY`
 (its attempt's lease key). The bearer key selects the attempt; the request is handed to that attempt's
@@ -12,6 +13,9 @@ this lease returned is rendered from the exact text its sampled tokens decode to
 trimmed and its tool calls re-serialised by the template, which would otherwise differ from what was
 sampled), so the next prompt extends the previous prompt + completion and the turns stay one training
 sequence.
+
+A reply trains only once it was delivered (delivery.py): sampling stops when the client disconnects,
+and a reply sampled for a client that had gone is withdrawn from the capture.
 
 Like the embedded Loops, uvicorn runs on its own thread and loop, so a notebook's loop never blocks it.
 Nothing a request carries can crash the run: every handler catches everything and answers an error.
