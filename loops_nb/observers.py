@@ -31,7 +31,8 @@ class RunObserver(Protocol):
     def on_rollouts(self, payload: dict[str, Any]) -> None: ...
     def on_progress(self, snapshot: dict[str, Any]) -> None: ...
     def on_end(self, summary: dict[str, Any]) -> None: ...
-    # RL, after each evaluation (`[eval]`): its evals.jsonl line, {"step": steps applied, "eval/reward_mean", ...}.
+    # RL, after each evaluation (`[eval]`): its evals.jsonl line, {"step": steps applied, "eval/reward_mean", ...};
+    # SFT, the held-out loss before training: {"step": 0, "eval/loss", ...}.
     def on_eval(self, line: dict[str, Any]) -> None: ...
 
 
@@ -108,11 +109,13 @@ class TerminalReporter:
         self._print("  … " + ", ".join(f"{k}={v}" for k, v in snapshot.items()))
 
     def on_eval(self, line: dict[str, Any]) -> None:
-        """An RL evaluation's evals.jsonl line: the policy after ``step`` steps on the eval tasks."""
+        """An evaluation's evals.jsonl line: the policy after ``step`` steps on the eval tasks (RL), or SFT's
+        held-out loss before training (``step`` 0; later ones arrive in the step records)."""
         shown = [
             f"{k.removeprefix('eval/')}={v:.4g}" if isinstance(v, float) else f"{k.removeprefix('eval/')}={v}"
             for k, v in line.items()
-            if k in ("eval/reward_mean", "eval/tasks", "eval/attempts") or k.startswith("eval/pass_at_")
+            if k in ("eval/reward_mean", "eval/tasks", "eval/attempts", "eval/loss", "eval/examples")
+            or k.startswith("eval/pass_at_")
         ]
         self._print(f"eval after {line.get('step')} steps: " + "  ".join(shown))
 

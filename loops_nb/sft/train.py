@@ -112,7 +112,10 @@ class SFTRun(RecipeRun):
         self._eval_examples = await asyncio.to_thread(self.data.eval_examples)
         self._eval_before = self._logged_eval_before()
         if self._eval_before is None and start == 0 and self._eval_examples:
-            self._eval_before = (await self._evaluate(0)).loss
+            before = await self._evaluate(0)
+            self._eval_before = before.loss
+            # No step record carries it: observers (a live loss chart's first eval point) get it here.
+            self.observers.emit("on_eval", {"step": 0, **before.record()})
 
     async def when_stopped(self, step: int, start: int, metrics: dict[str, Any]) -> dict[str, Any]:
         # A completed run evaluated with its last step; a stopped one is measured where it stopped.

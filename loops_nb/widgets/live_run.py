@@ -154,11 +154,10 @@ class LiveRun:
         self._display.update()
 
     def on_eval(self, line: dict[str, Any]) -> None:
-        """An RL evaluation (`[eval]`): its reward joins the curve as the eval series."""
+        """An evaluation: RL's eval reward (`[eval]`) or SFT's held-out loss before training joins the curve."""
         if self.curve is None:
-            self.curve = RewardCurve()
-        if isinstance(self.curve, RewardCurve):
-            self.curve.on_eval(line)
+            self.curve = LossCurve() if "eval/loss" in line else RewardCurve()
+        self.curve.on_eval(line)
         if self._reporter:
             self._reporter.on_eval(line)
         self._display.update()

@@ -229,6 +229,7 @@ class LossCurve(_Curve):
         self.eval_losses: list[float | None] = []
 
     def add(self, step: int, loss: float | None = None, eval_loss: float | None = None) -> None:
+        """Step ``step``'s train loss, and the eval loss after it; a repeated step cuts the later ones."""
         if self.steps and step <= self.steps[-1]:
             cut = next(i for i, s in enumerate(self.steps) if s >= step)
             for values in (self.steps, self.losses, self.eval_losses):
@@ -236,6 +237,27 @@ class LossCurve(_Curve):
         self.steps.append(step)
         self.losses.append(loss)
         self.eval_losses.append(eval_loss)
+
+    def add_eval(self, step: int, eval_loss: float | None) -> None:
+        """The eval loss after ``step`` steps (0: before training), at that step's point or a new one."""
+        if step in self.steps:
+            self.eval_losses[self.steps.index(step)] = eval_loss
+            return
+        at = next((i for i, s in enumerate(self.steps) if s > step), len(self.steps))
+        self.steps.insert(at, step)
+        self.losses.insert(at, None)
+        self.eval_losses.insert(at, eval_loss)
+
+    def on_eval(self, line: Mapping[str, Any]) -> None:
+        """Take an SFT evaluation's evals.jsonl line (``step`` = steps applied, ``eval/loss``)."""
+        value = line.get("eval/loss")
+        if isinstance(value, int | float) and line.get("step") is not None:
+            self.add_eval(int(line["step"]), float(value))
+
+    @property
+    def eval_before(self) -> float | None:
+        """The held-out loss before training (the eval at step 0), if there was one."""
+        return self.eval_losses[0] if self.steps and self.steps[0] == 0 else None
 
     def on_step(self, record: Mapping[str, Any]) -> None:
         """Take a step record (``step``, ``loss``, ``eval/loss``)."""
@@ -266,7 +288,10 @@ class LossCurve(_Curve):
         return min(values) if values else None
 
     def summary(self) -> str:
-        text = f"{self.title}: {_steps(len(self.steps))}, last {fmt(self.last, 3)}"
+        trained = sum(1 for v in self.losses if v is not None)
+        text = f"{self.title}: {_steps(trained)}, last {fmt(self.last, 3)}"
+        if self.eval_before is not None:
+            text += f", eval before training {fmt(self.eval_before, 3)}"
         if self.last_eval is not None:
             step, value = self.last_eval
             text += f", eval {fmt(value, 3)} at step {step}, best eval {fmt(self.best_eval, 3)}"
@@ -295,7 +320,9 @@ class LossCurve(_Curve):
                     dash=True,
                     connect_gaps=True,
                     hover=[
-                        f"step {s}: eval loss {fmt(v)}"
+                        f"eval after {s} steps: loss {fmt(v)}"
+                        if s
+                        else f"eval before training: loss {fmt(v)}"
                         for s, v in zip(self.steps, self.eval_losses, strict=True)
                     ],
                 )

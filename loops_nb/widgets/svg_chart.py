@@ -199,6 +199,14 @@ def dot_chart(
     for tick, anchor in ((frame.x0, "left"), (frame.x1, "right")):
         pos = f"left:{left}px" if anchor == "left" else f"right:{right}px"
         out.append(f'<div style="position:absolute;{pos};bottom:0;color:{MUTED}">step {fmt(tick)}</div>')
+    drawn = [s for s in series if s.points()]
+    if len(drawn) > 1:  # which dots are which: the eval dots once had no legend
+        keys = "".join(
+            f'<span style="margin-left:10px;white-space:nowrap"><span style="display:inline-block;width:6px;'
+            f'height:6px;border-radius:50%;{_dot_fill(s)};margin-right:4px"></span>{escape(s.name)}</span>'
+            for s in drawn
+        )
+        out.append(f'<div style="position:absolute;right:{right}px;top:2px;color:#374151">{keys}</div>')
     for s in series:
         points = _thin(s.points(), max_columns)
         if s.band is not None:
@@ -216,10 +224,17 @@ def dot_chart(
             out.append(
                 f'<div title="{escape(s.hover_text(i))}" style="position:absolute;'
                 f"left:{frame.px(x) - 3:.1f}px;top:{frame.py(y) - 3:.1f}px;width:6px;height:6px;"
-                f'border-radius:50%;background:{s.color}"></div>'
+                f'border-radius:50%;{_dot_fill(s)}"></div>'
             )
     out.append("</div>")
     return "".join(out)
+
+
+def _dot_fill(s: Series) -> str:
+    """Solid dots for a series, rings for a dashed one (eval): told apart without colour too."""
+    if s.dash:
+        return f"box-sizing:border-box;border:2px solid {s.color};background:#fff"
+    return f"background:{s.color}"
 
 
 # -- geometry -------------------------------------------------------------------------------------------------

@@ -87,7 +87,7 @@ def test_sft_events_use_the_loss_curve(fake_display: FakeDisplay) -> None:
     assert_static_html(html)
     assert "SFT · tiny · 6/6 steps" in html and "completed" in html
     assert len(re.findall(r'title="step \d+: loss', html)) == 6
-    assert len(re.findall(r'title="step \d+: eval loss', html)) == 3
+    assert len(re.findall(r'title="eval after \d+ steps: loss', html)) == 3
     assert ">600<" in html and ">2,400<" in html  # trained and total tokens
     assert "attempts" not in html
     assert str(live).splitlines()[1].startswith("loss: 6 steps")
@@ -222,3 +222,22 @@ def test_a_failed_run_stops_the_clock_and_says_how_to_resume(fake_display: FakeD
         and "--output.run_name r-0102" in html
         and "(step 0)" in html
     )
+
+
+def test_the_sft_chart_shows_the_held_out_loss_before_training_with_a_legend(
+    fake_display: FakeDisplay,
+) -> None:
+    live = LiveRun(display_fn=fake_display)
+    live.on_start({"recipe": "sft", "model": "tiny", "max_steps": 2, "start_step": 0})
+    live.on_eval({"step": 0, "eval/loss": 2.5, "eval/examples": 4})  # what SFTRun.begin sends
+    for step in range(2):
+        live.on_step({"step": step, "loss": 2.0 - 0.1 * step, **({"eval/loss": 2.2} if step == 1 else {})})
+    live.on_end({"status": "completed", "steps": 2})
+    assert isinstance(live.curve, LossCurve) and live.curve.eval_before == 2.5
+    assert live.curve.steps == [0, 1, 2] and live.curve.eval_losses == [2.5, None, 2.2]
+    html = fake_display.handles[0].last.to_html()
+    assert_static_html(html)
+    assert 'title="eval before training: loss 2.5"' in html and 'title="eval after 2 steps: loss 2.2"' in html
+    assert ">train loss</span>" in html and ">eval loss</span>" in html  # the legend
+    assert "eval before training 2.5" in live.curve.summary()
+    assert "loss: 2 steps" in live.curve.summary()
