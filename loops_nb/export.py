@@ -115,7 +115,13 @@ def _write_merged(run: SavedRun, adapter: Path, out: Path, dtype: str) -> None:
     base_path = resolve_model(run.model.base_model, cache_dir=run.compute.local.cache_dir).path
     torch_dtype: Any = "auto" if dtype == "auto" else getattr(torch, dtype)
     with quiet_model_loading():
-        base = AutoModelForCausalLM.from_pretrained(str(base_path), dtype=torch_dtype)
+        try:
+            base = AutoModelForCausalLM.from_pretrained(str(base_path), dtype=torch_dtype)
+        except (ValueError, OSError) as exc:
+            raise UserError(
+                f"--merged: AutoModelForCausalLM cannot load the base model {run.model.base_model} ({exc}); "
+                "export the adapter instead (without --merged)"
+            ) from None
         merged = PeftModel.from_pretrained(base, str(adapter)).merge_and_unload()
     merged.config.name_or_path = run.model.base_model
     merged.save_pretrained(str(out), safe_serialization=True)

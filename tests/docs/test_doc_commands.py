@@ -79,6 +79,16 @@ NOT_RUN_HERE: list[tuple[str, str]] = [
         "evaluates a trained run's checkpoint (or the base model) for minutes; tests/rl/test_eval_command.py "
         "trains a tiny run and runs loops eval on base, latest and a periodic checkpoint",
     ),
+    (
+        r"loops runs\b",
+        "reads run directories a user made (runs/ is empty in a clone); tests/widgets/test_run_compare.py runs "
+        "loops runs on fixture runs of every status, and notebooks/compare_runs.ipynb reads a sweep it trains",
+    ),
+    (
+        r"loops export \S*PLACEHOLDER",
+        "needs a trained run; tests/test_after_training.py trains a tiny run, runs loops export (adapter and "
+        "--merged), and loads both with peft and from_pretrained",
+    ),
     # Writes the committed glossary; `loops glossary --check` runs here instead.
     (r"loops glossary --write$", "writes docs/reference/KNOB_GLOSSARY.md; --check runs here"),
     (r"python -m benchmarks$", "measures speed for many minutes; results are in docs/benchmarks.md"),
