@@ -29,11 +29,12 @@ from loops_nb.errors import UserError
 from loops_nb.run_dir import Checkpoint, RunDirectory
 from loops_nb.step_record import StepRecord
 
-COUNT_SUFFIXES = ("/examples", "/tokens", "/attempts", "/count", "/tasks", "/discarded")
-"""`eval/*` keys that count things rather than measure them: not curves."""
+COUNT_SUFFIXES = ("/examples", "/tokens", "/attempts", "/count", "/tasks", "/discarded", "_std", "/std")
+"""`eval/*` keys that count things (or give a spread) rather than measure the policy: not curves."""
+NOT_MEASURES = ("/discarded/", "policy_version", "tokens_sampled")
 IGNORED_CONFIG_PREFIXES = ("output.",)
 """Config keys that differ between any two runs by construction (the run's name and folder)."""
-EVAL_PREFERENCE = ("eval/reward/mean", "eval/reward", "eval/loss")
+EVAL_PREFERENCE = ("eval/reward_mean", "eval/reward/mean", "eval/reward", "eval/loss")
 """Which eval metric the table shows when a run logs several (else the first `eval/*` measure)."""
 
 
@@ -50,7 +51,11 @@ def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def is_eval_measure(key: str) -> bool:
-    return key.startswith("eval/") and not key.endswith(COUNT_SUFFIXES)
+    return (
+        key.startswith("eval/")
+        and not key.endswith(COUNT_SUFFIXES)
+        and not any(m in key for m in NOT_MEASURES)
+    )
 
 
 @dataclass
@@ -117,12 +122,16 @@ class RunSummary:
 
     @property
     def wall_seconds(self) -> float | None:
-        """From the first attempt's start to the last step logged (a resumed run counts the pause too)."""
+        """From the first attempt's start to the last step logged (a resumed run counts the pause too); for
+        steps logged without a time (RL), to the last write of steps.jsonl or checkpoints.jsonl."""
         started = self.run_json.get("started")
-        ends = [r.time for r in self.records if r.time is not None]
-        if not isinstance(started, int | float) or not ends:
+        if not isinstance(started, int | float) or not self.records:
             return None
-        return max(0.0, ends[-1] - float(started))
+        end = self.records[-1].time
+        if end is None:
+            logs = [self.path / "steps.jsonl", self.path / "checkpoints.jsonl"]
+            end = max(p.stat().st_mtime for p in logs if p.is_file())
+        return max(0.0, end - float(started))
 
     def row(self) -> dict[str, Any]:
         """The runs table's row."""
@@ -305,7 +314,7 @@ class Runs(Sequence[RunSummary]):
                 (
                     row["name"],
                     row["recipe"],
-                    _tail(row["model"], 32),
+                    _tail(row["model"], 40),
                     row["steps"],
                     row["status"],
                     _num(row["last reward"]),

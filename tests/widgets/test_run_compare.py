@@ -45,7 +45,15 @@ def make_run(
     for step in range(steps):
         line = {"step": step, "reward/mean": lr * 10 * step, "reward/std": 0.1, "loss": 1.0 / (step + 1)}
         if evals and step % 2 == 1:
-            line |= {"eval/reward/mean": lr * 5 * step, "eval/attempts": 8}
+            # As the RL evaluation logs it: measures, and counts and a spread that are not curves.
+            line |= {
+                "eval/reward_mean": lr * 5 * step,
+                "eval/reward_std": 0.2,
+                "eval/pass_at_4": 1.0,
+                "eval/attempts": 8,
+                "eval/policy_version": step,
+                "eval/tokens_sampled": 64,
+            }
         line["time"] = 1000.0 + 30.0 * (step + 1)
         lines.append(json.dumps(line))
     (run / "steps.jsonl").write_text("".join(line + "\n" for line in lines))
@@ -78,11 +86,18 @@ def test_the_table_reads_status_reward_eval_and_wall_time_from_the_files(runs: P
     assert [r.status for r in table] == ["completed", "completed", "stopped", "failed", "incomplete"]
     b = table[1].row()
     assert b["steps"] == "4/4" and b["last reward"] == pytest.approx(0.3)
-    assert (b["eval metric"], b["eval"]) == ("eval/reward/mean", pytest.approx(0.15))
+    assert (b["eval metric"], b["eval"]) == ("eval/reward_mean", pytest.approx(0.15))
     assert b["wall"] == pytest.approx(120.0)
     assert table[2].row()["eval"] is None
+    # Steps logged without a time (RL): the wall time runs to the last write of the logs.
+    lines = (runs / "b-lr1e-2" / "steps.jsonl").read_text().splitlines()
+    untimed = [json.dumps({k: v for k, v in json.loads(line).items() if k != "time"}) for line in lines]
+    (runs / "b-lr1e-2" / "steps.jsonl").write_text("".join(line + "\n" for line in untimed))
+    os.utime(runs / "b-lr1e-2" / "steps.jsonl", (1500.0, 1500.0))
+    os.utime(runs / "b-lr1e-2" / "checkpoints.jsonl", (1400.0, 1400.0))
+    assert read_run(runs / "b-lr1e-2").wall_seconds == pytest.approx(500.0)
     text = "\n".join(table.describe())
-    assert "b-lr1e-2" in text and "0.15 (reward/mean)" in text and "2m00s" in text
+    assert "b-lr1e-2" in text and "0.15 (reward_mean)" in text and "2m00s" in text
     assert "differs: training.learning_rate 0.001 | 0.01 | 0.01 | 0.03 | 0.03" in text
 
 
@@ -109,21 +124,21 @@ def test_the_legend_names_what_differs_and_only_that(runs: Path) -> None:
 
 def test_curves_overlay_every_run_per_metric_in_three_renderers(runs: Path) -> None:
     comparison = compare_runs(str(runs / "a-*"), str(runs / "b-*"))
-    assert default_metrics(comparison.runs) == ["reward/mean", "loss", "eval/reward/mean"]
-    series = comparison.series("eval/reward/mean")
+    assert default_metrics(comparison.runs) == ["reward/mean", "loss", "eval/reward_mean", "eval/pass_at_4"]
+    series = comparison.series("eval/reward_mean")
     assert [s.name for s in series] == ["learning_rate=0.001", "learning_rate=0.01"]
     assert list(series[1].xs) == [1, 3] and list(series[1].ys) == pytest.approx([0.05, 0.15])
     bundle = comparison._repr_mimebundle_()
-    assert "learning_rate=0.01" in bundle["text/plain"] and "eval/reward/mean:" in bundle["text/plain"]
+    assert "learning_rate=0.01" in bundle["text/plain"] and "eval/reward_mean:" in bundle["text/plain"]
     html = bundle["text/html"]
     assert stripped(html) == [], "JupyterLab's sanitizer would strip part of the saved view"
-    assert "<svg" not in html and "learning_rate=0.001" in html and "step 3: eval/reward/mean 0.15" in html
+    assert "<svg" not in html and "learning_rate=0.001" in html and "step 3: eval/reward_mean 0.15" in html
     figure = bundle["application/vnd.plotly.v1+json"]
     import plotly.graph_objects as go
 
     go.Figure(figure)  # a valid figure
-    assert len(figure["data"]) == 6 and sum(t["showlegend"] for t in figure["data"]) == 2
-    assert figure["layout"]["yaxis3"]["title"]["text"] == "eval/reward/mean"
+    assert len(figure["data"]) == 8 and sum(t["showlegend"] for t in figure["data"]) == 2
+    assert figure["layout"]["yaxis3"]["title"]["text"] == "eval/reward_mean"
 
 
 def test_refresh_sees_new_steps_and_new_runs(runs: Path) -> None:
