@@ -34,7 +34,7 @@ COUNT_SUFFIXES = ("/examples", "/tokens", "/attempts", "/count", "/tasks", "/dis
 NOT_MEASURES = ("/discarded/", "policy_version", "tokens_sampled")
 IGNORED_CONFIG_PREFIXES = ("output.",)
 """Config keys that differ between any two runs by construction (the run's name and folder)."""
-EVAL_PREFERENCE = ("eval/reward_mean", "eval/reward/mean", "eval/reward", "eval/loss")
+EVAL_PREFERENCE = ("eval/reward_mean", "eval/loss")
 """Which eval metric the table shows when a run logs several (else the first `eval/*` measure)."""
 
 
