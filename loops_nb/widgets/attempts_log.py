@@ -39,7 +39,11 @@ class StepAttempts:
     def title(self) -> str:
         trained = sum(1 for r in self.rows if r.get("trained"))
         discarded = sum(1 for r in self.rows if r.get("discarded"))
-        rewards = [float(r["reward"]) for r in self.rows if isinstance(r.get("reward"), int | float)]
+        rewards = [
+            float(r["reward"])
+            for r in self.rows
+            if isinstance(r.get("reward"), int | float) and not r.get("discarded")
+        ]
         mean = fmt(sum(rewards) / len(rewards), 3) if rewards else "-"
         where = f"step {self.step + 1}" if self.step is not None else "attempts"
         parts = [f"{where}: {plural(len(self.rows), 'attempt')}", f"mean reward {mean}"]

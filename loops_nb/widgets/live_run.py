@@ -314,7 +314,7 @@ class LiveRun:
         where = f" (step {self.resume_step})" if self.resume_step is not None else ""
         return (
             f'To resume from its last checkpoint{where}, set run_name = "{name}" in the parameters cell and run '
-            f"the notebook again, or run: loops train <config> --output.run_name {name}"
+            f"the notebook again, or run: loops run <config> --output.run_name {name}"
         )
 
     # -- renderers --------------------------------------------------------------------------------------------

@@ -243,10 +243,10 @@ class RunHealth:
                 hint = f'<a href="#{escape(self.attempts_anchor)}" style="color:#0969da">{hint}</a>'
             rows.append(
                 f'<tr><td style="padding:1px 6px;color:{colour};font-weight:700" title="{c.status}">{glyph}</td>'
-                f'<td style="padding:1px 6px;white-space:nowrap">{escape(c.name)}</td>'
+                f'<td style="padding:1px 6px;white-space:nowrap;text-align:left">{escape(c.name)}</td>'
                 f'<td style="padding:1px 6px;text-align:right;font-weight:600;white-space:nowrap">{escape(c.value)}</td>'
                 f'<td style="padding:1px 6px;color:#57606a;letter-spacing:-1px;white-space:nowrap">{escape(c.trend)}</td>'
-                f'<td style="padding:1px 6px;color:#1f2328">{hint}</td></tr>'
+                f'<td style="padding:1px 6px;color:#1f2328;text-align:left">{hint}</td></tr>'
             )
         return (
             '<table style="border-collapse:collapse;font:12px/1.5 system-ui,sans-serif">'

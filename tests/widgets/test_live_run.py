@@ -152,7 +152,7 @@ async def test_stop_button_sets_the_event_and_is_retired(fake_display: FakeDispl
     assert_static_html(final["text/html"])
     assert live.button is None
     text = panel.last._repr_mimebundle_()["text/plain"]
-    assert text.splitlines()[0].endswith("· stopped") and "--output.run_name fake" in text
+    assert text.splitlines()[0].endswith("· stopped") and "loops run <config> --output.run_name fake" in text
     assert "--output.run_name fake" in panel.last.to_html()
 
 
