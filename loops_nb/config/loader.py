@@ -31,6 +31,8 @@ from loops_nb.config.sections import CONFIG_RELATIVE, CWD_RELATIVE, RecipeConfig
 from loops_nb.errors import ConfigError
 from loops_nb.shipped import find_shipped
 
+SHIPPED_NOTE = "the copy shipped with loops_nb: there is none at that path here, and one there would win"
+
 
 @dataclass(frozen=True)
 class ConfigSource:
@@ -51,9 +53,16 @@ class ConfigSource:
     def directory(self) -> Path:
         return self.path.parent
 
+    @property
+    def shipped(self) -> bool:
+        """Whether the file read is the copy shipped with loops_nb, not one the user has."""
+        return self.path != self.given and not self.given.exists()
+
     def describe(self, output_dir: Path) -> list[str]:
         """The header lines `loops check` prints and a run's run.log begins with."""
         arrow = f" -> {self.path}" if self.path != self.given else ""
+        if self.shipped:
+            arrow += f" ({SHIPPED_NOTE})"
         env = ", ".join(str(p) for p in self.env_files) or "none"
         return [
             f"Config: {self.given}{arrow}",

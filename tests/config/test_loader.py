@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from loops_nb import load
-from loops_nb.config.loader import apply_overrides, parse_override_value
+from loops_nb.config.loader import SHIPPED_NOTE, apply_overrides, parse_override_value
 from loops_nb.errors import ConfigError
 
 SFT = """
@@ -115,10 +115,13 @@ def test_a_missing_config_falls_back_to_the_shipped_copy(tmp_path, monkeypatch):
     monkeypatch.chdir(work)
     project = load("examples/x/sft.toml")
     assert project.path == shipped / "examples" / "x" / "sft.toml"
-    assert project.describe()[0] == f"Config: {work / 'examples/x/sft.toml'} -> {project.path}"
-    # A file at that path in the working directory wins over the shipped one.
+    assert (
+        project.describe()[0] == f"Config: {work / 'examples/x/sft.toml'} -> {project.path} ({SHIPPED_NOTE})"
+    )
+    # A file at that path in the working directory wins over the shipped one, and says where it is.
     local = write(work / "examples" / "x" / "sft.toml", SFT)
     assert load("examples/x/sft.toml").path == local
+    assert load("examples/x/sft.toml").describe()[0] == f"Config: {local}"
 
 
 @pytest.mark.parametrize(
