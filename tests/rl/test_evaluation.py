@@ -78,6 +78,7 @@ def make_run(
     chat: ChatRenderer,
     *,
     held_out_runtime: bool = True,
+    training: dict[str, Any] | None = None,
     **settings: Any,
 ) -> RLRun:
     overrides = {
@@ -90,6 +91,7 @@ def make_run(
         "eval.every": 2,
         **({"eval.options": {"label": "heldout"}} if held_out_runtime else {}),
         **{f"eval.{k}": v for k, v in settings.items()},
+        **{f"training.{k}": v for k, v in (training or {}).items()},
     }
     config = load(QUICKSTART, overrides=overrides).config
     return RLRun(
@@ -164,6 +166,21 @@ async def test_eval_attempts_never_reach_the_trainer_and_are_recorded_apart(
     assert outcome.eval_after is not None and outcome.eval_after["step"] == 4
     assert outcome.eval_steps == [0, 2, 4]
     assert any(line.startswith("eval: reward_mean") for line in outcome.describe())
+
+
+async def test_in_async_mode_evaluations_measure_the_published_policy_and_never_train(
+    tmp_path: Path, chat: ChatRenderer
+) -> None:
+    sampler = ScriptedSampler()
+    trainer = RecordingTrainer(sampler, chat)
+    run = make_run(tmp_path, trainer, chat, training={"mode": "async", "max_staleness": 1})
+    await run.execute(0)
+    root = tmp_path / "run"
+    evals = read_jsonl(root / "evals.jsonl")
+    assert [e["step"] for e in evals] == [0, 2, 4]
+    assert [e["eval/policy_version"] for e in evals] == [0, 2, 4]
+    assert all(r["task"].startswith("heldout-") for r in read_jsonl(root / "eval_attempts.jsonl"))
+    assert all(r["task"].startswith("train-") for r in read_jsonl(root / "rollouts.jsonl"))
 
 
 async def test_a_resumed_run_does_not_redo_a_recorded_evaluation(tmp_path: Path, chat: ChatRenderer) -> None:
