@@ -16,11 +16,15 @@ the rest of the panel number them (``step`` in rollouts.jsonl counts from 0).
 
 from __future__ import annotations
 
+import json
+import math
 from collections import deque
 from collections.abc import Iterable, Mapping
 from html import escape
+from pathlib import Path
 from typing import Any
 
+from loops_nb.errors import UserError
 from loops_nb.widgets.environment import LiveDisplay
 from loops_nb.widgets.svg_chart import fmt
 
@@ -45,6 +49,10 @@ _PRE = (
 )
 
 
+SORTS = {"step": "step", "reward": "reward", "tokens": "sampled_tokens", "time": "seconds"}
+STATUSES = ("trained", "not_trained", "discarded", "kept")
+
+
 def plural(n: int, word: str) -> str:
     return f"{n:,} {word}" if n == 1 else f"{n:,} {word}s"
 
@@ -64,6 +72,54 @@ class AttemptsTable:
         self.discarded = 0
         self.reward_sum = 0.0
         self.rewarded = 0
+        self.caption: str | None = None  # a page of a run (`from_run`): what it shows, in the given order
+
+    @classmethod
+    def from_run(
+        cls,
+        run_dir: str | Path,
+        *,
+        sort: str = "step",
+        descending: bool | None = None,
+        status: str | None = None,
+        page: int = 1,
+        page_size: int = 50,
+        max_chars: int = 4000,
+    ) -> AttemptsTable:
+        """One page of every attempt a run recorded in rollouts.jsonl, with transcripts from transcripts/ when
+        ``[output] trace = "full"`` kept them. ``sort``: step, reward, tokens or time (``descending``: highest
+        first; by default for all but step); ``status``: trained, not_trained, discarded or kept (not
+        discarded); ``page`` counts from 1."""
+        root = Path(run_dir)
+        path = root / "rollouts.jsonl"
+        if not path.is_file():
+            raise UserError(f"{path} does not exist: pass the directory of an RL run (runs/<name>)")
+        if sort not in SORTS:
+            raise UserError(f"sort={sort!r}: sort by one of {', '.join(SORTS)}")
+        if status is not None and status not in STATUSES:
+            raise UserError(f"status={status!r}: filter by one of {', '.join(STATUSES)}")
+        rows = [r for r in _read_jsonl(path) if status is None or _has_status(r, status)]
+        key = SORTS[sort]
+        down = sort != "step" if descending is None else descending
+        known = [r for r in rows if isinstance(r.get(key), int | float)]
+        rows = sorted(known, key=lambda r: r[key], reverse=down) + [r for r in rows if r not in known]
+        pages = max(1, math.ceil(len(rows) / page_size))
+        if not 1 <= page <= pages:
+            raise UserError(f"page={page}: {path} has {pages} page{'s' if pages != 1 else ''} of {page_size}")
+        shown = rows[(page - 1) * page_size : page * page_size]
+        _attach_transcripts(root, shown)
+        table = cls(max_rows=max(len(shown), 1), max_chars=max_chars)
+        for r in shown:
+            table.on_attempt(r)
+        first = (page - 1) * page_size + 1
+        order = f"sorted by {sort}" + (" (highest first)" if down else "")
+        which = f" {status.replace('_', ' ')}" if status else ""
+        table.caption = (
+            f"{root.name}: attempts {first:,}–{first + len(shown) - 1:,} of {len(rows):,}{which}, {order}"
+            f" · page {page} of {pages}"
+            + (f"; AttemptsTable.from_run(..., page={page + 1}) for the next" if page < pages else "")
+        )
+        return table
 
     def on_attempt(self, record: Mapping[str, Any]) -> None:
         """Take an attempt record (as `RLRun` emits it: reward, discarded, detail, text.calls, ...)."""
@@ -90,6 +146,8 @@ class AttemptsTable:
         return self.reward_sum / self.rewarded if self.rewarded else None
 
     def summary(self) -> str:
+        if self.caption is not None:
+            return self.caption
         if not self.seen:
             return "attempts: none yet"
         shown = f", the last {len(self.rows)} shown" if len(self.rows) < self.seen else ""
@@ -104,17 +162,20 @@ class AttemptsTable:
     def __str__(self) -> str:
         lines = [self.summary()]
         if self.rows:
-            lines.append(text_table(list(self.rows)[::-1][:10]))
+            rows = list(self.rows) if self.caption is not None else list(self.rows)[::-1][:10]
+            lines.append(text_table(rows))
         return "\n".join(lines)
 
     def to_html(self) -> str:
         anchor = f' id="{escape(self.anchor)}"' if self.anchor else ""
-        note = "newest first; click a row for its transcript"
+        paged = self.caption is not None
+        note = "click a row for its transcript" if paged else "newest first; click a row for its transcript"
+        rows = list(self.rows) if paged else list(self.rows)[::-1]
         return (
             f'<div{anchor} style="{MONO};color:#1f2328">'
             f'<div style="font:600 12px system-ui,sans-serif;margin:2px 0">{escape(self.summary())}'
             f'<span style="font-weight:400;color:#6b7280"> · {note}</span></div>'
-            f"{rows_html(list(self.rows)[::-1], max_chars=self.max_chars)}</div>"
+            f"{rows_html(rows, max_chars=self.max_chars)}</div>"
         )
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
@@ -122,6 +183,43 @@ class AttemptsTable:
 
     def show(self, **kwargs: Any) -> LiveDisplay:
         return LiveDisplay(self, **kwargs).show()
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:  # a line torn by a crash mid-write: the run skips it on resume too
+            continue
+        if isinstance(record, dict):
+            out.append(record)
+    return out
+
+
+def _has_status(r: Mapping[str, Any], status: str) -> bool:
+    if status == "discarded":
+        return bool(r.get("discarded"))
+    if status == "kept":
+        return not r.get("discarded")
+    return not r.get("discarded") and bool(r.get("trained")) == (status == "trained")
+
+
+def _attach_transcripts(root: Path, rows: list[dict[str, Any]]) -> None:
+    """Each row's transcript from transcripts/step-NNNNNN.json, read once per step."""
+    by_step: dict[int, dict[Any, Any]] = {}
+    for step in {r["step"] for r in rows if isinstance(r.get("step"), int)}:
+        path = root / "transcripts" / f"step-{step:06d}.json"
+        try:
+            entries = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            continue
+        by_step[step] = {e.get("attempt"): e for e in entries if isinstance(e, dict)}
+    for r in rows:
+        step = r.get("step")
+        entry = by_step.get(step, {}).get(r.get("attempt")) if isinstance(step, int) else None
+        if entry is not None:
+            r["text"] = entry
 
 
 def merge_rollout(row: dict[str, Any], rollout: Mapping[str, Any]) -> None:

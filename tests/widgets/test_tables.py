@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 
+import pytest
 from widget_fixtures import assert_static_html, rl_attempt, rl_step
 
+from loops_nb.errors import UserError
 from loops_nb.widgets import AttemptsTable, RunHealth, TokenCounts
 
 
@@ -162,3 +166,74 @@ def test_attempts_say_pending_until_their_step_trains() -> None:
     table.on_rollouts({"step": 0, "rows": [{"attempt": "a2", "step": 0, "group": 0, "trained": True}]})
     html = table.to_html()
     assert "ok · trained" in html and "call 1/1 · finish stop · trained" in html
+
+
+def _run_dir(tmp_path: Path) -> Path:
+    root = tmp_path / "run-7"
+    (root / "transcripts").mkdir(parents=True)
+    rows = [
+        {
+            "step": s,
+            "group": g,
+            "attempt": f"t/g{g}/a{a}",
+            "task": "t",
+            "reward": r,
+            "trained": r != 0.5,
+            "discarded": "timeout" if (s, g, a) == (1, 1, 1) else None,
+            "sampled_tokens": 10 * a + s,
+            "seconds": 0.1 * (a + 1),
+            "policy_versions": [s],
+        }
+        for s, g, a, r in [
+            (0, 0, 0, 0.5),
+            (0, 0, 1, 0.5),
+            (1, 0, 0, 1.0),
+            (1, 0, 1, 0.0),
+            (1, 1, 0, 0.25),
+            (1, 1, 1, 0.0),
+        ]
+    ]
+    text = "".join(json.dumps(r) + "\n" for r in rows) + '{"step": 1, "attem'  # a torn last line
+    (root / "rollouts.jsonl").write_text(text)
+    calls = [{"prompt": "p", "completion": "the one that scored 1", "trained": True, "finish_reason": "stop"}]
+    (root / "transcripts" / "step-000001.json").write_text(
+        json.dumps([{"attempt": "t/g0/a0", "calls": calls}])
+    )
+    return root
+
+
+def test_every_attempt_of_a_run_sorted_filtered_and_paged(tmp_path: Path) -> None:
+    root = _run_dir(tmp_path)
+    table = AttemptsTable.from_run(root, sort="reward", page_size=4)
+    assert [r["reward"] for r in table.rows] == [1.0, 0.5, 0.5, 0.25]  # highest first
+    assert table.summary() == (
+        "run-7: attempts 1–4 of 6, sorted by reward (highest first) · page 1 of 2; "
+        "AttemptsTable.from_run(..., page=2) for the next"
+    )
+    html = table.to_html()
+    assert_static_html(html)
+    assert "the one that scored 1" in html and "call 1/1 · finish stop · trained" in html
+    assert html.index(">1<") < html.index(">0.25<")  # the given order, not newest first
+    second = AttemptsTable.from_run(root, sort="reward", page=2, page_size=4)
+    assert (
+        len(second.rows) == 2 and "page 2 of 2" in second.summary() and "for the next" not in second.summary()
+    )
+
+    discarded = AttemptsTable.from_run(root, status="discarded")
+    assert [r["attempt"] for r in discarded.rows] == ["t/g1/a1"]
+    not_trained = AttemptsTable.from_run(root, status="not_trained", sort="tokens", descending=False)
+    assert [r["sampled_tokens"] for r in not_trained.rows] == [0, 10]
+    by_time = AttemptsTable.from_run(root, sort="time")
+    assert by_time.rows[0]["seconds"] == 0.2
+
+
+def test_bad_paging_input_names_what_to_change(tmp_path: Path) -> None:
+    root = _run_dir(tmp_path)
+    with pytest.raises(UserError, match="sort by one of step, reward, tokens, time"):
+        AttemptsTable.from_run(root, sort="loss")
+    with pytest.raises(UserError, match="filter by one of trained, not_trained, discarded, kept"):
+        AttemptsTable.from_run(root, status="ok")
+    with pytest.raises(UserError, match="has 1 page of 50"):
+        AttemptsTable.from_run(root, page=2)
+    with pytest.raises(UserError, match="rollouts.jsonl does not exist"):
+        AttemptsTable.from_run(tmp_path / "nothing")
