@@ -19,7 +19,13 @@ REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted(p for p in (REPO / "notebooks").glob("*.ipynb") if not p.name.startswith("_"))
 
 SMOKE: dict[str, dict] = {
-    "rl_quickstart.ipynb": {"max_steps": 2, "group_size": 4, "groups_per_step": 2, "max_tokens": 8},
+    "rl_quickstart.ipynb": {
+        "max_steps": 2,
+        "group_size": 4,
+        "groups_per_step": 2,
+        "max_tokens": 8,
+        "eval_attempts": 4,
+    },
     "pattern_local_openai.ipynb": {"max_steps": 2, "group_size": 4, "groups_per_step": 2, "max_tokens": 8},
     "pattern_in_process_tools.ipynb": {
         "max_steps": 1,
@@ -59,7 +65,14 @@ SMOKE: dict[str, dict] = {
     },
 }
 EXPECT: dict[str, list[str]] = {
-    "rl_quickstart.ipynb": ["check: ok", "status: completed", "reward/mean: step 1 ="],
+    "rl_quickstart.ipynb": [
+        "check: ok",
+        "status: completed",
+        "reward/mean: step 1 =",
+        "eval reward: base model",
+        "checkpoint: final-000002 (2 steps)",
+        "held-out prompt, eval reward: base model",
+    ],
     "pattern_local_openai.ipynb": ["model access openai_http", "status: completed", "reward/mean: step 1 ="],
     "pattern_in_process_tools.ipynb": ["check: ok", "status: completed"],
     "pattern_harbor_in_process_direct.ipynb": [
@@ -94,6 +107,7 @@ EXPECT: dict[str, list[str]] = {
         "8 image(s) costing 128 image tokens",
         "check: ok",
         "status: completed",
+        "8 held-out task(s), 0 of them trained on",
     ],
     "custom_loss.ipynb": ["largest LoRA weight difference", "loss: custom", "check: ok", "status: completed"],
 }
