@@ -21,8 +21,11 @@ def build_tiny_tokenizer():
     return build_tokenizer("smollm2_tools")
 
 
-def build_tiny_chat_model(directory: Path, *, seed: int = 0) -> Path:
-    """A random tiny Llama + tokenizer saved in `directory` (loadable with from_pretrained)."""
+def build_tiny_chat_model(directory: Path, *, seed: int = 0, max_position_embeddings: int = 512) -> Path:
+    """A random tiny Llama + tokenizer saved in `directory` (loadable with from_pretrained).
+
+    `max_position_embeddings`: its context; raise it for agents whose prompts are long (Terminus-2's).
+    """
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -35,7 +38,7 @@ def build_tiny_chat_model(directory: Path, *, seed: int = 0) -> Path:
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=512,
+        max_position_embeddings=max_position_embeddings,
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,

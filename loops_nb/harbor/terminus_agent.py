@@ -1,0 +1,103 @@
+"""`LoopsTerminus2`: Harbor's own Terminus-2 agent, trained by loops_nb through the run's model gateway.
+
+Terminus-2 is Harbor's reference terminal agent: it keeps one tmux session in the sandbox, sends it
+keystrokes the model chooses and reads the screen back. This wrapper builds the installed Harbor's
+`Terminus2` per trial with LiteLLM pointed at the attempt's gateway lease (`api_base` = the lease's
+URL, the lease key as its API key), so every completion it gets is sampled by the policy and captured
+exactly like any other agent program's. It needs `[runtime.options] model_access = "openai_http"` (the
+run starts the gateway) and a sandbox where a background process outlives its command (the local
+provider's long-lived bwrap, Docker, Blaxel, Daytona) with tmux on it.
+
+`agent_kwargs` are Terminus-2's own (`max_turns`, `parser_name`, `temperature`, `enable_summarize`,
+`model_info`, ...); `record_terminal_session` defaults to false here, because asciinema is rarely
+installed and a sandbox without network cannot install it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+# LiteLLM (imported with Terminus-2) downloads a model price list at import unless told to use its own
+# copy: offline that is ~10 s of retries per process, and the gateway's model is in no price list.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+from harbor.agents.terminus_2 import Terminus2
+from harbor.environments.base import BaseEnvironment
+from harbor.models.agent.context import AgentContext
+
+from loops_nb.harbor.agent import LoopsAgent
+
+_SHARED = ("logs_dir", "logger", "mcp_servers", "skills_dir", "extra_env", "environment_logs_dir")
+"""Harbor's keywords for every agent: both this wrapper and the Terminus-2 inside it get them."""
+
+
+class LoopsTerminus2(LoopsAgent):
+    """Harbor's Terminus-2 on the attempt's gateway lease; `agent_kwargs` go to Terminus-2."""
+
+    options_model = Terminus2.options_model
+    """Terminus-2's options, so `loops check` refuses a misspelled `agent_kwargs` key by name."""
+
+    def __init__(
+        self,
+        logs_dir: Any,
+        model_name: str | None = None,
+        *args: Any,
+        loops_attempt: str | None = None,
+        loops_config_dir: str | None = None,
+        record_terminal_session: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        shared = {k: kwargs[k] for k in _SHARED if k in kwargs}
+        super().__init__(
+            logs_dir,
+            model_name,
+            *args,
+            loops_attempt=loops_attempt,
+            loops_config_dir=loops_config_dir,
+            **shared,
+        )
+        self._terminus_kwargs = {**kwargs, "record_terminal_session": record_terminal_session}
+        self._served_name = model_name or "policy"
+        self.terminus: Terminus2 | None = None
+        """The Terminus-2 of this trial, made in `setup()` once the attempt's lease is known."""
+
+    @staticmethod
+    def name() -> str:
+        return "loops-terminus-2"
+
+    async def setup(self, environment: BaseEnvironment) -> None:
+        services = self.attempt.services if self.attempt is not None else None
+        if services is None or not services.model_base_url:
+            raise RuntimeError(
+                "LoopsTerminus2 calls the model over HTTP: it runs only inside a loops_nb run with "
+                '[runtime.options] model_access = "openai_http"'
+            )
+        llm_kwargs = {
+            **(self._terminus_kwargs.pop("llm_kwargs", None) or {}),
+            "api_key": services.model_api_key,
+        }
+        self.terminus = Terminus2(
+            logs_dir=self.logs_dir,
+            # `openai/` makes LiteLLM speak Chat Completions to api_base; the gateway serves the policy
+            # whatever the model is named, and the lease key says whose attempt it is.
+            model_name=f"openai/{self._served_name}",
+            api_base=services.model_base_url,
+            llm_kwargs=llm_kwargs,
+            **self._terminus_kwargs,
+        )
+        await self.terminus.setup(environment)
+
+    async def run(self, instruction: str, environment: BaseEnvironment, context: AgentContext) -> None:
+        if self.terminus is None:
+            raise RuntimeError("LoopsTerminus2.run before setup")
+        try:
+            await self.terminus.run(instruction, environment, context)
+        finally:
+            chat = getattr(self.terminus, "_chat", None)
+            messages = getattr(chat, "messages", None) or []
+            self.transcript = [
+                {"role": m.get("role", ""), "content": m.get("content", "")}
+                for m in messages
+                if isinstance(m, dict)
+            ]
