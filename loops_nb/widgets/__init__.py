@@ -1,16 +1,19 @@
 """Notebook widgets for runs and datasets: one object, three renderers.
 
 Every object here renders as a one-line ``text/plain``, an inline-styled ``text/html`` snapshot (no ``<style>``,
-``<script>`` or ``data-*``, so it survives untrusted notebooks and offline HTML export) and, for curves, plotly
+``<script>``, ``data-*`` or CSS JupyterLab's sanitizer drops, so it survives untrusted notebooks and offline
+HTML export) and, for curves, plotly
 JSON. Live views go through one throttled display handle (`LiveDisplay`) whose last update is forced, so a
 notebook saved by papermill or nbconvert holds the final state. In scripts the same objects print text.
 
-- `LiveRun`: a run observer showing progress, ETA, the curve, health hints, tokens and recent attempts, with an
-  optional Stop button.
+- `LiveRun`: a run observer showing progress, ETA, the curve, health hints and tokens, each trained step's
+  attempts below it (displayed once, so an opened transcript stays open), an optional Stop button, and how to
+  resume a run that stopped early.
 - `RewardCurve`, `LossCurve`: training curves.
 - `TokenCounts`: sampled/trained tokens per step, or a dataset's trained/untrained totals.
 - `TargetPreview`: tokens coloured by loss weight (SFT examples, RL captures).
-- `AttemptsTable`: recent RL attempts with their transcripts.
+- `AttemptsTable`: recent RL attempts with their transcripts; `AttemptsTable.from_run` pages through all of a
+  run's attempts, sorted and filtered.
 - `RunHealth`: the numbers to read first, with hints.
 - `RunComparison` (`compare_runs`): several runs' curves overlaid and the runs table.
 - `SideBySide` (`side_by_side`): several models' replies to the same prompts, logprobs on hover.
