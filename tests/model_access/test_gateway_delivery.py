@@ -72,10 +72,11 @@ def hanging(renderer: ChatRenderer) -> Any:
 async def test_a_client_that_times_out_and_retries_trains_only_the_reply_it_got(
     gateway: ModelGateway, hanging: Any, api: str
 ) -> None:
-    llm, policy = hanging("The answer is 4.", hangs=2)
+    # Spare replies: on a loaded machine a retry may time out too, and is retried in turn.
+    llm, policy = hanging(*["The answer is 4."] * 4, hangs=2)
     lease = gateway.issue(f"t/g0/retry-{api}", llm)
     # The openai client's own behaviour: give up after `timeout`, retry up to max_retries times.
-    client = openai.AsyncOpenAI(base_url=gateway.url, api_key=lease.key, timeout=2.0, max_retries=2)
+    client = openai.AsyncOpenAI(base_url=gateway.url, api_key=lease.key, timeout=2.0, max_retries=4)
     if api == "chat":
         resp = await client.chat.completions.create(
             model="tiny", messages=[{"role": "user", "content": "2 + 2?"}]
@@ -87,10 +88,11 @@ async def test_a_client_that_times_out_and_retries_trains_only_the_reply_it_got(
     gateway.revoke(lease.key)
     await settle_lease(lease)
     assert got == "The answer is 4."
-    # The two abandoned requests stopped sampling when their client left, and recorded nothing.
-    assert policy.calls == 3 and policy.cancelled == 2
+    # The two abandoned requests stopped sampling when their client left, and recorded nothing;
+    # every request but the one answered is cut off.
+    assert policy.cancelled == 2
     capture = llm.capture
-    assert capture.cut_off == 2
+    assert capture.cut_off == policy.calls - 1
     [call] = capture.calls
     assert call.completion_tokens == ids
     assert not capture.breaks
