@@ -16,7 +16,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from loops_nb.errors import UserError
-from loops_nb.local.allocator import limit_malloc_arenas
+from loops_nb.local.allocator import tune_malloc
 from loops_nb.local.app import build_app
 from loops_nb.local.state import LocalLoopsState
 from loops_nb.loopback_server import LoopbackServer
@@ -61,7 +61,7 @@ class EmbeddedLoops:
             raise UserError(
                 f"compute.local.host = {host!r}: the embedded Loops binds loopback only (127.0.0.1)"
             )
-        limit_malloc_arenas()  # before the server's, the trainers' and the sampler's threads exist
+        tune_malloc()  # before the server's, the trainers' and the sampler's threads exist
         self.host = host
         self.port = port
         self.api_key = api_key or f"loops-local-{secrets.token_urlsafe(18)}"
