@@ -25,9 +25,11 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 _lock = threading.Lock()
 _running: dict[int, subprocess.Popen[bytes]] = {}
+_killed: dict[int, bool] = {}
 
 
 def _answer(message: dict[str, object]) -> None:
@@ -40,7 +42,22 @@ def _wait(request_id: int, proc: subprocess.Popen[bytes]) -> None:
     code = proc.wait()
     with _lock:
         _running.pop(request_id, None)
+        killed = _killed.pop(request_id, False)
+    if killed:
+        _wait_for_group(proc.pid)
     _answer({"id": request_id, "rc": 128 - code if code < 0 else code})
+
+
+def _wait_for_group(pgid: int, limit: float = 5.0) -> None:
+    """Until every process of a killed command's group is gone (its orphans are reaped by bwrap's init),
+    so the host's timeout returns with nothing of the command left running."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.01)
 
 
 def _run(request_id: int, fds: list[int]) -> None:
@@ -73,6 +90,7 @@ def _kill(request_id: int) -> None:
     with _lock:
         proc = _running.get(request_id)
         if proc is not None:  # still unreaped, so its process group cannot have been reused
+            _killed[request_id] = True
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
 
