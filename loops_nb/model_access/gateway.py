@@ -12,7 +12,7 @@ Exact tokens across turns: when the agent sends a conversation back, an assistan
 this lease returned is rendered from the exact text its sampled tokens decode to (the reply's content is
 trimmed and its tool calls re-serialised by the template, which would otherwise differ from what was
 sampled), so the next prompt extends the previous prompt + completion and the turns stay one training
-sequence.
+sequence (exact_replies.py).
 
 A reply trains only once it was delivered (delivery.py): sampling stops when the client disconnects,
 and a reply sampled for a client that had gone is withdrawn from the capture.
@@ -24,8 +24,6 @@ Nothing a request carries can crash the run: every handler catches everything an
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,6 +39,7 @@ from loops_nb.llm.client import ContextTooLong
 from loops_nb.loopback_server import LoopbackServer
 from loops_nb.model_access import responses_wire, wire
 from loops_nb.model_access.delivery import ClientGone, DeliveringResponse, Exchange, LeaseEnded
+from loops_nb.model_access.exact_replies import exact_text, restore_exact, tool_key
 from loops_nb.model_access.leases import AttemptLease, LeaseRegistry, ReturnedReply
 from loops_nb.request_body import BodyRefused, parse_json, read_limited
 
@@ -62,36 +61,6 @@ def _error(
 
 def _bad(exc: wire.BadRequest) -> Response:
     return _error(400, str(exc), "invalid_request_error", exc.param, exc.code)
-
-
-def _tool_key(calls: list[dict[str, Any]] | None) -> list[tuple[str, Any]]:
-    """Tool calls compared by name and decoded arguments, so re-serialised JSON still matches."""
-    out = []
-    for call in calls or []:
-        fn = call.get("function", {})
-        args = fn.get("arguments")
-        if isinstance(args, str):
-            # ValueError: also an integer too long to convert; arguments are the agent's text.
-            with contextlib.suppress(ValueError, RecursionError):
-                args = json.loads(args)
-        out.append((fn.get("name"), args))
-    return out
-
-
-def _restore_exact(lease: AttemptLease, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Assistant messages this lease returned, replaced by the exact text their tokens decode to."""
-    if not lease.returned:
-        return messages
-    out = []
-    for msg in messages:
-        if msg["role"] == "assistant":
-            key = (msg.get("content") or "", _tool_key(msg.get("tool_calls")))
-            for known in lease.returned:
-                if (known.content, known.tool_calls) == key:
-                    msg = {"role": "assistant", "content": known.exact_text}
-                    break
-        out.append(msg)
-    return out
 
 
 @dataclass
@@ -133,7 +102,7 @@ async def _sample(lease: AttemptLease, req: wire.ChatRequest) -> Sampled:
     llm = lease.llm
     try:
         replies = await llm.sample(
-            _restore_exact(lease, req.messages),
+            restore_exact(lease, req.messages),
             tools=req.tools,
             n=req.n,
             max_tokens=req.max_tokens,
@@ -145,21 +114,14 @@ async def _sample(lease: AttemptLease, req: wire.ChatRequest) -> Sampled:
         lease.truncated = str(exc)
         raise
     call = llm.capture.calls[-1]
-    return Sampled(replies, call, _exact_text(llm, call), req.parse_tools)
-
-
-def _exact_text(llm: LoopsLLM, call: ModelCall) -> str:
-    tokens = list(call.completion_tokens)
-    if tokens and tokens[-1] in llm.renderer.stop_token_ids:
-        tokens = tokens[:-1]  # the template writes the end-of-turn token itself
-    return llm.renderer.decode(tokens)
+    return Sampled(replies, call, exact_text(llm, call), req.parse_tools)
 
 
 def _delivered(lease: AttemptLease, sampled: Sampled) -> None:
     """A reply reached its agent: it is the attempt's turn, and may come back in a later conversation."""
     lease.calls += 1
     content, tool_calls = sampled.first()
-    lease.returned.append(ReturnedReply(content, _tool_key(tool_calls), sampled.exact_text))
+    lease.returned.append(ReturnedReply(content, tool_key(tool_calls), sampled.exact_text))
 
 
 def _withdrawn(lease: AttemptLease, sampled: Sampled) -> None:

@@ -1,0 +1,57 @@
+"""Exact tokens across turns: an assistant message the gateway returned, rendered from its sampled text
+when the agent sends it back.
+
+The reply an agent gets has its content trimmed and its tool calls as JSON the chat template will
+re-serialise; rendered as sent back, the next prompt would not extend the previous prompt + completion
+and the turns would split into two training sequences. So the gateway keeps, per lease, what it
+returned (`ReturnedReply`) and the exact text its tokens decode to, and swaps a matching message
+(same content, same tool names and decoded arguments) for that text.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from loops_nb.llm.capture import ModelCall
+    from loops_nb.llm.client import LoopsLLM
+    from loops_nb.model_access.leases import AttemptLease
+
+
+def tool_key(calls: list[dict[str, Any]] | None) -> list[tuple[str, Any]]:
+    """Tool calls compared by name and decoded arguments, so re-serialised JSON still matches."""
+    out = []
+    for call in calls or []:
+        fn = call.get("function", {})
+        args = fn.get("arguments")
+        if isinstance(args, str):
+            # ValueError: also an integer too long to convert; arguments are the agent's text.
+            with contextlib.suppress(ValueError, RecursionError):
+                args = json.loads(args)
+        out.append((fn.get("name"), args))
+    return out
+
+
+def restore_exact(lease: AttemptLease, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Assistant messages this lease returned, replaced by the exact text their tokens decode to."""
+    if not lease.returned:
+        return messages
+    out = []
+    for msg in messages:
+        if msg["role"] == "assistant":
+            key = (msg.get("content") or "", tool_key(msg.get("tool_calls")))
+            for known in lease.returned:
+                if (known.content, known.tool_calls) == key:
+                    msg = {"role": "assistant", "content": known.exact_text}
+                    break
+        out.append(msg)
+    return out
+
+
+def exact_text(llm: LoopsLLM, call: ModelCall) -> str:
+    tokens = list(call.completion_tokens)
+    if tokens and tokens[-1] in llm.renderer.stop_token_ids:
+        tokens = tokens[:-1]  # the template writes the end-of-turn token itself
+    return llm.renderer.decode(tokens)
