@@ -158,19 +158,22 @@ class RunComparison:
     # -- plotly -------------------------------------------------------------------------------------------
 
     def to_plotly(self) -> dict[str, Any]:
-        """One panel per metric, stacked, sharing one legend entry per run."""
+        """The runs table on top (a plotly table: live JupyterLab shows only this figure of the bundle), then one
+        panel per metric, stacked, sharing one legend entry per run."""
         metrics = [m for m in self.metrics if any(s.points() for s in self.series(m))]
-        rows = max(len(metrics), 1)
-        data: list[dict[str, Any]] = []
+        panel, gap = 240, 60
+        table_height = 60 + 40 * len(self.runs)  # a wrapped cell makes its row taller than "height"
+        height = 40 + table_height + (panel + gap) * len(metrics)
+        data: list[dict[str, Any]] = [self._plotly_table(1 - table_height / height)]
         layout: dict[str, Any] = {
             "template": "plotly_white",
-            "height": 60 + 240 * rows,
+            "height": height,
             "margin": {"l": 60, "r": 20, "t": 40, "b": 45},
             "legend": {"orientation": "h", "x": 0, "y": 1.0, "yanchor": "bottom"},
-            "grid": {"rows": rows, "columns": 1, "pattern": "independent", "roworder": "top to bottom"},
             "title": {"text": f"{len(self.runs)} runs"},
         }
         shown: set[str] = set()
+        top = height - table_height - gap
         for i, metric in enumerate(metrics, 1):
             suffix = "" if i == 1 else str(i)
             for s in self.series(metric):
@@ -193,14 +196,54 @@ class RunComparison:
                     }
                 )
                 shown.add(s.name)
-            layout[f"yaxis{suffix}"] = {"title": {"text": metric}}
-            layout[f"xaxis{suffix}"] = {"title": {"text": "step"} if i == len(metrics) else {}}
+            domain = [max(0.0, (top - panel) / height), top / height]
+            layout[f"yaxis{suffix}"] = {"title": {"text": metric}, "domain": domain, "anchor": f"x{suffix}"}
+            layout[f"xaxis{suffix}"] = {"title": {"text": "step"}, "anchor": f"y{suffix}"}
+            top -= panel + gap
         return {"data": data, "layout": layout}
+
+    def _plotly_table(self, bottom: float) -> dict[str, Any]:
+        rows = self.runs.rows()
+        columns = [
+            [r["name"] for r in rows],
+            [r["recipe"] for r in rows],
+            [r["steps"] for r in rows],
+            [r["status"] for r in rows],
+            [fmt(r["last reward"], 4) for r in rows],
+            [
+                "-"
+                if r["eval"] is None
+                else f"{fmt(r['eval'], 4)} ({str(r['eval metric']).removeprefix('eval/')})"
+                for r in rows
+            ],
+            [duration(r["wall"]) for r in rows],
+            self.labels(),
+        ]
+        return {
+            "type": "table",
+            "domain": {"x": [0, 1], "y": [bottom, 1]},
+            "columnwidth": [3, 1, 1, 1.4, 1.2, 2.6, 1, 3],
+            "header": {
+                "values": ["run", "recipe", "steps", "status", "last reward", "eval", "wall", "differs"],
+                "align": "left",
+                "fill": {"color": "#f3f4f6"},
+                "font": {"size": 12},
+            },
+            "cells": {
+                "values": columns,
+                "align": "left",
+                "font": {
+                    "size": 12,
+                    "color": [self.colors(), *(["#1f2328"] * len(rows) for _ in columns[1:])],
+                },
+                "height": 24,
+            },
+        }
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
         bundle: dict[str, Any] = {"text/plain": str(self), "text/html": self.to_html()}
         figure = self.to_plotly()
-        if figure["data"]:
+        if len(figure["data"]) > 1:  # a table and at least one curve
             bundle["application/vnd.plotly.v1+json"] = figure
         return bundle
 

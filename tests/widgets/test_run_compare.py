@@ -137,7 +137,11 @@ def test_curves_overlay_every_run_per_metric_in_three_renderers(runs: Path) -> N
     import plotly.graph_objects as go
 
     go.Figure(figure)  # a valid figure
-    assert len(figure["data"]) == 8 and sum(t["showlegend"] for t in figure["data"]) == 2
+    # The table first (live JupyterLab shows only the figure of the bundle), then two runs in four panels.
+    table, *curves = figure["data"]
+    assert table["type"] == "table" and table["cells"]["values"][0] == ["a-lr1e-3", "b-lr1e-2"]
+    assert table["cells"]["values"][-1] == ["learning_rate=0.001", "learning_rate=0.01"]
+    assert len(curves) == 8 and sum(t["showlegend"] for t in curves) == 2
     assert figure["layout"]["yaxis3"]["title"]["text"] == "eval/reward_mean"
 
 
