@@ -7,8 +7,8 @@
 The legend names each run by what differs in its saved config (``learning_rate=0.02``), else by its name. One
 object, three renderers like the other widgets: ``text/plain`` (the table and a sparkline per curve),
 ``text/html`` that JupyterLab's sanitizer keeps (an inline-styled table and positioned-``<div>`` charts, no SVG,
-no ``<style>``) and a plotly figure (one panel per metric) that live and reopened notebooks render with zoom
-and hover.
+no ``<style>``) and a plotly figure (the table, then one panel per metric) that live and reopened notebooks
+render with zoom and hover.
 """
 
 from __future__ import annotations
