@@ -373,7 +373,12 @@ class LiveRun:
         if self.info.get("run_dir"):
             run_dir = escape(str(self.info["run_dir"]))
             head += f'<div style="font:11px monospace;color:#6b7280;margin-bottom:6px">{run_dir}</div>'
-        chart = self.curve.to_dot_chart(width=440) if self.curve is not None else ""
+        chart = ""
+        if self.curve is not None:  # the chart, and its numbers in words under it
+            chart = (
+                f"{self.curve.to_dot_chart(width=440)}"
+                f'<div style="font:11px monospace;color:#374151;margin-top:2px">{escape(self.curve.summary())}</div>'
+            )
         # The chart and the token table side by side (they wrap on a narrow page); health hints are long lines.
         top = (
             f'<div style="display:flex;flex-wrap:wrap;gap:18px;align-items:flex-start">'

@@ -239,5 +239,5 @@ def test_the_sft_chart_shows_the_held_out_loss_before_training_with_a_legend(
     assert_static_html(html)
     assert 'title="eval before training: loss 2.5"' in html and 'title="eval after 2 steps: loss 2.2"' in html
     assert ">train loss</span>" in html and ">eval loss</span>" in html  # the legend
-    assert "eval before training 2.5" in live.curve.summary()
+    assert "eval before training 2.5" in live.curve.summary() and "eval before training 2.5" in html
     assert "loss: 2 steps" in live.curve.summary()
