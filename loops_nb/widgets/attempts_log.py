@@ -98,8 +98,8 @@ class AttemptsLog:
         *,
         display_fn: Callable[..., Any] | None,
         keep_steps: int = 5,
-        max_rows: int = 64,
-        max_chars: int = 3000,
+        max_rows: int = 32,
+        max_chars: int = 2000,
     ) -> None:
         self.display_fn = display_fn
         self.keep_steps = keep_steps

@@ -66,7 +66,7 @@ class LiveRun:
         max_hz: float = 2.0,
         mode: str | None = None,
         stream: TextIO | None = None,
-        attempts: int = 64,
+        attempts: int = 32,
         attempt_steps: int = 4,
         heartbeat_s: float = 2.0,
         display_fn: Callable[..., Any] | None = None,
