@@ -91,7 +91,7 @@ class SideBySide:
                 )
                 cells.append(
                     f'<td style="{cell};max-width:420px"><div style="{_MONO};white-space:pre-wrap;'
-                    f'word-break:break-word">{_tokens_html(reply)}</div>{meta}</td>'
+                    f'word-wrap:break-word">{_tokens_html(reply)}</div>{meta}</td>'
                 )
             rows.append(f"<tr>{''.join(cells)}</tr>")
         return (
