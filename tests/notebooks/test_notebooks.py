@@ -56,6 +56,13 @@ SMOKE: dict[str, dict] = {
     },
     "terminal_bench.ipynb": {"n_tasks": 2, "max_steps": 1, "run_training": False},
     "vision_counting.ipynb": {"max_steps": 1, "group_size": 4, "groups_per_step": 2, "tasks": 8},
+    "compare_runs.ipynb": {
+        "max_steps": 2,
+        "group_size": 4,
+        "groups_per_step": 2,
+        "max_tokens": 8,
+        "eval_attempts": 4,
+    },
     "custom_loss.ipynb": {
         "max_steps": 1,
         "group_size": 4,
@@ -108,6 +115,13 @@ EXPECT: dict[str, list[str]] = {
         "check: ok",
         "status: completed",
         "8 held-out task(s), 0 of them trained on",
+    ],
+    "compare_runs.ipynb": [
+        "status: completed",
+        "RunComparison(2 runs; reward/mean, eval/reward_mean, eval/pass_at_1, eval/pass_at_4)",
+        "legend: ['learning_rate=0.0005', 'learning_rate=0.002']",
+        "SideBySide(2 prompts; base:",
+        "exported: PEFT adapter of sampler weights after step 2",
     ],
     "custom_loss.ipynb": ["largest LoRA weight difference", "loss: custom", "check: ok", "status: completed"],
 }
