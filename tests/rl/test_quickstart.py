@@ -38,5 +38,11 @@ def test_quickstart_reward_climbs_and_writes_its_outputs(tmp_path: Path, model_c
     assert json.loads((run / "run.json").read_text())["run_id"]
     rollouts = read_jsonl(run / "rollouts.jsonl")
     assert len(rollouts) == 6 * 64
-    assert sorted(p.name for p in (run / "transcripts").iterdir())[0] == "step-000000.json"
+    assert sorted(p.name for p in (run / "transcripts").glob("step-*.json"))[0] == "step-000000.json"
     assert "step 6/6" in proc.stdout and "reward/mean=" in proc.stdout
+    # [eval]: the base model before the first step, the trained adapter after the last, apart from training.
+    evals = read_jsonl(run / "evals.jsonl")
+    assert [e["step"] for e in evals] == [0, 6]
+    assert len(read_jsonl(run / "eval_attempts.jsonl")) == 2 * 16
+    assert evals[1]["eval/reward_mean"] > evals[0]["eval/reward_mean"], evals
+    assert "eval: reward_mean" in proc.stdout and "eval after 6 steps:" in proc.stdout
