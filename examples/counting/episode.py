@@ -51,7 +51,9 @@ class CountCircles(Episode):
         # Another seed draws other images: `[eval] options = {seed = 1}` gives held-out tasks (named apart).
         prefix = "circles-" if seed == 0 else f"circles-s{seed}-"
         self._tasks = [
-            Task(id=f"{prefix}{i:03d}", data={"count": rng.randint(1, max_circles), "seed": seed * 100_003 + i})
+            Task(
+                id=f"{prefix}{i:03d}", data={"count": rng.randint(1, max_circles), "seed": seed * 100_003 + i}
+            )
             for i in range(tasks)
         ]
         self.image_size = image_size
