@@ -14,6 +14,7 @@ $LOOPS_NB_ARTIFACTS/browser).
 from __future__ import annotations
 
 import ast
+import json
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,8 @@ NOTEBOOKS = REPO / "notebooks"
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 # The same tiny runs as tests/notebooks/test_notebooks.py's SMOKE (no base-vs-adapter comparison here).
-QUICKSTART = {"max_steps": 2, "group_size": 4, "groups_per_step": 2, "max_tokens": 8}
+# Three steps: a transcript opened when step 1's attempts appear must stay open over the two steps after it.
+QUICKSTART = {"max_steps": 3, "group_size": 2, "groups_per_step": 2, "max_tokens": 8, "eval_attempts": 2}
 SFT = {"max_steps": 1, "max_rows": 4, "eval_examples": 2, "compare_rows": 0}
 
 _BUTTONS_JS = (
@@ -73,11 +75,19 @@ def run_and_check(
     *,
     label: str,
     timeout_s: float,
+    during: Any = None,
 ) -> list[str]:
-    """Open ``name``, Run All, save the evidence, and return the checker's problems."""
+    """Open ``name``, Run All, save the evidence, and return the checker's problems. ``during(page)`` also
+    runs at every poll while the cells run."""
     open_notebook(page, server, name)
     seen: set[str] = set()
-    prompts = run_all(page, timeout_s=timeout_s, during=lambda p: seen.update(p.evaluate(_BUTTONS_JS)))
+
+    def poll(p: Any) -> None:
+        seen.update(p.evaluate(_BUTTONS_JS))
+        if during is not None:
+            during(p)
+
+    prompts = run_all(page, timeout_s=timeout_s, during=poll)
     facts = page_facts(page)
     save_artifacts(page, artifacts, label, facts, console)
     return check_outputs(facts, console, prompts, expect, seen_buttons=seen)
@@ -86,8 +96,27 @@ def run_and_check(
 # -- the notebooks ------------------------------------------------------------------------------------------
 
 
-@pytest.mark.timeout(600)
-def test_rl_quickstart_draws_the_reward_curve(
+# The live panel's header ("RL · model · 1/3 steps · …") and the first transcript (a <details> in a step's
+# attempts output): opened once, by a click on its row, then watched. A re-render replaces the element, so
+# `isConnected` turns false; a re-render that kept the element would still have closed it.
+_TRANSCRIPT_JS = r"""
+() => {
+  const outs = [...document.querySelectorAll('.jp-OutputArea-output')];
+  const header = (outs.map(o => o.textContent).find(t => /^(RL|SFT) · /.test(t.trim())) || '').trim();
+  const steps = /(\d+)\/(\d+) steps/.exec(header);
+  if (!window.__opened) {
+    const row = document.querySelector('.jp-OutputArea-output details summary');
+    if (row) { row.click(); window.__opened = row.parentElement; window.__openedAt = steps ? +steps[1] : null; }
+  }
+  const d = window.__opened;
+  return {opened: !!d, at: window.__openedAt ?? null, connected: d ? d.isConnected : null,
+          open: d ? d.open : null, done: steps ? +steps[1] : null, header: header.slice(0, 160)};
+}
+"""
+
+
+@pytest.mark.timeout(780)
+def test_rl_quickstart_draws_the_reward_curve_and_an_open_transcript_stays_open(
     lab_page: tuple[Any, Console], lab_server: LabServer, lab_root: Path, artifacts_dir: Path
 ) -> None:
     page, console = lab_page
@@ -97,28 +126,61 @@ def test_rl_quickstart_draws_the_reward_curve(
         reward_points=QUICKSTART["max_steps"],
         widget_buttons=("Stop",),
     )
-    problems = run_and_check(
-        page, console, lab_server, name, expect, artifacts_dir, label="rl_quickstart", timeout_s=420
-    )
+    watched: list[dict[str, Any]] = []
+    try:
+        problems = run_and_check(
+            page,
+            console,
+            lab_server,
+            name,
+            expect,
+            artifacts_dir,
+            label="rl_quickstart",
+            timeout_s=600,
+            during=lambda p: watched.append(p.evaluate(_TRANSCRIPT_JS)),
+        )
+        watched.append(page.evaluate(_TRANSCRIPT_JS))
+    finally:  # what the watched transcript did, also when the run timed out
+        (artifacts_dir / "rl_quickstart-transcript.json").write_text(json.dumps(watched, indent=1))
     assert not problems, "\n".join(problems)
+    opened = [w for w in watched if w["opened"]]
+    assert opened, f"no transcript row ever appeared: {watched[-1]}"
+    closed = [w for w in opened if not (w["connected"] and w["open"])]
+    assert not closed, f"the opened transcript was replaced or closed: {closed[0]}"
+    total = QUICKSTART["max_steps"]
+    assert opened[0]["at"] is not None and opened[0]["at"] <= total - 2, opened[0]
+    assert opened[-1]["done"] == total, f"watched until {opened[-1]}"
 
 
 @pytest.mark.timeout(600)
-def test_sft_notebook_previews_trained_and_masked_tokens(
+def test_sft_notebook_previews_trained_and_masked_tokens_and_its_panel_moves_before_step_1(
     lab_page: tuple[Any, Console], lab_server: LabServer, lab_root: Path, artifacts_dir: Path
 ) -> None:
     page, console = lab_page
     name = repo_notebook("sft_tool_use.ipynb", lab_root, SFT)
     expect = Expect(
-        texts=("rows read: 4", "status: completed", "train loss: first"),
+        texts=("rows read: 4", "status: completed", "train loss: first", "eval before training"),
         loss_points=SFT["max_steps"],
         target_preview=True,
         widget_buttons=("Stop",),
     )
+    headers: list[str] = []
     problems = run_and_check(
-        page, console, lab_server, name, expect, artifacts_dir, label="sft_tool_use", timeout_s=420
+        page,
+        console,
+        lab_server,
+        name,
+        expect,
+        artifacts_dir,
+        label="sft_tool_use",
+        timeout_s=420,
+        during=lambda p: headers.append(p.evaluate(_TRANSCRIPT_JS)["header"]),
     )
     assert not problems, "\n".join(problems)
+    # Before step 1 ends (the pre-training eval, the first batch) the heartbeat re-renders the header.
+    before = sorted({h for h in headers if "0/1 steps" in h})
+    assert len(before) >= 2, f"the panel did not move before step 1: {before}"
+    assert any("step 1 running for" in h for h in before), before
 
 
 # -- the checker can fail -----------------------------------------------------------------------------------
@@ -211,3 +273,94 @@ def test_checker_fails_when_the_outputs_are_hollow(
         "widget button 'Stop' never rendered",
     ):
         assert expected in report, report
+
+
+# -- a papermill-saved notebook, reopened: untrusted, so JupyterLab sanitizes every HTML output ---------------
+
+SAVED_CELLS = [
+    "# Parameters\nsteps = 3",
+    # A live run fed the events RLRun sends (attempts, then the step's rollouts rows, then the step).
+    "import asyncio\nfrom loops_nb.widgets import LiveRun\n"
+    "live = LiveRun(stop_event=asyncio.Event())\nlive.show()\n"
+    "live.on_start({'recipe': 'rl', 'model': 'tiny', 'max_steps': steps, 'start_step': 0, 'run_dir': 'runs/x'})\n"
+    "for step in range(steps):\n"
+    "    ids = [f'hidden-monopoly/g{g}/a{a}' for g in range(2) for a in range(2 + 9 * g)]\n"
+    "    for n, i in enumerate(ids):\n"
+    "        live.on_attempt({'attempt': i, 'task': 'hidden-monopoly' if n % 2 else 'q', 'reward': n / 7,\n"
+    "                         'discarded': 'timeout' if n == 3 else None, 'calls': 1, 'policy_versions': [step],\n"
+    "                         'sampled_tokens': 10 ** (n % 4), 'seconds': 0.5 * n,\n"
+    "                         'text': {'calls': [{'prompt': 'p', 'completion': f'answer {n}', 'trained': None}]}})\n"
+    "    live.on_rollouts({'step': step, 'rows': [{'step': step, 'group': int(i.split('/g')[1][0]), 'attempt': i,\n"
+    "                                               'trained': n % 2 == 0} for n, i in enumerate(ids)]})\n"
+    "    live.on_step({'step': step, 'reward/mean': 0.2 * step, 'reward/std': 0.1, 'tokens/sampled': 40,\n"
+    "                  'tokens/trained': 20, 'attempts': len(ids), 'attempts/discarded': 1})\n"
+    "    await asyncio.sleep(0.01)\n"
+    "live.on_end({'status': 'completed', 'steps': steps})",
+    # The negative control: the old layout (columns sized in ch), which the sanitizer collapses.
+    "from IPython.display import HTML\n"
+    "cell = lambda t: f'<span style=\"display:inline-block;width:22ch;overflow:hidden\">{t}</span>'\n"
+    "HTML('<div class=\"loops-ch-control\">' + ''.join(\n"
+    "    f'<div>{cell(a)}{cell(b)}{cell(\"x\")}</div>' for a, b in [('#', 'task'), ('hidden-monopoly/g0/a1', 'q')]\n"
+    ") + '</div>')",
+]
+
+# x positions of the cells of every attempts row (and header) per step output, and of the control's rows.
+_COLUMNS_JS = r"""
+() => {
+  const xs = row => [...row.children].filter(e => e.tagName === 'SPAN')
+                      .map(e => Math.round(e.getBoundingClientRect().left));
+  const blocks = [...document.querySelectorAll('.jp-OutputArea-output')]
+    .filter(o => /^step \d+: \d+ attempts/.test(o.textContent.trim()))
+    .map(o => ({header: xs([...o.querySelectorAll('div')].find(
+                  d => d.firstElementChild && d.firstElementChild.getAttribute('title') === 'step')),
+                rows: [...o.querySelectorAll('details > summary')].map(xs)}));
+  const control = [...document.querySelectorAll('.loops-ch-control > div')].map(xs);
+  const outs = [...document.querySelectorAll('.jp-OutputArea-output')];
+  const dots = outs.flatMap(o => [...o.querySelectorAll('[title]')])
+    .filter(e => /^step \d+: reward\/mean /.test(e.getAttribute('title')))
+    .filter(e => e.getBoundingClientRect().width > 0).length;
+  return {blocks, control, dots, text: outs.map(o => o.textContent).join('\n')};
+}
+"""
+
+
+def _aligned(rows: list[list[int]]) -> bool:
+    return all(len(r) == len(rows[0]) for r in rows) and all(
+        max(col) - min(col) <= 1 for col in zip(*rows, strict=True)
+    )
+
+
+@pytest.mark.timeout(300)
+def test_a_saved_notebook_reopened_untrusted_keeps_the_attempts_columns(
+    lab_page: tuple[Any, Console], lab_server: LabServer, lab_root: Path, artifacts_dir: Path
+) -> None:
+    page, console = lab_page
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in SAVED_CELLS]
+    nb.cells[0].metadata["tags"] = ["parameters"]
+    source, saved = lab_root / "_saved_panel.ipynb", lab_root / "saved_panel.ipynb"
+    nbformat.write(nb, source)
+    pm.execute_notebook(  # an unsigned output: Lab opens it untrusted, as it opens every papermill output
+        str(source),
+        str(saved),
+        kernel_name="python3",
+        cwd=str(lab_root),
+        progress_bar=False,
+        store_widget_state=False,
+    )
+    open_notebook(page, lab_server, saved.name)  # opened, not run: what a person reopening it sees
+    page.wait_for_timeout(1_000)
+    facts = page.evaluate(_COLUMNS_JS)
+    page.screenshot(path=str(artifacts_dir / "saved_panel.png"))
+    assert len(facts["blocks"]) == 3, facts
+    for block in facts["blocks"]:
+        header = block["header"]
+        assert len(header) == 10 and header == sorted(set(header)), f"header columns run together: {header}"
+        assert len(block["rows"]) == 13 and _aligned(block["rows"]), f"rows misaligned: {block['rows'][:3]}"
+        assert block["rows"][0] == sorted(set(block["rows"][0]))
+    assert facts["dots"] >= 3, "the panel's reward chart is not drawn"
+    assert "3/3 steps" in facts["text"] and "run completed after 3 steps" in facts["text"]
+    # The sanitizer ran: the control's ch widths were dropped, so its columns no longer line up.
+    assert len(facts["control"]) == 2 and not _aligned(facts["control"]), facts["control"]
+    assert not console.errors, console.errors[:5]
