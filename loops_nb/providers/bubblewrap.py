@@ -134,6 +134,12 @@ class BubblewrapSandbox:
             args += ["--ro-bind", str(prefix), str(prefix)]  # only the interpreter, for the supervisor
         for target in sorted(self.mounts, key=lambda t: len(PurePosixPath(t).parts)):
             args += ["--dir", target, "--bind", str(self.mounts[target]), target]
+        # The verifier's offline tools run this Python environment and loops_nb's own files: when a writable
+        # path or a hidden one covers them (a checkout or venv under /tmp), they are bound back read-only.
+        covers = [PurePosixPath(h) for h in self.hidden] + [PurePosixPath(t) for t in self.mounts if t != "/"]
+        for needed in _runtime_paths():
+            if any(needed == c or c in needed.parents for c in covers):
+                args += ["--ro-bind", str(needed), str(needed)]
         # Root is bwrap's own tmpfs: make it read-only so a stray write fails loudly instead of vanishing.
         args += ["--remount-ro", "/", "--chdir", "/", "--clearenv"]
         return [*args, python, "-I", "-S", "-c", _SUPERVISOR_SOURCE, str(control_fd)]
@@ -215,6 +221,12 @@ def remove_tree(path: Path) -> bool:
                         os.chmod(child, 0o700)
         shutil.rmtree(path, ignore_errors=True)
     return not os.path.lexists(path)
+
+
+def _runtime_paths() -> list[PurePosixPath]:
+    """This process's Python environment and the loops_nb package, as real paths."""
+    package = Path(__file__).resolve().parents[1]
+    return [PurePosixPath(os.path.realpath(sys.prefix)), PurePosixPath(package)]
 
 
 def _interpreter() -> tuple[str, PurePosixPath]:
