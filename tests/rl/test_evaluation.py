@@ -275,7 +275,9 @@ def test_the_holdout_split_and_the_task_choice_do_not_depend_on_task_order() -> 
 
 
 def test_the_eval_section_is_on_when_written_and_its_cadence() -> None:
-    off = load(QUICKSTART).config.eval
+    written = load(QUICKSTART).config.eval  # the quickstart writes an [eval] table
+    assert written.enabled and eval_due(written, 0)
+    off = load(QUICKSTART, overrides={"eval.enabled": False}).config.eval
     assert not off.enabled and not eval_due(off, 0)
     on = load(QUICKSTART, overrides={"eval.every": 3}).config.eval
     assert on.enabled
