@@ -43,6 +43,10 @@ class StepRecord(Mapping[str, Any]):
             return None
         return float(value)
 
+    def with_metrics(self, extra: Mapping[str, Any]) -> StepRecord:
+        """This record with ``extra`` metrics after its own (e.g. the run's `memory/*`)."""
+        return StepRecord(self.step, {**self.metrics, **extra}, self.time)
+
     def to_json(self) -> dict[str, Any]:
         """The steps.jsonl line: the step first, the metrics in the order they were logged, the time last."""
         line: dict[str, Any] = {"step": self.step, **self.metrics}

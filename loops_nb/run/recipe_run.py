@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from loops_nb.errors import RunFailed, UserError, describe_cause
 from loops_nb.observers import ObserverSet
+from loops_nb.process_memory import process_memory
 from loops_nb.run.outcome import Outcome
 from loops_nb.run_dir import Checkpoint, RunDirectory
 from loops_nb.step_record import StepRecord
@@ -163,7 +164,8 @@ class RecipeRun(ABC):
                 if self.stop.is_set():
                     status = "stopped"
                     break
-                record = await self.train_step(step)
+                # Memory beside the timings: it is what stops runs on a laptop (the panel charts it).
+                record = (await self.train_step(step)).with_metrics(process_memory())
                 self.run_dir.steps.append(record.to_json())
                 self.observers.emit("on_step", record)
                 metrics = record.to_json()

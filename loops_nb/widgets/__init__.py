@@ -10,6 +10,7 @@ notebook saved by papermill or nbconvert holds the final state. In scripts the s
   attempts below it (displayed once, so an opened transcript stays open), an optional Stop button, and how to
   resume a run that stopped early.
 - `RewardCurve`, `LossCurve`: training curves.
+- `RunChart`: every per-step metric of a run in one plotly chart with a view selector (live in `LiveRun`).
 - `TokenCounts`: sampled/trained tokens per step, or a dataset's trained/untrained totals.
 - `TargetPreview`: tokens coloured by loss weight (SFT examples, RL captures).
 - `AttemptsTable`: recent RL attempts with their transcripts; `AttemptsTable.from_run` pages through all of a
@@ -23,6 +24,7 @@ from loops_nb.widgets.attempts_table import AttemptsTable
 from loops_nb.widgets.environment import LiveDisplay, environment, in_kernel, progress_mode
 from loops_nb.widgets.live_run import LiveRun
 from loops_nb.widgets.reward_curve import LossCurve, RewardCurve
+from loops_nb.widgets.run_chart import RunChart
 from loops_nb.widgets.run_compare import RunComparison, compare_runs
 from loops_nb.widgets.run_health import Check, RunHealth
 from loops_nb.widgets.side_by_side import SideBySide, side_by_side, side_by_side_sync
@@ -37,6 +39,7 @@ __all__ = [
     "LiveRun",
     "LossCurve",
     "RewardCurve",
+    "RunChart",
     "RunComparison",
     "RunHealth",
     "SideBySide",

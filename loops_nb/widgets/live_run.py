@@ -1,12 +1,15 @@
 """`LiveRun`: a run observer that shows the whole run in one live notebook output, or prints lines in a script.
 
-It composes the other widgets (reward or loss curve, run health, token counts) under a progress line with the
+It composes the other widgets (run health, token counts, the curve's numbers) under a progress line with the
 step counter and ETA, and re-renders them through one throttled display handle, so the notebook never receives
-more than a couple of updates a second and a saved notebook holds the final state. While a step runs a
+more than a couple of updates a second and a saved notebook holds the final state. The chart is an output of its
+own under the panel: a `RunChart` (plotly: reward or loss, and buttons for KL, entropy, tokens, timings and
+memory), live as a plotly FigureWidget that each step sends only its new values to, so zoom and the chosen view
+survive, and replaced by its static figure when the run ends. While a step runs a
 heartbeat re-renders the panel every ``heartbeat_s`` seconds, so elapsed time and "step k running for …" move
 even before the first step ends. The panel is plain inline-styled HTML using only what JupyterLab's sanitizer
-keeps (the curve drawn with positioned ``<div>``s rather than SVG), so it reads the same live, in papermill
-output, offline HTML and on reopen.
+keeps, so it reads the same live, in papermill output, offline HTML and on reopen; where no chart output is
+shown (``display_fn`` frontends, no plotly widget) the panel draws the curve itself with positioned ``<div>``s.
 
 RL attempts are not part of the panel: each trained step's attempts are displayed once, below the panel, by an
 `AttemptsLog`, and never re-rendered, so a transcript a person opens stays open while training goes on. Steps
@@ -42,6 +45,7 @@ from loops_nb.widgets.attempts_log import AttemptsLog
 from loops_nb.widgets.attempts_table import plural
 from loops_nb.widgets.environment import LiveDisplay, ipython_display, resolve_output
 from loops_nb.widgets.reward_curve import LossCurve, RewardCurve
+from loops_nb.widgets.run_chart import RunChart
 from loops_nb.widgets.run_health import RunHealth
 from loops_nb.widgets.token_counts import TokenCounts
 
@@ -56,7 +60,8 @@ class LiveRun:
     ``$LOOPS_NB_PROGRESS``; ``stream`` is where script lines go; ``attempts`` how many attempts of a step the
     attempts log shows and ``attempt_steps`` for how many recent steps; ``heartbeat_s`` how often the panel
     re-renders while a step runs (0: never); ``display_fn`` replaces IPython's ``display`` (tests, other
-    frontends).
+    frontends); ``live_chart`` shows the plotly `RunChart` under the panel (default: in a kernel, and not with a
+    ``display_fn``, whose frontend may have no widgets).
     """
 
     def __init__(
@@ -70,10 +75,16 @@ class LiveRun:
         attempt_steps: int = 4,
         heartbeat_s: float = 2.0,
         display_fn: Callable[..., Any] | None = None,
+        live_chart: bool | None = None,
     ) -> None:
         self.stop_event = stop_event
         self.output = resolve_output(mode, display_fn)
-        self.curve: RewardCurve | LossCurve | None = None
+        self.chart = RunChart()
+        self.live_chart = self.output == "display" and (
+            display_fn is None if live_chart is None else live_chart
+        )
+        self._chart_widget: Any = None
+        self._chart_handle: Any = None
         self.tokens = TokenCounts()
         self.anchor = f"loops-attempts-{uuid.uuid4().hex[:8]}"
         shows = (display_fn or ipython_display) if self.output == "display" else None
@@ -108,14 +119,15 @@ class LiveRun:
         self.started = self.step_started = time.monotonic()
         self.step = int(info.get("start_step") or 0)
         self._remember_loop()
-        if self.curve is None and info.get("recipe") in ("rl", "sft"):
-            self.curve = RewardCurve() if info["recipe"] == "rl" else LossCurve()
+        if self.chart.curve is None and info.get("recipe") in ("rl", "sft"):
+            self.chart = RunChart(info["recipe"])
         if self._reporter:
             self._reporter.on_start(info)
         if self._display.shown:  # shown before the run started (run_in_background, or by hand): refresh it
             self._display.update(force=True)
         else:
             self.show()
+        self._refresh_chart()
         self._cancel_beat()
         self._beat()
 
@@ -128,9 +140,8 @@ class LiveRun:
         self.step_started = time.monotonic()
         if not self.attempts.got_rollouts:  # a producer without on_rollouts: show its attempts per step
             self.attempts.flush(record.step)
-        if self.curve is None:
-            self.curve = RewardCurve() if "reward/mean" in record.metrics else LossCurve()
-        self.curve.on_step(record)
+        self.chart.on_step(record)
+        self._refresh_chart()
         self.tokens.on_step(record)
         self.health.on_step(record)
         if self._reporter:
@@ -155,9 +166,8 @@ class LiveRun:
 
     def on_eval(self, line: dict[str, Any]) -> None:
         """An evaluation: RL's eval reward (`[eval]`) or SFT's held-out loss before training joins the curve."""
-        if self.curve is None:
-            self.curve = LossCurve() if "eval/loss" in line else RewardCurve()
-        self.curve.on_eval(line)
+        self.chart.on_eval(line)
+        self._refresh_chart()
         if self._reporter:
             self._reporter.on_eval(line)
         self._display.update()
@@ -177,6 +187,11 @@ class LiveRun:
             self._reporter.on_end(summary)
         self.finalize()
 
+    @property
+    def curve(self) -> RewardCurve | LossCurve | None:
+        """The reward (RL) or loss (SFT) curve, once the run said which."""
+        return self.chart.curve
+
     # -- display and control ----------------------------------------------------------------------------------
 
     def show(self) -> LiveRun:
@@ -188,6 +203,25 @@ class LiveRun:
         self._display.show()
         return self
 
+    def _refresh_chart(self) -> None:
+        """Send the chart its new values; its output appears (under the panel) once the recipe is known, so
+        the live figure holds that recipe's views from the start."""
+        if self._chart_handle is None and self.live_chart and self.chart.curve is not None:
+            self.show()
+            self._chart_widget = self.chart.live_widget()
+            if self._chart_widget is not None:
+                self._chart_handle = (self._display_fn or ipython_display)(
+                    self._chart_widget, display_id=True
+                )
+            else:
+                self.live_chart = False  # no plotly widget here: the panel draws the curve
+        if self._chart_widget is None:
+            return
+        try:
+            self.chart.refresh(self._chart_widget)
+        except Exception:  # a chart glitch must never surface in the training loop
+            log.exception("live chart update failed")
+
     def finalize(self) -> None:
         """Render the final state and retire the Stop button (called by ``on_end``)."""
         self._cancel_beat()
@@ -198,6 +232,12 @@ class LiveRun:
                     self._button_handle.update(_Static(self._final_line()))
                 self.button.close()
             self.button = None
+        if self._chart_widget is not None:
+            # A FigureWidget saves nothing: the output becomes the static figure (plotly, HTML, text).
+            with contextlib.suppress(Exception):
+                self._chart_handle.update(self.chart)
+                self._chart_widget.close()
+            self._chart_widget = None
         self._display.finalize()
 
     def stop(self) -> None:
@@ -374,9 +414,10 @@ class LiveRun:
             run_dir = escape(str(self.info["run_dir"]))
             head += f'<div style="font:11px monospace;color:#6b7280;margin-bottom:6px">{run_dir}</div>'
         chart = ""
-        if self.curve is not None:  # the chart, and its numbers in words under it
+        if self.curve is not None:  # the chart (unless it has an output of its own), its numbers in words
+            drawn = "" if self.live_chart else self.curve.to_dot_chart(width=440)
             chart = (
-                f"{self.curve.to_dot_chart(width=440)}"
+                f"{drawn}"
                 f'<div style="font:11px monospace;color:#374151;margin-top:2px">{escape(self.curve.summary())}</div>'
             )
         # The chart and the token table side by side (they wrap on a narrow page); health hints are long lines.

@@ -251,9 +251,12 @@ def test_training_lowers_the_held_out_loss_and_writes_the_run(trained):
         "tokens/total",
         "examples",
         "batch",
+        "memory/rss_gb",
+        "memory/peak_gb",
         "time",
     ):
         assert key in steps[0], key
+    assert all(0.1 < s["memory/rss_gb"] < 20 for s in steps), "the process tree's resident memory, in GB"
     assert all(s["tokens/total"] <= 96 or s["examples"] == 1 for s in steps)
     assert "eval/loss" in steps[-1] and "eval/loss" in steps[4]
     assert outcome.eval_loss < outcome.eval_loss_before - 0.05, (outcome.eval_loss_before, outcome.eval_loss)

@@ -86,16 +86,25 @@ def test_saved_curve_holds_the_final_state(executed: nbformat.NotebookNode) -> N
 def test_saved_live_run_holds_the_final_panel_and_no_dead_widget(executed: nbformat.NotebookNode) -> None:
     outputs = executed.cells[3].outputs
     displays = [o for o in outputs if o.output_type == "display_data"]
-    assert len(displays) == 2 + 3  # the button's line, the panel, one output per trained step
-    button, panel, *steps = (o.data for o in displays)
+    assert len(displays) == 3 + 3  # the button's line, the panel, the chart, one output per trained step
+    button, panel, chart, *steps = (o.data for o in displays)
     assert WIDGET not in button and button["text/plain"] == "run completed after 3 steps"
+    # The live chart was a plotly FigureWidget; the saved output is its static figure, with every step.
+    assert WIDGET not in chart and chart["text/plain"].startswith("reward: 3 steps, last 0.7")
+    figure = chart[PLOTLY] if isinstance(chart[PLOTLY], dict) else json.loads(chart[PLOTLY])
+    mean = next(t for t in figure["data"] if t["name"] == "reward/mean")
+    assert mean["x"] == [1, 2, 3] and mean["y"] == pytest.approx([0.5, 0.6, 0.7]) and mean["visible"]
+    views = [b["label"] for b in figure["layout"]["updatemenus"][0]["buttons"]]
+    assert views == ["reward", "tokens"]
+    assert 'title="step 1:' in chart["text/html"], "the saved chart has its sanitizer-proof HTML"
+    assert 'title="step 1:' not in panel["text/html"], "the panel leaves the chart to its own output"
     first = panel["text/plain"].splitlines()[0]
     assert "3/3 steps" in first and first.endswith("· 3 attempts · completed")
     assert "<details>" not in panel["text/html"]
     assert [s["text/plain"].split(":")[0] for s in steps] == ["step 1", "step 2", "step 3"]
     assert "answer 2" in steps[2]["text/html"] and steps[2]["text/html"].count("<details>") == 1
     assert ">ok · not trained<" in steps[1]["text/html"] and ">ok · trained<" in steps[0]["text/html"]
-    for data in (button, panel, *steps):  # reopened untrusted, nothing of it is lost
+    for data in (button, panel, chart, *steps):  # reopened untrusted, nothing of it is lost
         assert stripped(data["text/html"]) == []
     assert "widgets" not in executed.metadata or not executed.metadata["widgets"].get(
         "application/vnd.jupyter.widget-state+json", {}
