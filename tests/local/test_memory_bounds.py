@@ -3,6 +3,7 @@ chunked LM head, over-long datums refused before anything is allocated, idle run
 
 from __future__ import annotations
 
+import gc
 import math
 from pathlib import Path
 
@@ -246,3 +247,24 @@ def test_check_estimates_peak_memory_and_warns_past_what_is_available(monkeypatc
     assert check_lines(ComputeConfig(scope="serverless"), model, concurrent_sequences=64) == ([], [])
     estimate = PeakMemoryEstimate(runtime=1, weights=2, adapter=3, activations=4, kv_cache=5, available=99)
     assert estimate.total == 15
+
+
+def _live_tensor_bytes() -> int:
+    gc.collect()
+    storages = {
+        t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+        for t in gc.get_objects()
+        if isinstance(t, torch.Tensor) and t.device.type == "cpu"
+    }
+    return sum(storages.values())
+
+
+def test_the_activation_probe_keeps_nothing_alive(tiny_llama_path: Path) -> None:
+    trainer = LoraTrainer(tiny_llama_path)
+    trainer.init(4, seed=0)
+    before = _live_tensor_bytes()
+    cost = trainer.activation_cost()
+    assert cost.full > cost.checkpointed > 0
+    # Each trainer on `loops serve` measures once; what the probe's forward saved must go with it.
+    leaked = _live_tensor_bytes() - before
+    assert leaked < cost.full * 8, (leaked, cost.full)  # the probe saved cost.full x 64 bytes
