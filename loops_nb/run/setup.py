@@ -174,6 +174,7 @@ def _emit_start(observers: ObserverSet, recipe: Recipe, run_dir: RunDirectory, s
         "on_start",
         {
             "run_dir": str(run_dir.root),
+            "config": str(recipe.config_path),  # what a resume line names
             "recipe": recipe.name,
             "model": config.model.base_model,
             "scope": config.compute.scope,

@@ -33,10 +33,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shlex
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Mapping
 from html import escape
+from pathlib import Path
 from typing import Any, TextIO
 
 from loops_nb.observers import TerminalReporter, eta
@@ -352,9 +354,10 @@ class LiveRun:
             return None
         name = str(self.info["run_dir"]).rstrip("/").rsplit("/", 1)[-1]
         where = f" (step {self.resume_step})" if self.resume_step is not None else ""
+        config = _shell_path(self.info.get("config")) or "<config>"
         return (
             f'To resume from its last checkpoint{where}, set run_name = "{name}" in the parameters cell and run '
-            f"the notebook again, or run: loops run <config> --output.run_name {name}"
+            f"the notebook again, or run: loops run {config} --output.run_name {name}"
         )
 
     # -- renderers --------------------------------------------------------------------------------------------
@@ -465,3 +468,14 @@ def _duration(seconds: float) -> str:
         if seconds >= 3600
         else f"{seconds // 60}m{seconds % 60:02d}s"
     )
+
+
+def _shell_path(path: Any) -> str | None:
+    """``path`` as a shell argument: relative to the working directory when it is under it."""
+    if not path:
+        return None
+    try:
+        text = str(Path(path).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        text = str(path)
+    return shlex.quote(text)

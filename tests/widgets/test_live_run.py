@@ -241,3 +241,21 @@ def test_the_sft_chart_shows_the_held_out_loss_before_training_with_a_legend(
     assert ">train loss</span>" in html and ">eval loss</span>" in html  # the legend
     assert "eval before training 2.5" in live.curve.summary() and "eval before training 2.5" in html
     assert "loss: 2 steps" in live.curve.summary()
+
+
+def test_the_resume_line_names_the_run_config(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my runs").mkdir()
+    live = LiveRun(mode="off")
+    live.on_start(
+        {
+            "recipe": "sft",
+            "max_steps": 5,
+            "start_step": 0,
+            "run_dir": str(tmp_path / "runs" / "sft-1"),
+            "config": str(tmp_path / "my runs" / "sft.toml"),
+        }
+    )
+    live.on_end({"status": "failed", "steps": 2, "error": "boom", "resume_step": 2})
+    hint = live.resume_hint() or ""
+    assert "loops run 'my runs/sft.toml' --output.run_name sft-1" in hint and "(step 2)" in hint
