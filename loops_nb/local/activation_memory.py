@@ -52,21 +52,28 @@ class ActivationCost:
         """Run `forward(tokens)` once on `PROBE_TOKENS` tokens and count the bytes it saves for backward."""
         weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
         seen: dict[int, int] = {}
+        kept: list[torch.Tensor] = []
 
         def pack(tensor: torch.Tensor) -> None:
             storage = tensor.untyped_storage()
             if storage.data_ptr() not in weights:
                 seen[storage.data_ptr()] = storage.nbytes()
-            # Keep nothing: the probe never runs its backward. A hook that returned the tensor would make
-            # each saved output a cycle through its own graph node, which Python's collector cannot see,
-            # so the probe's activations (about 60 MB a client on `loops serve`) stayed alive for good.
-            return None
+            # Held here until the count is done (a freed storage reused by a later tensor would be counted
+            # once for both), but not in the graph: a hook that returned the tensor would make each saved output a cycle through its own
+            # autograd node, which Python's collector cannot see, and the probe's activations (about 60 MB a
+            # client on `loops serve`) stayed alive for good.
+            kept.append(tensor)
 
         vocab = int(model.get_input_embeddings().num_embeddings)  # type: ignore[operator]
         tokens = torch.randint(0, min(100, vocab), (1, PROBE_TOKENS), device=device)
-        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda _: None):
+
+        def unpack(_: None) -> torch.Tensor:
+            raise RuntimeError("the activation probe runs no backward")
+
+        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, unpack):
             out = forward(tokens)
         del out
+        kept.clear()
         full = max(1, sum(seen.values()) // PROBE_TOKENS)
         per_layer = full // max(1, layers)
         return cls(full=full, checkpointed=layers * hidden * element_bytes + per_layer)
