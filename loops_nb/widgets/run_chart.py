@@ -192,7 +192,7 @@ class RunChart:
             height=340,
             uirevision=_UIREVISION,
             margin={"l": 60, "r": 20, "t": 60, "b": 45},
-            xaxis={"title": {"text": "step"}, "rangemode": "tozero"},
+            xaxis={"title": {"text": "step"}, "rangemode": "tozero", "dtick": self._dtick()},
             yaxis={"title": {"text": views[0][0].y_label if views else ""}},
             legend={"orientation": "h", "x": 1, "xanchor": "right", "y": 1.0, "yanchor": "bottom"},
             hovermode="closest",
@@ -232,6 +232,7 @@ class RunChart:
         chosen view stay."""
         fresh = {t.get("name"): t for t in self.to_plotly(every=True)["data"]}
         with widget.batch_update():
+            widget.layout.xaxis.dtick = self._dtick()
             for trace in widget.data:
                 new = fresh.get(trace.name)
                 if new is not None:
@@ -269,6 +270,11 @@ class RunChart:
         return bundle
 
     # -- internals --------------------------------------------------------------------------------------------
+
+    def _dtick(self) -> int | None:
+        """Whole steps on the x axis while they are few (plotly would mark 0.5 steps); plotly's choice after."""
+        last = self.records[-1].step + 1 if self.records else 0
+        return 1 if last <= 12 else None
 
     def _series(self, metric: Metric) -> Series:
         xs, ys = [], []
