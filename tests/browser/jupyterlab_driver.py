@@ -17,6 +17,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -342,6 +343,7 @@ def save_artifacts(page: Any, artifacts: Path, name: str, facts: dict[str, Any],
         ("curve", ".jp-OutputArea-output:has([title^='step '])"),
         ("preview", ".jp-OutputArea-output:has(span[title*=' weight='])"),
         ("plotly", ".jp-OutputArea-child:has(.js-plotly-plot)"),
+        ("panel", ".jp-OutputArea:has(.js-plotly-plot)"),  # a run cell's outputs: the panel, then its chart
     ):
         found = page.locator(selector)
         if found.count():
@@ -353,6 +355,33 @@ def save_artifacts(page: Any, artifacts: Path, name: str, facts: dict[str, Any],
     summary = {k: v for k, v in facts.items() if k != "text"}
     (artifacts / f"{name}-facts.json").write_text(json.dumps(summary, indent=2))
     (artifacts / f"{name}-console.txt").write_text("\n".join(console.lines))
+
+
+def snapshot(page: Any, selector: str, path: Path) -> bool:
+    """`_element_shot` of the first element matching ``selector``, if there is one (never raises)."""
+    try:
+        found = page.locator(selector)
+        if not found.count():
+            return False
+        _element_shot(page, found.first, path)
+        return path.is_file()
+    except Exception:  # a screenshot is evidence, never the reason a test fails
+        return False
+
+
+DOCS_IMAGES = "LOOPS_NB_DOCS_IMAGES"
+
+
+def publish_docs_images(artifacts: Path, names: dict[str, str]) -> None:
+    """Copy screenshots (artifact name -> docs name) to ``$LOOPS_NB_DOCS_IMAGES`` when it is set: how
+    docs/images is refreshed (``LOOPS_NB_DOCS_IMAGES=docs/images uv run pytest tests/browser``)."""
+    target = os.environ.get(DOCS_IMAGES)
+    if not target:
+        return
+    Path(target).mkdir(parents=True, exist_ok=True)
+    for source, name in names.items():
+        if (artifacts / source).is_file():
+            shutil.copyfile(artifacts / source, Path(target) / name)
 
 
 def _element_shot(page: Any, element: Any, path: Path) -> None:

@@ -14,6 +14,7 @@ $LOOPS_NB_ARTIFACTS/browser).
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -28,8 +29,10 @@ from jupyterlab_driver import (
     check_outputs,
     open_notebook,
     page_facts,
+    publish_docs_images,
     run_all,
     save_artifacts,
+    snapshot,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -123,10 +126,19 @@ def test_rl_quickstart_draws_the_reward_curve_and_an_open_transcript_stays_open(
     name = repo_notebook("rl_quickstart.ipynb", lab_root, QUICKSTART)
     expect = Expect(
         texts=("check: ok", "status: completed", "reward/mean: step 1 ="),
-        reward_points=QUICKSTART["max_steps"],
+        plotly_points=QUICKSTART["max_steps"],  # the RunChart under the panel: live widget, then static
         widget_buttons=("Stop",),
     )
     watched: list[dict[str, Any]] = []
+    live_shot = artifacts_dir / "rl_quickstart-live.png"
+    live_shot.unlink(missing_ok=True)
+
+    def during(p: Any) -> None:
+        watched.append(p.evaluate(_TRANSCRIPT_JS))
+        done = watched[-1]["done"]
+        if done and 1 <= done < QUICKSTART["max_steps"] and not live_shot.is_file():  # mid-run, for the docs
+            snapshot(p, ".jp-OutputArea:has(.js-plotly-plot)", live_shot)
+
     try:
         problems = run_and_check(
             page,
@@ -137,11 +149,12 @@ def test_rl_quickstart_draws_the_reward_curve_and_an_open_transcript_stays_open(
             artifacts_dir,
             label="rl_quickstart",
             timeout_s=600,
-            during=lambda p: watched.append(p.evaluate(_TRANSCRIPT_JS)),
+            during=during,
         )
         watched.append(page.evaluate(_TRANSCRIPT_JS))
     finally:  # what the watched transcript did, also when the run timed out
         (artifacts_dir / "rl_quickstart-transcript.json").write_text(json.dumps(watched, indent=1))
+    publish_docs_images(artifacts_dir, {"rl_quickstart-live.png": "live_panel.png"})
     assert not problems, "\n".join(problems)
     opened = [w for w in watched if w["opened"]]
     assert opened, f"no transcript row ever appeared: {watched[-1]}"
@@ -160,7 +173,7 @@ def test_sft_notebook_previews_trained_and_masked_tokens_and_its_panel_moves_bef
     name = repo_notebook("sft_tool_use.ipynb", lab_root, SFT)
     expect = Expect(
         texts=("rows read: 4", "status: completed", "train loss: first", "eval before training"),
-        loss_points=SFT["max_steps"],
+        plotly_points=SFT["max_steps"] + 1,  # train loss, and the held-out loss before training
         target_preview=True,
         widget_buttons=("Stop",),
     )
@@ -176,6 +189,7 @@ def test_sft_notebook_previews_trained_and_masked_tokens_and_its_panel_moves_bef
         timeout_s=420,
         during=lambda p: headers.append(p.evaluate(_TRANSCRIPT_JS)["header"]),
     )
+    publish_docs_images(artifacts_dir, {"sft_tool_use-preview.png": "sft_target_preview.png"})
     assert not problems, "\n".join(problems)
     # Before step 1 ends (the pre-training eval, the first batch) the heartbeat re-renders the header.
     before = sorted({h for h in headers if "0/1 steps" in h})
@@ -316,10 +330,13 @@ _COLUMNS_JS = r"""
                 rows: [...o.querySelectorAll('details > summary')].map(xs)}));
   const control = [...document.querySelectorAll('.loops-ch-control > div')].map(xs);
   const outs = [...document.querySelectorAll('.jp-OutputArea-output')];
-  const dots = outs.flatMap(o => [...o.querySelectorAll('[title]')])
-    .filter(e => /^step \d+: reward\/mean /.test(e.getAttribute('title')))
-    .filter(e => e.getBoundingClientRect().width > 0).length;
-  return {blocks, control, dots, text: outs.map(o => o.textContent).join('\n')};
+  const plot = document.querySelector('.jp-OutputArea .js-plotly-plot');  // the output node is the plot
+  const chart = plot && {
+    points: [...plot.querySelectorAll('.scatterlayer .point')].filter(e => e.getBoundingClientRect().width > 0).length,
+    views: [...plot.querySelectorAll('.updatemenu-button')].map(b => b.textContent),
+    ytitle: (plot.querySelector('.ytitle') || {}).textContent,
+  };
+  return {blocks, control, chart, text: outs.map(o => o.textContent).join('\n')};
 }
 """
 
@@ -351,15 +368,28 @@ def test_a_saved_notebook_reopened_untrusted_keeps_the_attempts_columns(
     )
     open_notebook(page, lab_server, saved.name)  # opened, not run: what a person reopening it sees
     page.wait_for_timeout(1_000)
+    with contextlib.suppress(
+        Exception
+    ):  # plotly.js loads on first use; the assertions below say what is missing
+        page.wait_for_selector(".jp-OutputArea .js-plotly-plot .scatterlayer .point", timeout=15_000)
     facts = page.evaluate(_COLUMNS_JS)
     page.screenshot(path=str(artifacts_dir / "saved_panel.png"))
+    snapshot(page, ".jp-OutputArea:has(.js-plotly-plot)", artifacts_dir / "saved_panel-outputs.png")
+    publish_docs_images(artifacts_dir, {"saved_panel-outputs.png": "saved_panel.png"})
     assert len(facts["blocks"]) == 3, facts
     for block in facts["blocks"]:
         header = block["header"]
         assert len(header) == 10 and header == sorted(set(header)), f"header columns run together: {header}"
         assert len(block["rows"]) == 13 and _aligned(block["rows"]), f"rows misaligned: {block['rows'][:3]}"
         assert block["rows"][0] == sorted(set(block["rows"][0]))
-    assert facts["dots"] >= 3, "the panel's reward chart is not drawn"
+    chart = facts["chart"]
+    assert chart and chart["points"] >= 3, f"the run's chart is not drawn: {chart}"
+    assert chart["views"] == ["reward", "tokens"] and chart["ytitle"] == "reward/mean", chart
+    # Its view selector works without a kernel: the tokens view replaces the reward's axis and points.
+    page.locator(".js-plotly-plot .updatemenu-button", has_text="tokens").first.click(force=True)
+    page.wait_for_timeout(500)
+    switched = page.evaluate(_COLUMNS_JS)["chart"]
+    assert switched["ytitle"] == "tokens per step" and switched["points"] >= 3, switched
     assert "3/3 steps" in facts["text"] and "run completed after 3 steps" in facts["text"]
     # The sanitizer ran: the control's ch widths were dropped, so its columns no longer line up.
     assert len(facts["control"]) == 2 and not _aligned(facts["control"]), facts["control"]
