@@ -238,6 +238,9 @@ class LiveRun:
             # A FigureWidget saves nothing: the output becomes the static figure (plotly, HTML, text).
             with contextlib.suppress(Exception):
                 self._chart_handle.update(self.chart)
+                # papermill (nbclient) saves every widget's last state in the notebook, closed or not, and a
+                # FigureWidget's state carries plotly.js itself (5 MB); its output shows the static figure now.
+                self._chart_widget._esm = ""
                 self._chart_widget.close()
             self._chart_widget = None
         self._display.finalize()

@@ -65,7 +65,7 @@ def executed(tmp_path_factory: pytest.TempPathFactory) -> nbformat.NotebookNode:
         cwd=str(tmp),
         progress_bar=False,
         execution_timeout=60,
-        store_widget_state=False,
+        store_widget_state=True,  # papermill's default: every widget's last state goes into the notebook
     )
     assert time.monotonic() - started < 20
     return nbformat.read(out, as_version=4)
@@ -106,6 +106,7 @@ def test_saved_live_run_holds_the_final_panel_and_no_dead_widget(executed: nbfor
     assert ">ok · not trained<" in steps[1]["text/html"] and ">ok · trained<" in steps[0]["text/html"]
     for data in (button, panel, chart, *steps):  # reopened untrusted, nothing of it is lost
         assert stripped(data["text/html"]) == []
-    assert "widgets" not in executed.metadata or not executed.metadata["widgets"].get(
-        "application/vnd.jupyter.widget-state+json", {}
-    ).get("state")
+    # The closed widgets' states stay in the file (nbclient keeps them), but small: the FigureWidget's plotly.js
+    # bundle (5 MB) is dropped before it closes.
+    states = executed.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {})
+    assert len(json.dumps(states)) < 100_000, len(json.dumps(states))
