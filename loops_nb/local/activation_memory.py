@@ -59,9 +59,9 @@ class ActivationCost:
             if storage.data_ptr() not in weights:
                 seen[storage.data_ptr()] = storage.nbytes()
             # Held here until the count is done (a freed storage reused by a later tensor would be counted
-            # once for both), but not in the graph: a hook that returned the tensor would make each saved output a cycle through its own
-            # autograd node, which Python's collector cannot see, and the probe's activations (about 60 MB a
-            # client on `loops serve`) stayed alive for good.
+            # once for both), but not in the graph: a hook that returned the tensor would make each saved
+            # output a cycle through its own autograd node, which Python's collector cannot see, and the
+            # probe's activations (about 60 MB a client on `loops serve`) stayed alive for good.
             kept.append(tensor)
 
         vocab = int(model.get_input_embeddings().num_embeddings)  # type: ignore[operator]

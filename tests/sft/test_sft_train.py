@@ -222,12 +222,40 @@ def trained(tmp_path_factory, tiny_model):
     config = write_project(folder, tiny_model, train=rows[:10] + BAD_ROWS + rows[10:])
     project = load(config)
     report = project.check_sync()
-    outcome = project.train_sync(observers=[])
-    return project, report, outcome
+    events = EventLog()
+    outcome = project.train_sync(observers=[events])
+    return project, report, outcome, events
+
+
+class EventLog:
+    """Every observer event of the run, in order (what a live panel is sent)."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict]] = []
+
+    def __getattr__(self, name: str):
+        if not name.startswith("on_"):
+            raise AttributeError(name)
+        return lambda payload: self.events.append((name, dict(payload)))
+
+
+def test_the_held_out_loss_before_training_reaches_observers_at_step_0(trained):
+    _, _, outcome, log = trained
+    names = [name for name, _ in log.events]
+    assert names[0] == "on_start" and names[-1] == "on_end"
+    evals = [payload for name, payload in log.events if name == "on_eval"]
+    assert (
+        evals and evals[0]["step"] == 0 and evals[0]["eval/loss"] == pytest.approx(outcome.eval_loss_before)
+    )
+    # It comes before the first step's record: the panel shows it while step 1 trains.
+    assert names.index("on_eval") < names.index("on_step")
+    steps = [payload for name, payload in log.events if name == "on_step"]
+    assert [s["step"] for s in steps] == list(range(outcome.steps))
+    assert all("memory/rss_gb" in s for s in steps)
 
 
 def test_check_reports_bad_rows_and_the_plan(trained):
-    _, report, _ = trained
+    _, report, _, _ = trained
     assert report.ok
     text = "\n".join(report.describe())
     assert "refused: 3" in text and "row 11: invalid JSON" in text
@@ -238,7 +266,7 @@ def test_check_reports_bad_rows_and_the_plan(trained):
 
 
 def test_training_lowers_the_held_out_loss_and_writes_the_run(trained):
-    _project, report, outcome = trained
+    _project, report, outcome, _ = trained
     run = Path(outcome.run_dir)
     steps = read_jsonl(run / "steps.jsonl")
     assert [s["step"] for s in steps] == list(range(report.total_steps)) == list(range(outcome.steps))
@@ -271,7 +299,7 @@ def test_training_lowers_the_held_out_loss_and_writes_the_run(trained):
 
 
 def test_a_finished_run_rerun_returns_at_once_without_a_loops_client(trained, monkeypatch, caplog):
-    project, _, outcome = trained
+    project, _, outcome, _ = trained
     run = Path(outcome.run_dir)
     run_json = (run / "run.json").read_text()
 
@@ -308,7 +336,7 @@ async def test_run_id_names_the_first_client_and_later_ones_are_listed_beside_it
 
 
 async def test_compare_returns_a_table_of_base_and_adapter_replies(trained):
-    project, _, outcome = trained
+    project, _, outcome, _ = trained
     comparison = await compare(project, outcome, rows=3, max_tokens=4)
     table = comparison.table
     assert list(table.columns) == list(COLUMNS)
