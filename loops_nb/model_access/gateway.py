@@ -218,7 +218,7 @@ class ModelGateway:
         request: Request,
         parse: Callable[[Any, AttemptLease], wire.ChatRequest],
         reply: Callable[[AttemptLease, Sampled], tuple[Any, list[str] | None]],
-        delivered: Callable[[AttemptLease, Sampled], None] = _delivered,
+        withdrawn: Callable[[AttemptLease, Sampled], None] = _withdrawn,
     ) -> Response:
         """One sampling request, whatever its API: `parse` the body into a chat request, sample it
         (delivery.Exchange), and send `reply`'s body (or its SSE events when it gives them)."""
@@ -232,11 +232,11 @@ class ModelGateway:
             except wire.BadRequest as exc:
                 return _bad(exc)
 
-            def on_delivered(sampled: Sampled) -> None:
-                delivered(lease, sampled)
-
             exchange = Exchange(
-                lease, lambda: _sample(lease, req), lambda s: _withdrawn(lease, s), on_delivered
+                lease,
+                lambda: _sample(lease, req),
+                lambda s: withdrawn(lease, s),
+                lambda s: _delivered(lease, s),
             )
             try:
                 sampled = await exchange.run(request.receive)
@@ -293,7 +293,7 @@ class ModelGateway:
         """`POST /v1/responses`: the Responses API, on the same sampling and capture path."""
         parsed: list[responses_wire.ResponsesRequest] = []
         conversation: list[dict[str, Any]] = []  # without instructions, for previous_response_id
-        answered: list[str] = []  # the Response's id
+        answered: list[str] = []  # the stored Response's id
 
         def parse(body: Any, lease: AttemptLease) -> wire.ChatRequest:
             req = responses_wire.parse_responses_request(body)
@@ -326,16 +326,19 @@ class ModelGateway:
                 sampled.replies[0].finish_reason == "length" and not tool_calls,
                 sampled.extra(lease.attempt_id),
             )
-            answered.append(body["id"])
+            if req.store:
+                # Stored before it is sent, not once delivered: a client may continue from it the
+                # moment it has the body, before this server has heard that the send completed.
+                answered.append(body["id"])
+                lease.responses[body["id"]] = [*conversation, wire.choice_message(content, tool_calls)]
             return (None, responses_wire.stream_events(body)) if req.chat.stream else (body, None)
 
-        def delivered(lease: AttemptLease, sampled: Sampled) -> None:
-            _delivered(lease, sampled)
-            if parsed[0].store:
-                content, tool_calls = sampled.first()
-                lease.responses[answered[0]] = [*conversation, wire.choice_message(content, tool_calls)]
+        def withdrawn(lease: AttemptLease, sampled: Sampled) -> None:
+            _withdrawn(lease, sampled)
+            for response_id in answered:  # its id never reached anyone: nothing can continue it
+                lease.responses.pop(response_id, None)
 
-        return await self._serve(request, parse, reply, delivered)
+        return await self._serve(request, parse, reply, withdrawn=withdrawn)
 
     async def models(self, request: Request) -> Response:
         lease = self._lease(request)

@@ -8,6 +8,7 @@ round trip from a scripted sampler (a random tiny model never writes a tool call
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -176,6 +177,64 @@ async def test_previous_response_id_continues_the_conversation_exactly(
     via_chat, _ = scripted(CALL_TEXT, " The sum is 5. ")
     await tool_round_trip_by_chat(gateway, via_chat)
     same_tokens(llm.capture, via_chat.capture)
+
+
+async def test_a_response_can_be_continued_before_the_server_hears_its_send_completed(
+    gateway: ModelGateway, scripted: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The client has the body (and its id) the moment it is written; the server learns the send
+    completed only later, on another loop. A continuation arriving in between must still find it."""
+    from loops_nb.model_access import delivery
+
+    settle = delivery.Exchange.settle
+
+    def late_settle(self: Any, delivered: bool) -> None:
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.5, settle, self, delivered)
+
+    monkeypatch.setattr(delivery.Exchange, "settle", late_settle)
+    llm, _ = scripted(CALL_TEXT, " The sum is 5. ")
+    lease = gateway.issue("t/g0/r4", llm)
+    client = openai.AsyncOpenAI(base_url=gateway.url, api_key=lease.key)
+    first = await client.responses.create(model="tiny", input="What is 2 + 3?", tools=[ADD_TOOL])
+    [call] = [item for item in first.output if item.type == "function_call"]
+    second = await client.responses.create(
+        model="tiny",
+        previous_response_id=first.id,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "5"}],
+        tools=[ADD_TOOL],
+    )
+    gateway.revoke(lease.key)
+    assert second.output_text == "The sum is 5."
+
+
+async def test_an_undelivered_response_cannot_be_continued(
+    gateway: ModelGateway, scripted: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from loops_nb.model_access import delivery
+
+    sent: list[str] = []
+    send_whole = delivery.DeliveringResponse.__call__
+
+    async def lost(self: Any, scope: Any, receive: Any, send: Any) -> None:
+        sent.append(json.loads(self.body)["id"])
+        self.on_sent(False)  # what the server hears when the client left before the body reached it
+        await send_whole(self, scope, receive, send)
+
+    monkeypatch.setattr(delivery.DeliveringResponse, "__call__", lost)
+    llm, _ = scripted(CALL_TEXT)
+    lease = gateway.issue("t/g0/r5", llm)
+    client = openai.AsyncOpenAI(base_url=gateway.url, api_key=lease.key)
+    await client.responses.create(model="tiny", input="What is 2 + 3?", tools=[ADD_TOOL])
+    for _ in range(100):  # the withdrawal runs on the attempt's loop
+        if sent[0] not in lease.responses:
+            break
+        await asyncio.sleep(0.01)
+    assert sent[0] not in lease.responses
+    monkeypatch.undo()
+    with pytest.raises(openai.BadRequestError, match="not found"):
+        await client.responses.create(model="tiny", previous_response_id=sent[0], input="and?")
+    gateway.revoke(lease.key)
 
 
 @pytest.mark.parametrize(
