@@ -93,7 +93,13 @@ class JsonlLog:
                     yield json.loads(line)
 
     def keep(self, predicate: Callable[[dict[str, Any]], bool]) -> int:
-        """Rewrite the log keeping only records for which `predicate(record)` holds; returns dropped count."""
+        """Rewrite the log keeping only records for which `predicate(record)` holds; returns dropped count.
+
+        Also cuts a half-written last line, even when no record is dropped: only the process that owns
+        the run (holding its lock, resuming) calls this, and a torn tail left until its next append
+        would outlive a kill before that append and break every strict JSONL reader meanwhile.
+        """
+        self._repair()
         records = list(self.records())
         kept = [r for r in records if predicate(r)]
         if len(kept) != len(records):

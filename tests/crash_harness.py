@@ -138,6 +138,10 @@ def crash(config: Path, run: Path, logs: Path, seed: int, kills: int, total_step
         killed_ids.append(json.loads((run / "run.json").read_text())["run_ids"][-1])
         for c in read_jsonl(run / "checkpoints.jsonl", missing_ok=True):  # no half checkpoint on the record
             checkpoint_dir(run, c["path"])
+        if i > 0:  # the process that resumed cut the torn tails off as it rewound, whenever it was killed
+            for path in run.glob("*.jsonl"):
+                text = path.read_text()
+                assert not text or text.endswith("\n"), f"{path.name} still ends in the half record"
         if i == 0 and kills > 1:
             tear_tails(run)
     return killed_ids
