@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from loops_nb.llm.capture import TokenCapture
-from loops_nb.model_access import ModelGateway
+from loops_nb.model_access import ModelGateway, delivery
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -158,11 +158,9 @@ async def test_a_tool_round_trip_trains_the_tokens_of_the_chat_completions_one(
     assert "<tool_response>\n5\n</tool_response>" in via_responses.renderer.decode(policy.prompts[1])
 
 
-async def test_previous_response_id_continues_the_conversation_exactly(
-    gateway: ModelGateway, scripted: Any
-) -> None:
-    llm, _ = scripted(CALL_TEXT, " The sum is 5. ")
-    lease = gateway.issue("t/g0/r3", llm)
+async def tool_round_trip_by_previous_response_id(gateway: ModelGateway, llm: Any, attempt_id: str) -> str:
+    """A tool call answered by continuing its Response (`previous_response_id`); the reply's text."""
+    lease = gateway.issue(attempt_id, llm)
     client = openai.AsyncOpenAI(base_url=gateway.url, api_key=lease.key)
     first = await client.responses.create(model="tiny", input="What is 2 + 3?", tools=[ADD_TOOL])
     [call] = [item for item in first.output if item.type == "function_call"]
@@ -173,7 +171,14 @@ async def test_previous_response_id_continues_the_conversation_exactly(
         tools=[ADD_TOOL],
     )
     gateway.revoke(lease.key)
-    assert second.output_text == "The sum is 5."
+    return second.output_text
+
+
+async def test_previous_response_id_continues_the_conversation_exactly(
+    gateway: ModelGateway, scripted: Any
+) -> None:
+    llm, _ = scripted(CALL_TEXT, " The sum is 5. ")
+    assert await tool_round_trip_by_previous_response_id(gateway, llm, "t/g0/r3") == "The sum is 5."
     via_chat, _ = scripted(CALL_TEXT, " The sum is 5. ")
     await tool_round_trip_by_chat(gateway, via_chat)
     same_tokens(llm.capture, via_chat.capture)
@@ -184,8 +189,6 @@ async def test_a_response_can_be_continued_before_the_server_hears_its_send_comp
 ) -> None:
     """The client has the body (and its id) the moment it is written; the server learns the send
     completed only later, on another loop. A continuation arriving in between must still find it."""
-    from loops_nb.model_access import delivery
-
     settle = delivery.Exchange.settle
 
     def late_settle(self: Any, delivered: bool) -> None:
@@ -194,25 +197,12 @@ async def test_a_response_can_be_continued_before_the_server_hears_its_send_comp
 
     monkeypatch.setattr(delivery.Exchange, "settle", late_settle)
     llm, _ = scripted(CALL_TEXT, " The sum is 5. ")
-    lease = gateway.issue("t/g0/r4", llm)
-    client = openai.AsyncOpenAI(base_url=gateway.url, api_key=lease.key)
-    first = await client.responses.create(model="tiny", input="What is 2 + 3?", tools=[ADD_TOOL])
-    [call] = [item for item in first.output if item.type == "function_call"]
-    second = await client.responses.create(
-        model="tiny",
-        previous_response_id=first.id,
-        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "5"}],
-        tools=[ADD_TOOL],
-    )
-    gateway.revoke(lease.key)
-    assert second.output_text == "The sum is 5."
+    assert await tool_round_trip_by_previous_response_id(gateway, llm, "t/g0/r4") == "The sum is 5."
 
 
 async def test_an_undelivered_response_cannot_be_continued(
     gateway: ModelGateway, scripted: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from loops_nb.model_access import delivery
-
     sent: list[str] = []
     send_whole = delivery.DeliveringResponse.__call__
 
