@@ -33,6 +33,7 @@ from torch import Tensor
 from transformers import AutoTokenizer, DynamicCache, PreTrainedTokenizerBase
 
 from loops_nb.local.decoding import select_tokens
+from loops_nb.local.kv_cache import growing_cache
 from loops_nb.local.memory_budget import resolve_budget, weight_bytes
 from loops_nb.local.model_store import auto_dtype
 from loops_nb.local.sampler_adapters import AdapterSet, read_adapter_dir
@@ -110,7 +111,7 @@ class SamplerEngine:
         self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
         self.max_positions: int | None = max_positions(config)
         self.eos_token_ids = self._eos_ids()
-        self._mergeable = cache_is_mergeable(DynamicCache(config=config))
+        self._mergeable = cache_is_mergeable(growing_cache(config))
         # transformers 5 calls the cache argument `cache`; 4.x called it `past_key_values`.
         parameters = inspect.signature(self.model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in parameters else "past_key_values"
@@ -389,7 +390,7 @@ class SamplerEngine:
         return batch
 
     def _new_cache(self) -> DynamicCache:
-        return DynamicCache(config=self.model.config)
+        return growing_cache(self.model.config)
 
     def _run_batch(self, jobs: list[Job]) -> None:
         adapter = jobs[0].adapter

@@ -1,8 +1,8 @@
 """One coalesced decode batch of the local sampler: prefill, KV cache bookkeeping, one token per step.
 
 A batch is a set of rows (one per sample: a request with `n=4` is 4 rows) decoded in lockstep through the
-model's forward with a `DynamicCache`. Prompts are left-padded, so every row's next token is at the same
-cache index; each row's position ids count only its real tokens and the 2-D attention mask hides the padding,
+model's forward with a `DynamicCache` whose layers grow in place (`kv_cache`). Prompts are left-padded, so
+every row's next token is at the same cache index; each row's position ids count only its real tokens and the 2-D attention mask hides the padding,
 which makes a row's logits those of its prompt alone. A request's prompt is prefilled once (identical prompts
 from different requests too) and its cache rows copied to its `n` samples. Finished rows leave the batch
 (their cache rows are dropped) and, on models whose cache is all full-attention layers, new requests can
@@ -25,6 +25,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from loops_nb.local.decoding import RowParams, draw_uniforms, prompt_logprobs
+from loops_nb.local.kv_cache import is_full_attention
 from loops_nb.local.sampling_types import PromptLogprobEntry, SampledChoice, SampleRequest, SampleResult
 
 # (input_ids, attention_mask, position_ids, cache, all_logits) -> logits [B, S or 1, V]
@@ -81,9 +82,9 @@ class Row:
 
 
 def cache_is_mergeable(cache: DynamicCache) -> bool:
-    """Whether rows can join a running batch: every layer is a plain full-attention `DynamicLayer`
+    """Whether rows can join a running batch: every layer is a plain full-attention layer
     (sliding-window or recurrent layers cannot be left-padded after the fact)."""
-    return all(type(layer) is DynamicLayer for layer in cache.layers)
+    return all(is_full_attention(layer) for layer in cache.layers)
 
 
 def _layers(cache: DynamicCache) -> list[DynamicLayer]:
