@@ -1,8 +1,8 @@
 """The sampler's KV cache: transformers' `DynamicCache`, with full-attention layers that grow in place.
 
 `DynamicLayer.update` concatenates each new token's keys and values onto the cache, so every decode step
-copies the whole cache of every layer (on SmolLM2-135M with 16 rows, 10-20% of a decode step's time on a
-CPU). `GrowingLayer` writes into a buffer with room for `HEADROOM` more tokens and hands attention a view
+copies the whole cache of every layer, a cost that grows with the completion (SmolLM2-135M, 16 rows, on a
+CPU: 1% of sampling time at 64-token completions, 12% at 384). `GrowingLayer` writes into a buffer with room for `HEADROOM` more tokens and hands attention a view
 of its filled part, so a step copies one token; the buffer is reallocated only when full. The numbers are
 the same bit for bit: attention reads the same values, only from a strided view.
 
