@@ -2,8 +2,9 @@
 
 `DynamicLayer.update` concatenates each new token's keys and values onto the cache, so every decode step
 copies the whole cache of every layer, a cost that grows with the completion (SmolLM2-135M, 16 rows, on a
-CPU: 1% of sampling time at 64-token completions, 12% at 384). `GrowingLayer` writes into a buffer with room for `HEADROOM` more tokens and hands attention a view
-of its filled part, so a step copies one token; the buffer is reallocated only when full. The numbers are
+CPU: 1% of sampling time at 64-token completions, 12% at 384). `GrowingLayer` writes into a buffer with
+room for `HEADROOM` more tokens and hands attention a view of its filled part, so a step copies one
+token; the buffer is reallocated only when full. The numbers are
 the same bit for bit: attention reads the same values, only from a strided view.
 
 Whoever replaces a layer's `keys`/`values` (the decode batch drops, pads and merges rows by assigning new
@@ -37,15 +38,13 @@ class GrowingLayer(DynamicLayer):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        keys, values = self.keys, self.values
-        assert keys is not None and values is not None
+        keys = self.keys
+        assert keys is not None
         length = keys.shape[-2] if keys.numel() else 0
         end = length + key_states.shape[-2]
         key_buffer, value_buffer = self._key_buffer, self._value_buffer
         if key_buffer is None or value_buffer is None or keys is not self._view or end > key_buffer.shape[-2]:
-            key_buffer, value_buffer = self._reallocate(
-                keys, values, key_states, value_states, length, end + HEADROOM
-            )
+            key_buffer, value_buffer = self._reallocate(key_states, value_states, length, end + HEADROOM)
         key_buffer[:, :, length:end].copy_(key_states)
         value_buffer[:, :, length:end].copy_(value_states)
         self.keys, self.values = key_buffer[:, :, :end], value_buffer[:, :, :end]
@@ -53,20 +52,16 @@ class GrowingLayer(DynamicLayer):
         return self.keys, self.values
 
     def _reallocate(
-        self,
-        keys: torch.Tensor,
-        values: torch.Tensor,
-        key_states: torch.Tensor,
-        value_states: torch.Tensor,
-        length: int,
-        capacity: int,
+        self, key_states: torch.Tensor, value_states: torch.Tensor, length: int, capacity: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """New buffers of `capacity` tokens shaped like the incoming states, holding the `length` cached."""
         batch, heads, _, key_dim = key_states.shape
         key_buffer = key_states.new_empty(batch, heads, capacity, key_dim)
         value_buffer = value_states.new_empty(batch, heads, capacity, value_states.shape[-1])
         if length:
-            key_buffer[:, :, :length].copy_(keys)
-            value_buffer[:, :, :length].copy_(values)
+            assert self.keys is not None and self.values is not None
+            key_buffer[:, :, :length].copy_(self.keys)
+            value_buffer[:, :, :length].copy_(self.values)
         self._key_buffer, self._value_buffer = key_buffer, value_buffer
         return key_buffer, value_buffer
 
