@@ -84,8 +84,7 @@ class LocalLoopsConfig(Section):
     memory_budget_mb: int | None = Field(None, ge=64)
     """Memory (MiB) one trainer micro-batch's activations may use, and the sampler's KV cache likewise.
     Default: a quarter of the base model's weight size, at most a tenth of the memory available, at
-    least 128. A smaller budget means more decoder layers recomputed in the backward (or smaller
-    micro-batches), never a refused request; a bigger one trains faster where memory allows."""
+    least 128. A smaller budget means more, smaller micro-batches, never a refused request."""
 
     cache_dir: ConfigPath | None = None
     """Where dequantised and converted models are cached (default: $LOOPS_NB_CACHE or

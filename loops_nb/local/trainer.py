@@ -15,11 +15,11 @@ Design notes:
   stays in eval mode, so training-time logprobs equal the sampler's, which the RL importance ratios need.
 * Memory is bounded by a budget, not by the request (see `memory_budget`, `activation_memory`): a
   request's datums are sorted by length and packed into micro-batches whose activations fit the budget,
-  measured once per adapter as bytes per token, and each micro-batch has just enough of its decoder
-  layers recomputed in the backward to fit (`plan`). Text batches are right-padded and run without an
-  attention mask (causal attention never lets a real token see the padding after it), which keeps
-  attention on the memory-lean fused kernel. The LM head runs only at positions whose logprob is
-  needed, in chunks (`lm_head`), so full-vocabulary logits never exist for a whole batch.
+  measured once per adapter as bytes per token; a sequence too long for the budget alone has its decoder
+  layers recomputed in the backward. Text batches are right-padded and run without an attention mask
+  (causal attention never lets a real token see the padding after it), which keeps attention on the
+  memory-lean fused kernel. The LM head runs only at positions whose logprob is needed, in chunks
+  (`lm_head`), so full-vocabulary logits never exist for a whole batch.
 * The base weights are shared with the sampler and every other trainer on the same model
   (`shared_base`); a trainer owns only its adapter, optimizer and activations.
 * Not thread-safe: the caller runs ops one at a time (the HTTP layer's FIFO worker does). Across
@@ -81,10 +81,6 @@ _PLAIN_HEAD_TYPES = {"llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_m
 _STATE_FILE = "trainer_state.json"
 COMPUTE_LOCK = threading.Lock()
 """Held by every trainer for one request's forward (and backward), so only one budget is ever in use."""
-EFFICIENT_BATCH_TOKENS = 512
-"""Padded tokens a training micro-batch is packed to at least, recomputing layers to fit the budget if need
-be: on a CPU, matrix products of 512 rows run at about the speed of 1,024 (150-177 GFLOP/s measured on the
-decoder's shapes), of 128 rows 10-25% slower and of 16 rows a quarter to a half as fast."""
 
 
 class LoraTrainer:
@@ -257,8 +253,8 @@ class LoraTrainer:
                 p.grad = None
         try:
             with COMPUTE_LOCK, contextlib.nullcontext() if backward else torch.no_grad():
-                for rows, recomputed in plan:
-                    with self._layers_recomputed(recomputed):
+                for rows, recompute in plan:
+                    with self._layers_recomputed() if recompute else contextlib.nullcontext():
                         loss, n = self._micro_batch(datums, rows, loss_fn, cfg, top_k, outputs, backward)
                     total, count = total + loss, count + n
         except BaseException:
@@ -280,30 +276,31 @@ class LoraTrainer:
 
     def plan(
         self, datums: Sequence[ParsedDatum], loss_fn: str, *, backward: bool
-    ) -> list[tuple[list[int], int]]:
-        """Micro-batches (datum indices, how many decoder layers to recompute) whose activations fit the
-        budget.
+    ) -> list[tuple[list[int], bool]]:
+        """Micro-batches (datum indices, whether to recompute layers) whose activations fit the budget.
 
-        Datums are packed to `EFFICIENT_BATCH_TOKENS` padded tokens a micro-batch (more if the budget holds
-        more with every layer kept, fewer if it cannot hold that many even with every layer recomputed),
-        and each micro-batch recomputes the fewest layers that make it fit. On a CPU, small micro-batches
-        cost more than recomputing layers does: 32 datums of 70 tokens at SmolLM2-135M's default budget
-        (which holds 110 tokens with every layer kept) took 29.7 s one datum a micro-batch and 23.4 s four
-        a micro-batch with 20 of 30 layers recomputed. A datum longer than a micro-batch gets
-        one of its own. A forward without backward keeps no intermediates, so it packs at the recomputed
-        cost (one layer's transients at a time).
+        Datums short enough to fit the budget with every layer's intermediates kept are packed without
+        recomputation; longer ones are packed at the recomputed cost. A forward without backward keeps
+        no intermediates, so it packs at the recomputed cost too (one layer's transients at a time).
         """
         cost = self.activation_cost()
-        lean = min(self.max_batch_tokens, cost.tokens(self.memory_budget, recomputed=cost.layers))
-        lengths = [d.length for d in datums]
+        plain = min(self.max_batch_tokens, cost.tokens(self.memory_budget, recompute=False))
+        lean = min(self.max_batch_tokens, cost.tokens(self.memory_budget, recompute=True))
         group = 2 if loss_fn == "dpo" else 1
         if not backward:
-            return [(rows, 0) for rows in micro_batches(lengths, lean, group)]
-        size = min(lean, max(cost.tokens(self.memory_budget), EFFICIENT_BATCH_TOKENS))
+            lengths = [d.length for d in datums]
+            return [(rows, False) for rows in micro_batches(lengths, lean, group)]
+        units = [list(range(i, min(i + group, len(datums)))) for i in range(0, len(datums), group)]
+        long = {i for u in units if max(datums[i].length for i in u) > plain for i in u}
         batches = []
-        for rows in micro_batches(lengths, size, group):
-            tokens = max(lengths[i] for i in rows) * len(rows)
-            batches.append((rows, cost.layers_to_recompute(tokens, self.memory_budget)))
+        for recompute, members in (
+            (False, [i for i in range(len(datums)) if i not in long]),
+            (True, sorted(long)),
+        ):
+            if members:
+                lengths = [datums[i].length for i in members]
+                for rows in micro_batches(lengths, lean if recompute else plain, group):
+                    batches.append(([members[j] for j in rows], recompute))
         return batches
 
     def activation_cost(self) -> ActivationCost:
@@ -323,12 +320,9 @@ class LoraTrainer:
             )
         return self._cost
 
-    def _layers_recomputed(self, count: int) -> contextlib.AbstractContextManager[None]:
-        """Recompute the first `count` decoder layers in the backward (see `ActivationCost.per_token`)."""
-        if count <= 0:
-            return contextlib.nullcontext()
+    def _layers_recomputed(self) -> contextlib.AbstractContextManager[None]:
         lm: Any = self.model.get_base_model()
-        return checkpointed(list(lm.get_decoder().layers)[:count])
+        return checkpointed(list(lm.get_decoder().layers))
 
     def _parsed(self, data: Sequence[Any], loss_fn: str) -> list[ParsedDatum]:
         if data and all(isinstance(d, ParsedDatum) for d in data):
