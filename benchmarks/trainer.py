@@ -7,8 +7,8 @@ The embedded Loops runs at its default dtype (`auto`: bf16 on CUDA, float32 on a
 measured and is not the default there, see docs/benchmarks.md). It is compared with a plain PEFT loop in
 float32 (the issue's aim: >= 1.3x its tokens/s) and with the same plain loop at the embedded Loops' dtype
 (what the SDK path costs: >= 0.9). A third side runs the embedded Loops with a trainer budget that holds
-the whole batch, so what the default memory budget costs (decoder layers recomputed in the backward)
-reads beside it. The step functions are built first and then run alternately, so load from other
+the whole batch, so what the default memory budget costs (every decoder layer recomputed in the
+backward) reads beside it. The step functions are built first and then run alternately, so load from other
 processes falls on all alike.
 The rows: wall-clock tokens/s, and the process's CPU seconds per step (all threads: torch's, the
 embedded server's and the SDK's), which shows how much work the SDK path adds whatever else the machine
