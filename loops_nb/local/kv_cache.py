@@ -4,8 +4,8 @@
 copies the whole cache of every layer, a cost that grows with the completion (SmolLM2-135M, 16 rows, on a
 CPU: 1% of sampling time at 64-token completions, 12% at 384). `GrowingLayer` writes into a buffer with
 room for `HEADROOM` more tokens and hands attention a view of its filled part, so a step copies one
-token; the buffer is reallocated only when full. The numbers are
-the same bit for bit: attention reads the same values, only from a strided view.
+token; the buffer is reallocated only when full. The numbers are the same bit for bit: attention reads
+the same values, only from a strided view.
 
 Whoever replaces a layer's `keys`/`values` (the decode batch drops, pads and merges rows by assigning new
 tensors) simply gets a fresh buffer at the next update: the layer notices that `keys` is no longer its view.
