@@ -1,5 +1,7 @@
 """The trainer's operation queue: submits return at once, ops run FIFO on one worker, polls long-poll.
 
+The worker keeps the order; each op's compute runs on the process's `COMPUTE_LANE`.
+
 The SDK submits each trainer op (`POST /forward_backward`, ...) and then polls `GET /operations/{id}`.
 It pipelines submits ahead of completion and relies on the server to run them strictly in acceptance
 order, one at a time, and to dedupe a retried submit by its `Idempotency-Key`.
@@ -17,6 +19,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from loops_nb.local.compute_lane import COMPUTE_LANE
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +116,7 @@ class OperationQueue:
                 return
             started = time.perf_counter()
             try:
-                result = op.fn()
+                result = COMPUTE_LANE.run(op.fn)
             except Exception as exc:
                 log.info("trainer %s: %s %s failed: %s", self.name, op.name, op.id, exc)
                 op.finished_at = time.monotonic()

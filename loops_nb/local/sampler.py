@@ -12,13 +12,16 @@ cannot give per-row sampling parameters, seeds and exact logprobs.
 Adapter changes (`set_adapter`, `load_adapter_dir`, `remove_adapter`) are queued to the same worker and run
 between batches, so a batch never sees its weights change mid-generation and the version a result reports is
 the one every token was sampled with. While one is pending, running batches stop admitting new requests so
-the swap waits at most for the batch in flight.
+the swap waits at most for the batch in flight. The worker schedules; the compute (batches and adapter
+changes) runs on the process's `COMPUTE_LANE`, shared with the trainers, and a running batch also stops
+admitting requests while a trainer op waits for the lane.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import inspect
 import logging
 import threading
@@ -32,6 +35,7 @@ import torch
 from torch import Tensor
 from transformers import AutoTokenizer, DynamicCache, PreTrainedTokenizerBase
 
+from loops_nb.local.compute_lane import COMPUTE_LANE
 from loops_nb.local.decoding import select_tokens
 from loops_nb.local.kv_cache import growing_cache
 from loops_nb.local.memory_budget import resolve_budget, weight_bytes
@@ -249,6 +253,10 @@ class SamplerEngine:
         with self._cv:
             if self._closing:
                 raise SamplerClosedError("the sampler engine is closed")
+            if COMPUTE_LANE.on_lane():
+                # A trainer op publishing weights: the worker waits for the lane this caller holds, so no
+                # batch is running, and queueing the op for the worker would deadlock.
+                return op()
             self._ops.append((op, future))
             self._cv.notify_all()
         return future.result()
@@ -283,11 +291,11 @@ class SamplerEngine:
                 jobs = [] if ops else self._take_jobs(None, 0, 0, 0)
             for op, future in ops:
                 try:
-                    future.set_result(op())
+                    future.set_result(COMPUTE_LANE.run(op))
                 except Exception as exc:
                     future.set_exception(exc)
             if jobs:
-                self._run_batch(jobs)
+                COMPUTE_LANE.run(functools.partial(self._run_batch, jobs))
         closed = SamplerClosedError("the sampler engine was closed")
         for job in pending:
             if job.future.set_running_or_notify_cancel():
@@ -299,7 +307,9 @@ class SamplerEngine:
         """Pop the queued jobs a batch can take (call with `_cv` held). With `rows == 0` a new batch is
         started for the oldest job's adapter; otherwise jobs join a running one for `adapter`, and only while
         the oldest job is for that adapter, so one busy adapter cannot starve the others."""
-        if not self._queue or (rows and (self._ops or self._queue[0].adapter != adapter)):
+        if not self._queue or (
+            rows and (self._ops or self._queue[0].adapter != adapter or COMPUTE_LANE.contended())
+        ):
             return []
         if rows == 0:
             adapter = self._queue[0].adapter

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from loops_nb.errors import UserError
 from loops_nb.local.bad_request import BadRequest, RunDeactivated
+from loops_nb.local.compute_lane import COMPUTE_LANE, uses_cuda
 from loops_nb.local.idle_runs import PARKED, IdleRunReaper
 from loops_nb.local.operations import OperationQueue
 from loops_nb.local.run_records import RunLost, RunRecords
@@ -94,6 +95,7 @@ class LocalLoopsState:
         self.memory_budget_mb = memory_budget_mb
         """Bytes (MiB) a trainer micro-batch's activations and the sampler's KV cache may each use."""
         self.max_batch_sequences = max_batch_sequences
+        COMPUTE_LANE.enabled = not uses_cuda(device)
         self.runs: dict[str, LocalRun] = {}
         self._samplers: dict[str, SamplerEngine] = {}
         self._model_paths: dict[str, Path] = {}
@@ -164,6 +166,13 @@ class LocalLoopsState:
 
     def sampler(self, base_model: str) -> SamplerEngine:
         """The shared sampler of a base model; every run's live adapter and checkpoint load into it."""
+        with self._lock:
+            engine = self._samplers.get(base_model)
+        if engine is not None:
+            return engine
+        # Loaded on the compute lane, so no other thread starts an OpenMP pool (see `compute_lane`).
+        if not COMPUTE_LANE.on_lane():
+            return COMPUTE_LANE.run(lambda: self.sampler(base_model))
         from loops_nb.local.model_store import quiet_model_loading
         from loops_nb.local.sampler import SamplerEngine
 
@@ -183,6 +192,8 @@ class LocalLoopsState:
             return engine
 
     def new_trainer(self, run: LocalRun) -> LoraTrainer:
+        if not COMPUTE_LANE.on_lane():
+            return COMPUTE_LANE.run(lambda: self.new_trainer(run))
         from loops_nb.local.model_store import quiet_model_loading
         from loops_nb.local.trainer import LoraTrainer
 

@@ -1,0 +1,88 @@
+"""One thread for all of the embedded Loops' torch work: model loads, trainer ops, sampler batches.
+
+Why one thread: torch's CPU kernels run their parallel loops through OpenMP, and libgomp keeps a
+separate pool of worker threads for every thread that has ever entered a parallel region. As soon as
+those pools together hold more threads than there are cores, libgomp stops letting idle workers spin and
+puts them to sleep after every region, so each of the thousands of small parallel regions in a forward
+pays a futex wake-up. Measured on a 2-core host (SmolLM2-135M, float32): 20,000 element-wise ops on a
+59 x 576 tensor took 0.5 s on a thread alone and 5.4 s on a second thread once the main thread had its
+own pool; a 16-datum `forward_backward` took 8.4 s alone and 13.5 s inside the quickstart, where the
+trainer's op worker, the sampler's worker and the model-loading thread each had a pool.
+
+`COMPUTE_LANE.run(fn)` runs `fn` on the lane's thread and returns its result (inline when already on
+it), one call at a time in arrival order. Callers keep their own threads for ordering and waiting (the
+trainer's op queue, the sampler's scheduler); only the compute moves. A sampler batch holds the lane
+until it finishes and admits no new requests while other work waits (`contended`), so trainer ops wait
+at most one batch.
+
+On CUDA the threads only launch kernels and the GPU can overlap a trainer's and a sampler's work, so a
+state on CUDA turns the lane off (`enabled = False`): `run` then calls `fn` on the caller's thread.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+class ComputeLane:
+    """A single daemon thread that runs submitted callables one at a time, first come first served."""
+
+    def __init__(self, name: str = "loops-compute") -> None:
+        self.name = name
+        self._queue: queue.SimpleQueue[tuple[Callable[[], object], Future[object]]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        self.enabled = True
+        """False: `run` calls on the caller's thread (the embedded Loops on CUDA sets this)."""
+
+    def on_lane(self) -> bool:
+        """Whether the calling thread is the lane's thread."""
+        return self._thread is not None and threading.current_thread() is self._thread
+
+    def contended(self) -> bool:
+        """Whether work is waiting for the lane (long-running work on it should wind down)."""
+        return self.enabled and not self._queue.empty()
+
+    def run(self, fn: Callable[[], T]) -> T:
+        """Run `fn` on the lane and return its result or raise its exception."""
+        if not self.enabled or self.on_lane():
+            return fn()
+        future: Future[object] = Future()
+        self._ensure_started()
+        self._queue.put((fn, future))
+        return future.result()  # type: ignore[return-value]
+
+    def _ensure_started(self) -> None:
+        with self._start_lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._work, name=self.name, daemon=True)
+                self._thread.start()
+
+    def _work(self) -> None:
+        while True:
+            fn, future = self._queue.get()
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn())
+            except BaseException as exc:  # handed to the caller, who re-raises it on its own thread
+                future.set_exception(exc)
+
+
+def uses_cuda(device: str) -> bool:
+    """Whether the embedded Loops' `device` setting ("auto", "cpu", "cuda[:N]") puts the models on CUDA."""
+    if device == "auto":
+        import torch
+
+        return torch.cuda.is_available()
+    return device.startswith("cuda")
+
+
+COMPUTE_LANE = ComputeLane()
+"""The process's lane: every trainer and sampler of the embedded Loops computes on it."""
