@@ -264,6 +264,7 @@ class RLRun(RecipeRun):
             scheduler.policy_published()
         else:
             train_s = publish_s = 0.0
+        scheduler.step_finished()
         attempts = [a for g in groups for a in g.attempts]
         trained_ids = {d.attempt_id for d in datums}
         discarded = Counter(a.evidence.discarded for a in attempts if a.evidence.discarded)

@@ -120,6 +120,10 @@ class RolloutScheduler:
         self._by_slot: dict[int, list[GroupResult]] = {}
         self._producer: asyncio.Task[None] | None = None
         self._version_changed = asyncio.Event()
+        self._steps_done = 0
+        """The policy version at `start` plus the steps finished since: the version the policy would have
+        if every step had trained. A step that trains nothing (every group zero-variance) publishes no
+        version, but sampling ahead must still move on, or the next slot would wait forever."""
         self._running: set[asyncio.Task[Any]] = set()
         self.in_flight = 0
         self.finished_attempts = 0
@@ -225,14 +229,20 @@ class RolloutScheduler:
     # -- async --------------------------------------------------------------------------------
     def start(self, first_step: int, last_step: int) -> None:
         """Begin sampling ahead for steps first_step..last_step-1 (async mode)."""
+        self._steps_done = self.version()
         self._producer = asyncio.create_task(self._produce(first_step, last_step))
 
     def policy_published(self) -> None:
         self._version_changed.set()
 
+    def step_finished(self) -> None:
+        """The learner is done with a step, trained or not (async pacing counts steps, not versions)."""
+        self._steps_done += 1
+        self._version_changed.set()
+
     async def _wait_for_version(self, at_least: int) -> None:
         started = time.perf_counter()
-        while self.version() < at_least:
+        while max(self.version(), self._steps_done) < at_least:
             self._version_changed.clear()
             await self._version_changed.wait()
         self.stats.paced_seconds += time.perf_counter() - started

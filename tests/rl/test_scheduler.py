@@ -107,6 +107,25 @@ async def test_async_pace_never_starts_a_step_further_ahead_than_max_staleness()
     await s.close()
 
 
+async def test_async_pace_moves_on_after_a_step_that_trained_nothing():
+    # A step whose groups all have zero variance trains nothing and publishes no version; sampling ahead
+    # must still start the next slot (it used to wait for a version that never came, and the run hung).
+    clock = Clock()
+    runtime = FakeRuntime(clock)
+    s = scheduler(runtime, clock, mode="async", max_staleness=1, stale_policy="pace")
+    s.start(0, 4)
+    await s.next_groups(0)
+    s.step_finished()  # step 0 trained nothing: the version stays 0
+    second = await asyncio.wait_for(s.next_groups(1), 5)
+    await asyncio.sleep(0.05)
+    assert {g.slot for g in second} == {1}
+    assert len(runtime.started) == 3 * 2 * 3  # slot 2 started without a new version
+    s.step_finished()
+    third = await asyncio.wait_for(s.next_groups(2), 5)
+    assert {g.slot for g in third} == {2} and clock.version == 0
+    await s.close()
+
+
 async def test_async_requeue_drops_groups_that_got_too_stale_and_reruns_their_task():
     clock = Clock()
     runtime = FakeRuntime(clock, delay=0.01)
