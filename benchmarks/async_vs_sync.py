@@ -8,9 +8,9 @@ In async mode the next step's attempts sample while the trainer trains, so the r
 the sampler's and the trainer's time overlap. The rows:
 
 - async with `stale_policy = "pace"` (the default) and with `"requeue"`, each over sync;
-- the same pair with `OMP_WAIT_POLICY=PASSIVE`: the trainer and the sampler each run torch on their
-  own thread, and each thread gets its own OpenMP team; by default idle OpenMP threads spin, which on a
-  machine with few cores takes them from the other side;
+- the same pair with `OMP_WAIT_POLICY=PASSIVE` (idle OpenMP threads sleep instead of spinning). On a
+  CPU the trainer and the sampler now compute on one thread (`loops_nb/local/compute_lane.py`), so
+  their work no longer overlaps at all; this row shows whether the setting still matters;
 - the bound: sync's mean (rollout wait, train + publish) per step; perfect overlap would make a step
   cost the larger of the two, so max / sum is the best ratio async can reach on this machine.
 """

@@ -51,3 +51,17 @@ def model_path():
     from loops_nb.local.model_store import resolve_model
 
     return resolve_model(MODEL).path
+
+
+def on_compute_lane(build: Callable[[], Callable[[], None]]) -> Callable[[], None]:
+    """`build()` a reference side and return its step, both run on the embedded Loops' compute lane.
+
+    torch's CPU kernels run through OpenMP, which keeps a thread pool for each thread that computes; a
+    reference computing on the main thread next to the lane would make two pools, and on a machine with
+    few cores libgomp then puts idle workers to sleep after every parallel region, slowing both sides
+    (see `loops_nb/local/compute_lane.py`). On the lane, every side shares one pool, as a user's run does.
+    """
+    from loops_nb.local.compute_lane import COMPUTE_LANE
+
+    step = COMPUTE_LANE.run(build)
+    return lambda: COMPUTE_LANE.run(step)
