@@ -75,14 +75,5 @@ class ComputeLane:
                 future.set_exception(exc)
 
 
-def uses_cuda(device: str) -> bool:
-    """Whether the embedded Loops' `device` setting ("auto", "cpu", "cuda[:N]") puts the models on CUDA."""
-    if device == "auto":
-        import torch
-
-        return torch.cuda.is_available()
-    return device.startswith("cuda")
-
-
 COMPUTE_LANE = ComputeLane()
 """The process's lane: every trainer and sampler of the embedded Loops computes on it."""

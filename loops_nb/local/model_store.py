@@ -358,7 +358,7 @@ def device_and_dtype(preference: str = "auto", dtype: str = "auto") -> tuple[tor
         raise UserError(f"Unknown device {preference!r}; use 'auto', 'cpu', 'cuda' or 'cuda:N'.")
     if dtype not in DTYPES:
         raise UserError(f"Unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}.")
-    if preference == "cpu" or (preference == "auto" and not torch.cuda.is_available()):
+    if not uses_cuda(preference):
         device = torch.device("cpu")
     elif not torch.cuda.is_available():
         raise UserError(
@@ -372,6 +372,14 @@ def device_and_dtype(preference: str = "auto", dtype: str = "auto") -> tuple[tor
             'slower than float32; set [compute.local] dtype = "auto" (float32 on a CPU)'
         )
     return device, auto_dtype(device) if dtype == "auto" else getattr(torch, dtype)
+
+
+def uses_cuda(preference: str) -> bool:
+    """Whether a `device` setting ("auto", "cpu", "cuda[:N]") asks for CUDA ("auto": where available).
+    `device_and_dtype` refuses a CUDA setting where CUDA is not available; this only says which was asked."""
+    import torch
+
+    return torch.cuda.is_available() if preference == "auto" else preference.startswith("cuda")
 
 
 def auto_dtype(device: torch.device) -> torch.dtype:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from loops_nb.errors import UserError
 from loops_nb.local.bad_request import BadRequest, RunDeactivated
-from loops_nb.local.compute_lane import COMPUTE_LANE, uses_cuda
+from loops_nb.local.compute_lane import COMPUTE_LANE
 from loops_nb.local.idle_runs import PARKED, IdleRunReaper
 from loops_nb.local.operations import OperationQueue
 from loops_nb.local.run_records import RunLost, RunRecords
@@ -95,7 +95,9 @@ class LocalLoopsState:
         self.memory_budget_mb = memory_budget_mb
         """Bytes (MiB) a trainer micro-batch's activations and the sampler's KV cache may each use."""
         self.max_batch_sequences = max_batch_sequences
-        COMPUTE_LANE.enabled = not uses_cuda(device)
+        from loops_nb.local.model_store import uses_cuda
+
+        COMPUTE_LANE.enabled = not uses_cuda(device)  # a GPU overlaps the trainers' and sampler's work itself
         self.runs: dict[str, LocalRun] = {}
         self._samplers: dict[str, SamplerEngine] = {}
         self._model_paths: dict[str, Path] = {}
