@@ -172,7 +172,8 @@ class LocalLoopsState:
             engine = self._samplers.get(base_model)
         if engine is not None:
             return engine
-        # Loaded on the compute lane, so no other thread starts an OpenMP pool (see `compute_lane`).
+        # Loaded on the compute lane, so no other thread starts an OpenMP pool (see `compute_lane`); the lane
+        # is entered before `_lock`, since a trainer op on the lane may call this and take `_lock` itself.
         if not COMPUTE_LANE.on_lane():
             return COMPUTE_LANE.run(lambda: self.sampler(base_model))
         from loops_nb.local.model_store import quiet_model_loading
