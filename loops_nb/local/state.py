@@ -98,6 +98,8 @@ class LocalLoopsState:
         from loops_nb.local.model_store import uses_cuda
 
         COMPUTE_LANE.enabled = not uses_cuda(device)  # a GPU overlaps the trainers' and sampler's work itself
+        if COMPUTE_LANE.enabled:
+            COMPUTE_LANE.isolate_threads()
         self.runs: dict[str, LocalRun] = {}
         self._samplers: dict[str, SamplerEngine] = {}
         self._model_paths: dict[str, Path] = {}

@@ -69,3 +69,52 @@ def test_trainer_ops_and_sampler_batches_compute_on_the_lane(embedded_loops, tin
     assert len(out.sequences) == 2
     tc.close()
     assert threads == {"trainer": {COMPUTE_LANE.name}, "sampler": {COMPUTE_LANE.name}}
+
+
+ISOLATION_PROBE = """
+import json, os, threading, torch
+from loops_nb.local.compute_lane import ComputeLane
+
+def os_threads():
+    return len(os.listdir("/proc/self/task"))
+
+def big_op():
+    torch.randn(2048, 2048).mul(2)  # large enough for an OpenMP parallel region
+
+start = torch.get_num_threads()
+lane = ComputeLane(name="probe-lane")
+lane.isolate_threads()
+lane.run(big_op)
+before = os_threads()
+big_op()  # the caller's own torch work
+other = {}
+worker = threading.Thread(target=lambda: (big_op(), other.update(threads=torch.get_num_threads())))
+worker.start()
+worker.join()
+print(json.dumps({
+    "start": start, "lane": lane.run(torch.get_num_threads), "caller": torch.get_num_threads(),
+    "other": other["threads"], "added": os_threads() - before,
+}))
+"""
+
+
+def test_isolated_lane_keeps_the_threads_and_other_threads_start_no_pool():
+    """After `isolate_threads` the lane computes on torch's thread count and every other thread on one, so
+    their torch work starts no OpenMP pool (no new OS threads) to throttle the lane's."""
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", ISOLATION_PROBE], capture_output=True, text=True, timeout=120, check=True
+    )
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    if seen["start"] < 2:
+        pytest.skip("torch runs one intra-op thread here: nothing to isolate")
+    assert seen["lane"] == seen["start"]
+    assert seen["caller"] == 1 and seen["other"] == 1
+    assert seen["added"] == 0
+
+
+def test_a_cpu_state_isolates_the_lane(embedded_loops):
+    assert COMPUTE_LANE.enabled and COMPUTE_LANE.threads is not None
