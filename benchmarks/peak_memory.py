@@ -1,7 +1,8 @@
 """Peak resident memory of whole runs and servers, each measured as its own process tree.
 
 Run: `uv run python -m benchmarks memory`, or some rows: `uv run python -m benchmarks.peak_memory quickstart
-serve` (rows: quickstart, quickstart_x4, sft, serve, ladder_0.5b and ladder_1.5b: one RL and one SFT step
+serve` (rows: quickstart, quickstart_mixed (at `dtype = "bf16-mixed"`, on a CPU
+with AMX or AVX512-BF16), quickstart_x4, sft, serve, ladder_0.5b and ladder_1.5b: one RL and one SFT step
 on the 0.5B- and 1.5B-shaped models; `ladder` names both).
 
 Each row starts a fresh process (so one row's peak never counts in another's) and samples the resident
@@ -27,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+
+from loops_nb.local.model_store import cpu_has_fast_bf16
 
 ROOT = Path(__file__).resolve().parents[1]
 GB = 1024**3
@@ -96,7 +99,7 @@ def serve_clients(clients: int) -> list[int]:
 
 
 QUICKSTART = "patterns/custom_runtime/in_process_direct/train_local.toml"
-ROWS = ("quickstart", "quickstart_x4", "sft", "serve", "ladder_0.5b", "ladder_1.5b")
+ROWS = ("quickstart", "quickstart_mixed", "quickstart_x4", "sft", "serve", "ladder_0.5b", "ladder_1.5b")
 
 
 def run(names: tuple[str, ...] = ROWS) -> Iterator[str]:
@@ -106,6 +109,10 @@ def run(names: tuple[str, ...] = ROWS) -> Iterator[str]:
         if "quickstart" in names:
             base = loops_run(QUICKSTART, "--training.save_every", "0", out=out / "q1")
             yield row("RL quickstart, 8 steps", base, "<= 2.0 GB")
+        if "quickstart_mixed" in names and cpu_has_fast_bf16():  # where bf16-mixed is the faster opt-in
+            mixed = loops_run(QUICKSTART, "--training.save_every", "0", "--compute.local.dtype", "bf16-mixed",
+                              out=out / "qm")  # fmt: skip
+            yield row('RL quickstart, 8 steps, dtype = "bf16-mixed"', mixed, "<= 2.0 GB")
         if "quickstart_x4" in names:
             # groups_per_step x4 over 3 steps: the peak comes with the first trained step, 8 would take 4x longer.
             wide = loops_run(QUICKSTART, "--training.save_every", "0", "--training.groups_per_step", "16",

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from loops_nb.errors import RunFailed, UserError
+from loops_nb.local.model_store import DTYPES
 
 EXIT_USER_ERROR = 2
 
@@ -56,9 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--model", action="append", default=[], help="preload this base model (repeatable)")
     p.add_argument("--state-dir", type=Path, default=None, help="where runs and checkpoints are kept")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    p.add_argument(
-        "--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto", help="base weights"
-    )
+    p.add_argument("--dtype", choices=DTYPES, default="auto", help="base weights (see [compute.local] dtype)")
     p.add_argument(
         "--memory-budget-mb", type=int, default=None, help="per trainer micro-batch and sampler KV cache"
     )

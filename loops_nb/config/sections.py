@@ -76,10 +76,12 @@ class LocalLoopsConfig(Section):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where the local trainer and sampler run: CUDA when available, else the CPU."""
 
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16", "bf16-mixed"] = "auto"
     """Precision of the frozen base weights. `auto`: bf16 on CUDA (fp16 where bf16 is unsupported), float32
-    on a CPU (`bfloat16` there is faster on CPUs with AMX or AVX512-BF16 but learned worse in our
-    measurements; see docs/benchmarks.md). LoRA weights and the optimizer state are always float32."""
+    on a CPU. `bf16-mixed`: a float32 model whose decoder linear layers hold bf16 weights and multiply in
+    bf16; the residual stream, norms, KV cache and LM head stay float32, so the sampler and trainer agree
+    as the aim asks (pure `bfloat16` does not). Both are faster only on CPUs with AMX or AVX512-BF16; see
+    docs/benchmarks.md. LoRA weights and the optimizer state are always float32."""
 
     memory_budget_mb: int | None = Field(None, ge=64)
     """Memory (MiB) one trainer micro-batch's activations may use, and the sampler's KV cache likewise.

@@ -160,9 +160,19 @@ def estimate_peak(
     concurrent_sequences: int,
     budget_mb: int | None = None,
     sampler_tokens_cap: int = 65536,
+    bf16_products: bool = False,
 ) -> PeakMemoryEstimate:
+    """`bf16_products` (`dtype = "bf16-mixed"`): the linear layers but the head hold 2-byte weights."""
     shape = ModelShape.read(model_dir)
     weights = shape.parameters * element_bytes
+    if bf16_products:
+        products = sum(
+            o * i
+            for name, dims in shape.linear_shapes.items()
+            if name != "lm_head" and "embed" not in name  # the head and embeddings stay float32
+            for o, i in dims
+        )
+        weights -= products * (element_bytes - 2)
     budget = resolve_budget(budget_mb, weights)
     lora = shape.lora_parameters(lora_rank, targets) * 4  # LoRA and AdamW stay fp32
     kv_per_token = shape.kv_bytes_per_token_element * element_bytes
@@ -183,7 +193,7 @@ def check_lines(compute: Any, model: Any, *, concurrent_sequences: int) -> tuple
     if compute.scope != "local" or compute.base_url or os.environ.get("LOOPS_BASE_URL"):
         return [], []
     from loops_nb.errors import UserError
-    from loops_nb.local.model_store import device_and_dtype, resolve_model
+    from loops_nb.local.model_store import bf16_products, device_and_dtype, resolve_model
     from loops_nb.local.trainer import DEFAULT_TARGETS
 
     try:
@@ -196,6 +206,7 @@ def check_lines(compute: Any, model: Any, *, concurrent_sequences: int) -> tuple
             max_seq_len=model.max_seq_len,
             concurrent_sequences=concurrent_sequences,
             budget_mb=compute.local.memory_budget_mb,
+            bf16_products=bf16_products(compute.local.dtype),
         )
     except (UserError, OSError, ValueError, KeyError):  # the model itself is checked (and reported) elsewhere
         return [], []

@@ -331,7 +331,9 @@ def quiet_model_loading() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+DTYPES = ("auto", "float32", "bfloat16", "float16", "bf16-mixed")
+"""`[compute.local] dtype` values; `bf16-mixed` (Lightning's name for the idea) is a float32 model with bf16
+linear products (`mixed_precision`)."""
 _FAST_BF16_CPU_FLAGS = {"amx_bf16", "avx512_bf16"}
 
 
@@ -350,8 +352,9 @@ def cpu_has_fast_bf16() -> bool:
 
 def device_and_dtype(preference: str = "auto", dtype: str = "auto") -> tuple[torch.device, torch.dtype]:
     """The device ("auto": CUDA when available, else the CPU; "cpu"/"cuda" force one) and the base weights'
-    dtype ("auto": bf16 on CUDA that supports it, else fp16; float32 on a CPU). LoRA weights and optimizer
-    state stay float32 whatever the base dtype. bf16 asked for on a CPU that only emulates it is warned about."""
+    dtype ("auto": bf16 on CUDA that supports it, else fp16; float32 on a CPU; "bf16-mixed": float32, with
+    `bf16_products` saying the linear layers multiply in bf16). LoRA weights and optimizer state stay float32
+    whatever the base dtype. bf16 asked for on a CPU that only emulates it is warned about."""
     import torch
 
     if preference not in {"auto", "cpu"} and not preference.startswith("cuda"):
@@ -366,12 +369,19 @@ def device_and_dtype(preference: str = "auto", dtype: str = "auto") -> tuple[tor
         )
     else:
         device = torch.device("cuda" if preference == "auto" else preference)
-    if device.type == "cpu" and dtype == "bfloat16" and not cpu_has_fast_bf16():
+    if device.type == "cpu" and dtype in {"bfloat16", "bf16-mixed"} and not cpu_has_fast_bf16():
         logger.warning(
-            "dtype bfloat16 on a CPU without AMX or AVX512-BF16: bf16 is emulated there and measured 4x "
+            f"dtype {dtype} on a CPU without AMX or AVX512-BF16: bf16 is emulated there and measured 4x "
             'slower than float32; set [compute.local] dtype = "auto" (float32 on a CPU)'
         )
+    if dtype == "bf16-mixed":
+        return device, torch.float32  # the model is float32; `bf16_products` says its products are not
     return device, auto_dtype(device) if dtype == "auto" else getattr(torch, dtype)
+
+
+def bf16_products(dtype: str) -> bool:
+    """Whether a `dtype` setting asks for bf16 linear products in a float32 model (`bf16-mixed`)."""
+    return dtype == "bf16-mixed"
 
 
 def uses_cuda(preference: str) -> bool:

@@ -89,6 +89,7 @@ class SamplerEngine:
         *,
         device: str | torch.device | None = None,
         dtype: torch.dtype | None = None,
+        bf16_products: bool = False,
         max_batch_tokens: int | None = None,
         max_batch_sequences: int = 64,
         max_prefill_tokens: int = 16384,
@@ -99,7 +100,7 @@ class SamplerEngine:
         if dtype is None:  # as `[compute.local] dtype = "auto"`, so the trainer and sampler agree
             dtype = auto_dtype(self.device)
         # The base weights are shared with every trainer on this model (see shared_base).
-        self.model = BASE_MODELS.instance(model_path, self.device, dtype)
+        self.model = BASE_MODELS.instance(model_path, self.device, dtype, bf16_products=bf16_products)
         self.vision = VisionInputs.load(model_path, self.model)
         """The processor and image token of a vision-language model: image prompts then work."""
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(str(model_path))

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from loops_nb.local.mixed_precision import use_bf16_products
 from loops_nb.local.vision import load_model
 
 
@@ -29,17 +30,25 @@ class SharedBaseModels:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._loaded: weakref.WeakValueDictionary[tuple[str, str, str], Any] = weakref.WeakValueDictionary()
+        self._loaded: weakref.WeakValueDictionary[tuple[str, str, str, str], Any] = (
+            weakref.WeakValueDictionary()
+        )
         # A structural copy keeps its source alive, so the weak entry lives exactly as long as its users.
         self._sources: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
-    def instance(self, model_path: str | Path, device: torch.device, dtype: torch.dtype) -> Any:
-        """A module tree of the base model (eval mode, no gradients) whose tensors are shared."""
-        key = (str(Path(model_path).resolve()), str(device), str(dtype))
+    def instance(
+        self, model_path: str | Path, device: torch.device, dtype: torch.dtype, *, bf16_products: bool = False
+    ) -> Any:
+        """A module tree of the base model (eval mode, no gradients) whose tensors are shared.
+
+        `bf16_products`: a float32 model whose linear layers multiply in bf16 (`dtype = "bf16-mixed"`)."""
+        key = (str(Path(model_path).resolve()), str(device), str(dtype), str(bf16_products))
         with self._lock:
             base = self._loaded.get(key)
             if base is None:
                 base = load_model(model_path, dtype).to(device).eval().requires_grad_(False)
+                if bf16_products:
+                    use_bf16_products(base)
                 self._loaded[key] = base
             clone = structural_copy(base)
             self._sources[clone] = base

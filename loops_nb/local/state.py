@@ -168,6 +168,12 @@ class LocalLoopsState:
 
         return device_and_dtype(self.device, self.dtype)
 
+    @property
+    def bf16_products(self) -> bool:
+        from loops_nb.local.model_store import bf16_products
+
+        return bf16_products(self.dtype)
+
     def sampler(self, base_model: str) -> SamplerEngine:
         """The shared sampler of a base model; every run's live adapter and checkpoint load into it."""
         with self._lock:
@@ -190,6 +196,7 @@ class LocalLoopsState:
                         self.model_path(base_model),
                         device=device,
                         dtype=dtype,
+                        bf16_products=self.bf16_products,
                         max_batch_sequences=self.max_batch_sequences,
                         memory_budget_mb=self.memory_budget_mb,
                     )
@@ -208,6 +215,7 @@ class LocalLoopsState:
                 self.model_path(run.base_model),
                 device=device,
                 dtype=dtype,
+                bf16_products=self.bf16_products,
                 memory_budget_mb=self.memory_budget_mb,
                 max_seq_len=run.max_seq_len,
             )

@@ -92,6 +92,7 @@ class LoraTrainer:
         *,
         device: torch.device | None = None,
         dtype: torch.dtype | None = None,
+        bf16_products: bool = False,
         target_modules: list[str] | None = None,
         lora_alpha: int = LORA_ALPHA,
         max_batch_tokens: int = 16384,
@@ -103,7 +104,7 @@ class LoraTrainer:
         if dtype is None:  # as `[compute.local] dtype = "auto"`: bf16 where the hardware is fast at it
             dtype = auto_dtype(self.device)
         self.model_path = str(model_path)
-        base: Any = BASE_MODELS.instance(self.model_path, self.device, dtype)
+        base: Any = BASE_MODELS.instance(self.model_path, self.device, dtype, bf16_products=bf16_products)
         self._base: Any = base
         self.vision = VisionInputs.load(self.model_path, base)
         """The processor and image token when the model is a vision-language model (image chunks)."""

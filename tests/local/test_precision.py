@@ -1,9 +1,10 @@
 """Precision of the embedded Loops: what the sampler reports for the tokens it drew and what the trainer
-computes for the same tokens agree, at T = 1, in float32 (what `dtype = "auto"` picks on a CPU) and in
-bf16 (its pick on CUDA, and the opt-in `dtype = "bfloat16"` on a CPU). RL's importance ratios exp(trainer lp - sampler lp) rest on
+computes for the same tokens agree, at T = 1, in float32 (what `dtype = "auto"` picks on a CPU), in
+bf16 (its pick on CUDA, and the opt-in `dtype = "bfloat16"` on a CPU) and in `bf16-mixed` (bf16 linear
+products in a float32 model, `loops_nb.local.mixed_precision`). RL's importance ratios exp(trainer lp - sampler lp) rest on
 this agreement. The LoRA weights and AdamW's state stay float32 whatever the base dtype.
 
-The issue's aim is a mean |delta| under 0.02. float32 meets it; bf16 does not:
+The issue's aim is a mean |delta| under 0.02. float32 and bf16-mixed meet it; bf16 does not:
 docs/benchmarks.md records a mean of about 0.04 on SmolLM2-135M, because the trainer's full-sequence
 forward and the sampler's cached one-token decode round differently in a bf16 residual stream. The
 bf16 bound below guards that level against regressions; it is not the aim.
@@ -23,8 +24,14 @@ from loops_nb.local.trainer import LoraTrainer
 pytestmark = pytest.mark.slow
 
 PROMPT = "Write a short story about a lighthouse keeper."
-MEAN_BOUND = {torch.float32: 0.02, torch.bfloat16: 0.06}
-"""float32: the issue's aim. bf16: the measured 0.04 with headroom (the aim is missed there)."""
+MEAN_BOUND = {"float32": 0.02, "bf16-mixed": 0.02, "bf16": 0.06}
+"""float32 and bf16-mixed: the issue's aim. bf16: the measured 0.04 with headroom (the aim is missed there)."""
+PRECISIONS = {
+    "float32": (torch.float32, False),
+    "bf16": (torch.bfloat16, False),
+    "bf16-mixed": (torch.float32, True),
+}
+"""Test id -> (base dtype, bf16 linear products), as `device_and_dtype` and `bf16_products` give them."""
 
 
 def datum(tokens: list[int]) -> dict:
@@ -36,8 +43,9 @@ def datum(tokens: list[int]) -> dict:
     }
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bf16"])
-def test_sampler_and_trainer_logprobs_agree_at_temperature_1(smollm2_path: Path, dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("precision", list(PRECISIONS))
+def test_sampler_and_trainer_logprobs_agree_at_temperature_1(smollm2_path: Path, precision: str) -> None:
+    dtype, products = PRECISIONS[precision]
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2_path)
@@ -49,7 +57,7 @@ def test_sampler_and_trainer_logprobs_agree_at_temperature_1(smollm2_path: Path,
             return_dict=False,
         )
     )
-    trainer = LoraTrainer(smollm2_path, device=torch.device("cpu"), dtype=dtype)
+    trainer = LoraTrainer(smollm2_path, device=torch.device("cpu"), dtype=dtype, bf16_products=products)
     trainer.init(8, seed=0)
     # One step on the prompt itself, so the adapter is not zero and the sampler serves a real policy.
     trainer.forward_backward([datum(prompt)])
@@ -60,7 +68,11 @@ def test_sampler_and_trainer_logprobs_agree_at_temperature_1(smollm2_path: Path,
     moments = [s for state in trainer._optimizer.state.values() for s in state.values() if s.numel() > 1]  # type: ignore[union-attr]
     assert moments and all(m.dtype == torch.float32 for m in moments)
 
-    with SamplerEngine(smollm2_path, device="cpu", dtype=dtype) as engine:
+    base = trainer.model.get_base_model()
+    products_dtype = base.model.layers[0].mlp.down_proj.base_layer.weight.dtype
+    assert products_dtype == (torch.bfloat16 if products else dtype)
+
+    with SamplerEngine(smollm2_path, device="cpu", dtype=dtype, bf16_products=products) as engine:
         engine.set_adapter("policy", trainer.lora_config_dict(), trainer.adapter_state_dict(), 1)
         request = SampleRequest(prompt=prompt, n=4, temperature=1.0, max_tokens=24, seed=3)
         result = engine.sample(request, "policy")
@@ -72,4 +84,4 @@ def test_sampler_and_trainer_logprobs_agree_at_temperature_1(smollm2_path: Path,
         assert len(trained) == len(sampled)
         deltas += [abs(a - b) for a, b in zip(trained, sampled, strict=True)]
     mean = sum(deltas) / len(deltas)
-    assert mean < MEAN_BOUND[dtype], f"mean |delta| {mean:.4f}, max {max(deltas):.4f}"
+    assert mean < MEAN_BOUND[precision], f"mean |delta| {mean:.4f}, max {max(deltas):.4f}"
