@@ -371,8 +371,8 @@ def device_and_dtype(preference: str = "auto", dtype: str = "auto") -> tuple[tor
         device = torch.device("cuda" if preference == "auto" else preference)
     if device.type == "cpu" and dtype in {"bfloat16", "bf16-mixed"} and not cpu_has_fast_bf16():
         logger.warning(
-            f"dtype {dtype} on a CPU without AMX or AVX512-BF16: bf16 is emulated there and measured 4x "
-            'slower than float32; set [compute.local] dtype = "auto" (float32 on a CPU)'
+            f"dtype {dtype} on a CPU without AMX or AVX512-BF16: bf16 is emulated there (pure bf16 measured "
+            '4x slower than float32); set [compute.local] dtype = "auto" (float32 on a CPU)'
         )
     if dtype == "bf16-mixed":
         return device, torch.float32  # the model is float32; `bf16_products` says its products are not
