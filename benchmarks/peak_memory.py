@@ -1,9 +1,9 @@
 """Peak resident memory of whole runs and servers, each measured as its own process tree.
 
 Run: `uv run python -m benchmarks memory`, or some rows: `uv run python -m benchmarks.peak_memory quickstart
-serve` (rows: quickstart, quickstart_mixed (at `dtype = "bf16-mixed"`, on a CPU
-with AMX or AVX512-BF16), quickstart_x4, sft, serve, ladder_0.5b and ladder_1.5b: one RL and one SFT step
-on the 0.5B- and 1.5B-shaped models; `ladder` names both).
+serve` (rows: quickstart; quickstart_mixed, at `dtype = "bf16-mixed"` on a CPU with AMX or AVX512-BF16;
+quickstart_x4, sft, serve, ladder_0.5b and ladder_1.5b: one RL and one SFT step on the 0.5B- and
+1.5B-shaped models; `ladder` names both).
 
 Each row starts a fresh process (so one row's peak never counts in another's) and samples the resident
 memory of that process and all its children every 0.1 s; the row reports the peak of that sum, and the

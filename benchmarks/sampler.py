@@ -6,9 +6,9 @@ Run: `uv run python -m benchmarks sampler`.
 
 The embedded Loops samples at its default dtype (`auto`, see benchmarks/trainer.py). It is compared with
 `model.generate` in float32 (the issue's aim: >= 2x its tokens/s) and with `model.generate` at the
-embedded Loops' dtype (>= 1.0); on a CPU with AMX or AVX512-BF16, a side at `dtype = "bf16-mixed"` runs
-too (the opt-in that is faster than float32 there); 16 concurrent requests against the same served one by one: >= 4x. The
-SDK call and the `model.generate` calls run alternately (as the trainer benchmark does), so load from
+embedded Loops' dtype (>= 1.0); on a CPU with AMX or AVX512-BF16, a side at `dtype = "bf16-mixed"`
+runs too (the opt-in that is faster than float32 there); 16 concurrent requests against the same served
+one by one: >= 4x. The SDK call and the `model.generate` calls run alternately (as the trainer benchmark does), so load from
 other processes falls on all alike. `model.generate` loads and runs on the embedded Loops' compute lane,
 so both sides compute on one thread (`benchmarks.common.on_compute_lane`).
 

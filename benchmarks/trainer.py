@@ -8,8 +8,9 @@ measured and is not the default there, see docs/benchmarks.md). It is compared w
 float32 (the issue's aim: >= 1.3x its tokens/s) and with the same plain loop at the embedded Loops' dtype
 (what the SDK path costs: >= 0.9). A third side runs the embedded Loops with a trainer budget that holds
 the whole batch, so what the default memory budget costs (every decoder layer recomputed in the
-backward) reads beside it. On a CPU with AMX or AVX512-BF16 a fourth runs it at `dtype = "bf16-mixed"`. The step functions are built first and then run alternately, so load from other
-processes falls on all alike. The plain loops build and run on the embedded Loops' compute lane, so
+backward) reads beside it. On a CPU with AMX or AVX512-BF16 a fourth runs it at `dtype = "bf16-mixed"`.
+The step functions are built first and then run alternately, so load from other processes falls on all
+alike. The plain loops build and run on the embedded Loops' compute lane, so
 every side computes on one thread, as a run does (`benchmarks.common.on_compute_lane`).
 The rows: wall-clock tokens/s, and the process's CPU seconds per step (all threads: torch's, the
 embedded server's and the SDK's), which shows how much work the SDK path adds whatever else the machine

@@ -80,8 +80,8 @@ class LocalLoopsConfig(Section):
     """Precision of the frozen base weights. `auto`: bf16 on CUDA (fp16 where bf16 is unsupported), float32
     on a CPU. `bf16-mixed`: a float32 model whose decoder linear layers hold bf16 weights and multiply in
     bf16; the residual stream, norms, KV cache and LM head stay float32, so the sampler and trainer agree
-    as the aim asks (pure `bfloat16` does not). Both are faster only on CPUs with AMX or AVX512-BF16; see
-    docs/benchmarks.md. LoRA weights and the optimizer state are always float32."""
+    as the aim asks (pure `bfloat16` does not). Either is faster than float32 only on CPUs with AMX or
+    AVX512-BF16; see docs/benchmarks.md. LoRA weights and the optimizer state are always float32."""
 
     memory_budget_mb: int | None = Field(None, ge=64)
     """Memory (MiB) one trainer micro-batch's activations may use, and the sampler's KV cache likewise.
