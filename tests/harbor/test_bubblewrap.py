@@ -83,7 +83,12 @@ async def test_a_background_process_started_in_one_command_is_alive_in_the_next(
     started = await sandbox.run("setsid sleep 300 > /dev/null 2>&1 < /dev/null & echo $! > /app/bg.pid")
     assert started.return_code == 0, started.stderr
     pid = sandbox.host_path("/app/bg.pid").read_text().strip()
-    alive = await sandbox.run(f"kill -0 {pid} && cat /proc/{pid}/cmdline | tr '\\0' ' '")
+    # `$!` is known before the background child has exec'd sleep (seen under CI load: "setsid sleep 300").
+    exec_d = f"[ \"$(tr '\\0' ' ' < /proc/{pid}/cmdline)\" = 'sleep 300 ' ]"
+    alive = await sandbox.run(
+        f"for i in $(seq 300); do {exec_d} && break; sleep 0.1; done; "
+        f"kill -0 {pid} && tr '\\0' ' ' < /proc/{pid}/cmdline"
+    )
     assert alive.return_code == 0, alive.stderr
     assert alive.stdout.strip() == "sleep 300"
     # A timeout kills its own command's process group, never the sandbox or what lives on in it.
