@@ -9,11 +9,11 @@
 
 The prompt is rendered with the model's own chat template (the config's ``model.chat_template`` /
 ``chat_template_file`` if it set one), exactly as training rendered it, and the reply keeps the sampled
-token ids and their logprobs. Sampling goes through the SDK on every scope: sampler weights are served with
-``create_sampling_client(model_path=<their bt:// path>)``; trainer state (a ``save_every`` checkpoint) is
-loaded into a training client and published with ``save_weights_and_get_sampling_client``; ``base`` is
-``create_sampling_client(base_model=...)``. On the local scope the Loops is an embedded one on the run's
-own state directory; on Baseten it is the run's workspace (BASETEN_API_KEY).
+token ids and their logprobs. Sampling goes through the SDK on every scope, by the one checkpoint-to-sampler
+path (`loops_nb.run_checkpoints`): sampler weights by their bt:// path, trainer state (a ``save_every``
+checkpoint) loaded with its optimizer and published, ``base`` by the base model's name. On the local scope
+the Loops is an embedded one on the run's own state directory; on Baseten it is the run's workspace
+(BASETEN_API_KEY).
 
 Each handle runs its SDK calls on an event loop of its own, on a background thread: ``chat`` awaits it from
 the caller's loop and ``chat_sync`` blocks on it, so both work inside a notebook's running loop.
@@ -31,16 +31,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from loops_nb.errors import UserError
-from loops_nb.saved_run import RunCheckpoint, SavedRun
+from loops_nb.run_checkpoints import BASE, RunCheckpoint, checkpoint_sampling_client, find_checkpoint
+from loops_nb.saved_run import SavedRun
 
 if TYPE_CHECKING:
     from baseten.loops import SamplingClient
 
     from loops_nb.compute import LoopsConnection
     from loops_nb.llm.renderer import ChatRenderer
-
-BASE = "base"
-"""The checkpoint name of the untrained base model."""
 
 
 @dataclass(frozen=True)
@@ -116,9 +114,7 @@ class PolicySampler:
         _shared: PolicySampler | None = None,
     ) -> None:
         self.run = run_dir if isinstance(run_dir, SavedRun) else SavedRun.open(run_dir)
-        self.checkpoint: RunCheckpoint | None = (
-            None if str(checkpoint) == BASE else self.run.checkpoint(checkpoint)
-        )
+        self.checkpoint: RunCheckpoint | None = find_checkpoint(self.run.run_dir, checkpoint)
         self._owner: PolicySampler = _shared._owner if _shared is not None else self
         self._client: SamplingClient | None = None
         if _shared is None:
@@ -252,21 +248,8 @@ class PolicySampler:
         return self._client
 
     async def _new_client(self, connection: LoopsConnection) -> SamplingClient:
-        service, model = connection.service, self.run.model
-        checkpoint = self.checkpoint
         try:
-            if checkpoint is None:
-                return await service.create_sampling_client_async(base_model=model.base_model)
-            if checkpoint.kind == "sampler":
-                return await service.create_sampling_client_async(model_path=checkpoint.path)
-            # Trainer state has no sampler of its own: load it into a trainer and publish its weights. With the
-            # optimizer, so the trainer is back at the checkpoint's step (a sampler keyed on the step would read
-            # a publish at step 0 as the base model).
-            tc = await connection.training_client(
-                model.base_model, rank=model.lora_rank, max_seq_len=model.max_seq_len
-            )
-            await (await tc.load_state_with_optimizer_async(checkpoint.path)).result_async()
-            return await tc.save_weights_and_get_sampling_client_async(f"try-{checkpoint.name}")
+            return await checkpoint_sampling_client(connection, self.run.model, self.checkpoint)
         except UserError:
             raise
         except Exception as exc:

@@ -13,49 +13,19 @@ after that many steps.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
 from loops_nb.config.sections import ComputeConfig, ModelConfig
 from loops_nb.errors import UserError
+from loops_nb.run_checkpoints import RunCheckpoint, find_checkpoint, run_checkpoints
 from loops_nb.run_dir import RunDirectory
 
 if TYPE_CHECKING:
     from loops_nb.compute import LoopsConnection
-
-_BT = re.compile(r"^bt://loops:(?P<run>[^/]+)/(?P<kind>weights|sampler_weights)/(?P<name>[^/]+)/?$")
-
-
-@dataclass(frozen=True)
-class RunCheckpoint:
-    """One saved checkpoint of a run."""
-
-    step: int
-    path: str
-    """Its bt:// path, as the SDK returned it."""
-    kind: Literal["sampler", "trainer"]
-
-    @property
-    def name(self) -> str:
-        return self._parts()["name"]
-
-    @property
-    def loops_run_id(self) -> str:
-        return self._parts()["run"]
-
-    def _parts(self) -> dict[str, str]:
-        match = _BT.match(self.path)
-        if match is None:
-            raise UserError(f"checkpoint path {self.path!r} is not a bt://loops:<run>/<kind>/<name> path")
-        return match.groupdict()
-
-    def describe(self) -> str:
-        what = "sampler weights" if self.kind == "sampler" else "trainer state"
-        return f"{what} after step {self.step} ({self.path})"
 
 
 @dataclass
@@ -94,33 +64,17 @@ class SavedRun:
         return self.run_dir.root
 
     def checkpoints(self) -> list[RunCheckpoint]:
-        """Every checkpoint checkpoints.jsonl records, oldest first (sampler weights after the trainer state of
-        the same step)."""
-        out = []
-        for record in self.run_dir.checkpoint_log.records():
-            out.append(RunCheckpoint(int(record["step"]), str(record["path"]), "trainer"))
-            if record.get("sampler_path"):
-                out.append(RunCheckpoint(int(record["step"]), str(record["sampler_path"]), "sampler"))
-        return out
+        """Every checkpoint checkpoints.jsonl records, oldest first (see `run_checkpoints`)."""
+        return run_checkpoints(self.run_dir)
 
     def checkpoint(self, spec: str | int = "latest") -> RunCheckpoint:
-        """The checkpoint ``spec`` names: ``latest`` (the last step's, sampler weights when saved), a step, a
-        checkpoint name (``final-000012``, ``state-000010``) or its bt:// path."""
-        found = self.checkpoints()
-        if not found:
-            raise UserError(f"{self.root}: no checkpoint yet (checkpoints.jsonl is empty); train first")
-        text = str(spec).strip()
-        if text in ("latest", "last", "final"):
-            return found[-1]
-        if text.isdigit():
-            at = [c for c in found if c.step == int(text)]
-            if at:
-                return at[-1]
-        for c in found:
-            if text in (c.path, c.path.rstrip("/"), c.name):
-                return c
-        names = ", ".join(f"{c.name} (step {c.step})" for c in found)
-        raise UserError(f"{self.root}: no checkpoint {text!r}; give latest, a step or a name: {names}")
+        """The saved checkpoint ``spec`` names (see `find_checkpoint`); ``base`` names none, so it is refused."""
+        found = find_checkpoint(self.run_dir, spec)
+        if found is None:
+            raise UserError(
+                f"{self.root}: base is the untrained model, not a checkpoint; give latest or a step"
+            )
+        return found
 
     async def connect(self) -> LoopsConnection:
         """The Loops the run trained on: on the local scope an embedded Loops on the run's own state directory

@@ -5,11 +5,13 @@ config's `[eval]` (tasks, attempts, sampling) once, with the same runtime and ag
 
 - `base`: the base model (no adapter);
 - `latest`: the run's last checkpoint (`output.run_name`'s checkpoints.jsonl);
-- a checkpoint by name (`final-000008`, `state-000004`), by step (`8`) or by its path.
+- a checkpoint by name (`final-000008`, `state-000004`), by step (`8`: its sampler weights over its trainer
+  state) or by its path.
 
-The run's saved sampler weights are served by a standalone sampler (`create_sampling_client(model_path=)`):
-on the local scope the embedded Loops opens the run's own state directory, so it finds them. A periodic
-checkpoint, which holds trainer state only, is loaded into a fresh training client first. Nothing trains.
+The checkpoint becomes a sampling client by the one path `loops_nb.run_checkpoints` gives every caller: saved
+sampler weights by their path, a periodic checkpoint (trainer state only) loaded with its optimizer into a fresh
+training client and published at its own step. On the local scope the embedded Loops opens the run's own state
+directory, so it finds them. Nothing trains.
 The results go to their own directory (`<run>/evals/<checkpoint>-<time>/`, or `out`): `evals.jsonl`,
 `eval_attempts.jsonl`, `transcripts/` and `summary.json`; the run's own logs are not touched.
 """
@@ -31,7 +33,8 @@ from loops_nb.model_access import LeasedRuntime, ModelGateway
 from loops_nb.resources import ResourceJournal, ResourceRegistry, RunLock
 from loops_nb.rl.config import RLConfig
 from loops_nb.rl.evaluation import EvalLog, Evaluator, eval_sampling, eval_tasks, held_out_options
-from loops_nb.run_dir import Checkpoint, RunDirectory, atomic_write_json
+from loops_nb.run_checkpoints import BASE, RunCheckpoint, checkpoint_sampling_client, find_checkpoint
+from loops_nb.run_dir import RunDirectory, atomic_write_json
 from loops_nb.runtime import ModelAccessMode, RolloutRuntime, RunContext
 from loops_nb.tokenization import load_model_renderer
 
@@ -49,14 +52,23 @@ class FixedPolicy:
 
 @dataclass(frozen=True)
 class EvalTarget:
-    """What `--checkpoint` named: a label for the output, the steps it had, and where its weights are."""
+    """What `--checkpoint` named: a label for the output, the steps it had, and the checkpoint (None: base)."""
 
     label: str
     step: int
-    sampler_path: str | None = None
-    """Saved sampler weights (`bt://loops:<run>/sampler_weights/<name>`)."""
-    state_path: str | None = None
-    """Trainer state only (a periodic checkpoint): loaded into a training client to sample it."""
+    checkpoint: RunCheckpoint | None = None
+
+    @property
+    def sampler_path(self) -> str | None:
+        """Saved sampler weights (`bt://loops:<run>/sampler_weights/<name>`)."""
+        c = self.checkpoint
+        return c.path if c is not None and c.kind == "sampler" else None
+
+    @property
+    def state_path(self) -> str | None:
+        """Trainer state (a periodic checkpoint, or a final one named by its `state-` name)."""
+        c = self.checkpoint
+        return c.path if c is not None and c.kind == "trainer" else None
 
 
 @dataclass
@@ -82,41 +94,16 @@ class EvalReport:
 
 def resolve_target(run_dir: RunDirectory | None, checkpoint: str) -> EvalTarget:
     """The checkpoint ``checkpoint`` names in ``run_dir`` (see the module's docstring)."""
-    if checkpoint == "base":
-        return EvalTarget("base", 0)
+    if checkpoint == BASE:
+        return EvalTarget(BASE, 0)
     if run_dir is None:
         raise UserError(
             f"--checkpoint {checkpoint}: set output.run_name to the run whose checkpoint to evaluate "
             "(or evaluate --checkpoint base)"
         )
-    saved = [
-        Checkpoint(r["step"], r["path"], r.get("sampler_path"), r.get("extra"))
-        for r in run_dir.checkpoint_log.records()
-    ]
-    if not saved:
-        raise UserError(f"{run_dir.root} has no checkpoint yet (checkpoints.jsonl); use --checkpoint base")
-    found = saved[-1] if checkpoint == "latest" else _named(saved, checkpoint)
-    if found is None:
-        names = ", ".join(_names(c)[0] for c in saved)
-        raise UserError(
-            f"--checkpoint {checkpoint}: no such checkpoint in {run_dir.root}; it has {names} "
-            "(or give base, latest, or a step number)"
-        )
-    label = _names(found)[0]
-    return EvalTarget(label, found.step, found.sampler_path, None if found.sampler_path else found.path)
-
-
-def _names(c: Checkpoint) -> list[str]:
-    paths = [p for p in (c.sampler_path, c.path) if p]
-    return [p.rstrip("/").rsplit("/", 1)[-1] for p in paths] + paths
-
-
-def _named(saved: list[Checkpoint], name: str) -> Checkpoint | None:
-    if name.isdigit():
-        at_step = [c for c in saved if c.step == int(name)]
-        # The final checkpoint (with sampler weights) of a step over its periodic one.
-        return max(at_step, key=lambda c: c.sampler_path is not None, default=None)
-    return next((c for c in reversed(saved) if name in _names(c)), None)
+    found = find_checkpoint(run_dir, checkpoint)
+    assert found is not None
+    return EvalTarget(found.name, found.step, found)
 
 
 async def evaluate(project: Project, *, checkpoint: str = "latest", out: Path | None = None) -> EvalReport:
@@ -174,7 +161,9 @@ async def _evaluate(
             load_model_renderer, config.model, config.compute.scope, cache_dir=config.compute.local.cache_dir
         )
         connection = await LoopsConnection.open(config.compute, state_dir=loops_state)
-        client = await _sampling_client(connection, config, target)
+        client = await checkpoint_sampling_client(
+            connection, config.model, target.checkpoint, seed=config.training.seed
+        )
         if runtime.model_access is ModelAccessMode.OPENAI_HTTP:
             gateway = await ModelGateway(model_name=config.model.base_model).astart()
             runtime = LeasedRuntime(runtime, gateway, agent_env=config.runtime.agent_env)
@@ -227,25 +216,3 @@ async def _evaluate(
         str(run_dir.root) if run_dir is not None else None,
         lines,
     )
-
-
-async def _sampling_client(connection: LoopsConnection, config: RLConfig, target: EvalTarget) -> Any:
-    kwargs: dict[str, Any] = {}
-    if connection.ready_timeout is not None:
-        kwargs["ready_timeout"] = connection.ready_timeout
-    if target.sampler_path is not None:
-        return await connection.service.create_sampling_client_async(model_path=target.sampler_path, **kwargs)
-    if target.state_path is None:
-        return await connection.service.create_sampling_client_async(
-            base_model=config.model.base_model, **kwargs
-        )
-    # Trainer state only: load it into a fresh training client and publish its weights to a sampler.
-    trainer = await connection.training_client(
-        config.model.base_model,
-        rank=config.model.lora_rank,
-        seed=config.training.seed,
-        max_seq_len=config.model.max_seq_len,
-    )
-    loaded = await trainer.load_state_async(target.state_path)
-    await loaded.result_async()
-    return await trainer.save_weights_and_get_sampling_client_async(f"eval-{target.label}")

@@ -20,10 +20,10 @@ is scored against the reference turn:
   whitespace collapsed, punctuation and quotes at the ends dropped, ``<think>`` reasoning removed).
 
 ``base_exact`` / ``adapter_exact`` apply the text rule to every turn without a tool call, so direct answers
-can be compared on wording too. Both models are sampled through the SDK: the base with
-``create_sampling_client(base_model=...)``, the adapter by loading the run's last trainer state into a
-training client and ``save_weights_and_get_sampling_client``; on the local scope the embedded Loops reuses
-the run's own state directory. Deliberate simplification: one greedy sample per turn, no tool execution
+can be compared on wording too. Both models are sampled through the SDK, by the one checkpoint-to-sampler path
+(`loops_nb.run_checkpoints`): the base by its name, the adapter from the run's latest checkpoint (its sampler
+weights, or its trainer state loaded with the optimizer and published); on the local scope the embedded Loops
+reuses the run's own state directory. Deliberate simplification: one greedy sample per turn, no tool execution
 (the reference tool results stay in the prompt of later turns).
 """
 
@@ -44,6 +44,7 @@ from loops_nb.errors import UserError
 from loops_nb.llm.renderer import ChatRenderer
 from loops_nb.llm.templates import parse_assistant_text
 from loops_nb.run.outcome import Outcome
+from loops_nb.run_checkpoints import checkpoint_sampling_client, find_checkpoint
 from loops_nb.run_dir import RunDirectory
 from loops_nb.sft.batching import is_held_out, missing_data_message
 from loops_nb.sft.config import SFTConfig
@@ -238,12 +239,11 @@ async def compare(
     import pandas as pd
     from baseten.loops import SamplingParams
 
-    config: SFTConfig = project.config  # type: ignore[assignment]
-    if config.recipe != "sft":
-        raise UserError(f"compare is for SFT runs; {project.path} is a {config.recipe} config")
+    if project.config.recipe != "sft":
+        raise UserError(f"compare is for SFT runs; {project.path} is a {project.config.recipe} config")
+    config = project.config_as(SFTConfig)
     run_dir = _run_directory(config, run)
-    checkpoint = run_dir.last_checkpoint()
-    assert checkpoint is not None
+    checkpoint = find_checkpoint(run_dir, "latest")
     tokenizer = await asyncio.to_thread(
         load_model_tokenizer, config.model, config.compute.scope, cache_dir=config.compute.local.cache_dir
     )
@@ -267,14 +267,8 @@ async def compare(
     gate = asyncio.Semaphore(concurrency)
     connection = await LoopsConnection.open(config.compute, state_dir=run_dir.state / "local_loops")
     try:
-        base = await connection.service.create_sampling_client_async(base_model=config.model.base_model)
-        tc = await connection.training_client(
-            config.model.base_model, rank=config.model.lora_rank, max_seq_len=config.model.max_seq_len
-        )
-        # With the optimizer, so the trainer is back at the checkpoint's step: a publish at step 0 would be read as
-        # "the base model" by a sampler that keys weights on the step (the embedded Loops does).
-        await (await tc.load_state_with_optimizer_async(checkpoint.path)).result_async()
-        adapter = await tc.save_weights_and_get_sampling_client_async(f"compare-{checkpoint.step:06d}")
+        base = await checkpoint_sampling_client(connection, config.model, None)
+        adapter = await checkpoint_sampling_client(connection, config.model, checkpoint)
         replies = await asyncio.gather(
             *(_sample(client, prompt, params, gate) for _, _, prompt in items for client in (base, adapter))
         )

@@ -113,11 +113,35 @@ def test_loops_eval_evaluates_the_base_model_and_checkpoints_apart_from_the_run(
     assert {name: (run / name).read_text() for name in logs} == logs, "the run's own logs are untouched"
 
 
+def _sampled(results: Path) -> list[list[str]]:
+    """Every attempt's completions, call by call, from the evaluation's transcript (special tokens and
+    undecodable bytes kept as the transcript writes them)."""
+    (transcript,) = sorted((results / "transcripts").glob("eval-*.json"))
+    return [[call["completion"] for call in t["calls"]] for t in json.loads(transcript.read_text())]
+
+
+@pytest.mark.slow
+def test_a_state_checkpoint_evaluates_as_its_sampler_weights_twin_not_as_the_base_model(trained: Path) -> None:
+    """The final step saved both trainer state (state-000002) and sampler weights (final-000002): the same
+    weights, so the same eval seeds draw the same samples from either. `loops eval` once served a state
+    checkpoint as the base model (it loaded the state without the optimizer, so it published at step 0)."""
+    sampled, rewards = {}, {}
+    for name in ("state-000002", "final-000002", "base"):
+        code, out, err = run_cli_in_process("eval", trained, "--checkpoint", name)
+        assert code == 0, err
+        results = _results(out)
+        sampled[name] = _sampled(results)
+        rewards[name] = [r["reward"] for r in read_jsonl(results / "eval_attempts.jsonl")]
+    assert sampled["state-000002"] == sampled["final-000002"]
+    assert rewards["state-000002"] == rewards["final-000002"]
+    assert sampled["state-000002"] != sampled["base"]
+
+
 @pytest.mark.slow
 def test_loops_eval_refuses_an_unknown_checkpoint_and_an_sft_config_in_one_line(trained: Path) -> None:
     code, _, err = run_cli_in_process("eval", trained, "--checkpoint", "nope")
     assert code == 2
-    assert "no such checkpoint" in err and "final-000002" in err and "Traceback" not in err
+    assert "no checkpoint 'nope'" in err and "final-000002" in err and "Traceback" not in err
     code, _, err = run_cli_in_process("eval", trained, "--output.run_name", "never-ran")
     assert code == 2 and "does not exist; no run to evaluate" in err
     sft = Path(__file__).resolve().parents[2] / "examples" / "sft_tool_use" / "sft_local.toml"
