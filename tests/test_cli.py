@@ -10,15 +10,13 @@ from pathlib import Path
 
 import pytest
 from helpers import run_cli_in_process, start_cli
+from rl_config import rl_config_toml
 
 from loops_nb.config import split_overrides
 from loops_nb.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
-GOOD = """recipe = "rl"
-[runtime]
-factory = "episode:HiddenGame"
-"""
+GOOD = rl_config_toml("episode:HiddenGame")
 
 
 @pytest.mark.parametrize(

@@ -6,15 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from rl_config import rl_config_toml
 
 from loops_nb import load
 from loops_nb.cli import main
 from loops_nb.rl.recipe import RLCheckReport, cannot_train
 
-CONFIG = """recipe = "rl"
-[runtime]
-factory = "episode:Game"
-"""
+CONFIG = rl_config_toml("episode:Game")
 GAME = """
 from loops_nb.episodes import Episode
 

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+from rl_config import rl_config_toml
 
 from loops_nb import load
 from loops_nb.config.loader import SHIPPED_NOTE, apply_overrides, parse_override_value
@@ -201,7 +202,7 @@ def test_two_configs_with_same_named_modules_each_get_their_own(tmp_path, monkey
             "from loops_nb.episodes import Episode\n"
             f"class Game(Episode):\n    ANSWER = {answer}\n    def tasks(self):\n        return ['t']\n"
         )
-        (d / "train.toml").write_text('recipe = "rl"\n[runtime]\nfactory = "episode:Game"\n')
+        (d / "train.toml").write_text(rl_config_toml("episode:Game"))
     first = load(tmp_path / "first" / "train.toml")
     assert load_runtime(first.config.runtime.factory, {}).episode.ANSWER == 1.0
     second = load(tmp_path / "second" / "train.toml")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from helpers import start_cli
+from rl_config import tiny_run_toml
 
 from loops_nb.cleanup import cleanup
 from loops_nb.cli import main
@@ -29,32 +30,6 @@ class Sleeper(LoopsAgent):
         await self.llm.chat([{"role": "user", "content": instruction}], max_tokens=2)
         await self.write_file(environment, "/app/answer.txt", "thinking")
         await asyncio.sleep(3600)
-"""
-
-CONFIG = """
-recipe = "rl"
-[model]
-base_model = "{model}"
-lora_rank = 4
-[compute.local]
-device = "cpu"
-[runtime]
-factory = "loops_nb.harbor:create_runtime"
-[runtime.options]
-tasks = "{tasks}"
-agent = "sleeper:Sleeper"
-provider = "sandbox"
-[providers.sandbox]
-type = "local"
-scratch_dir = "{scratch}"
-[training]
-max_steps = 1
-group_size = 3
-groups_per_step = 1
-attempt_timeout_seconds = 3600
-[output]
-output_dir = "{out}"
-run_name = "killed"
 """
 
 
@@ -83,7 +58,15 @@ def test_cleanup_releases_the_sandboxes_of_a_killed_run(
     config = tmp_path / "train.toml"
     scratch = tmp_path / "scratch"
     config.write_text(
-        CONFIG.format(model=tiny_chat_model_path, tasks=HIDDEN_GAME, scratch=scratch, out=tmp_path / "runs")
+        tiny_run_toml(
+            "loops_nb.harbor:create_runtime",
+            tiny_chat_model_path,
+            tmp_path / "runs",
+            options={"tasks": HIDDEN_GAME, "agent": "sleeper:Sleeper", "provider": "sandbox"},
+            providers={"sandbox": {"type": "local", "scratch_dir": scratch}},
+            training={"group_size": 3, "attempt_timeout_seconds": 3600},
+            output={"run_name": "killed"},
+        )
     )
     state = tmp_path / "runs" / "killed" / "state"
     proc = start_cli(

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import read_jsonl
+from rl_config import rl_config_toml, tiny_run_toml
 
 pytest.importorskip("harbor")
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
@@ -44,46 +46,32 @@ class NotAnAgent:
     pass
 """
 
-CONFIG = """
-recipe = "rl"
-[model]
-base_model = "{model}"
-lora_rank = 4
-max_seq_len = 256
-[compute.local]
-device = "cpu"
-[runtime]
-factory = "loops_nb.harbor:create_runtime"
-[runtime.options]
-tasks = "{tasks}"
-agent = "agents:{agent}"
-provider = "sandbox"
-keep_trials = "failed"
-[providers.sandbox]
-type = "local"
-scratch_dir = "{scratch}"
-[sampling]
-max_tokens = 4
-[training]
-max_steps = 1
-group_size = 4
-groups_per_step = 1
-save_every = 0
-[output]
-output_dir = "{out}"
-run_name = "{agent}"
-trace = "full"
-"""
+
+def harbor_config_toml(tmp_path: Path, model: Path, agent: str, **options: Any) -> str:
+    """One step of one group of four attempts of `agents:<agent>` on the hidden game, each in a local sandbox."""
+    return tiny_run_toml(
+        "loops_nb.harbor:create_runtime",
+        model,
+        tmp_path / "runs",
+        options={
+            "tasks": HIDDEN_GAME,
+            "agent": f"agents:{agent}",
+            "provider": "sandbox",
+            "keep_trials": "failed",
+            **options,
+        },
+        model={"max_seq_len": 256},
+        providers={"sandbox": {"type": "local", "scratch_dir": tmp_path / "scratch"}},
+        sampling={"max_tokens": 4},
+        training={"save_every": 0},
+        output={"run_name": agent, "trace": "full"},
+    )
 
 
 def make(tmp_path: Path, model: Path, agent: str) -> Path:
     (tmp_path / "agents.py").write_text(AGENTS)
     config = tmp_path / f"{agent}.toml"
-    config.write_text(
-        CONFIG.format(
-            model=model, tasks=HIDDEN_GAME, agent=agent, scratch=tmp_path / "scratch", out=tmp_path / "runs"
-        )
-    )
+    config.write_text(harbor_config_toml(tmp_path, model, agent))
     return config
 
 
@@ -187,8 +175,9 @@ def test_each_runtime_pins_its_own_agent_module_for_harbor(tmp_path: Path) -> No
             f"from loops_nb.harbor import LoopsAgent\nclass Agent(LoopsAgent):\n    MARK = {mark}\n"
         )
         (d / "train.toml").write_text(
-            'recipe = "rl"\n[runtime]\nfactory = "loops_nb.harbor:create_runtime"\n'
-            f'[runtime.options]\ntasks = "{HIDDEN_GAME}"\nagent = "agent:Agent"\n'
+            rl_config_toml(
+                "loops_nb.harbor:create_runtime", options={"tasks": HIDDEN_GAME, "agent": "agent:Agent"}
+            )
         )
         project = loops_nb.load(d / "train.toml")
         runtime = load_runtime(project.config.runtime.factory, project.config.runtime.options)

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import run_cli_in_process
+from rl_config import tiny_run_toml
 
 pytest.importorskip("harbor")
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
@@ -32,39 +34,20 @@ class Silent(LoopsAgent):
         await self.write_file(environment, "/app/answer.txt", "Monopoly")
 """
 
-CONFIG = """
-recipe = "rl"
-[model]
-base_model = "{model}"
-lora_rank = 4
-max_seq_len = 256
-[compute.local]
-device = "cpu"
-[runtime]
-factory = "loops_nb.harbor:create_runtime"
-[runtime.options]
-tasks = "{tasks}"
-agent = "agent:Silent"
-provider = "sandbox"
-[providers.sandbox]
-type = "local"
-scratch_dir = "{scratch}"
-{extra}
-[training]
-max_steps = 1
-group_size = 2
-groups_per_step = 1
-[output]
-output_dir = "{out}"
-"""
 
-
-def config(tmp_path: Path, model: Path, tasks: Path, extra: str = "") -> Path:
+def config(tmp_path: Path, model: Path, tasks: Path, **sandbox: Any) -> Path:
+    """A config for one local-sandbox attempt of agent:Silent on `tasks`; `sandbox`: more provider settings."""
     (tmp_path / "agent.py").write_text(AGENT)
     path = tmp_path / "train.toml"
     path.write_text(
-        CONFIG.format(
-            model=model, tasks=tasks, scratch=tmp_path / "scratch", out=tmp_path / "runs", extra=extra
+        tiny_run_toml(
+            "loops_nb.harbor:create_runtime",
+            model,
+            tmp_path / "runs",
+            options={"tasks": tasks, "agent": "agent:Silent", "provider": "sandbox"},
+            model={"max_seq_len": 256},
+            providers={"sandbox": {"type": "local", "scratch_dir": tmp_path / "scratch", **sandbox}},
+            training={"group_size": 2},
         )
     )
     return path
@@ -84,7 +67,7 @@ def test_check_refuses_a_copy_outside_the_writable_paths_even_with_ignore_docker
     tmp_path: Path, tiny_chat_model_path: Path
 ) -> None:
     copy_out_task(tmp_path)
-    path = config(tmp_path, tiny_chat_model_path, tmp_path / "tasks", "ignore_dockerfile = true")
+    path = config(tmp_path, tiny_chat_model_path, tmp_path / "tasks", ignore_dockerfile=True)
     result = run_cli_in_process("check", path)
     assert result.returncode == 1, result.stdout
     problems = [line for line in result.stdout.splitlines() if line.startswith("problem:")]
@@ -135,7 +118,7 @@ def test_check_warns_about_a_verifier_that_needs_network_and_not_about_the_stand
     assert "task fetches: tests/test.sh line 8 fetches https://example.com/grader.py" in warnings[0]
     assert 'network = "host"' in warnings[0]
     assert "check: ok with 1 warning(s)" in result.stdout
-    online = run_cli_in_process("check", config(tmp_path, tiny_chat_model_path, tasks, 'network = "host"'))
+    online = run_cli_in_process("check", config(tmp_path, tiny_chat_model_path, tasks, network="host"))
     assert online.returncode == 0 and "warning:" not in online.stdout, online.stdout
 
 

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewra
 
 from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig  # noqa: E402
 from harbor.trial.trial import Trial  # noqa: E402
-from test_harbor_runtime import CONFIG, HIDDEN_GAME, journal, rollouts  # noqa: E402
+from test_harbor_runtime import HIDDEN_GAME, harbor_config_toml, journal, rollouts  # noqa: E402
 from test_local_environment import run_trial  # noqa: E402
 
 import loops_nb  # noqa: E402
@@ -237,15 +237,8 @@ async def test_a_step_trains_on_the_attempts_whose_sandboxes_lived(
     )
     config = tmp_path / "Careful.toml"
     config.write_text(
-        CONFIG.format(
-            model=tiny_chat_model_path,
-            tasks=HIDDEN_GAME,
-            agent="Careful",
-            scratch=tmp_path / "scratch",
-            out=tmp_path / "runs",
-        ).replace(
-            'keep_trials = "failed"',
-            'keep_trials = "failed"\nagent_kwargs = { fault = "kill", careless = false }',
+        harbor_config_toml(
+            tmp_path, tiny_chat_model_path, "Careful", agent_kwargs={"fault": "kill", "careless": False}
         )
     )
     outcome = await loops_nb.load(config).train()

@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 from helpers import read_jsonl
+from rl_config import tiny_run_toml
 
 from loops_nb import load
 from loops_nb.errors import RunFailed
@@ -40,26 +41,6 @@ class Lengthy(Episode):
     async def run(self, task):
         reply = await llm().chat([{"role": "user", "content": "Talk."}], max_tokens=8)
         return (len(reply.text) % 4) / 3  # within the default reward range, -1..1
-"""
-
-CONFIG = """
-recipe = "rl"
-[model]
-base_model = "{model}"
-lora_rank = 4
-[compute]
-base_url = "{url}"
-[runtime]
-factory = "lengthy:Lengthy"
-[training]
-max_steps = {max_steps}
-group_size = 4
-groups_per_step = 2
-learning_rate = 1e-3
-save_every = 1
-[output]
-output_dir = "{out}"
-run_name = "{name}"
 """
 
 SERVE = """
@@ -162,7 +143,20 @@ def write_config(tmp_path: Path, model: Path, url: str, name: str, max_steps: in
     (tmp_path / "lengthy.py").write_text(EPISODE)
     config = tmp_path / f"{name}.toml"
     config.write_text(
-        CONFIG.format(model=model, url=url, out=tmp_path / "runs", name=name, max_steps=max_steps)
+        tiny_run_toml(
+            "lengthy:Lengthy",
+            model,
+            tmp_path / "runs",
+            # the `loops serve` under test, with its own settings: no embedded Loops to configure
+            compute={"base_url": url, "local": None},
+            training={
+                "max_steps": max_steps,
+                "groups_per_step": 2,
+                "learning_rate": 1e-3,
+                "save_every": 1,
+            },
+            output={"run_name": name},
+        )
     )
     return config
 

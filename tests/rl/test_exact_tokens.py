@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from helpers import read_jsonl, run_cli
+from rl_config import tiny_run_toml
 from tiny_models import build_tiny_chat_model
 
 EPISODE = """
@@ -33,32 +34,6 @@ class ThreeTurns(Episode):
         return (len("".join(texts)) % 3) / 2  # within the default reward range, -1..1
 """
 
-CONFIG = """
-recipe = "rl"
-[model]
-base_model = "{model}"
-lora_rank = 4
-max_seq_len = 512
-[compute]
-scope = "local"
-[compute.local]
-device = "cpu"
-[runtime]
-factory = "three_turns:ThreeTurns"
-[sampling]
-max_tokens = 6
-[training]
-max_steps = 2
-group_size = 4
-groups_per_step = 2
-learning_rate = 1e-3
-save_every = 0
-[output]
-output_dir = "{out}"
-run_name = "exact"
-trace = "full"
-"""
-
 
 def runs(mask: list[float]) -> list[tuple[int, int]]:
     out, start = [], None
@@ -76,7 +51,17 @@ def test_trained_tokens_are_exactly_the_sampled_tokens_across_turns(tmp_path: Pa
     model = build_tiny_chat_model(tmp_path / "model")
     (tmp_path / "three_turns.py").write_text(EPISODE)
     config = tmp_path / "train.toml"
-    config.write_text(CONFIG.format(model=model, out=tmp_path / "runs"))
+    config.write_text(
+        tiny_run_toml(
+            "three_turns:ThreeTurns",
+            model,
+            tmp_path / "runs",
+            model={"max_seq_len": 512},
+            sampling={"max_tokens": 6},
+            training={"max_steps": 2, "groups_per_step": 2, "learning_rate": 1e-3, "save_every": 0},
+            output={"run_name": "exact", "trace": "full"},
+        )
+    )
     wire_log = tmp_path / "wire.jsonl"
     proc = run_cli(
         "run",

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from helpers import read_jsonl, run_cli
+from rl_config import tiny_run_toml
 
 PATTERN = Path(__file__).resolve().parents[2] / "patterns" / "custom_runtime" / "in_process_tools"
 # Not a test helper: the pattern's own modules (its episode imports shop_tools as a sibling, as under `loops run`).
@@ -102,36 +103,6 @@ async def test_a_wrong_final_answer_and_a_turn_limit_score_zero() -> None:
         assert evidence.metrics["answered"] == answered
 
 
-CONFIG = """
-recipe = "rl"
-[model]
-base_model = "{model}"
-chat_template = "chatml-tools"
-lora_rank = 4
-max_seq_len = 1024
-[compute]
-scope = "local"
-[compute.local]
-device = "cpu"
-[runtime]
-factory = "episode:ToolShopper"
-[runtime.options]
-max_turns = 3
-[sampling]
-max_tokens = 12
-[training]
-max_steps = 2
-group_size = 4
-groups_per_step = 2
-learning_rate = 1e-3
-save_every = 0
-[output]
-output_dir = "{out}"
-run_name = "tools"
-trace = "full"
-"""
-
-
 def long_context_tiny_model(directory: Path) -> Path:
     """The tiny chat model with 2048 positions: the tools' system prompt alone is ~600 byte-level tokens."""
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -149,7 +120,18 @@ def test_in_process_tools_pattern_runs_two_steps_on_the_tiny_model(tmp_path: Pat
     for name in ("episode.py", "shop_tools.py"):
         shutil.copy(PATTERN / name, tmp_path / name)
     config = tmp_path / "train.toml"
-    config.write_text(CONFIG.format(model=model, out=tmp_path / "runs"))
+    config.write_text(
+        tiny_run_toml(
+            "episode:ToolShopper",
+            model,
+            tmp_path / "runs",
+            options={"max_turns": 3},
+            model={"chat_template": "chatml-tools", "max_seq_len": 1024},
+            sampling={"max_tokens": 12},
+            training={"max_steps": 2, "groups_per_step": 2, "learning_rate": 1e-3, "save_every": 0},
+            output={"run_name": "tools", "trace": "full"},
+        )
+    )
     proc = run_cli("run", config, env={"HF_HUB_OFFLINE": "1"}, timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = tmp_path / "runs" / "tools"

@@ -13,39 +13,10 @@ from pathlib import Path
 
 import pytest
 from helpers import read_jsonl, run_cli
+from rl_config import tiny_run_toml
 from tiny_models import build_tiny_chat_model
 
 PATTERN = Path(__file__).resolve().parents[2] / "patterns" / "custom_runtime" / "local_openai"
-
-CONFIG = """
-recipe = "rl"
-[model]
-base_model = "{model}"
-lora_rank = 4
-max_seq_len = 256
-[compute]
-scope = "local"
-[compute.local]
-device = "cpu"
-[runtime]
-factory = "episode:LocalOpenAIAgent"
-[runtime.options]
-answer = "e"
-[sampling]
-max_tokens = 8
-[training]
-max_steps = 2
-group_size = 4
-groups_per_step = 2
-max_concurrent_rollouts = 8
-attempt_timeout_seconds = 120
-learning_rate = 1e-3
-save_every = 0
-[output]
-output_dir = "{out}"
-run_name = "openai"
-trace = "full"
-"""
 
 
 @pytest.mark.slow
@@ -54,7 +25,25 @@ def test_local_openai_pattern_trains_through_the_gateway(tmp_path: Path) -> None
     for name in ("episode.py", "agent.py"):
         shutil.copy(PATTERN / name, tmp_path / name)
     config = tmp_path / "train.toml"
-    config.write_text(CONFIG.format(model=model, out=tmp_path / "runs"))
+    config.write_text(
+        tiny_run_toml(
+            "episode:LocalOpenAIAgent",
+            model,
+            tmp_path / "runs",
+            options={"answer": "e"},
+            model={"max_seq_len": 256},
+            sampling={"max_tokens": 8},
+            training={
+                "max_steps": 2,
+                "groups_per_step": 2,
+                "max_concurrent_rollouts": 8,
+                "attempt_timeout_seconds": 120,
+                "learning_rate": 1e-3,
+                "save_every": 0,
+            },
+            output={"run_name": "openai", "trace": "full"},
+        )
+    )
     proc = run_cli("run", config, env={"HF_HUB_OFFLINE": "1"}, timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = tmp_path / "runs" / "openai"

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 from crash_harness import SEEDS, Setup, assert_whole_logs, crash, resume_to_end, trainer_step
 from helpers import read_jsonl
+from rl_config import tiny_run_toml
 from tiny_models import build_tiny_chat_model
 
 from loops_nb import load
@@ -49,25 +50,6 @@ class Steady:
 
 MAX_STEPS = 8
 GROUPS, GROUP_SIZE = 2, 4
-CONFIG = f"""
-recipe = "rl"
-[model]
-base_model = "{{model}}"
-lora_rank = 4
-[compute.local]
-device = "cpu"
-[runtime]
-factory = "steady_resume_runtime:Steady"
-[training]
-max_steps = {MAX_STEPS}
-group_size = {GROUP_SIZE}
-groups_per_step = {GROUPS}
-learning_rate = 1e-3
-save_every = 1
-reward_max = 10
-[output]
-output_dir = "{{out}}"
-"""
 
 
 def final_trainer_step(run: Path) -> int:
@@ -88,7 +70,21 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Setup:
     model = build_tiny_chat_model(folder / "model")
     (folder / "steady_resume_runtime.py").write_text(RUNTIME)
     config = folder / "train.toml"
-    config.write_text(CONFIG.format(model=model, out=folder / "runs"))
+    config.write_text(
+        tiny_run_toml(
+            "steady_resume_runtime:Steady",
+            model,
+            folder / "runs",
+            training={
+                "max_steps": MAX_STEPS,
+                "group_size": GROUP_SIZE,
+                "groups_per_step": GROUPS,
+                "learning_rate": 1e-3,
+                "save_every": 1,
+                "reward_max": 10,
+            },
+        )
+    )
     outcome = load(config, overrides={"output.run_name": "reference"}).train_sync(observers=[])
     assert outcome.status == "completed" and outcome.steps == MAX_STEPS
     return Setup(folder, config, Path(outcome.run_dir))

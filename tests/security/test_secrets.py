@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from helpers import run_cli
+from rl_config import tiny_run_toml
 
 REPO = Path(__file__).resolve().parents[2]
 HIDDEN_GAME = REPO / "patterns" / "harbor" / "tasks" / "hidden_game"
@@ -38,34 +39,6 @@ class EnvDumper(LoopsProgramAgent):
         self.transcript.append({"role": "tool", "content": "SANDBOX_ENV " + (result.stdout or "")})
 """
 
-CONFIG = """
-recipe = "rl"
-[model]
-base_model = "{model}"
-lora_rank = 4
-[compute.local]
-device = "cpu"
-[runtime]
-factory = "loops_nb.harbor:create_runtime"
-[runtime.options]
-tasks = "{tasks}"
-agent = "dumper:EnvDumper"
-model_access = "openai_http"
-keep_trials = "all"
-[runtime.options.agent_kwargs]
-command = ["python", "program.py"]
-[sampling]
-max_tokens = 2
-[training]
-max_steps = 1
-group_size = 2
-groups_per_step = 1
-[output]
-output_dir = "{out}"
-run_name = "canary"
-trace = "full"
-"""
-
 
 def files_containing(root: Path, needles: list[str]) -> list[str]:
     found = []
@@ -83,7 +56,23 @@ def test_a_run_never_writes_or_passes_on_its_credentials(tmp_path: Path, tiny_ch
     (tmp_path / "program.py").write_text(PROGRAM)
     (tmp_path / "dumper.py").write_text(AGENT)
     config = tmp_path / "train.toml"
-    config.write_text(CONFIG.format(model=tiny_chat_model_path, tasks=HIDDEN_GAME, out=tmp_path / "runs"))
+    config.write_text(
+        tiny_run_toml(
+            "loops_nb.harbor:create_runtime",
+            tiny_chat_model_path,
+            tmp_path / "runs",
+            options={
+                "tasks": HIDDEN_GAME,
+                "agent": "dumper:EnvDumper",
+                "model_access": "openai_http",
+                "keep_trials": "all",
+                "agent_kwargs": {"command": ["python", "program.py"]},
+            },
+            sampling={"max_tokens": 2},
+            training={"group_size": 2},
+            output={"run_name": "canary", "trace": "full"},
+        )
+    )
     done = run_cli("-v", "run", config, cwd=tmp_path, env={**CANARIES, "HF_HUB_OFFLINE": "1"}, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     run = tmp_path / "runs" / "canary"
