@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tiny_models import build_tiny_chat_model
+from tiny_models import build_tiny_chat_model, save_tiny_llama
 
 
 @pytest.fixture(scope="session")
@@ -16,20 +16,6 @@ def tiny_chat_model(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_llama_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 2-layer random `LlamaForCausalLM` (vocab 128, hidden 32), no tokenizer: trainer tests speak ids."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    path = tmp_path_factory.mktemp("tiny-llama")
-    config = LlamaConfig(
-        vocab_size=128,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        tie_word_embeddings=False,
+    return save_tiny_llama(
+        tmp_path_factory.mktemp("tiny-llama"), vocab_size=128, max_position_embeddings=256, seed=1234
     )
-    torch.manual_seed(1234)
-    LlamaForCausalLM(config).save_pretrained(path)
-    return path

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
+from tiny_models import save_tiny_llama
 
 VOCAB_SIZE = 128
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
@@ -41,24 +42,16 @@ def build_char_tokenizer():
 
 def build_sampler_model(directory: Path, *, seed: int = 0) -> Path:
     """Save a random 2-layer Llama and the character tokenizer into `directory`."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
+    save_tiny_llama(
+        directory,
         vocab_size=VOCAB_SIZE,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
         max_position_embeddings=256,
+        seed=seed,
         initializer_range=0.3,
         bos_token_id=BOS_ID,
         eos_token_id=EOS_ID,
         pad_token_id=PAD_ID,
-        tie_word_embeddings=False,
     )
-    torch.manual_seed(seed)
-    LlamaForCausalLM(config).save_pretrained(directory)
     build_char_tokenizer().save_pretrained(directory)
     return directory
 

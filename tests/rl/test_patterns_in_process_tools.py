@@ -103,20 +103,10 @@ async def test_a_wrong_final_answer_and_a_turn_limit_score_zero() -> None:
         assert evidence.metrics["answered"] == answered
 
 
-def long_context_tiny_model(directory: Path) -> Path:
-    """The tiny chat model with 2048 positions: the tools' system prompt alone is ~600 byte-level tokens."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    build_tiny_chat_model(directory)
-    config = AutoConfig.from_pretrained(directory)
-    config.max_position_embeddings = 2048
-    AutoModelForCausalLM.from_pretrained(directory, config=config).save_pretrained(directory)
-    return directory
-
-
 @pytest.mark.slow
 def test_in_process_tools_pattern_runs_two_steps_on_the_tiny_model(tmp_path: Path) -> None:
-    model = long_context_tiny_model(tmp_path / "model")
+    # 2048 positions: the tools' system prompt alone is ~600 byte-level tokens.
+    model = build_tiny_chat_model(tmp_path / "model", max_position_embeddings=2048)
     for name in ("episode.py", "shop_tools.py"):
         shutil.copy(PATTERN / name, tmp_path / name)
     config = tmp_path / "train.toml"
