@@ -62,6 +62,11 @@ NOT_RUN_HERE: list[tuple[str, str]] = [
     (r"pytest\b", "the test suite itself (.ci/run runs it)"),
     (r"ruff (check|format)\b", "style checks (CONTRIBUTING.md)"),
     (r"mypy loops_nb$", "type checks (CONTRIBUTING.md)"),
+    (r"pre-commit install$", "installs a git hook in the user's clone (CONTRIBUTING.md)"),
+    (
+        r"python tests/durations\.py\b",
+        "runs the whole suite to rewrite tests/README.md's durations table; .ci/run runs the suite",
+    ),
     # Interactive or long-lived processes.
     (r"jupyter lab\b", "an interactive server; tests/browser runs JupyterLab headless"),
     (r"loops serve\b", "a long-lived server; tests/test_cli.py starts one and drives it with the SDK"),
