@@ -8,7 +8,6 @@ Then one plain regression test per bug the fuzzer found (each crashed, or printe
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -203,8 +202,6 @@ FILES = st.lists(
 ).flatmap(lambda lines: st.tuples(st.just(lines), st.booleans()))
 
 FUZZ = settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
-EXAMPLE_SECONDS = 30
-"""Far above what one example costs (well under a second): an example over it is a hang or a blow-up."""
 MAX_REASON = 500
 
 
@@ -249,7 +246,6 @@ def test_hostile_rows_are_refused_by_row_and_the_good_rows_still_train(
     config = write_config(folder, tokenizer_dir)
     data_file = folder / "train.jsonl"
     write_file(data_file, lines, final_newline)
-    started = time.monotonic()
 
     project = load(config)
     report = project.check_sync()  # the library: never raises for the user's data
@@ -257,7 +253,6 @@ def test_hostile_rows_are_refused_by_row_and_the_good_rows_still_train(
     tokenizer = load_model_tokenizer(project.config.model, "local")
     data = SFTData.load(project.config, tokenizer)  # what `train` trains
 
-    assert time.monotonic() - started < EXAMPLE_SECONDS
     assert "Traceback" not in out + err and not err.strip(), err
     assert out.splitlines()[-len(report.describe()) :] == report.describe()
     assert code == (0 if report.ok else 1)

@@ -7,7 +7,6 @@ A kernel is started for real (papermill -> nbclient -> ipykernel), so this is th
 from __future__ import annotations
 
 import json
-import time
 
 import nbformat
 import pytest
@@ -56,7 +55,6 @@ def executed(tmp_path_factory: pytest.TempPathFactory) -> nbformat.NotebookNode:
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     src, out = tmp / "curve.ipynb", tmp / "curve.out.ipynb"
     nbformat.write(nb, src)
-    started = time.monotonic()
     pm.execute_notebook(
         str(src),
         str(out),
@@ -67,7 +65,6 @@ def executed(tmp_path_factory: pytest.TempPathFactory) -> nbformat.NotebookNode:
         execution_timeout=60,
         store_widget_state=True,  # papermill's default: every widget's last state goes into the notebook
     )
-    assert time.monotonic() - started < 20
     return nbformat.read(out, as_version=4)
 
 
