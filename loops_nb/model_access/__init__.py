@@ -6,9 +6,9 @@ its API key. Both paths end in the same `LoopsLLM`, so rendering, sampling and e
 one code path.
 """
 
+from loops_nb.model_access.agent_env import agent_process_env, model_env
 from loops_nb.model_access.agent_program import (
     AgentProgramResult,
-    agent_process_env,
     run_agent_program,
     start_agent_program,
     stop_agent_program,
@@ -16,7 +16,7 @@ from loops_nb.model_access.agent_program import (
 from loops_nb.model_access.gateway import ModelGateway
 from loops_nb.model_access.leases import AttemptLease, LeaseRegistry
 from loops_nb.model_access.mode import ModelAccessMode, files_per_attempt, model_access_of
-from loops_nb.model_access.runtime import LeasedRuntime, model_env
+from loops_nb.model_access.runtime import LeasedRuntime
 
 __all__ = [
     "AgentProgramResult",

@@ -2,11 +2,7 @@
 
 An agent that is its own program may hold one thing of the run's: its attempt's lease key. So:
 
-- Its environment is built from an allowlist (`BASE_VARIABLES`, `LC_*`, the names in
-  `[runtime] agent_env`, then `OPENAI_BASE_URL` / `OPENAI_API_KEY` of its lease, and
-  `OPENAI_AGENTS_DISABLE_TRACING=1` so no framework sends the lease to its vendor), never by removing
-  known secrets from ours: an `AWS_SECRET_ACCESS_KEY`, a `GITHUB_TOKEN` or a line of `.env` is not
-  on any list of the run's credentials.
+- Its environment is built from an allowlist, never by removing known secrets from ours (agent_env.py).
 - It runs under bubblewrap (`bwrap --unshare-pid`), with its own /proc. Its parent there is bwrap's
   init, started with the same allowlisted environment, so `/proc/$PPID/environ` gives back only what
   it already has; the training process and the other attempts' programs are not in its /proc at all,
@@ -22,96 +18,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import logging
 import os
-import re
 import shutil
 import signal
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from loops_nb.model_access.agent_env import agent_process_env
+from loops_nb.model_access.agent_env import refused_agent_env_name as refused_agent_env_name
 from loops_nb.runtime import Attempt
 
 log = logging.getLogger(__name__)
 
-BASE_VARIABLES = frozenset({"PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR"})
-"""What every agent program inherits from the training process (plus `LC_*`)."""
-
-LEASE_VARIABLES = frozenset({"OPENAI_BASE_URL", "OPENAI_API_KEY"})
-"""Set from the attempt's lease; a program never inherits the training process's values of these."""
-
-SECRET_VARIABLES = frozenset(
-    {
-        "BASETEN_API_KEY",
-        "LOOPS_LOCAL_API_KEY",
-        "HF_TOKEN",
-        "HUGGING_FACE_HUB_TOKEN",
-        "WANDB_API_KEY",
-        "BL_API_KEY",
-        "BL_CLIENT_CREDENTIALS",
-        "DAYTONA_API_KEY",
-        "DAYTONA_JWT_TOKEN",
-        "ANTHROPIC_API_KEY",
-    }
-)
-"""The run's own credentials: `[runtime] agent_env` may not pass them to agent programs."""
-
-QUIET_FRAMEWORKS = {"OPENAI_AGENTS_DISABLE_TRACING": "1"}
-"""Set for every agent program (unless `[runtime] agent_env` passes the name): the OpenAI Agents SDK
-otherwise exports traces to OpenAI's servers, authenticated with `OPENAI_API_KEY`, the lease key."""
-
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-_passed_names: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar(
-    "loops_nb_agent_env", default=()
-)
-
-
-def refused_agent_env_name(name: str) -> str | None:
-    """Why `[runtime] agent_env` may not name `name`, or None when it may."""
-    if not ENV_NAME.match(name):
-        return f"{name!r} is not an environment variable name"
-    if name in SECRET_VARIABLES:
-        return f"{name} is one of the run's credentials, which agent programs never get"
-    if name in LEASE_VARIABLES:
-        return f"{name} is set from the attempt's lease"
-    return None
-
-
-@contextlib.contextmanager
-def passing_env(names: Iterable[str]) -> Any:
-    """Within this block (an attempt), agent programs also inherit these variables (`[runtime] agent_env`)."""
-    token = _passed_names.set(tuple(names))
-    try:
-        yield
-    finally:
-        _passed_names.reset(token)
-
-
-def agent_process_env(attempt: Attempt | None = None, *, extra: Iterable[str] = ()) -> dict[str, str]:
-    """The environment to launch an agent program with: PATH, HOME and the locale of this process,
-    the variables `[runtime] agent_env` (and `extra`) name, and the attempt's `OPENAI_BASE_URL` /
-    `OPENAI_API_KEY`, with loopback kept off any proxy and frameworks' tracing to their vendors off
-    (`QUIET_FRAMEWORKS`)."""
-    from loops_nb.model_access.runtime import model_env
-
-    named = {*_passed_names.get(), *extra}
-    for name in named:
-        why = refused_agent_env_name(name)
-        if why is not None:
-            raise ValueError(f"agent program environment: {why}")
-    env = dict(QUIET_FRAMEWORKS)
-    env.update(
-        (k, v) for k, v in os.environ.items() if k in BASE_VARIABLES or k.startswith("LC_") or k in named
-    )
-    env.update(model_env(attempt))
-    loopback = "127.0.0.1,localhost"
-    env["NO_PROXY"] = env["no_proxy"] = ",".join(filter(None, [env.get("NO_PROXY"), loopback]))
-    return env
-
+# refused_agent_env_name lives in agent_env.py; loops_nb/rl/config.py still imports it from here.
 
 # -- isolation ------------------------------------------------------------------------------------
 ISOLATION_ARGS = ("--die-with-parent", "--unshare-pid", "--dev-bind", "/", "/", "--proc", "/proc")

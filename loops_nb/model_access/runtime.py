@@ -1,9 +1,9 @@
 """`LeasedRuntime`: gives every attempt of a runtime a gateway lease while it runs, and revokes it after.
 
 The recipe wraps a runtime that asks for `openai_http` model access. Each attempt's services then carry
-`model_base_url` (the gateway's `/v1`) and `model_api_key` (the lease key); `model_env(attempt)` turns
-them into the `OPENAI_BASE_URL` / `OPENAI_API_KEY` an agent process reads (inside an Episode's `run`,
-which has no attempt argument, `model_env()` reads the running attempt's), and `agent_program.py`
+`model_base_url` (the gateway's `/v1`) and `model_api_key` (the lease key); `model_env(attempt)`
+(agent_env.py) turns them into the `OPENAI_BASE_URL` / `OPENAI_API_KEY` an agent process reads (inside an
+Episode's `run`, which has no attempt argument, `model_env()` reads the running attempt's), and `agent_program.py`
 launches the process with them and nothing else of the run's. The lease is revoked when the attempt
 returns, raises, or is cancelled by its timeout, so a straggling agent cannot add tokens later; its
 requests still sampling are cancelled, and a reply its agent never got is withdrawn (delivery.py).
@@ -11,18 +11,15 @@ requests still sampling are cancelled, and a reply its agent never got is withdr
 
 from __future__ import annotations
 
-import contextvars
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from loops_nb.llm.client import ContextTooLong
-from loops_nb.model_access.agent_program import passing_env
+from loops_nb.model_access.agent_env import leased_env, passing_env
 from loops_nb.model_access.delivery import settle_lease
 from loops_nb.model_access.gateway import ModelGateway
 from loops_nb.model_access.mode import ModelAccessMode
 from loops_nb.runtime import Attempt, Evidence, RolloutRuntime, RunContext, Task
-
-_current_env: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("loops_nb_model_env")
 
 
 class LeasedRuntime(RolloutRuntime):
@@ -34,7 +31,7 @@ class LeasedRuntime(RolloutRuntime):
         self.inner = inner
         self.gateway = gateway
         self.agent_env = tuple(agent_env)
-        """`[runtime] agent_env`: variables the attempts' agent programs inherit (agent_program.py)."""
+        """`[runtime] agent_env`: variables the attempts' agent programs inherit (agent_env.py)."""
 
     async def tasks(self) -> Sequence[Task]:
         return await self.inner.tasks()
@@ -43,12 +40,10 @@ class LeasedRuntime(RolloutRuntime):
         lease = self.gateway.issue(attempt.id, attempt.services.llm)
         attempt.services.model_base_url = self.gateway.url
         attempt.services.model_api_key = lease.key
-        token = _current_env.set(model_env(attempt))
         try:
-            with passing_env(self.agent_env):
+            with leased_env(attempt), passing_env(self.agent_env):
                 evidence = await self.inner.run_attempt(attempt)
         finally:
-            _current_env.reset(token)
             self.gateway.revoke(lease.key)
             # Stop its requests still sampling, and learn which replies reached the agent: only those
             # stay in the capture the attempt trains on.
@@ -69,20 +64,3 @@ class LeasedRuntime(RolloutRuntime):
 
     def prompt_messages(self, task: Task) -> list[dict[str, Any]] | None:
         return self.inner.prompt_messages(task)
-
-
-def model_env(attempt: Attempt | None = None) -> dict[str, str]:
-    """`OPENAI_BASE_URL` and `OPENAI_API_KEY` for an agent process of this attempt (default: the running one)."""
-    if attempt is None:
-        env = _current_env.get(None)
-        if env is not None:
-            return dict(env)
-        url = key = None
-    else:
-        url, key = attempt.services.model_base_url, attempt.services.model_api_key
-    if not url or not key:
-        raise RuntimeError(
-            "this attempt has no model lease: declare `model_access = ModelAccessMode.OPENAI_HTTP` on the "
-            "runtime so the run starts the model gateway"
-        )
-    return {"OPENAI_BASE_URL": url, "OPENAI_API_KEY": key}

@@ -21,6 +21,7 @@ from loops_nb.model_access import (
     LeasedRuntime,
     ModelAccessMode,
     ModelGateway,
+    agent_env,
     agent_process_env,
     agent_program,
 )
@@ -57,9 +58,9 @@ def test_agent_programs_inherit_an_allowlist_not_everything_but_known_secrets(
     assert env["LC_ALL"] == "C.UTF-8" and "MY_TOOL_HOME" not in env
     # The OpenAI Agents SDK would export traces to OpenAI with the lease key as OPENAI_API_KEY.
     assert env["OPENAI_AGENTS_DISABLE_TRACING"] == "1"
-    with agent_program.passing_env(["MY_TOOL_HOME"]):  # what [runtime] agent_env names
+    with agent_env.passing_env(["MY_TOOL_HOME"]):  # what [runtime] agent_env names
         assert agent_process_env(fake_attempt("lease-1"))["MY_TOOL_HOME"] == "/opt/tool"
-    with agent_program.passing_env(["BASETEN_API_KEY"]), pytest.raises(ValueError, match="credentials"):
+    with agent_env.passing_env(["BASETEN_API_KEY"]), pytest.raises(ValueError, match="credentials"):
         agent_process_env(fake_attempt("lease-1"))
 
 
