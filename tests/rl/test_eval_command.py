@@ -121,7 +121,9 @@ def _sampled(results: Path) -> list[list[str]]:
 
 
 @pytest.mark.slow
-def test_a_state_checkpoint_evaluates_as_its_sampler_weights_twin_not_as_the_base_model(trained: Path) -> None:
+def test_a_state_checkpoint_evaluates_as_its_sampler_weights_twin_not_as_the_base_model(
+    trained: Path,
+) -> None:
     """The final step saved both trainer state (state-000002) and sampler weights (final-000002): the same
     weights, so the same eval seeds draw the same samples from either. `loops eval` once served a state
     checkpoint as the base model (it loaded the state without the optimizer, so it published at step 0)."""
