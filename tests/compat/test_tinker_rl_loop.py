@@ -61,6 +61,7 @@ def test_sample_returns_a_future_as_in_tinker(rl_setup):
     future.result()
 
 
+@pytest.mark.slow
 def test_rl_loop_loss_falls_and_no_metric_is_nan(rl_setup):
     import tinker
     from tinker import types

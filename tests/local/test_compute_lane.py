@@ -105,6 +105,7 @@ print(json.dumps({
 """
 
 
+@pytest.mark.slow
 def test_isolated_lane_keeps_the_threads_and_other_threads_start_no_pool():
     """After `isolate_threads` the lane computes on torch's thread count and every other thread on one, so
     their torch work starts no OpenMP pool (no new OS threads) to throttle the lane's."""

@@ -259,6 +259,7 @@ def _live_tensor_bytes() -> int:
     return sum(storages.values())
 
 
+@pytest.mark.slow
 def test_the_activation_probe_keeps_nothing_alive(tiny_llama_path: Path) -> None:
     trainer = LoraTrainer(tiny_llama_path)
     trainer.init(4, seed=0)

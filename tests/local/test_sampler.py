@@ -180,6 +180,7 @@ def test_select_tokens_follows_the_truncated_distribution(temperature, top_k, to
 # ---------------------------------------------------------------------------------------------- adapters
 
 
+@pytest.mark.slow
 def test_adapters(engine, plain_model, tmp_path):
     request = greedy(PROMPTS[1], 10)
     base = solo(engine, request)[0]
@@ -234,6 +235,7 @@ def test_mismatched_adapter_weights_are_refused(engine, plain_model):
 # ------------------------------------------------------------------------------------------ concurrency
 
 
+@pytest.mark.slow
 def test_concurrent_threads_coalesce_and_match_solo(engine):
     prompts = [[(7 * i + j) % 100 + 4 for j in range(3 + i % 5)] for i in range(16)]
     expected = [solo(engine, greedy(p, 16))[0] for p in prompts]
@@ -256,12 +258,13 @@ def test_concurrent_threads_coalesce_and_match_solo(engine):
 
 
 def wait_for_batches(engine: SamplerEngine, count: int) -> None:
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60  # generous: under CI's load the worker may start late
     while engine.stats["batches"] < count:
         assert time.monotonic() < deadline, "the worker never started the batch"
         time.sleep(0.001)
 
 
+@pytest.mark.slow
 def test_requests_join_a_running_batch(engine):
     long_request = greedy(PROMPTS[1], 200)
     joiners = [
@@ -285,6 +288,7 @@ def test_requests_join_a_running_batch(engine):
     assert results[3].prompt_logprobs == expected[3].prompt_logprobs
 
 
+@pytest.mark.slow
 def test_adapter_swap_waits_for_the_running_batch(engine, plain_model):
     config, weights1, _ = lora_weights(plain_model, 4, ["q_proj", "v_proj"], seed=5)
     _, weights2, _ = lora_weights(plain_model, 4, ["q_proj", "v_proj"], seed=6)
@@ -302,23 +306,22 @@ def test_adapter_swap_waits_for_the_running_batch(engine, plain_model):
     engine.remove_adapter("swap")
 
 
-def test_coalescing_is_faster_than_one_by_one(engine):
+@pytest.mark.slow
+def test_sixteen_requests_submitted_together_decode_in_one_batch(engine):
+    """What makes coalescing fast, counted rather than timed (benchmarks/sampler.py times it: 16 concurrent
+    requests against 16 in a row): one by one, each request is a batch of its own; together, they share one
+    batch and decode side by side, and every request samples what it samples alone."""
     requests = [
         SampleRequest(prompt=[4 + i, 5, 6 + i], temperature=1.0, max_tokens=48, seed=i) for i in range(16)
     ]
-    engine.sample(requests[0])  # warm up
-    # Best of two rounds each: the CI machine may be shared, and the minimum is the least noisy estimate.
-    one_by_one, coalesced = [], []
-    for _ in range(2):
-        start = time.perf_counter()
-        sequential = [engine.sample(r) for r in requests]
-        one_by_one.append(time.perf_counter() - start)
-        start = time.perf_counter()
-        futures = engine.submit_many([(r, None) for r in requests])
-        together = [f.result() for f in futures]
-        coalesced.append(time.perf_counter() - start)
-        assert [r.choices[0].token_ids for r in together] == [r.choices[0].token_ids for r in sequential]
-    assert min(one_by_one) / min(coalesced) >= 4, (one_by_one, coalesced)
+    batches = engine.stats["batches"]
+    sequential = [engine.sample(r) for r in requests]
+    assert engine.stats["batches"] - batches == 16
+    batches = engine.stats["batches"]
+    futures = engine.submit_many([(r, None) for r in requests])
+    together = [f.result() for f in futures]
+    assert engine.stats["batches"] - batches == 1
+    assert [r.choices[0].token_ids for r in together] == [r.choices[0].token_ids for r in sequential]
 
 
 async def test_sample_async_gather(engine):

@@ -41,6 +41,7 @@ def test_the_committed_tool_use_data_is_what_make_data_writes(tmp_path):
     }
 
 
+@pytest.mark.slow
 def test_loops_check_reports_the_tool_use_example(model_cache_dir):
     result = run_cli("check", TOOL_USE / "sft_local.toml", env=_env(model_cache_dir), timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]

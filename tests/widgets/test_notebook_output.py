@@ -68,6 +68,7 @@ def executed(tmp_path_factory: pytest.TempPathFactory) -> nbformat.NotebookNode:
     return nbformat.read(out, as_version=4)
 
 
+@pytest.mark.slow
 def test_saved_curve_holds_the_final_state(executed: nbformat.NotebookNode) -> None:
     outputs = executed.cells[2].outputs  # [parameters, injected-parameters, curve, live run]
     assert [o.output_type for o in outputs] == ["display_data"]
@@ -80,6 +81,7 @@ def test_saved_curve_holds_the_final_state(executed: nbformat.NotebookNode) -> N
     assert mean["y"] == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.4])
 
 
+@pytest.mark.slow
 def test_saved_live_run_holds_the_final_panel_and_no_dead_widget(executed: nbformat.NotebookNode) -> None:
     outputs = executed.cells[3].outputs
     displays = [o for o in outputs if o.output_type == "display_data"]
