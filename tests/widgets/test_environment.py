@@ -6,6 +6,7 @@ import asyncio
 import io
 
 import pytest
+from polling import until
 from widget_fixtures import FakeClock, FakeDisplay
 
 from loops_nb.widgets import LiveDisplay, environment, progress_mode
@@ -66,7 +67,8 @@ def test_force_and_max_hz(fake_display: FakeDisplay) -> None:
 async def test_a_throttled_update_is_flushed_later_on_a_running_loop(fake_display: FakeDisplay) -> None:
     live = LiveDisplay(Thing(), max_hz=20.0, display_fn=fake_display).show()
     assert live.update() is False  # within 50 ms of the display: deferred, not dropped
-    await asyncio.sleep(0.15)
+    await until(lambda: fake_display.handles[0].updates == 1, "the deferred update is flushed")
+    await asyncio.sleep(0.1)  # and flushed once: nothing else is pending
     assert fake_display.handles[0].updates == 1
 
 

@@ -8,6 +8,7 @@ import re
 import threading
 
 import pytest
+from polling import until
 from widget_fixtures import FakeDisplay, assert_static_html, fake_rl_run, rl_attempt, rl_step, sft_events
 
 from loops_nb.widgets import LiveRun, LossCurve, RewardCurve
@@ -98,8 +99,8 @@ async def test_the_heartbeat_moves_the_clock_while_a_step_runs(fake_display: Fak
     live.on_start({"recipe": "sft", "model": "tiny", "max_steps": 3, "start_step": 0})
     panel = fake_display.handles[0]
     before = panel.updates
-    await asyncio.sleep(0.2)  # no event at all: the first step is still training
-    assert panel.updates > before
+    # No event at all (the first step is still training), yet the panel is redrawn.
+    await until(lambda: panel.updates > before, "the heartbeat redraws the panel")
     assert "step 1 running for" in live.progress_line()
     live.on_end({"status": "completed", "steps": 3})
     settled = panel.updates
@@ -174,7 +175,7 @@ async def test_run_in_background_returns_at_once(fake_display: FakeDisplay) -> N
     live = LiveRun(stop_event=stop, display_fn=fake_display)
     task = live.run_in_background(fake_rl_run(live, stop, steps=50))
     assert not task.done() and len(fake_display.handles) == 2  # button and panel shown before the run starts
-    await asyncio.sleep(0.05)
+    await until(lambda: (live.step or 0) > 0, "the run in the background has taken a step")
     live.stop()
     assert await asyncio.wait_for(task, 5) == "stopped"
     assert live.status == "stopped" and 0 < (live.step or 0) < 50
