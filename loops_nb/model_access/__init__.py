@@ -15,7 +15,7 @@ from loops_nb.model_access.agent_program import (
 )
 from loops_nb.model_access.gateway import ModelGateway
 from loops_nb.model_access.leases import AttemptLease, LeaseRegistry
-from loops_nb.model_access.mode import ModelAccessMode, files_per_attempt, model_access_of
+from loops_nb.model_access.mode import ModelAccessMode, files_per_attempt, model_access_of, open_file_problem
 from loops_nb.model_access.runtime import LeasedRuntime
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "files_per_attempt",
     "model_access_of",
     "model_env",
+    "open_file_problem",
     "run_agent_program",
     "start_agent_program",
     "stop_agent_program",

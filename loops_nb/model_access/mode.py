@@ -7,9 +7,19 @@ lease. The mode also sizes the open-file check: a process per attempt holds far 
 
 from __future__ import annotations
 
+import resource
+
 from loops_nb.runtime import ModelAccessMode, RolloutRuntime
 
-__all__ = ["FILES_PER_ATTEMPT", "ModelAccessMode", "files_per_attempt", "model_access_of"]
+__all__ = [
+    "FILES_BASELINE",
+    "FILES_PER_ATTEMPT",
+    "ModelAccessMode",
+    "files_needed",
+    "files_per_attempt",
+    "model_access_of",
+    "open_file_problem",
+]
 
 
 FILES_PER_ATTEMPT = {
@@ -31,6 +41,32 @@ def model_access_of(runtime: object) -> ModelAccessMode:
     return ModelAccessMode.IN_PROCESS
 
 
+FILES_BASELINE = 256
+"""Open files the process needs besides attempts (torch, the servers, logs)."""
+
+
 def files_per_attempt(mode: ModelAccessMode) -> int:
     """Open files one live attempt may hold under this mode (the open-file check's unit)."""
     return FILES_PER_ATTEMPT[mode]
+
+
+def files_needed(max_concurrent: int, mode: ModelAccessMode) -> int:
+    return FILES_BASELINE + max_concurrent * files_per_attempt(mode)
+
+
+def open_file_problem(max_concurrent: int, mode: ModelAccessMode) -> str | None:
+    """A message when the open-file limit is too low for the configured concurrency."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = files_needed(max_concurrent, mode)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        raise_to = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        return (
+            f"open-file limit {soft} is too low for training.max_concurrent_rollouts = {max_concurrent} "
+            f"(needs about {need}): run `ulimit -n {raise_to}` in this shell first"
+            + (
+                ""
+                if hard == resource.RLIM_INFINITY or hard >= need
+                else f", or lower the concurrency (hard limit {hard})"
+            )
+        )
+    return None

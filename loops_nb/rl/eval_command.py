@@ -26,16 +26,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from loops_nb.compute import LoopsConnection
-from loops_nb.episodes import load_runtime
 from loops_nb.errors import UserError
 from loops_nb.llm.client import LoopsLLM
-from loops_nb.model_access import LeasedRuntime, ModelGateway
 from loops_nb.resources import ResourceJournal, ResourceRegistry, RunLock
 from loops_nb.rl.config import RLConfig
-from loops_nb.rl.evaluation import EvalLog, Evaluator, eval_sampling, eval_tasks, held_out_options
+from loops_nb.rl.evaluation import EvalLog, Evaluator, eval_sampling, eval_tasks
+from loops_nb.rl.runtimes import RolloutRuntimes
 from loops_nb.run_checkpoints import BASE, RunCheckpoint, checkpoint_sampling_client, find_checkpoint
 from loops_nb.run_dir import RunDirectory, atomic_write_json
-from loops_nb.runtime import ModelAccessMode, RolloutRuntime, RunContext
 from loops_nb.tokenization import load_model_renderer
 
 if TYPE_CHECKING:
@@ -141,21 +139,12 @@ async def _evaluate(
     state.mkdir(parents=True, exist_ok=True)
     resources = ResourceRegistry(ResourceJournal.at(state / "journal.jsonl"))
     held_out = config.eval.options is not None
-    runtime: RolloutRuntime = load_runtime(
-        config.runtime.factory, held_out_options(config) if held_out else config.runtime.options
-    )
-    gateway: ModelGateway | None = None
+    runtimes = await RolloutRuntimes.open(config, project.path, eval_only=True)
     loops_state = (run_dir.state if run_dir is not None else state) / "local_loops"
     connection: LoopsConnection | None = None
     try:
-        runtime.bind(
-            RunContext(
-                config_dir=project.path.parent,
-                state_dir=state,
-                providers=config.providers,
-                resources=resources,
-            )
-        )
+        runtimes.bind(state, resources)
+        runtime = runtimes.training
         _, tasks = await eval_tasks(config, runtime, runtime if held_out else None)
         renderer = await asyncio.to_thread(
             load_model_renderer, config.model, config.compute.scope, cache_dir=config.compute.local.cache_dir
@@ -164,15 +153,13 @@ async def _evaluate(
         client = await checkpoint_sampling_client(
             connection, config.model, target.checkpoint, seed=config.training.seed
         )
-        if runtime.model_access is ModelAccessMode.OPENAI_HTTP:
-            gateway = await ModelGateway(model_name=config.model.base_model).astart()
-            runtime = LeasedRuntime(runtime, gateway, agent_env=config.runtime.agent_env)
+        await runtimes.lease_model_access()
         policy = FixedPolicy(client, target.step)
         sampling = eval_sampling(config)
         t = config.training
         evaluator = Evaluator(
             config.eval,
-            runtime,
+            runtimes.training,
             tasks,
             make_llm=lambda capture, seed: LoopsLLM(renderer, policy, capture, sampling, seed=seed),
             version=lambda: target.step,
@@ -185,10 +172,9 @@ async def _evaluate(
         )
         evaluation = await evaluator.evaluate(target.step)
     finally:
+        # The evaluation is what the user asked for: a runtime that fails to close does not lose it.
         with contextlib.suppress(Exception):
-            await runtime.close()
-        if gateway is not None:
-            await gateway.astop()
+            await runtimes.aclose()
         if connection is not None:
             await connection.close()
     line = EvalLog(out).write(evaluation)

@@ -18,6 +18,7 @@ from loops_nb.compute import require_api_key
 from loops_nb.errors import DataError, UserError
 from loops_nb.local.memory_budget import check_lines
 from loops_nb.observers import ObserverSet
+from loops_nb.run.check_report import RecipeCheckReport
 from loops_nb.run.setup import Recipe, run_recipe
 from loops_nb.run_dir import Checkpoint, RunDirectory
 from loops_nb.sft.batching import SFTData
@@ -37,7 +38,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class SFTCheckReport:
+class SFTCheckReport(RecipeCheckReport):
     """What `check` found: header lines, the training data's `CheckReport`, the plan, and problems.
 
     ``ok`` is False only when the data cannot train at all (a data file is missing, or no row trains); refused
@@ -45,32 +46,15 @@ class SFTCheckReport:
     its last line says there are some.
     """
 
-    ok: bool = True
-    lines: list[str] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
     data: CheckReport | None = None
     plan_lines: list[str] = field(default_factory=list)
     total_steps: int | None = None
     refusals_file: str | None = None
     """Where `check(refusals=...)` wrote every refusal (None when not asked to)."""
 
-    def describe(self) -> list[str]:
-        out = list(self.lines)
-        if self.data is not None:
-            out += self.data.describe(refusals_written=self.refusals_file)
-        out += self.plan_lines
-        out += [f"note: {n}" for n in self.notes]
-        out += [f"warning: {w}" for w in self.warnings]
-        out += [f"problem: {p}" for p in self.problems]
-        if not self.ok:
-            out.append(f"check: {len(self.problems)} problem(s)")
-        elif self.warnings:
-            out.append(f"check: ok with {len(self.warnings)} warning(s)")
-        else:
-            out.append("check: ok")
-        return out
+    def body(self) -> list[str]:
+        out = [] if self.data is None else self.data.describe(refusals_written=self.refusals_file)
+        return out + self.plan_lines
 
 
 def _template_name(config: SFTConfig) -> str:

@@ -131,13 +131,12 @@ async def test_a_request_accepted_before_revocation_does_not_sample_after_it(scr
 def test_the_open_file_check_counts_more_per_attempt_for_agent_processes(monkeypatch: Any) -> None:
     import resource
 
-    from loops_nb.rl import recipe
+    from loops_nb.model_access import open_file_problem
 
     monkeypatch.setattr(resource, "getrlimit", lambda _: (1024, 1 << 20))
-    in_process = files_per_attempt(ModelAccessMode.IN_PROCESS)
-    http = files_per_attempt(ModelAccessMode.OPENAI_HTTP)
-    assert recipe.open_file_problem(64, in_process) is None
-    problem = recipe.open_file_problem(64, http)
+    assert files_per_attempt(ModelAccessMode.OPENAI_HTTP) > files_per_attempt(ModelAccessMode.IN_PROCESS)
+    assert open_file_problem(64, ModelAccessMode.IN_PROCESS) is None
+    problem = open_file_problem(64, ModelAccessMode.OPENAI_HTTP)
     assert problem is not None and "ulimit -n" in problem
 
 
