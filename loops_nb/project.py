@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from loops_nb.config import ConfigSource, RecipeConfig, load_config
+from loops_nb.config import RECIPES, ConfigSource, RecipeConfig, load_config
 
 if TYPE_CHECKING:
     from loops_nb.policy_sampler import PolicySampler
@@ -55,7 +55,7 @@ class Project:
         return self.source.describe(self.config.output.output_dir)
 
     def _recipe_module(self) -> Any:
-        return importlib.import_module(f"loops_nb.{self.recipe}.recipe")
+        return importlib.import_module(RECIPES.recipe_module(self.recipe))
 
     async def check(self, **options: Any) -> Report:
         """Resolve, render and prepare without training; returns the recipe's report."""

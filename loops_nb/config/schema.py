@@ -3,7 +3,9 @@
 `config` imports no recipe. Each recipe's config model is registered by import path and imported the first
 time a config (or the glossary) asks for it, so loading an SFT config never imports the RL recipe and the
 layers stay one-way: recipes import `config`, never the reverse. A recipe from outside the package
-registers itself the same way (`register_recipe("dpo", "my_pkg.dpo:DPOConfig")`).
+registers itself the same way (`register_recipe("dpo", "my_pkg.dpo:DPOConfig")`), and its `check` / `train` /
+`evaluate` live in the module the registry names for it: ``my_pkg.dpo.recipe`` beside its config module by
+default, or the ``recipe_module`` it registers with.
 """
 
 from __future__ import annotations
@@ -15,19 +17,33 @@ from loops_nb.config.sections import RecipeConfig
 
 
 class RecipeRegistry(Mapping[str, type[RecipeConfig]]):
-    """Recipe name -> its config model, imported on first use from a `module:Class` path."""
+    """Recipe name -> its config model, imported on first use from a `module:Class` path; and the module
+    holding its `check` and `train` (what `Project` calls)."""
 
     def __init__(self, paths: Mapping[str, str]) -> None:
         self._paths = dict(paths)
         self._models: dict[str, type[RecipeConfig]] = {}
+        self._recipe_modules: dict[str, str] = {}
 
-    def register(self, name: str, model: str | type[RecipeConfig]) -> None:
+    def register(self, name: str, model: str | type[RecipeConfig], recipe_module: str | None = None) -> None:
         if isinstance(model, str):
             self._paths[name] = model
             self._models.pop(name, None)
         else:
             self._paths[name] = f"{model.__module__}:{model.__qualname__}"
             self._models[name] = model
+        if recipe_module is None:
+            self._recipe_modules.pop(name, None)
+        else:
+            self._recipe_modules[name] = recipe_module
+
+    def recipe_module(self, name: str) -> str:
+        """The module with the recipe's `check` and `train`: the registered one, or ``recipe`` beside the
+        config model's module (``loops_nb.rl.config`` -> ``loops_nb.rl.recipe``)."""
+        if name in self._recipe_modules:
+            return self._recipe_modules[name]
+        package = self._paths[name].partition(":")[0].rpartition(".")[0]
+        return f"{package}.recipe" if package else "recipe"
 
     def __getitem__(self, name: str) -> type[RecipeConfig]:
         if name not in self._models:
@@ -52,6 +68,7 @@ RECIPES = RecipeRegistry({"rl": "loops_nb.rl.config:RLConfig", "sft": "loops_nb.
 """Recipe name -> its config model."""
 
 
-def register_recipe(name: str, model: str | type[RecipeConfig]) -> None:
-    """Make `recipe = "<name>"` load ``model`` (a `RecipeConfig` subclass or its `module:Class` path)."""
-    RECIPES.register(name, model)
+def register_recipe(name: str, model: str | type[RecipeConfig], recipe_module: str | None = None) -> None:
+    """Make `recipe = "<name>"` load ``model`` (a `RecipeConfig` subclass or its `module:Class` path), and run
+    with the `check` / `train` of ``recipe_module`` (default: ``recipe`` beside the model's module)."""
+    RECIPES.register(name, model, recipe_module)
