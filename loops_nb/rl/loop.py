@@ -1,8 +1,8 @@
 """The RL training loop: schedule attempts, GRPO, train, publish, log — on the shared run skeleton.
 
 Per step: collect `groups_per_step` groups of `group_size` attempts; centre each group's rewards
-(`rl.grpo.step_datums`); one optimizer step over every kept attempt's datums; publish the new policy; write
-steps.jsonl / rollouts.jsonl / transcripts. Resume, stop, checkpoints and failures are the skeleton's
+(`rl.grpo.step_datums`); one optimizer step over every kept attempt's datums; publish the new policy
+(`RLRun._train`); then `rl.step_log.StepLog.record` writes steps.jsonl / rollouts.jsonl / transcripts. Resume, stop, checkpoints and failures are the skeleton's
 (`loops_nb.run.recipe_run`): every optimizer step is applied exactly once across restarts.
 """
 
@@ -11,9 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import statistics
 import time
-from collections import Counter
 from typing import Any
 
 from loops_nb.llm.capture import TokenCapture
@@ -27,7 +25,8 @@ from loops_nb.rl.evaluation import EvalLog, Evaluator, eval_due, eval_sampling, 
 from loops_nb.rl.grpo import step_datums
 from loops_nb.rl.outcome import RLOutcome
 from loops_nb.rl.policy import Policy
-from loops_nb.rl.scheduler import AttemptRecord, GroupResult, RolloutScheduler
+from loops_nb.rl.scheduler import GroupResult, RolloutScheduler
+from loops_nb.rl.step_log import StepLog, StepTraining
 from loops_nb.run.optimizer import AdamSettings
 from loops_nb.run.recipe_run import RecipeRun
 from loops_nb.run_dir import Checkpoint, RunDirectory
@@ -134,7 +133,7 @@ class RLRun(RecipeRun):
             max_staleness=t.max_staleness,
             stale_policy=t.stale_policy,
             resources=self.resources,
-            on_attempt=self._on_attempt,
+            on_attempt=self.step_log.attempt_finished,
             reward_range=(t.reward_min, t.reward_max),
         )
         if self.config.eval.enabled:
@@ -204,119 +203,38 @@ class RLRun(RecipeRun):
         rollout_s = time.perf_counter() - step_started
         if self.policy.lost is not None:  # its attempts were discarded; so would all later ones be
             raise self.policy.lost
-        record = await self._train_and_log(step, groups, scheduler, rollout_s, step_started)
+        training = await self._train(groups, scheduler)
+        record = self.step_log.record(
+            step,
+            groups,
+            training,
+            scheduler,
+            policy_version=self.policy.version,
+            rollout_s=rollout_s,
+            step_started=step_started,
+        )
         return StepRecord(step, {**record.metrics, **evaluated}, record.time) if evaluated else record
 
-    def _on_attempt(self, record: AttemptRecord) -> None:
-        if not self.observers.wants("on_attempt"):
-            return
-        summary = {
-            "attempt": record.attempt.id,
-            "task": record.attempt.task.id,
-            "reward": record.evidence.reward,
-            "discarded": record.evidence.discarded,
-            "detail": record.evidence.detail,
-            "policy_versions": record.capture.policy_versions,
-            "calls": len(record.capture.calls),
-            "sampled_tokens": record.capture.sampled_tokens,
-            "sequence_breaks": dict(record.capture.breaks),
-            "seconds": round(record.seconds, 3),
-        }
-        # Whether it trains is known only once its step's advantages are (on_rollouts says): None until then.
-        self.observers.emit(
-            "on_attempt", {**summary, "text": self._transcript(record, full=True, trained=None)}
+    @property
+    def step_log(self) -> StepLog:
+        # Built on use: the skeleton (and a test) may swap the run's observers after construction.
+        return StepLog(
+            self.run_dir, self.observers, self.renderer, full_transcripts=self.config.output.trace == "full"
         )
 
-    def _transcript(self, record: AttemptRecord, *, full: bool, trained: bool | None) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "attempt": record.attempt.id,
-            "reward": record.evidence.reward,
-            "discarded": record.evidence.discarded,
-            "policy_versions": record.capture.policy_versions,
-            "length": sum(len(c.prompt_tokens) + len(c.completion_tokens) for c in record.capture.calls),
-        }
-        if full:
-            out["calls"] = [
-                {
-                    "prompt": self.renderer.decode(c.prompt_tokens),
-                    "completion": self.renderer.decode(c.completion_tokens),
-                    "completion_tokens": c.completion_tokens,
-                    "logprobs": [round(x, 5) for x in c.logprobs],
-                    "trained": trained,
-                    "finish_reason": c.finish_reason,
-                    "tool_calls": c.tool_calls,
-                }
-                for c in record.capture.calls
-            ]
-            out["transcript"] = record.evidence.transcript
-        return out
-
-    async def _train_and_log(
-        self, step: int, groups: list[GroupResult], scheduler: RolloutScheduler, rollout_s: float, t0: float
-    ) -> StepRecord:
+    async def _train(self, groups: list[GroupResult], scheduler: RolloutScheduler) -> StepTraining:
+        """GRPO over the step's groups, one optimizer step over the datums it keeps, and the publish."""
         datums, stats = step_datums(groups)
-        train_started = time.perf_counter()
-        train_metrics: dict[str, float] = {}
-        if datums:
-            train_metrics = await self.policy.train_step(datums, loss=self.loss, adam=self.adam)
-            train_s = time.perf_counter() - train_started
-            publish_s = await self.policy.publish()
-            scheduler.policy_published()
-        else:
-            train_s = publish_s = 0.0
+        if not datums:
+            scheduler.step_finished()
+            return StepTraining(datums, stats, {})
+        started = time.perf_counter()
+        metrics = await self.policy.train_step(datums, loss=self.loss, adam=self.adam)
+        train_s = time.perf_counter() - started
+        publish_s = await self.policy.publish()
+        scheduler.policy_published()
         scheduler.step_finished()
-        attempts = [a for g in groups for a in g.attempts]
-        trained_ids = {d.attempt_id for d in datums}
-        discarded = Counter(a.evidence.discarded for a in attempts if a.evidence.discarded)
-        versions = [v for a in attempts for v in a.capture.policy_versions]
-        metrics: dict[str, Any] = {
-            "policy_version": self.policy.version,
-            **stats,
-            "attempts": len(attempts),
-            "attempts/discarded": sum(discarded.values()),
-            **{f"discarded/{k}": v for k, v in sorted(discarded.items())},
-            "staleness/mean": statistics.fmean(step - v for v in versions) if versions else 0.0,
-            "staleness/requeued_total": scheduler.stats.stale_requeued,
-            "tokens/sampled": sum(a.capture.sampled_tokens for a in attempts),
-            "tokens/trained": sum(d.trained_tokens for d in datums),
-            "sequences/breaks": sum(sum(a.capture.breaks.values()) for a in attempts),
-            "trained": bool(datums),
-            **train_metrics,
-            "time/rollout_s": round(rollout_s, 3),
-            "time/train_s": round(train_s, 3),
-            "time/publish_s": round(publish_s, 3),
-            "time/step_s": round(time.perf_counter() - t0, 3),
-        }
-        rows = [
-            {
-                "step": step,
-                "slot": g.slot,
-                "group": g.group,
-                "task": g.task.id,
-                "attempt": a.attempt.id,
-                "reward": a.evidence.reward,
-                "trained": a.attempt.id in trained_ids,
-                "discarded": a.evidence.discarded,
-                "detail": a.evidence.detail,
-                "policy_versions": a.capture.policy_versions,
-                "sampled_tokens": a.capture.sampled_tokens,
-                "seconds": round(a.seconds, 3),
-            }
-            for g in groups
-            for a in g.attempts
-        ]
-        self.run_dir.rollouts.extend(rows)
-        self.observers.emit("on_rollouts", {"step": step, "rows": rows})
-        full = self.config.output.trace == "full"
-        self.run_dir.write_transcript(
-            f"step-{step:06d}",
-            [
-                self._transcript(a, full=full, trained=a.attempt.id in trained_ids)
-                for g in groups
-                for a in g.attempts
-            ],
-        )
-        return StepRecord(step, metrics)
+        return StepTraining(datums, stats, metrics, train_s, publish_s)
 
     async def _report_progress(self, scheduler: RolloutScheduler) -> None:
         every = self.config.output.progress_every_seconds
