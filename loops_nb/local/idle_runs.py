@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from loops_nb.local.state import LocalLoopsState, LocalRun
+    from loops_nb.local.local_run import LocalRun
     from loops_nb.local.trainer import LoraTrainer
 
 log = logging.getLogger(__name__)
@@ -40,10 +41,11 @@ def park(run: LocalRun) -> bool:
     return True
 
 
-def unpark(state: LocalLoopsState, run: LocalRun) -> LoraTrainer:
-    """The run's trainer, reloaded from where `park` put it (adapter, optimizer and step)."""
+def unpark(run: LocalRun, new_trainer: Callable[[LocalRun], LoraTrainer]) -> LoraTrainer:
+    """The run's trainer, reloaded from where `park` put it (adapter, optimizer and step) into a fresh one
+    from `new_trainer` (`LocalLoopsState.new_trainer`)."""
     path: Path = run.directory / PARKED
-    trainer = state.new_trainer(run)
+    trainer = new_trainer(run)
     trainer.load_state(path, with_optimizer=True, restore_rng=False)
     run.trainer, run.parked_step = trainer, None
     log.info("run %s is back from %s at step %d", run.id, path, trainer.step)
@@ -51,10 +53,11 @@ def unpark(state: LocalLoopsState, run: LocalRun) -> LoraTrainer:
 
 
 class IdleRunReaper:
-    """A daemon thread that parks every run idle for longer than `idle_seconds`."""
+    """A daemon thread that parks every run idle for longer than `idle_seconds`; `runs` gives the server's
+    runs afresh at each sweep."""
 
-    def __init__(self, state: LocalLoopsState, idle_seconds: float) -> None:
-        self.state = state
+    def __init__(self, runs: Callable[[], Iterable[LocalRun]], idle_seconds: float) -> None:
+        self.runs = runs
         self.idle_seconds = idle_seconds
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="loops-idle-runs", daemon=True)
@@ -63,7 +66,7 @@ class IdleRunReaper:
     def sweep(self) -> list[str]:
         """Park the runs idle for too long now; returns their ids."""
         moved = []
-        for run in list(self.state.runs.values()):
+        for run in list(self.runs()):
             idle = run.ops.idle_for()
             if not run.active or run.trainer is None or idle is None or idle < self.idle_seconds:
                 continue

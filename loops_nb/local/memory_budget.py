@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loops_nb.local.lora_targets import DEFAULT_TARGETS
+
 MIB = 1024 * 1024
 MIN_BUDGET = 128 * MIB
 RUNTIME_BYTES = 850 * MIB
@@ -194,7 +196,6 @@ def check_lines(compute: Any, model: Any, *, concurrent_sequences: int) -> tuple
         return [], []
     from loops_nb.errors import UserError
     from loops_nb.local.model_store import bf16_products, device_and_dtype, resolve_model
-    from loops_nb.local.trainer import DEFAULT_TARGETS
 
     try:
         _, dtype = device_and_dtype(compute.local.device, compute.local.dtype)

@@ -40,14 +40,12 @@ _TOKENIZER_FILES = (
 )
 
 
-def build_random_qwen2(name: str, out: Path, *, seed: int = 0) -> Path:
-    """Write the random Qwen2 `name` (a key of `QWEN2_SHAPES`) with SmolLM2's tokenizer into `out`."""
+def build_random_qwen2(name: str, out: Path, *, tokenizer_dir: Path, seed: int = 0) -> Path:
+    """Write the random Qwen2 `name` (a key of `QWEN2_SHAPES`) into `out`, with the tokenizer files of
+    `tokenizer_dir` (the model store passes the offline default's: SmolLM2's)."""
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    from loops_nb.local.model_store import DEFAULT_MODEL, resolve_model
-
-    tokenizer_dir = resolve_model(DEFAULT_MODEL).path
     config = Qwen2Config(
         vocab_size=151936,
         max_position_embeddings=32768,

@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from loops_nb.errors import UserError
+from loops_nb.local.model_ladder import build_random_qwen2
+from loops_nb.local.tiny_vlm import build_tiny_vlm
 
 if TYPE_CHECKING:
     import torch
@@ -97,13 +99,10 @@ class BuiltModel:
 
     def build(self, out: Path) -> None:
         if self.name == "tiny-random-vlm":
-            from loops_nb.local.tiny_vlm import build_tiny_vlm
-
             build_tiny_vlm(out)
         else:
-            from loops_nb.local.model_ladder import build_random_qwen2
-
-            build_random_qwen2(f"loops-nb/{self.name}", out)
+            tokenizer_dir = resolve_model(DEFAULT_MODEL).path
+            build_random_qwen2(f"loops-nb/{self.name}", out, tokenizer_dir=tokenizer_dir)
 
 
 BUILT_MODELS: dict[str, BuiltModel] = {

@@ -16,7 +16,6 @@ import shutil
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,7 +24,7 @@ from loops_nb.errors import UserError
 from loops_nb.local.bad_request import BadRequest, RunDeactivated
 from loops_nb.local.compute_lane import COMPUTE_LANE
 from loops_nb.local.idle_runs import PARKED, IdleRunReaper
-from loops_nb.local.operations import OperationQueue
+from loops_nb.local.local_run import LocalRun
 from loops_nb.local.run_records import RunLost, RunRecords
 
 if TYPE_CHECKING:
@@ -45,31 +44,6 @@ def checkpoint_name(name: str) -> str:
             f"checkpoint name {name!r}: use 1-128 letters, digits and . _ @ + - (it becomes a folder name)"
         )
     return name
-
-
-@dataclass
-class LocalRun:
-    id: str
-    base_model: str
-    lora_rank: int
-    directory: Path
-    seed: int | None = None
-    name: str | None = None
-    max_seq_len: int | None = None
-    """The longest datum the run's trainer accepts (the SDK sends it at creation); None: the model's."""
-    created_at: datetime = field(default_factory=lambda: datetime.now(UTC))
-    trainer: LoraTrainer | None = None
-    ops: OperationQueue = field(init=False)
-    active: bool = True
-    published_version: int = 0
-    """The policy version the run's paired sampler serves (0: the base model)."""
-    published_names: list[str] = field(default_factory=list)
-    """Sampler weights published with bump_version, oldest first (the retention window)."""
-    parked_step: int | None = None
-    """Set while an idle run's trainer is on disk (see idle_runs): the step it was at."""
-
-    def __post_init__(self) -> None:
-        self.ops = OperationQueue(self.id)
 
 
 class LocalLoopsState:
@@ -108,7 +82,9 @@ class LocalLoopsState:
         state_dir.mkdir(parents=True, exist_ok=True)
         self.records = RunRecords(state_dir, instance=uuid.uuid4().hex)
         """Runs and samplers an earlier process on this state directory created (see run_records)."""
-        self.reaper = IdleRunReaper(self, idle_run_seconds) if idle_run_seconds else None
+        self.reaper = (
+            IdleRunReaper(lambda: self.runs.values(), idle_run_seconds) if idle_run_seconds else None
+        )
         """Moves idle runs' trainers to disk (`loops serve`); None: runs stay in memory until deactivated."""
 
     # -- models -------------------------------------------------------------------------------

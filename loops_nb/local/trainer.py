@@ -50,6 +50,7 @@ from transformers.pytorch_utils import Conv1D
 from loops_nb.local import lm_head
 from loops_nb.local.activation_memory import ActivationCost, checkpointed
 from loops_nb.local.bad_request import BadRequest
+from loops_nb.local.lora_targets import choose_targets
 from loops_nb.local.losses import LOSSES, collate, micro_batches, needed_positions, target_logprobs
 from loops_nb.local.memory_budget import resolve_budget, weight_bytes
 from loops_nb.local.model_store import auto_dtype
@@ -65,7 +66,6 @@ from loops_nb.local.wire import (
 )
 
 LORA_ALPHA = 32
-DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 ADAM_DEFAULTS = {
     "learning_rate": 1e-4,
     "beta1": 0.9,
@@ -74,8 +74,6 @@ ADAM_DEFAULTS = {
     "weight_decay": 0.0,
     "grad_clip_norm": 1.0,
 }
-# Linear layers that must not get LoRA when falling back to "every linear layer": heads and MoE routers.
-_NOT_TARGETS = {"lm_head", "score", "classifier", "gate", "router", "shared_expert_gate"}
 # Families whose logits are exactly `lm_head(last_hidden_state)`, so the head can run on selected rows.
 _PLAIN_HEAD_TYPES = {"llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "smollm3", "phi3"}
 _STATE_FILE = "trainer_state.json"
@@ -536,20 +534,14 @@ class LoraTrainer:
 
 
 def discover_target_modules(model: torch.nn.Module) -> list[str]:
-    """LoRA targets: the usual attention + MLP projections when the model has them all, else every linear
-    layer except the output head and MoE routers (PEFT's "all-linear" minus routers)."""
+    """LoRA targets of a loaded model (see `lora_targets.choose_targets`)."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None  # type: ignore[operator]
     names = {  # GPT-2 style models use transformers' Conv1D, which PEFT's LoRA also handles
         n.rsplit(".", 1)[-1]
         for n, m in model.named_modules()
         if isinstance(m, torch.nn.Linear | Conv1D) and m is not head
     }
-    if set(DEFAULT_TARGETS) <= names:
-        return list(DEFAULT_TARGETS)
-    found = sorted(names - _NOT_TARGETS)
-    if not found:
-        raise ValueError(f"found no linear layers to put LoRA on in {type(model).__name__}")
-    return found
+    return choose_targets(names, type(model).__name__)
 
 
 @contextlib.contextmanager

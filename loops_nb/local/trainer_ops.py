@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from loops_nb.local.bad_request import BadRequest
 from loops_nb.local.idle_runs import unpark
-from loops_nb.local.state import LocalLoopsState, LocalRun, checkpoint_name
+from loops_nb.local.local_run import LocalRun
+from loops_nb.local.state import LocalLoopsState, checkpoint_name
 from loops_nb.local.wire import parse_datums, resolve_loss_config
 
 if TYPE_CHECKING:
@@ -23,7 +24,7 @@ OpFn = Callable[[], dict[str, Any]]
 
 def _trainer(state: LocalLoopsState, run: LocalRun) -> LoraTrainer:
     if run.trainer is None and run.parked_step is not None:
-        return unpark(state, run)
+        return unpark(run, state.new_trainer)
     if run.trainer is None:
         raise BadRequest(f"run {run.id}: the trainer is not initialised (init_trainer_server first)")
     return run.trainer

@@ -14,10 +14,11 @@ import pytest
 import torch
 
 from loops_nb.local import model_store
+from loops_nb.local.lora_targets import DEFAULT_TARGETS
 from loops_nb.local.memory_budget import estimate_peak
 from loops_nb.local.mixed_precision import Bf16ProductLinear, use_bf16_products
 from loops_nb.local.shared_base import BASE_MODELS
-from loops_nb.local.trainer import DEFAULT_TARGETS, LoraTrainer
+from loops_nb.local.trainer import LoraTrainer
 from loops_nb.local.vision import load_model
 
 
