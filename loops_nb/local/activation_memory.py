@@ -6,7 +6,8 @@ token's share of the weights). `ActivationCost.measure` counts exactly those byt
 is (LoRA wrappers included), by running one short forward under `saved_tensors_hooks` and adding up every
 saved tensor that is not a weight. The trainer sizes its micro-batches from it.
 
-When a single sequence would not fit the budget even alone, `checkpointed(layers)` makes each decoder layer
+`plan_micro_batches` packs a request's datums into micro-batches whose activations fit the budget. When a
+single sequence would not fit the budget even alone, `checkpointed(layers)` makes each decoder layer
 recompute its forward during the backward (`torch.utils.checkpoint`, non-reentrant), so autograd keeps only
 each layer's input plus one layer's intermediates at a time. That costs about one more forward, so it is
 used only where the budget demands it, never by default.
@@ -18,9 +19,12 @@ import contextlib
 import functools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.utils.checkpoint import checkpoint
+
+from loops_nb.local.losses import micro_batches
 
 PROBE_TOKENS = 64
 
@@ -77,6 +81,55 @@ class ActivationCost:
         full = max(1, sum(seen.values()) // PROBE_TOKENS)
         per_layer = full // max(1, layers)
         return cls(full=full, checkpointed=layers * hidden * element_bytes + per_layer)
+
+    @classmethod
+    def of_decoder(cls, lm: Any, device: torch.device) -> ActivationCost:
+        """`measure` on a causal LM's decoder stack (its head's cost is bounded apart, see `lm_head`)."""
+        text = getattr(lm.config, "text_config", None) or lm.config
+        decoder = lm.get_decoder()
+        # Saved-tensor hooks are thread-local, so other trainers' work at the same time is not counted.
+        return cls.measure(
+            lambda ids: decoder(input_ids=ids, use_cache=False).last_hidden_state,
+            lm,
+            layers=int(text.num_hidden_layers),
+            hidden=int(text.hidden_size),
+            element_bytes=lm.dtype.itemsize,
+            device=device,
+        )
+
+
+def plan_micro_batches(
+    lengths: Sequence[int],
+    cost: ActivationCost,
+    *,
+    budget_bytes: int,
+    max_tokens: int,
+    group: int,
+    backward: bool,
+) -> list[tuple[list[int], bool]]:
+    """Micro-batches (datum indices, whether to recompute layers) whose activations fit `budget_bytes`;
+    `group` consecutive datums stay together (dpo pairs).
+
+    Datums short enough to fit the budget with every layer's intermediates kept are packed without
+    recomputation; longer ones are packed at the recomputed cost. A forward without backward keeps
+    no intermediates, so it packs at the recomputed cost too (one layer's transients at a time).
+    """
+    plain = min(max_tokens, cost.tokens(budget_bytes, recompute=False))
+    lean = min(max_tokens, cost.tokens(budget_bytes, recompute=True))
+    if not backward:
+        return [(rows, False) for rows in micro_batches(lengths, lean, group)]
+    count = len(lengths)
+    units = [list(range(i, min(i + group, count))) for i in range(0, count, group)]
+    long = {i for u in units if max(lengths[i] for i in u) > plain for i in u}
+    batches = []
+    for recompute, members in (
+        (False, [i for i in range(count) if i not in long]),
+        (True, sorted(long)),
+    ):
+        if members:
+            for rows in micro_batches([lengths[i] for i in members], lean if recompute else plain, group):
+                batches.append(([members[j] for j in rows], recompute))
+    return batches
 
 
 @contextlib.contextmanager

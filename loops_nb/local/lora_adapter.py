@@ -1,0 +1,64 @@
+"""The PEFT LoRA adapter a trainer puts on its base model: which layers, how a fresh one starts, and its
+weights and config as the sampler and `adapter_config.json` take them.
+
+LoRA uses alpha = 32 whatever the rank (scale 32/r), as in Thinking Machines' "LoRA Without Regret" that
+Tinker follows: the best learning rate then barely moves with the rank. Dropout is 0, so a training-time
+forward equals the sampler's.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from typing import Any
+
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from peft.utils import get_peft_model_state_dict
+from transformers.pytorch_utils import Conv1D
+
+from loops_nb.local.lora_targets import choose_targets
+
+LORA_ALPHA = 32
+
+
+def discover_target_modules(model: torch.nn.Module) -> list[str]:
+    """LoRA targets of a loaded model (see `lora_targets.choose_targets`)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None  # type: ignore[operator]
+    names = {  # GPT-2 style models use transformers' Conv1D, which PEFT's LoRA also handles
+        n.rsplit(".", 1)[-1]
+        for n, m in model.named_modules()
+        if isinstance(m, torch.nn.Linear | Conv1D) and m is not head
+    }
+    return choose_targets(names, type(model).__name__)
+
+
+def new_lora(base: Any, *, rank: int, alpha: int, targets: list[str], seed: int) -> PeftModel:
+    """`base` wrapped with a fresh LoRA (B = 0, so it computes as the base), in eval mode."""
+    config = LoraConfig(
+        r=rank,
+        lora_alpha=alpha,
+        lora_dropout=0.0,
+        target_modules=targets,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    # Seed without touching the caller's RNG. peft 0.21 still calls transformers' deprecated
+    # `is_gradient_checkpointing`; the warning is not the user's to act on.
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
+        torch.manual_seed(seed)
+        model: PeftModel = get_peft_model(base, config)  # type: ignore[assignment]
+    model.eval()
+    return model
+
+
+def adapter_state_dict(model: PeftModel) -> dict[str, torch.Tensor]:
+    """CPU copies of the LoRA weights, keyed as PEFT saves them (no adapter name)."""
+    return {k: v.detach().cpu().clone() for k, v in get_peft_model_state_dict(model).items()}
+
+
+def lora_config_dict(model: PeftModel) -> dict[str, Any]:
+    """The adapter's `LoraConfig` as JSON-able values (what `adapter_config.json` holds)."""
+    cfg = model.peft_config["default"].to_dict()
+    return json.loads(json.dumps(cfg, default=lambda v: sorted(v) if isinstance(v, set) else str(v)))

@@ -1,0 +1,148 @@
+"""One micro-batch of a trainer request: a padded forward, the loss, and its backward when training.
+
+A request's datums are packed into micro-batches that fit the memory budget (`activation_memory`); each
+runs here on its own. Text rows are right-padded and run without an attention mask (causal attention never
+lets a real token see the padding after it), which keeps attention on the memory-lean fused kernel. The
+target logprobs are read at the positions the loss needs only, in one of three ways:
+
+* a plain LM head (logits are exactly `lm_head(last_hidden_state)`): the decoder runs alone and the head
+  runs over the selected positions in chunks (`lm_head`), so full-vocabulary logits never exist for a
+  whole batch;
+* a head that is more than a linear layer (soft-capping, scaling): the whole model's logits, then the
+  selected positions;
+* image chunks: the whole model on image features placed at their positions (`vision`), with an attention
+  mask when the rows differ in length.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from loops_nb.local import lm_head
+from loops_nb.local.losses import LOSSES, LossBatch, collate, needed_positions, target_logprobs
+from loops_nb.local.vision import VisionInputs
+from loops_nb.local.wire import ParsedDatum, tensor_data
+
+PLAIN_HEAD_TYPES = {"llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "smollm3", "phi3"}
+"""Families whose logits are exactly `lm_head(last_hidden_state)`, so the head can run on selected rows."""
+
+TopK = tuple[torch.Tensor, torch.Tensor]
+"""(logprobs, token ids) of the top-k tokens at each selected position."""
+
+
+def has_plain_head(config: Any) -> bool:
+    """Whether the head of a model with this config can run on selected positions alone."""
+    scaled = any(
+        getattr(config, a, None) for a in ("final_logit_softcapping", "logit_scale", "logits_scaling")
+    )
+    return config.model_type in PLAIN_HEAD_TYPES and not scaled
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """What one micro-batch computes: its rows (datums of one request) and the request's loss."""
+
+    rows: list[ParsedDatum]
+    loss_fn: str
+    loss_config: Mapping[str, Any]
+    top_k: int
+    backward: bool
+
+
+@dataclass(frozen=True)
+class MicroBatchResult:
+    loss: torch.Tensor
+    """The loss summed over the micro-batch (detached)."""
+    count: int
+    """What the loss is normalised by, later, over the whole optimizer step: active tokens (dpo: pairs)."""
+    outputs: list[dict[str, Any]]
+    """Each row's `loss_fn_outputs` entry (logprobs, and the top-k when asked), in row order."""
+
+
+@dataclass(frozen=True)
+class LogprobModel:
+    """The adapted model as a micro-batch runs it: target logprobs at selected positions."""
+
+    lm: Any
+    """The PEFT model's base model (the LoRA layers are in it)."""
+    device: torch.device
+    dtype: torch.dtype
+    """Of logprobs and losses: float64 for a float64 model, else float32."""
+    plain_head: bool
+    head_chunk: int
+    """Positions per chunk of a plain head (`lm_head.head_chunk`)."""
+    vision: VisionInputs | None
+
+    def target_logprobs(
+        self, batch: LossBatch, pos: tuple[torch.Tensor, ...], rows: list[ParsedDatum], top_k: int
+    ) -> tuple[torch.Tensor, TopK | None]:
+        """Logprobs of `batch`'s targets at `pos`, and their top-k when asked."""
+        assert batch.tokens is not None and batch.target_tokens is not None and batch.real is not None
+        tokens, targets = batch.tokens, batch.target_tokens[pos]
+        chunks = [chunk for d in rows for _, chunk in d.images]
+        if chunks and self.vision is not None:
+            lengths = [d.length for d in rows]
+            mask = None if min(lengths) == max(lengths) else batch.real.long()
+            pixels = self.vision.pixels(chunks, "model_input image")
+            extra = self.vision.inputs(tokens, mask, pixels)
+            extra.pop("rope_deltas", None)
+            logits = self._logits(mask, pos, extra).to(self.dtype)
+            return target_logprobs(logits, targets, top_k)
+        if self.plain_head:
+            hidden = self.lm.get_decoder()(input_ids=tokens, use_cache=False).last_hidden_state
+            head = self.lm.get_output_embeddings()
+            return lm_head.target_logprobs(
+                hidden[pos], head, targets, chunk=self.head_chunk, dtype=self.dtype, top_k=top_k
+            )
+        logits = self._logits(None, pos, {"input_ids": tokens}).to(self.dtype)
+        return target_logprobs(logits, targets, top_k)
+
+    def _logits(
+        self, mask: torch.Tensor | None, pos: tuple[torch.Tensor, ...], inputs: Mapping[str, Any]
+    ) -> torch.Tensor:
+        """Full-model logits [M, V] at the selected positions (`inputs`: ids, or embeddings and positions)."""
+        return self.lm(attention_mask=mask, use_cache=False, **inputs).logits[pos]
+
+
+def run_micro_batch(model: LogprobModel, job: MicroBatch) -> MicroBatchResult:
+    """One padded forward (+ backward, which accumulates into the parameters' `.grad`) over `job.rows`."""
+    rows = job.rows
+    batch = collate(rows, model.device, model.dtype)
+    assert batch.real is not None
+    need = (
+        batch.real
+        if job.top_k
+        else needed_positions(job.loss_fn, job.loss_config, batch.valid, batch.weights, batch.advantages)
+    )
+    pos = need.nonzero(as_tuple=True)
+    top: TopK | None = None
+    if pos[0].numel():  # else nothing to compute (e.g. all advantages 0): skip the model entirely
+        picked, top = model.target_logprobs(batch, pos, rows, job.top_k)
+        batch.lp = batch.lp.index_put(pos, picked)
+    out = LOSSES[job.loss_fn](batch, job.loss_config)
+    if not bool(torch.isfinite(out.loss)):
+        raise FloatingPointError(
+            f"{job.loss_fn} loss is not finite ({float(out.loss.detach())}); check the inputs"
+        )
+    if job.backward and out.loss.requires_grad:
+        out.loss.backward()
+    return MicroBatchResult(out.loss.detach(), out.count, _row_outputs(out.logprobs, top, rows))
+
+
+def _row_outputs(logprobs: torch.Tensor, top: TopK | None, rows: list[ParsedDatum]) -> list[dict[str, Any]]:
+    lengths = [d.length for d in rows]
+    lp_cpu = logprobs.float().cpu()
+    top_cpu = (top[0].float().cpu(), top[1].cpu()) if top is not None else None
+    outputs = []
+    for j, n in enumerate(lengths):
+        entry = {"logprobs": tensor_data(lp_cpu[j, :n])}
+        if top_cpu is not None:  # every real position was selected, so row j's are a contiguous run
+            start = sum(lengths[:j])
+            entry["top_k_token_ids"] = tensor_data(top_cpu[1][start : start + n])
+            entry["top_k_logprobs"] = tensor_data(top_cpu[0][start : start + n])
+        outputs.append(entry)
+    return outputs
