@@ -1,8 +1,9 @@
-"""Test-wide settings: no Hugging Face hub at run time, and one model cache per machine."""
+"""Test-wide settings: no Hugging Face hub at run time, one model cache per machine, and the `bwrap` marker."""
 
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,21 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TQDM_DISABLE", "1")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "bwrap: runs a local bubblewrap sandbox; skipped where bwrap is not installed"
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Marked, not skipped with a skipif of their own: one condition and one reason, listed by `-rs`.
+    if shutil.which("bwrap") is None:
+        no_bwrap = pytest.mark.skip(reason="bubblewrap is not installed (.ci/run installs it)")
+        for item in items:
+            if item.get_closest_marker("bwrap"):
+                item.add_marker(no_bwrap)
 
 
 def shared_cache_dir() -> Path:

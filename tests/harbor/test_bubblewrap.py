@@ -15,9 +15,7 @@ import pytest_asyncio
 
 from loops_nb.providers.bubblewrap import BubblewrapSandbox
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("bwrap") is None, reason="bubblewrap is not installed (.ci/run installs it)"
-)
+pytestmark = pytest.mark.bwrap
 
 
 @pytest_asyncio.fixture(loop_scope="function")  # stop() runs on the loop that started the sandbox

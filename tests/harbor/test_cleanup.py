@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import signal
 import subprocess
 import time
@@ -49,7 +48,7 @@ def all_thinking(state: Path) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+@pytest.mark.bwrap
 def test_cleanup_releases_the_sandboxes_of_a_killed_run(
     tmp_path: Path, tiny_chat_model_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

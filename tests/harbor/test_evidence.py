@@ -6,9 +6,6 @@ from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
 import pytest
-
-pytest.importorskip("harbor")
-
 from harbor.models.trial.result import ExceptionInfo
 
 from loops_nb.harbor.evidence import evidence_from_trial

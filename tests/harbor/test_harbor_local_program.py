@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 from helpers import read_jsonl
 
-pytest.importorskip("harbor")
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+import loops_nb
 
-import loops_nb  # noqa: E402
+pytestmark = pytest.mark.bwrap
 
 REPO = Path(__file__).resolve().parents[2]
 PATTERN = REPO / "patterns" / "harbor" / "local_openai" / "train_local.toml"

@@ -11,10 +11,9 @@ import pytest
 from helpers import read_jsonl
 from rl_config import rl_config_toml, tiny_run_toml
 
-pytest.importorskip("harbor")
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+import loops_nb
 
-import loops_nb  # noqa: E402
+pytestmark = pytest.mark.bwrap
 
 REPO = Path(__file__).resolve().parents[2]
 HIDDEN_GAME = REPO / "patterns" / "harbor" / "tasks" / "hidden_game"

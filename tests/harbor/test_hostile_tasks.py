@@ -7,9 +7,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-
-pytest.importorskip("harbor")
-
 from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig
 from harbor.trial.trial import Trial
 
@@ -57,7 +54,7 @@ async def test_missing_task_files_are_named(tmp_path: Path) -> None:
         await tasks_of(tmp_path / "tasks")
 
 
-@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+@pytest.mark.bwrap
 async def test_a_dockerfile_copy_out_of_environment_is_refused(tmp_path: Path) -> None:
     task = task_copy(tmp_path)
     (tmp_path / "host_secret").write_text("secret")

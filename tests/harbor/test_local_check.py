@@ -12,14 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig
+from harbor.trial.trial import Trial
 from helpers import run_cli_in_process
 from rl_config import tiny_run_toml
 
-pytest.importorskip("harbor")
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
-
-from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig  # noqa: E402
-from harbor.trial.trial import Trial  # noqa: E402
+pytestmark = pytest.mark.bwrap
 
 REPO = Path(__file__).resolve().parents[2]
 HIDDEN_GAME = REPO / "patterns" / "harbor" / "tasks" / "hidden_game"

@@ -6,15 +6,13 @@ import shutil
 from pathlib import Path
 
 import pytest
+from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig
+from harbor.trial.trial import Trial
 from helpers import read_jsonl
 
-pytest.importorskip("harbor")
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+from loops_nb.providers.local import read_dockerfile
 
-from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig  # noqa: E402
-from harbor.trial.trial import Trial  # noqa: E402
-
-from loops_nb.providers.local import read_dockerfile  # noqa: E402
+pytestmark = pytest.mark.bwrap
 
 REPO = Path(__file__).resolve().parents[2]
 HIDDEN_GAME = REPO / "patterns" / "harbor" / "tasks" / "hidden_game"

@@ -11,15 +11,13 @@ import shutil
 from pathlib import Path
 
 import pytest
+from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig
+from harbor.trial.trial import Trial
 
-pytest.importorskip("harbor")
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+from loops_nb.harbor.evidence import evidence_from_trial
+from loops_nb.providers.local_verifier import PROBLEMS_FILE
 
-from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig  # noqa: E402
-from harbor.trial.trial import Trial  # noqa: E402
-
-from loops_nb.harbor.evidence import evidence_from_trial  # noqa: E402
-from loops_nb.providers.local_verifier import PROBLEMS_FILE  # noqa: E402
+pytestmark = pytest.mark.bwrap
 
 PUBLIC_STYLE = Path(__file__).resolve().parent / "tasks" / "public_style"
 

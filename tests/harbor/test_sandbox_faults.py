@@ -17,23 +17,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig
+from harbor.trial.trial import Trial
 from helpers import read_jsonl
+from test_harbor_runtime import HIDDEN_GAME, harbor_config_toml, journal, rollouts
+from test_local_environment import run_trial
 
-pytest.importorskip("harbor")
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+import loops_nb
+from loops_nb.harbor import LoopsAgent
+from loops_nb.harbor.evidence import evidence_from_trial
+from loops_nb.providers.adapters import LocalProvider
+from loops_nb.providers.bubblewrap import BubblewrapSandbox, remove_tree
+from loops_nb.providers.config import LocalProviderConfig
+from loops_nb.resources import ResourceJournal
 
-from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig  # noqa: E402
-from harbor.trial.trial import Trial  # noqa: E402
-from test_harbor_runtime import HIDDEN_GAME, harbor_config_toml, journal, rollouts  # noqa: E402
-from test_local_environment import run_trial  # noqa: E402
-
-import loops_nb  # noqa: E402
-from loops_nb.harbor import LoopsAgent  # noqa: E402
-from loops_nb.harbor.evidence import evidence_from_trial  # noqa: E402
-from loops_nb.providers.adapters import LocalProvider  # noqa: E402
-from loops_nb.providers.bubblewrap import BubblewrapSandbox, remove_tree  # noqa: E402
-from loops_nb.providers.config import LocalProviderConfig  # noqa: E402
-from loops_nb.resources import ResourceJournal  # noqa: E402
+pytestmark = pytest.mark.bwrap
 
 TOKEN = "loops-fault-victim"  # in the command line of every process of the command the fault hits
 

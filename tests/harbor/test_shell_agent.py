@@ -11,17 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
-
-pytest.importorskip("harbor")
-if shutil.which("bwrap") is None:
-    pytest.skip("the local sandbox needs bubblewrap", allow_module_level=True)
-
 from harbor.environments.base import ExecResult
 from harbor.models.agent.context import AgentContext
 from harbor.models.task.config import EnvironmentConfig
@@ -39,6 +33,8 @@ from loops_nb.llm.capture import TokenCapture
 from loops_nb.llm.client import LoopsLLM, Reply, SamplingDefaults
 from loops_nb.llm.renderer import ChatRenderer
 from loops_nb.providers.local import LocalSandboxEnvironment
+
+pytestmark = pytest.mark.bwrap
 
 
 def call(name: str, arguments: Any, i: int = 0) -> dict[str, Any]:

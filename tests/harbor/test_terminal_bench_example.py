@@ -11,8 +11,6 @@ from pathlib import Path
 import pytest
 from helpers import import_file
 
-pytest.importorskip("harbor")
-
 from loops_nb import cli
 
 REPO = Path(__file__).resolve().parents[2]

@@ -14,25 +14,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig
+from harbor.trial.trial import Trial
 from helpers import read_jsonl
+from scripted_policy import ScriptedPolicy
 
-pytest.importorskip("harbor")
-pytestmark = pytest.mark.skipif(
-    shutil.which("bwrap") is None or shutil.which("tmux") is None,
-    reason="needs bubblewrap and tmux (.ci/run installs both)",
-)
+import loops_nb
+from loops_nb.harbor.agent import forget_attempt, register_attempt
+from loops_nb.llm.capture import TokenCapture
+from loops_nb.llm.client import LoopsLLM, SamplingDefaults
+from loops_nb.llm.renderer import ChatRenderer
+from loops_nb.model_access import ModelGateway
+from loops_nb.runtime import Attempt, AttemptServices, Task
 
-from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig  # noqa: E402
-from harbor.trial.trial import Trial  # noqa: E402
-from scripted_policy import ScriptedPolicy  # noqa: E402
-
-import loops_nb  # noqa: E402
-from loops_nb.harbor.agent import forget_attempt, register_attempt  # noqa: E402
-from loops_nb.llm.capture import TokenCapture  # noqa: E402
-from loops_nb.llm.client import LoopsLLM, SamplingDefaults  # noqa: E402
-from loops_nb.llm.renderer import ChatRenderer  # noqa: E402
-from loops_nb.model_access import ModelGateway  # noqa: E402
-from loops_nb.runtime import Attempt, AttemptServices, Task  # noqa: E402
+pytestmark = [
+    pytest.mark.bwrap,
+    pytest.mark.skipif(shutil.which("tmux") is None, reason="Terminus-2 needs tmux (.ci/run installs it)"),
+]
 
 REPO = Path(__file__).resolve().parents[2]
 HIDDEN_GAME = REPO / "patterns" / "harbor" / "tasks" / "hidden_game"

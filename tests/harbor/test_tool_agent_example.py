@@ -9,22 +9,20 @@ test trains `train_local.toml` (SmolLM2 on the embedded local Loops) for one ste
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 from helpers import read_jsonl
 
-pytest.importorskip("harbor")
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+import loops_nb
+from loops_nb.harbor.runtime import HarborRuntime
+from loops_nb.llm.capture import ModelCall, TokenCapture
+from loops_nb.llm.client import Reply
+from loops_nb.providers.config import LocalProviderConfig
+from loops_nb.runtime import Attempt, AttemptServices, RunContext
 
-import loops_nb  # noqa: E402
-from loops_nb.harbor.runtime import HarborRuntime  # noqa: E402
-from loops_nb.llm.capture import ModelCall, TokenCapture  # noqa: E402
-from loops_nb.llm.client import Reply  # noqa: E402
-from loops_nb.providers.config import LocalProviderConfig  # noqa: E402
-from loops_nb.runtime import Attempt, AttemptServices, RunContext  # noqa: E402
+pytestmark = pytest.mark.bwrap
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "tool_agent"

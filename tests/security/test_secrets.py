@@ -3,7 +3,6 @@ programs, and `loops check` never prints them."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -50,7 +49,7 @@ def files_containing(root: Path, needles: list[str]) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+@pytest.mark.bwrap
 def test_a_run_never_writes_or_passes_on_its_credentials(tmp_path: Path, tiny_chat_model_path: Path) -> None:
     pytest.importorskip("harbor")
     (tmp_path / "program.py").write_text(PROGRAM)
