@@ -1,4 +1,5 @@
-"""Test-wide settings: no Hugging Face hub at run time, one model cache per machine, and the `bwrap` marker."""
+"""Test-wide settings: no Hugging Face hub at run time, one model cache per machine, seeded fuzz tests, and the
+`bwrap` marker."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -14,6 +16,14 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TQDM_DISABLE", "1")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+# Every fuzz test draws the same examples on every run and machine (seeded from the test itself), so a
+# failure in CI is the failure on a laptop. HYPOTHESIS_PROFILE=explore draws new ones to hunt for bugs.
+# No deadline: examples that start servers or load a model take what the machine gives them. Loaded
+# here because a settings(...) in a test module inherits the profile current when the module is imported.
+settings.register_profile("suite", derandomize=True, deadline=None)
+settings.register_profile("explore", deadline=None, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "suite"))
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -47,7 +47,7 @@ VALUES = st.recursive(
     max_leaves=12,
 )
 CONFIGS = st.dictionaries(st.sampled_from(SECTIONS) | st.text(max_size=8), VALUES, max_size=6)
-FUZZ = settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+FUZZ = settings(max_examples=150, suppress_health_check=list(HealthCheck))
 
 
 @FUZZ

@@ -109,7 +109,7 @@ def test_random_bodies_never_crash_or_hang_the_server(live) -> None:
         base_url=server.url, headers={"Authorization": f"Api-Key {server.api_key}"}, timeout=30
     )
 
-    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=150, suppress_health_check=list(HealthCheck))
     @given(path=st.sampled_from(targets), body=BODIES, raw=st.booleans(), junk=st.binary(max_size=64))
     def one(path: str, body: object, raw: bool, junk: bytes) -> None:
         if raw:

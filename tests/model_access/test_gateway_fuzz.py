@@ -62,7 +62,7 @@ async def test_random_requests_get_a_4xx_naming_the_problem_never_a_500(
     client = httpx.Client(base_url=gateway.url, headers={"Authorization": f"Bearer {lease.key}"}, timeout=60)
     served = 0
 
-    @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=120, suppress_health_check=list(HealthCheck))
     @given(body=BODY)
     @example(body={"messages": [{"role": []}]})  # once a 500: an unhashable role
     @example(
@@ -148,7 +148,7 @@ async def test_random_responses_requests_get_a_4xx_naming_the_problem_never_a_50
     lease = gateway.issue("fuzz/g0/a1", llm)
     client = httpx.Client(base_url=gateway.url, headers={"Authorization": f"Bearer {lease.key}"}, timeout=60)
 
-    @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=120, suppress_health_check=list(HealthCheck))
     @given(body=RESPONSES_BODY)
     @example(body={"input": [{"type": "function_call", "name": "f", "call_id": "c"}]})
     def one(body: dict) -> None:

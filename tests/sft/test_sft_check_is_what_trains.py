@@ -104,7 +104,7 @@ def _config(train: Path, **training: Any) -> SFTConfig:
 
 
 @given(rows=st.lists(st.one_of(_tokenized(), _chat()), min_size=1, max_size=14), epochs=st.integers(1, 2))
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_checks_counts_are_what_the_trainer_receives(rows: list[dict], epochs: int, smollm2: Any) -> None:
     with tempfile.TemporaryDirectory() as folder:
         path = write_jsonl(Path(folder) / "train.jsonl", rows)

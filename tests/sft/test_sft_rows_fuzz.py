@@ -201,7 +201,7 @@ FILES = st.lists(
     max_size=14,
 ).flatmap(lambda lines: st.tuples(st.just(lines), st.booleans()))
 
-FUZZ = settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+FUZZ = settings(max_examples=60, suppress_health_check=list(HealthCheck))
 MAX_REASON = 500
 
 

@@ -63,7 +63,7 @@ def test_warmup_longer_than_the_run_only_warms_up():
     st.integers(16, 400),
     st.randoms(use_true_random=False),
 )
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 def test_pack_never_exceeds_the_budget_and_keeps_the_order(sizes, budget, rng):
     order = list(range(len(sizes)))
     rng.shuffle(order)
