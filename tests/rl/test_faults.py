@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+# Imported now, not by the first attempt's model call (LoopsLLM imports it then): on a loaded machine that
+# import holds the event loop for seconds, past the short attempt timeouts some tests here set.
+import baseten.loops  # noqa: F401
 import pytest
 from helpers import Done, read_jsonl
 
@@ -261,13 +266,34 @@ async def test_a_failed_final_checkpoint_is_a_run_failure_with_the_resume_comman
     assert [s["step"] for s in read_jsonl(tmp_path / "run" / "steps.jsonl")] == [0, 1]
 
 
-class Troubled(Episode):
-    """In step 0, attempt 0 blocks the event loop for 15 s, attempt 1 returns a string reward and attempt 2
-    returns 1e308. Every other attempt does its slow part in a thread, as it should, and is graded."""
+ATTEMPT_TIMEOUT = 3.0
+"""The attempts' timeout in the loop-blocking test: above the watchdog's BLOCK_SECONDS (2 s), so the block
+is recorded before it outlasts the timeout, and far above what a well-behaved attempt here needs."""
+
+
+class BlockReported(logging.Handler):
+    """Set from the watchdog's thread when it reports a task blocking the event loop."""
 
     def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.seen = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "is blocking the event loop" in record.getMessage():
+            self.seen.set()
+
+
+class Troubled(Episode):
+    """In step 0, attempt 0 blocks the event loop past the attempts' timeout, attempt 1 returns a string
+    reward and attempt 2 returns 1e308. Every other attempt does its slow part in a thread, as it should,
+    and is graded."""
+
+    def __init__(self, reported: threading.Event) -> None:
         super().__init__()
         self.calls = 0
+        self.reported = reported
+        self.others_parked = asyncio.Event()
+        self.released = threading.Event()
 
     def tasks(self) -> list[Task]:
         return [Task("hidden", {"answer": "monopoly"})]
@@ -275,23 +301,47 @@ class Troubled(Episode):
     async def run(self, task: Task) -> Any:
         n, self.calls = self.calls, self.calls + 1
         if n == 0:
-            await asyncio.sleep(0.05)  # the others are in flight when it blocks
+            await self.others_parked.wait()  # the other attempts of step 0 are in flight when it blocks
         else:
-            await run_blocking(time.sleep, 0.5)
+            if n == 3:  # the last of step 0: attempts 1 and 2 are already parked
+                self.others_parked.set()
+            # Parked in a thread until the block is over: in flight throughout it, their timers falling due.
+            await run_blocking(self.released.wait, 60)
         reply = await llm().chat([{"role": "user", "content": "Name a board game."}])
         if n == 0:
-            time.sleep(15)
+            try:
+                self.hold_the_loop()
+            finally:
+                self.released.set()
         return {1: "0.5", 2: Evidence(reward=1e308)}.get(
             n, 1.0 if "monopoly" in reply.content.lower() else 0.0
         )
 
+    def hold_the_loop(self) -> None:
+        """Blocking code in the loop's thread, held until the watchdog has reported it and it has outlasted
+        every in-flight attempt's timeout (they started before it): then it must be discarded as
+        `blocked_loop` and the others must be excused. Bounded, should the report never come."""
+        held_since = time.monotonic()
+        while time.monotonic() - held_since < 60:
+            if self.reported.is_set() and time.monotonic() - held_since > ATTEMPT_TIMEOUT:
+                return
+            time.sleep(0.01)
+
 
 async def test_bad_attempts_are_discarded_and_the_run_finishes_with_the_others(tmp_path: Path) -> None:
-    """A string reward, a reward of 1e308 and 15 s of blocking the loop: each discards its own attempt,
-    with its reason; the attempts in flight meanwhile are not timed out (their timeout is 10 s)."""
-    run = make_run(tmp_path, ScriptedTrainer(ScriptedSampler()), max_steps=2, attempt_timeout_seconds=10)
-    run.runtime = EpisodeRuntime(Troubled())
-    outcome = await run.execute(0)
+    """A string reward, a reward of 1e308 and a block of the loop longer than the attempts' timeout: each
+    discards its own attempt, with its reason; the attempts in flight meanwhile are not timed out."""
+    run = make_run(
+        tmp_path, ScriptedTrainer(ScriptedSampler()), max_steps=2, attempt_timeout_seconds=ATTEMPT_TIMEOUT
+    )
+    reports = BlockReported()
+    watchdog_log = logging.getLogger("loops_nb.rl.loop_watchdog")
+    watchdog_log.addHandler(reports)
+    try:
+        run.runtime = EpisodeRuntime(Troubled(reports.seen))
+        outcome = await run.execute(0)
+    finally:
+        watchdog_log.removeHandler(reports)
     assert outcome.status == "completed" and outcome.steps == 2
     root = tmp_path / "run"
     assert [s["step"] for s in read_jsonl(root / "steps.jsonl")] == [0, 1]
@@ -302,7 +352,7 @@ async def test_bad_attempts_are_discarded_and_the_run_finishes_with_the_others(t
         "invalid_reward",
         "invalid_reward",
     ]
-    assert "time.sleep(15)" in discarded["blocked_loop"]
+    assert "in hold_the_loop: time.sleep(0.01)" in discarded["blocked_loop"], discarded["blocked_loop"]
     details = " | ".join(r["detail"] for r in records if r["discarded"] == "invalid_reward")
     assert "reward '0.5' is a str" in details and "reward 1e+308 is outside" in details
     kept = [r for r in records if not r["discarded"]]
