@@ -8,43 +8,47 @@ without awaiting receives them only after it finishes. This test sends the click
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 SETUP = """\
-import asyncio, time
+import asyncio, os, time
 from loops_nb.widgets import LiveRun
 stop = asyncio.Event()
 live = LiveRun(stop_event=stop)
 live.show()
 """
-AWAITING_RUN = """\
-live.on_start({"recipe": "rl", "max_steps": 100, "start_step": 0})
-for step in range(100):
+RUNNING = "the cell is running"
+"""What a cell prints once it is under way: the test clicks then, not after some time."""
+MAX_STEPS = 600
+"""Half a minute of steps: the click, not the end of the loop, is what stops the run."""
+AWAITING_RUN = f"""\
+live.on_start({{"recipe": "rl", "max_steps": {MAX_STEPS}, "start_step": 0}})
+for step in range({MAX_STEPS}):
     if stop.is_set():
         break
-    live.on_step({"step": step, "reward/mean": 0.5})
+    live.on_step({{"step": step, "reward/mean": 0.5}})
+    if step == 0:
+        print("{RUNNING}", flush=True)
     await asyncio.sleep(0.05)
-live.on_end({"status": "stopped" if stop.is_set() else "completed", "steps": live.step})
+live.on_end({{"status": "stopped" if stop.is_set() else "completed", "steps": live.step}})
 print("status", live.status, "step", live.step)
 """
 BLOCKING_RUN = """\
-seen = None
-for i in range(20):
-    if stop.is_set():
-        seen = i
+print("{running}", flush=True)
+for i in range(6000):  # until the test has sent the click (bounded: a minute)
+    if stop.is_set() or os.path.exists({clicked!r}):
         break
-    time.sleep(0.05)
-print("blocking cell saw the click:", seen is not None)
+    time.sleep(0.01)
+print("blocking cell saw the click:", stop.is_set())
 """
 
 
-def run_cell(kc: Any, code: str, *, click: Any = None, timeout: float = 30) -> list[dict]:
+def run_cell(kc: Any, code: str, *, once_running: Any = None, timeout: float = 60) -> list[dict]:
+    """Run `code` and return its iopub messages; `once_running()` is called when it prints RUNNING."""
     msg_id = kc.execute(code)
-    if click is not None:
-        time.sleep(0.5)
-        click()
     outputs = []
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -54,6 +58,9 @@ def run_cell(kc: Any, code: str, *, click: Any = None, timeout: float = 30) -> l
         if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
             return outputs
         outputs.append(msg)
+        if once_running is not None and msg["msg_type"] == "stream" and RUNNING in msg["content"]["text"]:
+            once_running()
+            once_running = None
     raise TimeoutError(code)
 
 
@@ -61,7 +68,7 @@ def stdout(outputs: list[dict]) -> str:
     return "".join(m["content"]["text"] for m in outputs if m["msg_type"] == "stream")
 
 
-def test_stop_button_click_during_await() -> None:
+def test_stop_button_click_during_await(tmp_path: Path) -> None:
     ipykernel = pytest.importorskip("ipykernel")
     if int(ipykernel.__version__.split(".")[0]) < 7:
         pytest.skip("ipykernel < 7 queues comm messages behind a running cell; use LiveRun.run_in_background")
@@ -81,9 +88,9 @@ def test_stop_button_click_during_await() -> None:
             content = {"comm_id": model_id, "data": {"method": "custom", "content": {"event": "click"}}}
             kc.shell_channel.send(kc.session.msg("comm_msg", content))
 
-        out = run_cell(kc, AWAITING_RUN, click=click)
-        status, step = stdout(out).split()[1], int(stdout(out).split()[3])
-        assert status == "stopped" and 0 < step < 100  # stopped ~0.5 s in, not after 5 s
+        out = run_cell(kc, AWAITING_RUN, once_running=click)
+        _, status, _, step = stdout(out).splitlines()[-1].split()
+        assert status == "stopped" and 0 < int(step) < MAX_STEPS  # stopped by the click, not at the last step
         retired = [
             m
             for m in out
@@ -99,7 +106,14 @@ def test_stop_button_click_during_await() -> None:
             "h = display(live.button, display_id=True); mid = live.button.model_id",
         )
         model_id = stdout(run_cell(kc, "print(mid)")).strip()
-        out = run_cell(kc, BLOCKING_RUN, click=click)
+        clicked = tmp_path / "clicked"
+
+        def click_while_blocked() -> None:
+            click()
+            clicked.touch()  # only now may the cell end: the click was sent while it blocked
+
+        blocking = BLOCKING_RUN.format(running=RUNNING, clicked=str(clicked))
+        out = run_cell(kc, blocking, once_running=click_while_blocked)
         assert "saw the click: False" in stdout(out)
         assert "True" in stdout(run_cell(kc, "print(stop.is_set())"))  # delivered once the cell finished
     finally:
