@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 
 import pytest
+from polling import until
 
 from loops_nb.llm.capture import ModelCall
 from loops_nb.rl.scheduler import RolloutScheduler
@@ -44,8 +45,16 @@ class FakeRuntime:
         pass
 
 
+def settled(s: RolloutScheduler, runtime: FakeRuntime, started: int):
+    """`started` attempts have started and every group the scheduler started has finished: sampling ahead
+    is waiting for a policy version, so a slot started too early would have shown by now."""
+    return lambda: len(runtime.started) >= started and not s._running
+
+
 def scheduler(runtime, clock, tasks=None, **kw):
-    defaults = dict(group_size=3, groups_per_step=2, max_concurrent=4, attempt_timeout=0.5, seed=7)
+    # A timeout no attempt here reaches unless it means to (the 'slow' task): none is timed out for the
+    # machine being slow.
+    defaults = dict(group_size=3, groups_per_step=2, max_concurrent=4, attempt_timeout=60, seed=7)
     defaults.update(kw)
     return RolloutScheduler(
         runtime,
@@ -76,7 +85,9 @@ def test_plans_are_reproducible_and_cover_every_task_each_epoch():
 
 async def test_failing_and_slow_attempts_are_discarded_with_their_reason():
     clock = Clock()
-    s = scheduler(FakeRuntime(clock), clock, tasks=[Task("raise"), Task("slow")], groups_per_step=2)
+    s = scheduler(
+        FakeRuntime(clock), clock, tasks=[Task("raise"), Task("slow")], groups_per_step=2, attempt_timeout=0.5
+    )
     groups = await s.collect_sync(0)
     reasons = {g.task.id: {a.evidence.discarded for a in g.attempts} for g in groups}
     assert reasons == {"raise": {"error"}, "slow": {"timeout"}}
@@ -93,16 +104,16 @@ async def test_async_pace_never_starts_a_step_further_ahead_than_max_staleness()
     s = scheduler(runtime, clock, mode="async", max_staleness=1, stale_policy="pace")
     s.start(0, 4)
     first = await s.next_groups(0)
-    await asyncio.sleep(0.05)
+    await until(settled(s, runtime, 2 * 2 * 3), "slots 0 and 1 have run")
     # Version 0: slots 0 and 1 may start, slot 2 (needs version >= 1) may not.
     assert {g.slot for g in first} == {0}
     assert len(runtime.started) == 2 * 2 * 3
     clock.version = 1
     s.policy_published()
     second = await s.next_groups(1)
-    await asyncio.sleep(0.05)
+    await until(settled(s, runtime, 3 * 2 * 3), "slot 2 has run")
     assert {g.slot for g in second} == {1}
-    assert len(runtime.started) == 3 * 2 * 3  # slot 2 started once version 1 was published
+    assert len(runtime.started) == 3 * 2 * 3  # slot 2 started once version 1 was published, slot 3 not
     assert all(clock.version - g.min_version <= 1 for g in first + second)
     await s.close()
 
@@ -116,12 +127,12 @@ async def test_async_pace_moves_on_after_a_step_that_trained_nothing():
     s.start(0, 4)
     await s.next_groups(0)
     s.step_finished()  # step 0 trained nothing: the version stays 0
-    second = await asyncio.wait_for(s.next_groups(1), 5)
-    await asyncio.sleep(0.05)
+    second = await asyncio.wait_for(s.next_groups(1), 60)
+    await until(settled(s, runtime, 3 * 2 * 3), "slot 2 has run")
     assert {g.slot for g in second} == {1}
     assert len(runtime.started) == 3 * 2 * 3  # slot 2 started without a new version
     s.step_finished()
-    third = await asyncio.wait_for(s.next_groups(2), 5)
+    third = await asyncio.wait_for(s.next_groups(2), 60)
     assert {g.slot for g in third} == {2} and clock.version == 0
     await s.close()
 
@@ -131,7 +142,8 @@ async def test_async_requeue_drops_groups_that_got_too_stale_and_reruns_their_ta
     runtime = FakeRuntime(clock, delay=0.01)
     s = scheduler(runtime, clock, mode="async", max_staleness=0, stale_policy="requeue")
     s.start(0, 3)
-    await asyncio.sleep(0.1)  # slot 0 and slot 1 (one step of look-ahead) finish at version 0
+    # Slot 0 and slot 1 (one step of look-ahead) finish at version 0.
+    await until(settled(s, runtime, 2 * 2 * 3), "slots 0 and 1 have run")
     clock.version = 1
     s.policy_published()
     groups = await s.next_groups(1)
@@ -142,12 +154,25 @@ async def test_async_requeue_drops_groups_that_got_too_stale_and_reruns_their_ta
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
 async def test_close_cancels_outstanding_work(mode):
+    """close() cancels the attempts sampling ahead (async) instead of waiting out their 5 s, and stops the
+    loop watchdog's thread, which otherwise outlives the run on a loop that keeps running (a notebook's)."""
     clock = Clock()
-    s = scheduler(FakeRuntime(clock, delay=5), clock, mode=mode)
+    runtime = FakeRuntime(clock, delay=5 if mode == "async" else 0)
+    s = scheduler(runtime, clock, mode=mode)
     if mode == "async":
         s.start(0, 10)
-        await asyncio.sleep(0.05)
+        await until(lambda: s.in_flight == 4, "max_concurrent attempts are running")
+    else:
+        await s.collect_sync(0)
+    watchdog = s.watchdog._thread
+    assert watchdog is not None and watchdog.is_alive()
     await s.close()
+    assert s.in_flight == 0
+    assert s.finished_attempts == (0 if mode == "async" else 2 * 3), "cancelled, not run to the end"
+    if mode == "async":
+        assert s._producer is not None and s._producer.cancelled()
+    watchdog.join(60)
+    assert not watchdog.is_alive()
 
 
 class StuckSampler:
