@@ -4,7 +4,8 @@ Routes follow baseten-loops 0.32.0 (see ../shared/reference/loops_local_protocol
 - control plane, as `ServiceClient(base_url=...)` calls it: `/v1/loops/sessions`, `/trainers`,
   `/samplers`, `/deployments/{id}`, `/checkpoints`, `/runs/{id}/deactivate`, `/capabilities`;
 - each run's trainer under `/trainers/{run_id}/` (op submits, `/operations/{id}` long-polls);
-- samplers under `/samplers/{sampler_id}/` (`/sample`, `/v1/models`, `/trainers_policy_version`).
+- samplers under `/samplers/{sampler_id}/` (`/sample`, `/v1/models`, `/trainers_policy_version`); which
+  sampler an id names and which adapter serves a `/sample` is `sampler_routing`'s.
 
 Validation errors are answered 422 with a `detail` that names the problem: the SDK retries 400, 404,
 408 and 502 for up to an hour, so those statuses are never used for a caller's mistake. A run whose
@@ -42,6 +43,7 @@ from loops_nb.local.checkpoint_files import (
     files_page,
 )
 from loops_nb.local.run_records import RunLost
+from loops_nb.local.sampler_routing import PolicyNotPublished, SamplerRouting
 from loops_nb.local.state import LocalLoopsState
 from loops_nb.local.unserved_routes import not_served
 from loops_nb.request_body import BodyRefused, parse_json, read_limited
@@ -52,8 +54,6 @@ MAX_BODY_BYTES = 64 * 1024 * 1024
 """The SDK splits forward_backward bodies above 24 MiB, so anything much larger is a mistake."""
 POLL_HOLD_SECONDS = 25.0
 """Long-poll hold for `/operations/{id}`; the SDK's read timeout per poll is 35 s."""
-PUBLISH_WAIT_SECONDS = 20.0
-"""How long `/sample` waits for a policy version it was asked for before answering 408."""
 DISCONNECT_POLL_SECONDS = 0.5
 """How often a `/sample` waiting on the engine checks that its client is still connected."""
 TRAINER_OPS = (
@@ -116,8 +116,7 @@ class LoopsRoutes:
 
     def __init__(self, state: LocalLoopsState) -> None:
         self.state = state
-        self.samplers: dict[str, tuple[str, str | None]] = {}
-        """sampler id -> (base model, run id of a paired sampler or None)."""
+        self.samplers = SamplerRouting(state)
         self.links = CheckpointFileLinks()
 
     # -- control plane ------------------------------------------------------------------------
@@ -143,7 +142,7 @@ class LoopsRoutes:
         run = self.state.create_run(
             base_model, rank, seed=body.get("seed"), name=body.get("name"), max_seq_len=max_seq_len
         )
-        self.samplers[f"smp-{run.id}"] = (base_model, run.id)
+        self.samplers.pair(run)
         log.info("created run %s for %s (rank %d)", run.id, base_model, rank)
         return JSONResponse(
             {
@@ -170,10 +169,9 @@ class LoopsRoutes:
         base_model: Any
         if run_id:
             run = self.state.run(str(run_id))
-            sampler_id, base_model = f"smp-{run.id}", run.base_model
-            self.samplers[sampler_id] = (base_model, run.id)
+            sampler_id, base_model = self.samplers.pair(run), run.base_model
         elif body.get("model_path"):
-            sampler_id, base_model = self._checkpoint_sampler(str(body["model_path"]))
+            sampler_id, base_model = self.samplers.on_checkpoint(str(body["model_path"]))
         else:
             base_model = body.get("base_model")
             if not isinstance(base_model, str) or not base_model:
@@ -182,9 +180,7 @@ class LoopsRoutes:
                     "(a standalone one on saved sampler weights)"
                 )
             await asyncio.to_thread(self.state.model_path, base_model)
-            sampler_id = "smp-base-" + hashlib.sha256(base_model.encode()).hexdigest()[:12]
-            self.samplers[sampler_id] = (base_model, None)
-            self.state.records.write_base_sampler(sampler_id, base_model)
+            sampler_id = self.samplers.standalone(base_model)
         return JSONResponse(
             {
                 "sampler": {
@@ -196,22 +192,6 @@ class LoopsRoutes:
                 }
             }
         )
-
-    def _checkpoint_sampler(self, model_path: str) -> tuple[str, str]:
-        """A standalone sampler on saved sampler weights; the SDK names them on every /sample too
-        (`X-Checkpoint-Path`), so the sampler itself is the base model's, as on a restarted server."""
-        self.state.resolve_checkpoint(model_path)  # refuses paths outside the state directory
-        found = self.state.checkpoints(checkpoint_path=model_path)
-        if not found or found[0].get("target") != "sampler":
-            raise BadRequest(
-                f"model_path {model_path!r}: not sampler weights this server saved; give the path "
-                "save_weights_for_sampler returned (bt://loops:<run>/sampler_weights/<name>)"
-            )
-        base_model = str(found[0]["base_model"])
-        sampler_id = "smp-base-" + hashlib.sha256(base_model.encode()).hexdigest()[:12]
-        self.samplers[sampler_id] = (base_model, None)
-        self.state.records.write_base_sampler(sampler_id, base_model)
-        return sampler_id, base_model
 
     async def model_deployment_status(self, request: Request) -> Response:
         return JSONResponse({"status": "ACTIVE"})
@@ -327,19 +307,7 @@ class LoopsRoutes:
 
     # -- sampler ------------------------------------------------------------------------------
     def _sampler(self, request: Request) -> tuple[str, str | None]:
-        sampler_id = request.path_params["sampler_id"]
-        if sampler_id in self.samplers:
-            return self.samplers[sampler_id]
-        # Not created by this process: an earlier one on the same state directory may have.
-        base_model = self.state.records.base_sampler(sampler_id)
-        if base_model is not None:
-            # A base-model sampler holds no state, so a restarted server serves it as before.
-            self.samplers[sampler_id] = (base_model, None)
-            return self.samplers[sampler_id]
-        paired_run = sampler_id.removeprefix("smp-")
-        if self.state.records.earlier_run(paired_run) is not None:
-            raise RunLost(paired_run)
-        raise BadRequest(f"unknown sampler {sampler_id!r}")
+        return self.samplers.lookup(request.path_params["sampler_id"])
 
     async def sample(self, request: Request) -> Response:
         from loops_nb.local.sampler import SampleRequest
@@ -357,30 +325,10 @@ class LoopsRoutes:
         min_version = request.headers.get("x-min-policy-version")
         checkpoint = request.headers.get("x-checkpoint-path")
         engine = await asyncio.to_thread(self.state.sampler, base_model)
-        adapter, served = None, 0
-        # A deactivated run's clients are refused, whatever policy version they pin: a version-0 client
-        # (no floor header) would otherwise quietly get the base model.
-        run = self.state.run(run_id) if run_id else None
-        if min_version is not None:
-            if run is None:
-                raise BadRequest("X-Min-Policy-Version needs a run (X-Run-Id or a paired sampler)")
-            if not min_version.strip().isdigit():
-                raise BadRequest(f"X-Min-Policy-Version must be a whole number, got {min_version[:40]!r}")
-            wanted = int(min_version)
-            if run.published_version >= wanted:
-                adapter, served = run.id, run.published_version
-            elif checkpoint is None:
-                caught_up = await asyncio.to_thread(
-                    self.state.wait_published, run, wanted, PUBLISH_WAIT_SECONDS
-                )
-                if not caught_up:
-                    return _error(408, f"sampler serves policy version {run.published_version} < {wanted}")
-                adapter, served = run.id, run.published_version
-        if adapter is None and checkpoint is not None:
-            adapter = checkpoint
-            if engine.adapter_version(checkpoint) is None:
-                directory = self.state.resolve_checkpoint(checkpoint)
-                await asyncio.to_thread(engine.load_adapter_dir, checkpoint, directory)
+        try:
+            adapter, served = await self.samplers.serving_adapter(engine, run_id, min_version, checkpoint)
+        except PolicyNotPublished as exc:
+            return _error(408, str(exc))
         sampling = asyncio.ensure_future(engine.sample_async(sample_request, adapter))
         try:
             # A client that gives up (an attempt past its timeout) closes the connection; stop its decoding

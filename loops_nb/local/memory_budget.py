@@ -27,6 +27,8 @@ from loops_nb.local.lora_targets import DEFAULT_TARGETS
 
 MIB = 1024 * 1024
 MIN_BUDGET = 128 * MIB
+MAX_KV_TOKENS = 65536
+"""The sampler's KV cache never holds more tokens than this, whatever the budget."""
 RUNTIME_BYTES = 850 * MIB
 """Resident size of a process that has imported torch (a CUDA build), transformers and peft, measured."""
 _DTYPE_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I64": 8, "I32": 4, "I8": 1, "U8": 1, "BOOL": 1}
@@ -67,6 +69,16 @@ def weight_bytes(model: Any) -> int:
 
 def resolve_budget(budget_mb: int | None, weight_bytes: int) -> int:
     return budget_mb * MIB if budget_mb else default_budget(weight_bytes)
+
+
+def kv_token_budget(model: Any, budget_bytes: int) -> int:
+    """Tokens of KV cache that fit `budget_bytes` (keys and values of every layer), at most 65,536."""
+    config = getattr(model.config, "text_config", None) or model.config
+    heads = int(config.num_attention_heads)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+    per_token = 2 * int(config.num_hidden_layers) * kv_heads * head_dim * model.dtype.itemsize
+    return max(1024, min(MAX_KV_TOKENS, budget_bytes // per_token))
 
 
 @dataclass(frozen=True)
@@ -161,7 +173,7 @@ def estimate_peak(
     max_seq_len: int,
     concurrent_sequences: int,
     budget_mb: int | None = None,
-    sampler_tokens_cap: int = 65536,
+    sampler_tokens_cap: int = MAX_KV_TOKENS,
     bf16_products: bool = False,
 ) -> PeakMemoryEstimate:
     """`bf16_products` (`dtype = "bf16-mixed"`): the linear layers but the head hold 2-byte weights."""

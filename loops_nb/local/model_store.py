@@ -8,8 +8,8 @@ transformers dequantises it every time (~20 s), so we do that once and keep a pl
 directory in the loops_nb cache. That directory is built beside its final place and moved in with
 `os.replace` under a file lock, so a crash never leaves a half model and two processes never race.
 
-The Loops SDK loads its tokenizer with `AutoTokenizer.from_pretrained(<hub id>)`; `ensure_hf_cache_alias`
-makes that id resolvable offline by giving the cached directory a snapshot in the standard HF cache.
+Such a directory is then made loadable by its Hub id too (`hf_cache_alias`), and this module says which
+device and dtype a model runs on (`device_and_dtype`).
 """
 
 from __future__ import annotations
@@ -42,19 +42,10 @@ logger = logging.getLogger(__name__)
 Progress = Callable[[str, float | None], None]
 
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
-# A branch-like name, never 40 hex digits, so it can never collide with (or overwrite) a real snapshot.
 ALIAS_REVISION = "loops-nb-offline"
+"""The revision of `hf_cache_alias`'s snapshots: branch-like, never 40 hex digits, so it can never collide
+with (or overwrite) a real snapshot; `resolve_model` never takes one of them for the model's source."""
 _MARKER = "loops_nb_model.json"  # written last inside the build dir: its presence means "complete"
-# Optional files transformers probes for. Recorded as absent (HF's `.no_exist` cache) so that a load with the
-# Hub unreachable but HF_HUB_OFFLINE unset doesn't retry each one for ~20 s before giving up.
-# fmt: off
-_PROBED_FILES = (
-    "tokenizer.model", "added_tokens.json", "special_tokens_map.json", "adapter_config.json",
-    "chat_template.json", "processor_config.json", "preprocessor_config.json", "video_preprocessor_config.json",
-    "pytorch_model.bin", "pytorch_model.bin.index.json", "model.safetensors.index.json", "vocab.json",
-    "merges.txt", "custom_generate/generate.py",
-)
-# fmt: on
 _HUB_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "*.tiktoken"]
 
 
@@ -218,7 +209,8 @@ def _download(model_id: str, report: Progress) -> Path:
 
 
 @contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
+def file_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `path` (created if missing), waiting for another process that holds it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as handle:
         try:
@@ -236,7 +228,7 @@ def _materialise(model_id: str, spec: OfflineModel | BuiltModel, cache_dir: Path
     target = cache_dir / "models" / model_id.replace("/", "--")
     if (target / _MARKER).is_file():
         return target
-    with _file_lock(target.parent / f".{target.name}.lock"):
+    with file_lock(target.parent / f".{target.name}.lock"):
         if (target / _MARKER).is_file():  # another process finished it while we waited
             return target
         # Holding the lock, anything left here is debris from a crashed build (or a hand-damaged dir).
@@ -405,50 +397,3 @@ def auto_dtype(device: torch.device) -> torch.dtype:
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     return torch.float32
-
-
-def ensure_hf_cache_alias(resolved: ResolvedModel, *, hub_cache: Path | None = None) -> None:
-    """Make `from_pretrained(resolved.model_id)` find `resolved.path` offline, via the standard HF cache.
-
-    Writes `models--<org>--<name>/snapshots/loops-nb-offline/` (symlinks into `resolved.path`) and points
-    `refs/main` at it. A repo whose `refs/main` names a real commit is left alone.
-    """
-    if not resolved.source.startswith(("gguf:", "built:")):
-        return  # already in the HF cache, or a directory that from_pretrained loads by path
-    from huggingface_hub import constants
-
-    hub = Path(hub_cache or constants.HF_HUB_CACHE)
-    repo = hub / f"models--{resolved.model_id.replace('/', '--')}"
-    ref = repo / "refs" / "main"
-    snapshot = repo / "snapshots" / ALIAS_REVISION
-    with _file_lock(hub / ".locks" / repo.name / "loops_nb_alias.lock"):
-        if ref.is_file() and ref.read_text().strip() != ALIAS_REVISION:
-            logger.info("%s already has a real snapshot in %s; not aliasing", resolved.model_id, repo)
-            return
-        files = sorted(p for p in resolved.path.iterdir() if p.is_file())
-        if ref.is_file() and all((snapshot / f.name).resolve() == f.resolve() for f in files):
-            return
-        for stale in (repo / "snapshots").glob(".loops-nb-*"):  # debris of a crashed earlier call
-            shutil.rmtree(stale, ignore_errors=True)
-        build = Path(tempfile.mkdtemp(prefix=".loops-nb-", dir=_mkdir(repo / "snapshots")))
-        build.chmod(0o755)
-        for f in files:
-            try:
-                (build / f.name).symlink_to(f.resolve())
-            except OSError:  # filesystems without symlinks
-                shutil.copy2(f, build / f.name)
-        shutil.rmtree(snapshot, ignore_errors=True)
-        os.replace(build, snapshot)
-        for name in set(_PROBED_FILES) - {f.name for f in files}:
-            absent = repo / ".no_exist" / ALIAS_REVISION / name
-            _mkdir(absent.parent)
-            absent.touch()
-        tmp_ref = _mkdir(ref.parent) / ".main.tmp"
-        tmp_ref.write_text(ALIAS_REVISION)
-        os.replace(tmp_ref, ref)
-    logger.info("aliased %s in the HF cache at %s", resolved.model_id, snapshot)
-
-
-def _mkdir(path: Path) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    return path

@@ -6,8 +6,8 @@ the oldest pending request, gathers the other pending requests for the same adap
 `max_batch_sequences` rows and a `max_batch_tokens` KV budget) and decodes them together, one forward per
 token for the whole batch, while newly arrived requests for that adapter join the running batch between
 steps. Each request's `n` samples are rows of the batch with their own temperature, top-k, top-p, seed, stop
-tokens, stop strings and length (see `decoding` and `sampler_batch`). `model.generate` is not used because it
-cannot give per-row sampling parameters, seeds and exact logprobs.
+tokens, stop strings and length (see `decoding`, `sampler_batch`, `batch_forward` and `row_endings`).
+`model.generate` is not used because it cannot give per-row sampling parameters, seeds and exact logprobs.
 
 Adapter changes (`set_adapter`, `load_adapter_dir`, `remove_adapter`) are queued to the same worker and run
 between batches, so a batch never sees its weights change mid-generation and the version a result reports is
@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
-import inspect
 import logging
 import threading
 import weakref
@@ -33,13 +32,15 @@ from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
-from transformers import AutoTokenizer, DynamicCache, PreTrainedTokenizerBase
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from loops_nb.local.batch_forward import BatchForward
 from loops_nb.local.compute_lane import COMPUTE_LANE
 from loops_nb.local.decoding import select_tokens
 from loops_nb.local.kv_cache import growing_cache
-from loops_nb.local.memory_budget import resolve_budget, weight_bytes
+from loops_nb.local.memory_budget import kv_token_budget, resolve_budget, weight_bytes
 from loops_nb.local.model_store import auto_dtype
+from loops_nb.local.row_endings import RowEndings, SampleAbandoned
 from loops_nb.local.sampler_adapters import AdapterSet, read_adapter_dir
 from loops_nb.local.sampler_batch import DecodeBatch, Job, Row, cache_is_mergeable
 from loops_nb.local.sampling_types import (
@@ -53,31 +54,21 @@ from loops_nb.local.sampling_types import (
 from loops_nb.local.shared_base import BASE_MODELS
 from loops_nb.local.vision import VisionInputs, max_positions
 
-__all__ = ["SampleRequest", "SampleRequestError", "SampleResult", "SampledChoice", "SamplerEngine"]
+__all__ = [
+    "SampleAbandoned",
+    "SampleRequest",
+    "SampleRequestError",
+    "SampleResult",
+    "SampledChoice",
+    "SamplerEngine",
+]
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-MAX_KV_TOKENS = 65536
-
-
-def kv_token_budget(model: Any, budget_bytes: int) -> int:
-    """Tokens of KV cache that fit `budget_bytes` (keys and values of every layer), at most 65,536."""
-    config = getattr(model.config, "text_config", None) or model.config
-    heads = int(config.num_attention_heads)
-    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
-    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
-    per_token = 2 * int(config.num_hidden_layers) * kv_heads * head_dim * model.dtype.itemsize
-    return max(1024, min(MAX_KV_TOKENS, budget_bytes // per_token))
-
-
 class SamplerClosedError(RuntimeError):
     """The engine was closed before the request could finish."""
-
-
-class SampleAbandoned(RuntimeError):
-    """The request's caller gave up before its answer was ready; it was stopped, not finished."""
 
 
 class SamplerEngine:
@@ -117,12 +108,11 @@ class SamplerEngine:
         self.max_positions: int | None = max_positions(config)
         self.eos_token_ids = self._eos_ids()
         self._mergeable = cache_is_mergeable(growing_cache(config))
-        # transformers 5 calls the cache argument `cache`; 4.x called it `past_key_values`.
-        parameters = inspect.signature(self.model.forward).parameters
-        self._cache_kwarg = "cache" if "cache" in parameters else "past_key_values"
+        self._batch_forward = BatchForward(self.model, self.vision, self.device)
         self._adapters = AdapterSet(self.model)
         # Batch statistics, for tests and the debug endpoint: batches run, rows decoded, requests that joined.
         self.stats: collections.Counter[str] = collections.Counter()
+        self._endings = RowEndings(self.tokenizer, self.stats)
 
         self._cv = threading.Condition()
         self._queue: collections.deque[Job] = collections.deque()
@@ -334,48 +324,6 @@ class SamplerEngine:
                 rows, cache_length, new_tokens = total_rows, length, steps
         return taken
 
-    def _forward(
-        self, ids: Tensor, mask: Tensor, positions: Tensor, cache: DynamicCache, every: bool
-    ) -> Tensor:
-        output = self.model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
-            use_cache=True,
-            logits_to_keep=0 if every else 1,
-            **{self._cache_kwarg: cache},
-        )
-        return output.logits
-
-    def _image_forward(self, job: Job) -> Any:
-        """The forward of an image prompt's batch: image features and multimodal positions at the prefill,
-        then each row's text position shifted by the prefill's rotary delta (what `generate` keeps on the
-        model, kept here per batch instead)."""
-        assert self.vision is not None and job.pixels is not None
-        vision, pixels = self.vision, job.pixels
-        marked = torch.tensor([job.request.prompt], dtype=torch.long, device=self.device)
-        delta: dict[str, Tensor] = {}
-
-        def forward(ids: Tensor, mask: Tensor, positions: Tensor, cache: DynamicCache, every: bool) -> Tensor:
-            inputs: dict[str, Any] = {"input_ids": ids, "position_ids": positions}
-            if cache.get_seq_length() == 0:  # the prefill: one row, the job's prompt (unpadded)
-                inputs = vision.inputs(marked, mask, pixels)
-                if "rope_deltas" in inputs:
-                    delta["value"] = inputs.pop("rope_deltas").to(positions.device)
-                inputs.setdefault("position_ids", positions)
-            elif "value" in delta:
-                inputs["position_ids"] = (positions + delta["value"])[None].expand(3, -1, -1)
-            output = self.model(
-                attention_mask=mask,
-                use_cache=True,
-                logits_to_keep=0 if every else 1,
-                **inputs,
-                **{self._cache_kwarg: cache},
-            )
-            return output.logits
-
-        return forward
-
     def _decode(self, ids: list[int]) -> list[str]:
         return self.tokenizer.batch_decode([[i] for i in ids])
 
@@ -383,7 +331,8 @@ class SamplerEngine:
         """Prefill `jobs`: in chunks bounded by `max_prefill_tokens`, each prompt-logprobs job on its own."""
 
         def run(group: list[Job]) -> DecodeBatch:
-            return DecodeBatch.prefill(group, self._forward, self._new_cache, self.device, self._decode)
+            forward = self._batch_forward
+            return DecodeBatch.prefill(group, forward.text, forward.new_cache, self.device, self._decode)
 
         if not self._mergeable:
             return run(jobs)
@@ -400,9 +349,6 @@ class SamplerEngine:
             batch.merge(run(group))
         return batch
 
-    def _new_cache(self) -> DynamicCache:
-        return growing_cache(self.model.config)
-
     def _run_batch(self, jobs: list[Job]) -> None:
         adapter = jobs[0].adapter
         running = list(jobs)
@@ -414,9 +360,10 @@ class SamplerEngine:
                 for job in jobs:
                     job.adapter_version = version
                 vision = jobs[0].pixels is not None
-                forward = self._image_forward(jobs[0]) if vision else self._forward
+                forward = self._batch_forward.image_prompt(jobs[0]) if vision else self._batch_forward.text
                 if vision:
-                    batch = DecodeBatch.prefill(jobs, forward, self._new_cache, self.device, self._decode)
+                    new_cache = self._batch_forward.new_cache
+                    batch = DecodeBatch.prefill(jobs, forward, new_cache, self.device, self._decode)
                 else:
                     batch = self._prefill(jobs)
                 self.stats["batches"] += 1
@@ -456,47 +403,5 @@ class SamplerEngine:
         return jobs
 
     def _record(self, rows: list[Row], tokens: list[int], logprobs: list[float]) -> list[int]:
-        """Append each row's new token; finish the rows that stopped. Returns the indices still running."""
-        keep = []
-        for i, (row, token, logprob) in enumerate(zip(rows, tokens, logprobs, strict=True)):
-            if logprob != logprob:  # NaN: the weights are broken, not the request
-                raise FloatingPointError("the model produced NaN logits")
-            job = row.job
-            if job.abandoned:  # dropped from the batch: the rows still running decode on without it
-                self.stats["abandoned_rows"] += 1
-                if not job.future.done():
-                    job.future.set_exception(SampleAbandoned("the caller gave up on this request"))
-                continue
-            row.tokens.append(token)
-            row.logprobs.append(logprob)
-            if token in job.stop_ids:
-                self._finish(row, "stop", drop_last=True)
-            elif job.request.stop and self._stop_string_hit(row):
-                self._finish(row, "stop", cut_at_stop=True)
-            elif len(row.tokens) >= job.max_tokens:
-                self._finish(row, "length")
-            else:
-                keep.append(i)
-        return keep
-
-    def _stop_string_hit(self, row: Row) -> bool:
-        # A stop string first seen now ends in the newest token; each token adds at least one byte, so the
-        # last len(bytes) tokens hold all of it, plus slack for a character split across tokens and for
-        # special tokens that decode to nothing. Decoding only this tail keeps the check O(1) per step.
-        strings = row.job.request.stop_strings
-        window = max(len(s.encode()) for s in strings) + 8
-        tail = self._text(row.tokens[-window:])
-        return any(s in tail for s in strings)
-
-    def _text(self, ids: list[int]) -> str:
-        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
-
-    def _finish(self, row: Row, reason: str, *, drop_last: bool = False, cut_at_stop: bool = False) -> None:
-        job = row.job
-        text = self._text(row.tokens[:-1] if drop_last else row.tokens)
-        if cut_at_stop:
-            found = [i for i in (text.find(s) for s in job.request.stop_strings) if i >= 0]
-            text = text[: min(found)] if found else text
-        job.choices[row.index] = SampledChoice(row.tokens, row.logprobs, reason, text)  # type: ignore[arg-type]
-        if all(choice is not None for choice in job.choices):
-            job.future.set_result(job.result())
+        """Record a decode step's tokens in the rows (see `row_endings`); returns the indices still running."""
+        return self._endings.record(rows, tokens, logprobs)

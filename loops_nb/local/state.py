@@ -90,7 +90,8 @@ class LocalLoopsState:
     # -- models -------------------------------------------------------------------------------
     def model_path(self, base_model: str) -> Path:
         """The local directory of a base model (resolved once; the offline default is dequantised once)."""
-        from loops_nb.local.model_store import ensure_hf_cache_alias, resolve_model
+        from loops_nb.local.hf_cache_alias import ensure_hf_cache_alias
+        from loops_nb.local.model_store import resolve_model
 
         with self._lock:
             if base_model not in self._model_paths:

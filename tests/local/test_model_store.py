@@ -15,6 +15,7 @@ import torch
 
 from loops_nb.errors import UserError
 from loops_nb.local import model_store
+from loops_nb.local.hf_cache_alias import ensure_hf_cache_alias
 from loops_nb.local.model_store import (
     ALIAS_REVISION,
     DEFAULT_MODEL,
@@ -23,7 +24,6 @@ from loops_nb.local.model_store import (
     auto_dtype,
     default_cache_dir,
     device_and_dtype,
-    ensure_hf_cache_alias,
     load_tokenizer,
     resolve_model,
 )

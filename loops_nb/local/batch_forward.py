@@ -1,0 +1,75 @@
+"""The model forward a sampler decode batch calls (`sampler_batch.Forward`): the text one, and the one of
+an image prompt's batch.
+
+A batch calls its forward once for the prefill (logits at every position only when prompt logprobs were
+asked for, else at the last) and once per decode step, with its KV cache. An image prompt needs more: image
+features and multimodal rotary positions at the prefill, then each row's text position shifted by the
+prefill's rotary delta at every step. `generate` keeps that delta on the model; a batch keeps it here, so
+batches never share it.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+from torch import Tensor
+from transformers import DynamicCache
+
+from loops_nb.local.kv_cache import growing_cache
+from loops_nb.local.sampler_batch import Forward, Job
+from loops_nb.local.vision import VisionInputs
+
+
+class BatchForward:
+    """The sampler model's forward in the shape a `DecodeBatch` calls it, and a fresh cache for a batch."""
+
+    def __init__(self, model: Any, vision: VisionInputs | None, device: torch.device) -> None:
+        self.model = model
+        self.vision = vision
+        self.device = device
+        # transformers 5 calls the cache argument `cache`; 4.x called it `past_key_values`.
+        parameters = inspect.signature(model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in parameters else "past_key_values"
+
+    def new_cache(self) -> DynamicCache:
+        return growing_cache(self.model.config)
+
+    def text(self, ids: Tensor, mask: Tensor, positions: Tensor, cache: DynamicCache, every: bool) -> Tensor:
+        output = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=0 if every else 1,
+            **{self._cache_kwarg: cache},
+        )
+        return output.logits
+
+    def image_prompt(self, job: Job) -> Forward:
+        """The forward of an image prompt's batch (`job` decodes alone: one prompt, its `n` rows)."""
+        assert self.vision is not None and job.pixels is not None
+        vision, pixels = self.vision, job.pixels
+        marked = torch.tensor([job.request.prompt], dtype=torch.long, device=self.device)
+        delta: dict[str, Tensor] = {}
+
+        def forward(ids: Tensor, mask: Tensor, positions: Tensor, cache: DynamicCache, every: bool) -> Tensor:
+            inputs: dict[str, Any] = {"input_ids": ids, "position_ids": positions}
+            if cache.get_seq_length() == 0:  # the prefill: one row, the job's prompt (unpadded)
+                inputs = vision.inputs(marked, mask, pixels)
+                if "rope_deltas" in inputs:
+                    delta["value"] = inputs.pop("rope_deltas").to(positions.device)
+                inputs.setdefault("position_ids", positions)
+            elif "value" in delta:
+                inputs["position_ids"] = (positions + delta["value"])[None].expand(3, -1, -1)
+            output = self.model(
+                attention_mask=mask,
+                use_cache=True,
+                logits_to_keep=0 if every else 1,
+                **inputs,
+                **{self._cache_kwarg: cache},
+            )
+            return output.logits
+
+        return forward
