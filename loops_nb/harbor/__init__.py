@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from loops_nb.harbor.runtime import HarborRuntime, create_runtime
+from loops_nb.harbor.harbor_runtime import HarborRuntime, create_runtime
 
 __all__ = [
     "HarborRuntime",

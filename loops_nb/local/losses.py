@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from loops_nb.local.wire import IGNORE_INDEX, RL_LOSSES, ParsedDatum, resolve_loss_config
+from loops_nb.local.datum_wire import IGNORE_INDEX, RL_LOSSES, ParsedDatum, resolve_loss_config
 
 __all__ = [
     "LOSSES",

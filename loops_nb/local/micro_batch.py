@@ -23,9 +23,9 @@ from typing import Any
 import torch
 
 from loops_nb.local import lm_head
+from loops_nb.local.datum_wire import ParsedDatum, tensor_data
 from loops_nb.local.losses import LOSSES, LossBatch, collate, needed_positions, target_logprobs
 from loops_nb.local.vision import VisionInputs
-from loops_nb.local.wire import ParsedDatum, tensor_data
 
 PLAIN_HEAD_TYPES = {"llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "smollm3", "phi3"}
 """Families whose logits are exactly `lm_head(last_hidden_state)`, so the head can run on selected rows."""

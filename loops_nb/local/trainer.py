@@ -3,7 +3,7 @@
 `LoraTrainer` implements the semantics of the Loops trainer ops (protocol notes §3.2, §5.4-5.6) with no
 HTTP: `init` (= `/init_trainer_server`), `forward`, `forward_backward`, `optim_step`, `save_state`,
 `load_state` and `save_adapter` (for `/save_weights_for_sampler`). The HTTP layer validates requests
-with `wire.parse_datums` at submit time and may hand the parsed datums straight to these methods.
+with `datum_wire.parse_datums` at submit time and may hand the parsed datums straight to these methods.
 
 It holds the run's state (adapter, optimizer, step, pending gradients) and sequences the work of the
 modules beside it: `lora_adapter` (which layers get LoRA, a fresh adapter, its weights out),
@@ -44,6 +44,13 @@ from loops_nb.local import lm_head
 from loops_nb.local.activation_memory import ActivationCost, checkpointed, plan_micro_batches
 from loops_nb.local.adam_params import adam_hyperparameters, new_adamw, set_hyperparameters
 from loops_nb.local.bad_request import BadRequest
+from loops_nb.local.datum_wire import (
+    ParsedDatum,
+    datum_too_long,
+    parse_datums,
+    resolve_loss_config,
+    validate_top_k,
+)
 from loops_nb.local.lora_adapter import (
     LORA_ALPHA,
     adapter_state_dict,
@@ -68,7 +75,6 @@ from loops_nb.local.trainer_checkpoints import (
     write_trainer_state,
 )
 from loops_nb.local.vision import VisionInputs, max_positions
-from loops_nb.local.wire import ParsedDatum, datum_too_long, parse_datums, resolve_loss_config, validate_top_k
 
 COMPUTE_LOCK = threading.Lock()
 """Held by every trainer for one request's forward (and backward), so only one budget is ever in use."""

@@ -11,10 +11,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from loops_nb.local.bad_request import BadRequest
+from loops_nb.local.datum_wire import parse_datums, resolve_loss_config
 from loops_nb.local.idle_runs import unpark
 from loops_nb.local.local_run import LocalRun
 from loops_nb.local.state import LocalLoopsState, checkpoint_name
-from loops_nb.local.wire import parse_datums, resolve_loss_config
 
 if TYPE_CHECKING:
     from loops_nb.local.trainer import LoraTrainer

@@ -14,9 +14,9 @@ from loops_nb.model_access.agent_program import (
     stop_agent_program,
 )
 from loops_nb.model_access.gateway import ModelGateway
+from loops_nb.model_access.leased_runtime import LeasedRuntime
 from loops_nb.model_access.leases import AttemptLease, LeaseRegistry
 from loops_nb.model_access.mode import ModelAccessMode, files_per_attempt, model_access_of, open_file_problem
-from loops_nb.model_access.runtime import LeasedRuntime
 
 __all__ = [
     "AgentProgramResult",

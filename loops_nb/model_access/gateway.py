@@ -37,7 +37,7 @@ from starlette.routing import Route
 from loops_nb.connection_guard import ConnectionLimits, Headers
 from loops_nb.llm.client import ContextTooLong
 from loops_nb.loopback_server import LoopbackServer
-from loops_nb.model_access import responses_wire, wire
+from loops_nb.model_access import chat_wire, responses_wire
 from loops_nb.model_access.delivery import ClientGone, DeliveringResponse, Exchange, LeaseEnded
 from loops_nb.model_access.exact_replies import exact_text, restore_exact, tool_key
 from loops_nb.model_access.leases import AttemptLease, LeaseRegistry, ReturnedReply
@@ -56,10 +56,10 @@ MAX_BODY_BYTES = 4 * 1024 * 1024
 def _error(
     status: int, message: str, kind: str, param: str | None = None, code: str | None = None
 ) -> Response:
-    return JSONResponse(wire.error_body(message, kind, param, code), status_code=status)
+    return JSONResponse(chat_wire.error_body(message, kind, param, code), status_code=status)
 
 
-def _bad(exc: wire.BadRequest) -> Response:
+def _bad(exc: chat_wire.InvalidAgentRequest) -> Response:
     return _error(400, str(exc), "invalid_request_error", exc.param, exc.code)
 
 
@@ -94,7 +94,7 @@ class Sampled:
         }
 
 
-async def _sample(lease: AttemptLease, req: wire.ChatRequest) -> Sampled:
+async def _sample(lease: AttemptLease, req: chat_wire.ChatRequest) -> Sampled:
     """The request sampled on the attempt's loop through its LoopsLLM (the in-process code path).
 
     Runs under the lease's lock (delivery.Exchange), so this call's record is the capture's latest.
@@ -135,7 +135,7 @@ def _chat_choices(sampled: Sampled) -> list[dict[str, Any]]:
         tool_calls = reply.tool_calls if sampled.parse_tools else []
         content = reply.content if sampled.parse_tools else reply.text.strip()
         finish = "tool_calls" if tool_calls else ("length" if reply.finish_reason == "length" else "stop")
-        message = wire.choice_message(content, tool_calls)
+        message = chat_wire.choice_message(content, tool_calls)
         choices.append({"index": i, "message": message, "finish_reason": finish, "logprobs": None})
     return choices
 
@@ -203,7 +203,9 @@ class ModelGateway:
         try:
             return parse_json(await read_limited(request, self.max_body_bytes))
         except BodyRefused as exc:
-            raise wire.BadRequest(str(exc), code="request_too_large" if exc.too_large else None) from None
+            raise chat_wire.InvalidAgentRequest(
+                str(exc), code="request_too_large" if exc.too_large else None
+            ) from None
 
     def _authorizes(self, headers: Headers) -> bool:
         """A connection is proven (ConnectionGuard) by a request with a live lease key."""
@@ -216,7 +218,7 @@ class ModelGateway:
     async def _serve(
         self,
         request: Request,
-        parse: Callable[[Any, AttemptLease], wire.ChatRequest],
+        parse: Callable[[Any, AttemptLease], chat_wire.ChatRequest],
         reply: Callable[[AttemptLease, Sampled], tuple[Any, list[str] | None]],
         withdrawn: Callable[[AttemptLease, Sampled], None] = _withdrawn,
     ) -> Response:
@@ -229,7 +231,7 @@ class ModelGateway:
                 return lease
             try:
                 req = parse(await self._body(request), lease)
-            except wire.BadRequest as exc:
+            except chat_wire.InvalidAgentRequest as exc:
                 return _bad(exc)
 
             exchange = Exchange(
@@ -271,19 +273,23 @@ class ModelGateway:
             return _error(500, f"the gateway failed: {type(exc).__name__}: {exc}", "server_error")
 
     async def chat_completions(self, request: Request) -> Response:
-        parsed: list[wire.ChatRequest] = []
+        parsed: list[chat_wire.ChatRequest] = []
 
-        def parse(body: Any, lease: AttemptLease) -> wire.ChatRequest:
-            parsed.append(wire.parse_chat_request(body))
+        def parse(body: Any, lease: AttemptLease) -> chat_wire.ChatRequest:
+            parsed.append(chat_wire.parse_chat_request(body))
             return parsed[0]
 
         def reply(lease: AttemptLease, sampled: Sampled) -> tuple[Any, list[str] | None]:
             req = parsed[0]
-            cid, model, choices = wire.completion_id(), req.model or self.model_name, _chat_choices(sampled)
+            cid, model, choices = (
+                chat_wire.completion_id(),
+                req.model or self.model_name,
+                _chat_choices(sampled),
+            )
             if req.stream:
                 usage = sampled.usage() if req.include_usage else None
-                return None, wire.stream_events(cid, model, choices, usage)
-            return wire.completion_body(
+                return None, chat_wire.stream_events(cid, model, choices, usage)
+            return chat_wire.completion_body(
                 cid, model, choices, sampled.usage(), sampled.extra(lease.attempt_id)
             ), None
 
@@ -295,12 +301,12 @@ class ModelGateway:
         conversation: list[dict[str, Any]] = []  # without instructions, for previous_response_id
         answered: list[str] = []  # the stored Response's id
 
-        def parse(body: Any, lease: AttemptLease) -> wire.ChatRequest:
+        def parse(body: Any, lease: AttemptLease) -> chat_wire.ChatRequest:
             req = responses_wire.parse_responses_request(body)
             if req.previous_response_id is not None:
                 history = lease.responses.get(req.previous_response_id)
                 if history is None:
-                    raise wire.BadRequest(
+                    raise chat_wire.InvalidAgentRequest(
                         f"previous response {req.previous_response_id!r} not found: only this attempt's "
                         "own stored responses can be continued",
                         "previous_response_id",
@@ -330,7 +336,7 @@ class ModelGateway:
                 # Stored before it is sent, not once delivered: a client may continue from it the
                 # moment it has the body, before this server has heard that the send completed.
                 answered.append(body["id"])
-                lease.responses[body["id"]] = [*conversation, wire.choice_message(content, tool_calls)]
+                lease.responses[body["id"]] = [*conversation, chat_wire.choice_message(content, tool_calls)]
             return (None, responses_wire.stream_events(body)) if req.chat.stream else (body, None)
 
         def withdrawn(lease: AttemptLease, sampled: Sampled) -> None:

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from loops_nb.model_access.wire import BadRequest, ChatRequest, integer, number
+from loops_nb.model_access.chat_wire import ChatRequest, InvalidAgentRequest, integer, number
 
 INPUT_ROLES = {"user", "system", "developer", "assistant"}
 TEXT_PARTS = {"input_text", "output_text", "text"}
@@ -53,19 +53,19 @@ def _text(value: object, where: str) -> str:
             elif kind == "refusal" and isinstance(part.get("refusal"), str):
                 texts.append(part["refusal"])
             else:
-                raise BadRequest(
+                raise InvalidAgentRequest(
                     f"{where}[{i}]: only text content parts (input_text, output_text) are supported, "
                     f"not {kind!r}",
                     f"{where}[{i}]",
                 )
         return "".join(texts)
-    raise BadRequest(f"{where} must be a string or a list of text parts", where)
+    raise InvalidAgentRequest(f"{where} must be a string or a list of text parts", where)
 
 
 def _string(item: dict[str, Any], key: str, where: str, default: str | None = None) -> str:
     value = item.get(key, default)
     if not isinstance(value, str):
-        raise BadRequest(f"{where}.{key} must be a string", f"{where}.{key}")
+        raise InvalidAgentRequest(f"{where}.{key} must be a string", f"{where}.{key}")
     return value
 
 
@@ -74,17 +74,17 @@ def input_messages(value: object) -> list[dict[str, Any]]:
     if isinstance(value, str):
         return [{"role": "user", "content": value}]
     if not isinstance(value, list) or not value:
-        raise BadRequest("input must be a string or a non-empty list of items", "input")
+        raise InvalidAgentRequest("input must be a string or a non-empty list of items", "input")
     out: list[dict[str, Any]] = []
     for i, item in enumerate(value):
         where = f"input[{i}]"
         if not isinstance(item, dict):
-            raise BadRequest(f"{where} must be an object", where)
+            raise InvalidAgentRequest(f"{where} must be an object", where)
         kind = item.get("type", "message" if "role" in item else None)
         if kind == "message":
             role = item.get("role")
             if role not in INPUT_ROLES:
-                raise BadRequest(
+                raise InvalidAgentRequest(
                     f"{where}.role: unknown role {role!r}; expected one of {sorted(INPUT_ROLES)}",
                     f"{where}.role",
                 )
@@ -116,7 +116,7 @@ def input_messages(value: object) -> list[dict[str, Any]]:
         elif kind in SKIPPED_ITEMS:
             continue
         else:
-            raise BadRequest(
+            raise InvalidAgentRequest(
                 f"{where}.type {kind!r} is not supported: send message, function_call and "
                 "function_call_output items (stored items cannot be referenced)",
                 f"{where}.type",
@@ -129,12 +129,12 @@ def chat_tools(value: object) -> list[dict[str, Any]] | None:
     if value is None:
         return None
     if not isinstance(value, list):
-        raise BadRequest("tools must be a list", "tools")
+        raise InvalidAgentRequest("tools must be a list", "tools")
     out = []
     for i, tool in enumerate(value):
         kind = tool.get("type") if isinstance(tool, dict) else None
         if kind != "function":
-            raise BadRequest(
+            raise InvalidAgentRequest(
                 f"tools[{i}]: only function tools are supported, not {kind!r} (OpenAI's hosted tools do "
                 "not exist here)",
                 f"tools[{i}]",
@@ -142,7 +142,7 @@ def chat_tools(value: object) -> list[dict[str, Any]] | None:
         assert isinstance(tool, dict)
         spec = tool["function"] if isinstance(tool.get("function"), dict) else tool
         if not isinstance(spec.get("name"), str) or not spec["name"]:
-            raise BadRequest(f"tools[{i}].name must be a non-empty string", f"tools[{i}].name")
+            raise InvalidAgentRequest(f"tools[{i}].name must be a non-empty string", f"tools[{i}].name")
         fn = {"name": spec["name"]}
         for key in ("description", "parameters"):
             if spec.get(key) is not None:
@@ -154,29 +154,29 @@ def chat_tools(value: object) -> list[dict[str, Any]] | None:
 def parse_responses_request(body: object) -> ResponsesRequest:
     """A validated request (its `chat.messages` still without a previous response's conversation)."""
     if not isinstance(body, dict):
-        raise BadRequest("the request body must be a JSON object")
+        raise InvalidAgentRequest("the request body must be a JSON object")
     model = body.get("model", "")
     if not isinstance(model, str):
-        raise BadRequest("model must be a string", "model")
+        raise InvalidAgentRequest("model must be a string", "model")
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
-        raise BadRequest("instructions must be a string", "instructions")
+        raise InvalidAgentRequest("instructions must be a string", "instructions")
     previous = body.get("previous_response_id")
     if previous is not None and not isinstance(previous, str):
-        raise BadRequest("previous_response_id must be a string", "previous_response_id")
+        raise InvalidAgentRequest("previous_response_id must be a string", "previous_response_id")
     choice = body.get("tool_choice", "auto")
     if choice not in ("auto", "none", None):
-        raise BadRequest(
+        raise InvalidAgentRequest(
             f"tool_choice {choice!r} is not supported: the gateway samples the policy unconstrained and "
             "cannot force a tool call; use 'auto' (or 'none')",
             "tool_choice",
         )
     stream = body.get("stream", False)
     if not isinstance(stream, bool | None):
-        raise BadRequest("stream must be a boolean", "stream")
+        raise InvalidAgentRequest("stream must be a boolean", "stream")
     store = body.get("store", True)
     if not isinstance(store, bool | None):
-        raise BadRequest("store must be a boolean", "store")
+        raise InvalidAgentRequest("store must be a boolean", "store")
     messages = input_messages(body.get("input"))
     tools = chat_tools(body.get("tools"))
     metadata = body.get("metadata")

@@ -35,8 +35,8 @@ _HOMES = {
     "Renderer": "rendering",
     "CheckReport": "report",
     "learning_rate": "schedule",
-    "SFTOutcome": "train",
-    "SFTRun": "train",
+    "SFTOutcome": "outcome",
+    "SFTRun": "loop",
 }
 """Public name -> the module of `loops_nb.sft` that defines it."""
 

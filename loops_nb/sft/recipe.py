@@ -23,10 +23,11 @@ from loops_nb.run.setup import Recipe, run_recipe
 from loops_nb.run_dir import Checkpoint, RunDirectory
 from loops_nb.sft.batching import SFTData
 from loops_nb.sft.config import SFTConfig
+from loops_nb.sft.loop import SFTRun
+from loops_nb.sft.outcome import SFTOutcome
 from loops_nb.sft.refusal_file import RefusalFile
 from loops_nb.sft.report import CheckReport, refusal_lines
 from loops_nb.sft.schedule import describe_schedule
-from loops_nb.sft.train import SFTOutcome, SFTRun
 from loops_nb.tokenization import load_model_tokenizer
 
 if TYPE_CHECKING:

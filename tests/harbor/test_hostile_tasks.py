@@ -11,7 +11,7 @@ from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfi
 from harbor.trial.trial import Trial
 
 from loops_nb.errors import ConfigError
-from loops_nb.harbor.runtime import HarborRuntime
+from loops_nb.harbor.harbor_runtime import HarborRuntime
 
 REPO = Path(__file__).resolve().parents[2]
 HIDDEN_GAME = REPO / "patterns" / "harbor" / "tasks" / "hidden_game"

@@ -16,7 +16,7 @@ import pytest
 from helpers import read_jsonl
 
 import loops_nb
-from loops_nb.harbor.runtime import HarborRuntime
+from loops_nb.harbor.harbor_runtime import HarborRuntime
 from loops_nb.llm.capture import ModelCall, TokenCapture
 from loops_nb.llm.client import Reply
 from loops_nb.providers.config import LocalProviderConfig

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from loops_nb.local.bad_request import BadRequest
+from loops_nb.local.datum_wire import parse_datums, resolve_loss_config, tensor_data
 from loops_nb.local.losses import LossBatch, collate, compute_loss, micro_batches
-from loops_nb.local.wire import parse_datums, resolve_loss_config, tensor_data
 
 
 def td(data: list, dtype: str = "float32", shape: list[int] | None = None) -> dict:

@@ -110,8 +110,8 @@ async def test_a_request_accepted_before_revocation_does_not_sample_after_it(scr
     import asyncio
 
     from loops_nb.model_access import gateway as gateway_module
+    from loops_nb.model_access.chat_wire import parse_chat_request
     from loops_nb.model_access.delivery import Exchange, LeaseEnded
-    from loops_nb.model_access.wire import parse_chat_request
 
     llm, policy = scripted("late")
     registry = LeaseRegistry()

@@ -21,7 +21,8 @@ from loops_nb.observers import ObserverSet
 from loops_nb.run_dir import RunDirectory
 from loops_nb.sft.batching import SFTData
 from loops_nb.sft.config import SFTConfig
-from loops_nb.sft.train import SFTOutcome, SFTRun
+from loops_nb.sft.loop import SFTRun
+from loops_nb.sft.outcome import SFTOutcome
 from loops_nb.step_record import StepRecord
 
 

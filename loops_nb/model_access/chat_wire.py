@@ -17,7 +17,7 @@ ROLES = {"system", "developer", "user", "assistant", "tool"}
 MAX_CHOICES = 16
 
 
-class BadRequest(ValueError):
+class InvalidAgentRequest(ValueError):
     """A request the gateway refuses with 400; `param` names the field, as OpenAI's errors do."""
 
     def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
@@ -52,9 +52,9 @@ def number(body: dict[str, Any], key: str, low: float, high: float) -> float | N
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise BadRequest(f"{key} must be a number, got {type(value).__name__}", key)
+        raise InvalidAgentRequest(f"{key} must be a number, got {type(value).__name__}", key)
     if not low <= value <= high:
-        raise BadRequest(f"{key} must be between {low:g} and {high:g}, got {value}", key)
+        raise InvalidAgentRequest(f"{key} must be between {low:g} and {high:g}, got {value}", key)
     return float(value)
 
 
@@ -63,9 +63,9 @@ def integer(body: dict[str, Any], key: str, low: int, high: int) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise BadRequest(f"{key} must be an integer, got {type(value).__name__}", key)
+        raise InvalidAgentRequest(f"{key} must be an integer, got {type(value).__name__}", key)
     if not low <= value <= high:
-        raise BadRequest(f"{key} must be between {low} and {high}, got {value}", key)
+        raise InvalidAgentRequest(f"{key} must be between {low} and {high}, got {value}", key)
     return value
 
 
@@ -81,21 +81,25 @@ def _content(value: object, where: str) -> str | None:
                 or part.get("type") != "text"
                 or not isinstance(part.get("text"), str)
             ):
-                raise BadRequest(f"{where}[{i}]: only text content parts are supported", f"{where}[{i}]")
+                raise InvalidAgentRequest(
+                    f"{where}[{i}]: only text content parts are supported", f"{where}[{i}]"
+                )
             texts.append(part["text"])
         return "".join(texts)
-    raise BadRequest(f"{where} must be a string, null or a list of text parts", where)
+    raise InvalidAgentRequest(f"{where} must be a string, null or a list of text parts", where)
 
 
 def _tool_call(call: object, where: str) -> dict[str, Any]:
     fn = call.get("function") if isinstance(call, dict) else None
     if not isinstance(call, dict) or not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-        raise BadRequest(
+        raise InvalidAgentRequest(
             f"{where} must be {{'type': 'function', 'function': {{'name', 'arguments'}}}}", where
         )
     arguments = fn.get("arguments", "{}")
     if not isinstance(arguments, str | dict):
-        raise BadRequest(f"{where}.function.arguments must be a JSON string", f"{where}.function.arguments")
+        raise InvalidAgentRequest(
+            f"{where}.function.arguments must be a JSON string", f"{where}.function.arguments"
+        )
     return {
         "id": str(call.get("id", "")),
         "type": "function",
@@ -106,10 +110,10 @@ def _tool_call(call: object, where: str) -> dict[str, Any]:
 def _message(raw: object, i: int) -> dict[str, Any]:
     where = f"messages[{i}]"
     if not isinstance(raw, dict):
-        raise BadRequest(f"{where} must be an object", where)
+        raise InvalidAgentRequest(f"{where} must be an object", where)
     role = raw.get("role")
     if not isinstance(role, str) or role not in ROLES:
-        raise BadRequest(
+        raise InvalidAgentRequest(
             f"{where}.role: unknown role {role!r}; expected one of {sorted(ROLES)}", f"{where}.role"
         )
     # Chat templates know `system`; OpenAI's newer `developer` role means the same thing.
@@ -118,13 +122,13 @@ def _message(raw: object, i: int) -> dict[str, Any]:
     if role == "assistant" and raw.get("tool_calls") is not None:
         calls = raw["tool_calls"]
         if not isinstance(calls, list):
-            raise BadRequest(f"{where}.tool_calls must be a list", f"{where}.tool_calls")
+            raise InvalidAgentRequest(f"{where}.tool_calls must be a list", f"{where}.tool_calls")
         msg["tool_calls"] = [_tool_call(c, f"{where}.tool_calls[{j}]") for j, c in enumerate(calls)]
     elif msg["content"] is None and role != "assistant":
-        raise BadRequest(f"{where}.content is required for role {role!r}", f"{where}.content")
+        raise InvalidAgentRequest(f"{where}.content is required for role {role!r}", f"{where}.content")
     if role == "tool":
         if raw.get("tool_call_id") is not None and not isinstance(raw["tool_call_id"], str):
-            raise BadRequest(f"{where}.tool_call_id must be a string", f"{where}.tool_call_id")
+            raise InvalidAgentRequest(f"{where}.tool_call_id must be a string", f"{where}.tool_call_id")
         msg["tool_call_id"] = raw.get("tool_call_id")
     if isinstance(raw.get("name"), str):
         msg["name"] = raw["name"]
@@ -135,31 +139,33 @@ def _tools(value: object) -> list[dict[str, Any]] | None:
     if value is None:
         return None
     if not isinstance(value, list):
-        raise BadRequest("tools must be a list", "tools")
+        raise InvalidAgentRequest("tools must be a list", "tools")
     for i, tool in enumerate(value):
         fn = tool.get("function") if isinstance(tool, dict) else None
         if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(fn, dict):
-            raise BadRequest(f"tools[{i}] must be {{'type': 'function', 'function': {{...}}}}", f"tools[{i}]")
+            raise InvalidAgentRequest(
+                f"tools[{i}] must be {{'type': 'function', 'function': {{...}}}}", f"tools[{i}]"
+            )
         if not isinstance(fn.get("name"), str) or not fn["name"]:
-            raise BadRequest(
+            raise InvalidAgentRequest(
                 f"tools[{i}].function.name must be a non-empty string", f"tools[{i}].function.name"
             )
     return value or None
 
 
 def parse_chat_request(body: object) -> ChatRequest:
-    """A validated request, or BadRequest naming the first problem."""
+    """A validated request, or InvalidAgentRequest naming the first problem."""
     if not isinstance(body, dict):
-        raise BadRequest("the request body must be a JSON object")
+        raise InvalidAgentRequest("the request body must be a JSON object")
     model = body.get("model", "")
     if not isinstance(model, str):
-        raise BadRequest("model must be a string", "model")
+        raise InvalidAgentRequest("model must be a string", "model")
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise BadRequest("messages must be a non-empty list", "messages")
+        raise InvalidAgentRequest("messages must be a non-empty list", "messages")
     choice = body.get("tool_choice", "auto")
     if choice not in ("auto", "none", None):
-        raise BadRequest(
+        raise InvalidAgentRequest(
             f"tool_choice {choice!r} is not supported: the gateway samples the policy unconstrained and "
             "cannot force a tool call; use 'auto' (or 'none')",
             "tool_choice",
@@ -168,13 +174,13 @@ def parse_chat_request(body: object) -> ChatRequest:
     if isinstance(stop, str):
         stop = [stop]
     if stop is not None and (not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop)):
-        raise BadRequest("stop must be a string or a list of non-empty strings", "stop")
+        raise InvalidAgentRequest("stop must be a string or a list of non-empty strings", "stop")
     stream = body.get("stream", False)
     if not isinstance(stream, bool | None):
-        raise BadRequest("stream must be a boolean", "stream")
+        raise InvalidAgentRequest("stream must be a boolean", "stream")
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
-        raise BadRequest("stream_options must be an object", "stream_options")
+        raise InvalidAgentRequest("stream_options must be an object", "stream_options")
     max_tokens = integer(body, "max_completion_tokens", 1, 1 << 20)
     if max_tokens is None:
         max_tokens = integer(body, "max_tokens", 1, 1 << 20)

@@ -18,18 +18,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from loops_nb.errors import UserError
 from loops_nb.observers import ObserverSet
 from loops_nb.run.optimizer import AdamSettings
-from loops_nb.run.outcome import Outcome
 from loops_nb.run.recipe_run import RecipeRun
 from loops_nb.run_dir import Checkpoint, JsonlLog, RunDirectory
 from loops_nb.sft.batching import SFTData, batch_id
 from loops_nb.sft.config import SFTConfig
 from loops_nb.sft.evaluation import EvalResult, example_datum, held_out_loss, weighted_nll
+from loops_nb.sft.outcome import SFTOutcome
 from loops_nb.sft.rendering import Example
 from loops_nb.sft.schedule import learning_rate
 from loops_nb.step_record import StepRecord
@@ -38,21 +37,6 @@ if TYPE_CHECKING:
     from baseten.loops import TrainingClient
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class SFTOutcome(Outcome):
-    """What an SFT run did; ``eval_loss_before`` is the held-out loss before the first step."""
-
-    eval_loss_before: float | None = None
-    eval_loss: float | None = None
-
-    def describe(self) -> list[str]:
-        lines = super().describe()
-        if self.eval_loss is not None:
-            before = f"{self.eval_loss_before:.4g} -> " if self.eval_loss_before is not None else ""
-            lines.append(f"held-out loss: {before}{self.eval_loss:.4g}")
-        return lines
 
 
 class SFTRun(RecipeRun):

@@ -1,0 +1,23 @@
+"""What an SFT run did, as `train()` returns it: the skeleton's `Outcome` and the held-out loss, before and
+after (`rl/outcome.py` is the RL recipe's)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from loops_nb.run.outcome import Outcome
+
+
+@dataclass
+class SFTOutcome(Outcome):
+    """What an SFT run did; ``eval_loss_before`` is the held-out loss before the first step."""
+
+    eval_loss_before: float | None = None
+    eval_loss: float | None = None
+
+    def describe(self) -> list[str]:
+        lines = super().describe()
+        if self.eval_loss is not None:
+            before = f"{self.eval_loss_before:.4g} -> " if self.eval_loss_before is not None else ""
+            lines.append(f"held-out loss: {before}{self.eval_loss:.4g}")
+        return lines
