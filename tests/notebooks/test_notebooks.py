@@ -81,7 +81,7 @@ SMOKE: dict[str, dict] = {
     },
 }
 EXPECT: dict[str, list[str]] = {
-    "index.ipynb": ["rl_quickstart.ipynb\n  max_steps = ", "sft_tool_use.ipynb"],
+    "index.ipynb": ["rl_quickstart.ipynb\n  config = ", "  max_steps = ", "sft_tool_use.ipynb"],
     "rl_quickstart.ipynb": [
         "check: ok",
         "status: completed",
