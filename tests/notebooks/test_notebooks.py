@@ -53,9 +53,8 @@ SMOKE: dict[str, dict] = {
         "max_tokens": 64,
         "max_turns": 1,
         "attempt_timeout_seconds": 300,
-        # Seed 121: both attempts' first replies end within 20 tokens. A reply cut at max_tokens makes
-        # Terminus-2 ask again with "ERROR!! NONE of the actions ...", which the saved panel shows and the
-        # "ERROR" check below would take for a failure (seed 0's first attempt runs past 700 tokens).
+        # Seed 121: both attempts' first replies end within 20 tokens, so the smoke run takes about a minute.
+        # At seed 0 the first reply runs past max_tokens and Terminus-2 re-asks until the attempt's timeout.
         "seed": 121,
     },
     "sft_tool_use.ipynb": {"max_steps": 1, "max_rows": 4, "eval_examples": 2, "compare_rows": 1},
@@ -151,6 +150,23 @@ MAX_OUTPUT_BYTES = 1_000_000
 """A saved notebook must stay small: no megabytes of widget state."""
 
 
+def errors(nb: nbformat.NotebookNode) -> list[str]:
+    """The cells' error outputs, and tracebacks or ERROR log lines on stderr. A model's text may say "ERROR"
+    (Terminus-2's re-ask does), so the word in a reply or a transcript is no failure."""
+    found = []
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "error":
+                found.append(f"{out['ename']}: {out['evalue']}")
+            elif (
+                out.get("output_type") == "stream"
+                and out.get("name") == "stderr"
+                and "Traceback" in out["text"]
+            ):
+                found.append(out["text"][-2000:])
+    return found
+
+
 def output_text(nb: nbformat.NotebookNode) -> str:
     parts = []
     for cell in nb.cells:
@@ -184,8 +200,9 @@ def test_notebook_runs_under_papermill(notebook: Path, tmp_path: Path) -> None:
         execution_timeout=900,
     )
     assert out.stat().st_size < MAX_OUTPUT_BYTES
-    text = output_text(nbformat.read(out, as_version=4))
-    assert "ERROR" not in text
+    saved = nbformat.read(out, as_version=4)
+    assert not errors(saved), f"{notebook.name}: {errors(saved)}"
+    text = output_text(saved)
     for expected in EXPECT.get(notebook.name, []):
         assert expected in text, f"{notebook.name}: {expected!r} not in the saved output"
 
