@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 
 import pytest
 import torch
+from polling import wait_until
 from pydantic import ValidationError
 from sampler_fixtures import (  # noqa: F401 - the *_fixture imports register the fixtures
     EOS_ID,
@@ -258,10 +258,7 @@ def test_concurrent_threads_coalesce_and_match_solo(engine):
 
 
 def wait_for_batches(engine: SamplerEngine, count: int) -> None:
-    deadline = time.monotonic() + 60  # generous: under CI's load the worker may start late
-    while engine.stats["batches"] < count:
-        assert time.monotonic() < deadline, "the worker never started the batch"
-        time.sleep(0.001)
+    wait_until(lambda: engine.stats["batches"] >= count, "the worker started the batch", every=0.001)
 
 
 @pytest.mark.slow

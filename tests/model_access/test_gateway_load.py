@@ -13,12 +13,12 @@ import gc
 import os
 import resource
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
 import httpx
 import pytest
+from polling import until
 
 from loops_nb.model_access import ModelGateway
 
@@ -35,16 +35,10 @@ def rss_mb() -> float:
         return int(f.read().split()[1]) * resource.getpagesize() / 2**20
 
 
-async def settled(holds: Callable[[], bool], within: float = 30.0) -> bool:
-    """Whether ``holds()`` becomes true within ``within`` seconds: closed connections and finished threads go
-    away asynchronously, so a count is read once it has had the chance to drop, not after a fixed pause."""
-    deadline = time.monotonic() + within
-    while not holds():
-        if time.monotonic() > deadline:
-            return False
-        gc.collect()
-        await asyncio.sleep(0.05)
-    return True
+def collected(holds: Callable[[], bool]) -> Callable[[], bool]:
+    """``holds`` read after a garbage collection: closed connections and finished threads go away
+    asynchronously, so a count is read once it has had the chance to drop, not after a fixed pause."""
+    return lambda: gc.collect() >= 0 and holds()
 
 
 async def wave(gateway: ModelGateway, make_llm: Any, tag: str) -> None:
@@ -74,10 +68,14 @@ async def test_256_concurrent_attempts_twice_are_all_served_and_nothing_grows(ma
         gc.collect()
         fds, threads, rss = open_fds(), threading.active_count(), rss_mb()
         await wave(gateway, make_llm, "second")
-        assert await settled(lambda: open_fds() <= fds + 8), (
-            f"sockets and files do not grow with load ({fds} -> {open_fds()})"
+        await until(
+            collected(lambda: open_fds() <= fds + 8),
+            f"sockets and files do not grow with load (from {fds})",
+            seconds=30,
         )
-        assert await settled(lambda: threading.active_count() <= threads + 1), (
-            "no thread per attempt is left behind"
+        await until(
+            collected(lambda: threading.active_count() <= threads + 1),
+            "no thread per attempt is left behind",
+            seconds=30,
         )
         assert rss_mb() < rss + 150, f"memory does not grow with load ({rss:.0f} MB -> {rss_mb():.0f} MB)"
