@@ -124,7 +124,7 @@ class HarborRuntime(RolloutRuntime):
         from harbor.models.task.config import NetworkMode
         from harbor.models.task.task import Task as HarborTask
 
-        from loops_nb.providers.local import static_problems
+        from loops_nb.providers.local_task_fit import static_problems
         from loops_nb.providers.local_verifier import verifier_warnings
 
         config = self.provider.config  # type: ignore[attr-defined]

@@ -7,18 +7,18 @@ background processes (tmux) survive between commands (see `bubblewrap.py` for wh
 is not). The task's Dockerfile is read, not built: `WORKDIR` and `ENV` are honoured,
 `COPY`/`ADD` of files from `environment/` into writable paths are replayed, and anything that needs an
 image build (`RUN`, `FROM` another stage's files, a `docker_image`) refuses the task with the line at
-fault, unless `[providers.local] ignore_dockerfile = true`.
+fault, unless `[providers.local] ignore_dockerfile = true`. What a task needs beside its one container
+(compose services, MCP servers, a provider's own environment, an ENTRYPOINT) is refused always
+(`local_task_fit.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import shlex
 import shutil
 import tempfile
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
@@ -29,7 +29,9 @@ from harbor.models.trial.paths import EnvironmentPaths
 from pydantic import Field
 
 from loops_nb.providers.bubblewrap import BubblewrapSandbox, SandboxDied, bwrap_path
+from loops_nb.providers.dockerfile_plan import read_dockerfile
 from loops_nb.providers.journalled import JournalledSandbox
+from loops_nb.providers.local_task_fit import DEFAULT_WORKDIR, static_problems, writable_paths
 from loops_nb.providers.local_verifier import (
     PROBLEMS_FILE,
     VerifierCannotRun,
@@ -38,7 +40,6 @@ from loops_nb.providers.local_verifier import (
     verifier_failure,
 )
 
-DEFAULT_WORKDIR = "/app"
 logger = logging.getLogger(__name__)
 
 
@@ -52,153 +53,14 @@ class LocalSandboxOptions(EnvironmentOptions):
     hidden_paths: list[str] = Field(default_factory=list)
     """Host paths covered by an empty directory inside the sandbox."""
     ignore_dockerfile: bool = False
-    """Run tasks whose Dockerfile needs a build anyway, on the host's tools."""
+    """Run tasks whose Dockerfile needs a build anyway, on the host's tools (never waives a compose
+    service, an MCP server, a provider's own environment or an ENTRYPOINT)."""
     keep_sandboxes: bool = False
     """Leave sandbox directories behind (still journalled) for debugging."""
 
 
 class TaskNeedsImage(RuntimeError):
     """The task needs an image build, which the local sandbox cannot do."""
-
-
-@dataclass
-class DockerfilePlan:
-    """What the local sandbox takes from a task's Dockerfile."""
-
-    workdir: str | None = None
-    """The last WORKDIR: the task's working directory unless task.toml sets one."""
-    workdirs: list[str] = field(default_factory=list)
-    """Every WORKDIR: each is writable in the sandbox, as in an image where it was created."""
-    env: dict[str, str] = field(default_factory=dict)
-    copies: list[tuple[str, str]] = field(default_factory=list)
-    """(source relative to environment/, absolute destination in the sandbox)."""
-    needs_build: list[str] = field(default_factory=list)
-    """The lines that need an image build, as `line N: TEXT`."""
-
-
-def read_dockerfile(path: Path) -> DockerfilePlan:
-    plan = DockerfilePlan()
-    if not path.is_file():
-        return plan
-    logical: list[tuple[int, str]] = []
-    pending, start = "", 0
-    for number, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        line = raw.strip()
-        if not pending and (not line or line.startswith("#")):
-            continue
-        if not pending:
-            start = number
-        if line.endswith("\\"):
-            pending += line[:-1] + " "
-            continue
-        logical.append((start, pending + line))
-        pending = ""
-    if pending:
-        logical.append((start, pending))
-    for number, line in logical:
-        keyword, _, rest = line.partition(" ")
-        keyword, rest = keyword.upper(), rest.strip()
-        if keyword in ("FROM", "LABEL", "EXPOSE", "CMD", "ENTRYPOINT", "USER", "ARG", "SHELL", "HEALTHCHECK"):
-            continue  # the host is the image; these change nothing a task's commands can see
-        if keyword == "WORKDIR":
-            plan.workdir = str(PurePosixPath(plan.workdir or "/") / rest)
-            plan.workdirs.append(plan.workdir)
-        elif keyword == "ENV":
-            plan.env.update(_env_pairs(rest))
-        elif keyword in ("COPY", "ADD") and not rest.startswith("--from") and "://" not in rest:
-            parts = [p for p in shlex.split(rest) if not p.startswith("--")]
-            *sources, dest = parts
-            # A relative destination is relative to the WORKDIR in force at this line, as Docker does.
-            absolute = dest if dest.startswith("/") else str(PurePosixPath(plan.workdir or "/") / dest)
-            if dest.endswith("/") and not absolute.endswith("/"):
-                absolute += "/"
-            for source in sources:
-                plan.copies.append((source, absolute))
-        else:
-            plan.needs_build.append(f"line {number}: {line[:120]}")
-    return plan
-
-
-def local_refusal(task: str, plan: DockerfilePlan, docker_image: str | None) -> str | None:
-    """Why the local sandbox cannot run a task, or None. `loops check` and `start()` both ask."""
-    if docker_image:
-        why = f"it names docker_image = {docker_image!r}"
-    elif plan.needs_build:
-        why = "environment/Dockerfile needs an image build (" + "; ".join(plan.needs_build[:3]) + ")"
-    else:
-        return None
-    return (
-        f"task {task}: the local sandbox builds no images and {why}. Run it on a docker, blaxel or "
-        "daytona provider, or set [providers.local] ignore_dockerfile = true if this machine already "
-        "has what it installs"
-    )
-
-
-def writable_paths(plan: DockerfilePlan, workdir: str, task_os: Any = None) -> list[str]:
-    """Every path a local sandbox can write: Harbor's, the workdir, each WORKDIR and /tmp."""
-    paths = EnvironmentPaths.for_os(task_os) if task_os is not None else EnvironmentPaths()
-    harbor_paths = (
-        paths.agent_dir,
-        paths.verifier_dir,
-        paths.artifacts_dir,
-        paths.tests_dir,
-        paths.solution_dir,
-    )
-    return [*(str(p) for p in harbor_paths), "/installed-agent", *plan.workdirs, workdir, "/tmp"]
-
-
-def _inside(path: str, roots: list[str]) -> bool:
-    target = PurePosixPath(path)
-    return any(target == PurePosixPath(r) or PurePosixPath(r) in target.parents for r in roots)
-
-
-def static_problems(
-    task: str, environment_dir: Path, env_config: Any, ignore_dockerfile: bool = False
-) -> list[str]:
-    """Why the local sandbox cannot start a task: `start()` raises the first, `loops check` lists them all.
-
-    `env_config` is the task's Harbor `[environment]` config (`EnvironmentConfig`).
-    """
-    plan = read_dockerfile(environment_dir / "Dockerfile")
-    problems: list[str] = []
-    if not ignore_dockerfile:
-        refusal = local_refusal(task, plan, getattr(env_config, "docker_image", None))
-        if refusal:
-            problems.append(refusal)
-    if getattr(env_config, "gpus", None):
-        problems.append(f"task {task}: it asks for {env_config.gpus} GPU(s); the local sandbox gives none")
-    if str(getattr(getattr(env_config, "os", None), "value", "linux")) == "windows":
-        problems.append(f"task {task}: it is a Windows task; the local sandbox runs Linux commands only")
-    if str(getattr(getattr(env_config, "network_mode", None), "value", "")) == "allowlist":
-        problems.append(
-            f'task {task}: network_mode = "allowlist" cannot be enforced by the local sandbox (only all of '
-            "the host's network or none); run it on a blaxel or daytona provider"
-        )
-    workdir = getattr(env_config, "workdir", None) or plan.workdir or DEFAULT_WORKDIR
-    writable = writable_paths(plan, workdir, getattr(env_config, "os", None))
-    root = environment_dir.resolve()
-    for source, dest in plan.copies:
-        path = (environment_dir / source).resolve()
-        if not path.is_relative_to(root):
-            problems.append(
-                f"task {task}: Dockerfile COPY {source} is outside environment/; a build context cannot reach it either"
-            )
-        elif not path.exists():
-            problems.append(f"task {task}: Dockerfile COPY {source}: environment/{source} does not exist")
-        if not _inside(dest, writable):
-            problems.append(
-                f"task {task}: Dockerfile COPY {source} {dest}: {dest} is outside the local sandbox's writable "
-                f"paths ({', '.join(sorted(set(writable)))}), so the copy cannot be replayed; copy into the "
-                "WORKDIR instead, or run the task on a docker, blaxel or daytona provider"
-            )
-    return problems
-
-
-def _env_pairs(text: str) -> dict[str, str]:
-    parts = shlex.split(text)
-    if parts and "=" not in parts[0]:  # legacy `ENV KEY value with spaces`
-        return {parts[0]: " ".join(parts[1:])}
-    return dict(part.split("=", 1) for part in parts if "=" in part)
 
 
 class LocalSandboxEnvironment(JournalledSandbox, BaseEnvironment):
