@@ -107,7 +107,11 @@ class LoopsAgent(BaseAgent):
             await environment.upload_file(local, path)
 
     def populate_context_post_run(self, context: AgentContext) -> None:
-        """Record what the model did in Harbor's own result: per-call tokens and logprobs, counts."""
+        """Record what the model did in Harbor's own result: per-call tokens and logprobs, counts.
+
+        Harbor calls this only when the agent left its context empty; an agent that fills it (Terminus-2)
+        calls `record_transcript` itself, or the attempt's transcript would hold only the verifier's lines.
+        """
         if self.attempt is None:
             return
         calls = self.attempt.services.capture.calls
@@ -121,4 +125,8 @@ class LoopsAgent(BaseAgent):
                 "extra": {"policy_version": [c.policy_version for c in calls]},
             }
         ]
+        self.record_transcript(context)
+
+    def record_transcript(self, context: AgentContext) -> None:
+        """Put `self.transcript` where the runtime reads it (Harbor's result metadata)."""
         context.metadata = {**(context.metadata or {}), "loops_transcript": self.transcript}

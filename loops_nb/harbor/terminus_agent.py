@@ -16,7 +16,8 @@ installed and a sandbox without network cannot install it.
 from __future__ import annotations
 
 import os
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 # LiteLLM (imported with Terminus-2) downloads a model price list at import unless told to use its own
 # copy: offline that is ~10 s of retries per process, and the gateway's model is in no price list.
@@ -27,6 +28,11 @@ from harbor.environments.base import BaseEnvironment
 from harbor.models.agent.context import AgentContext
 
 from loops_nb.harbor.agent import LoopsAgent
+
+if TYPE_CHECKING:
+    from harbor.models.trajectories.step import Step
+
+    from loops_nb.llm.capture import ModelCall
 
 _SHARED = ("logs_dir", "logger", "mcp_servers", "skills_dir", "extra_env", "environment_logs_dir")
 """Harbor's keywords for every agent: both this wrapper and the Terminus-2 inside it get them."""
@@ -94,10 +100,42 @@ class LoopsTerminus2(LoopsAgent):
         try:
             await self.terminus.run(instruction, environment, context)
         finally:
-            chat = getattr(self.terminus, "_chat", None)
-            messages = getattr(chat, "messages", None) or []
-            self.transcript = [
-                {"role": m.get("role", ""), "content": m.get("content", "")}
-                for m in messages
-                if isinstance(m, dict)
-            ]
+            # Terminus-2 fills Harbor's context itself, so Harbor skips populate_context_post_run: the
+            # transcript must be recorded here, whether the episode ended, timed out or raised.
+            calls = self.attempt.services.capture.calls if self.attempt is not None else []
+            self.transcript = terminus_transcript(
+                getattr(self.terminus, "_trajectory_steps", None) or [], calls
+            )
+            self.record_transcript(context)
+
+
+def terminus_transcript(steps: Sequence[Step], calls: Sequence[ModelCall]) -> list[dict[str, Any]]:
+    """An episode as a person reads it: Terminus-2's prompt, then per model call its reply, the keystrokes it
+    sent to tmux and what the pane showed. Without Terminus-2's steps (it failed before recording one),
+    the captured calls' replies."""
+    transcript: list[dict[str, Any]] = []
+    for step in steps:
+        message = step.message if isinstance(step.message, str) else str(step.message)
+        if step.source != "agent":
+            transcript.append({"role": "user" if step.source == "user" else "system", "content": message})
+            continue
+        turn: dict[str, Any] = {"role": "assistant", "content": message}
+        if step.reasoning_content:
+            turn["reasoning"] = step.reasoning_content
+        keystrokes = [
+            str(call.arguments.get("keystrokes", ""))
+            for call in step.tool_calls or []
+            if call.function_name == "bash_command"
+        ]
+        if keystrokes:
+            turn["keystrokes"] = keystrokes
+        if any(call.function_name == "mark_task_complete" for call in step.tool_calls or []):
+            turn["task_complete"] = True
+        transcript.append(turn)
+        for result in step.observation.results if step.observation else []:
+            if result.content:
+                content = result.content if isinstance(result.content, str) else str(result.content)
+                transcript.append({"role": "terminal", "content": content})
+    if not any(turn["role"] == "assistant" for turn in transcript):
+        transcript += [{"role": "assistant", "content": call.text} for call in calls]
+    return transcript

@@ -74,6 +74,14 @@ async def test_terminus_2_types_into_tmux_in_the_sandbox_with_completions_from_t
     assert all(call.completion_tokens for call in capture.calls)
     assert "most famous board game" in renderer.tokenizer.decode(policy.prompts[0])
     assert result.verifier_result.rewards == {"reward": 1.0}, "its keystrokes ran in the tmux session"
+    # Terminus-2 fills Harbor's context, so Harbor skips populate_context_post_run: the wrapper records the
+    # transcript itself, with what was typed and what the pane showed.
+    transcript = result.agent_result.metadata["loops_transcript"]
+    assert transcript[0]["role"] == "user" and "most famous board game" in transcript[0]["content"]
+    replies = [t for t in transcript if t["role"] == "assistant"]
+    assert len(replies) == len(capture.calls)
+    assert replies[0]["keystrokes"] == ["echo Monopoly > /app/answer.txt\n"]
+    assert any(t["role"] == "terminal" and "echo Monopoly" in t["content"] for t in transcript)
     events = read_jsonl(tmp_path / "state" / "journal.jsonl")
     assert [e["event"] for e in events] == ["intent", "created", "released"]
 
