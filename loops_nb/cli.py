@@ -151,7 +151,7 @@ async def _check_or_run(
     outcome = await project.train()
     for line in outcome.describe() if hasattr(outcome, "describe") else [str(outcome)]:
         print(line)
-    return 0
+    return 1 if getattr(outcome, "status", None) == "failed" else 0
 
 
 async def _eval(config: str, overrides: dict[str, Any], checkpoint: str, out: Path | None) -> int:

@@ -240,6 +240,11 @@ class RunDirectory:
             log_file.write(f"failed: {failure}\n{trace}\n")
         return failure
 
+    def note_failure(self, reason: str) -> None:
+        """Note in `run.log` that a run which ran to its end failed (it trained nothing): `loops runs` says so."""
+        with contextlib.suppress(OSError), (self.root / "run.log").open("a") as log_file:
+            log_file.write(f"failed: {reason}\n")
+
     def rewind_to(self, step: int) -> None:
         """Forget every record past `step`: they will be redone from the checkpoint at `step`."""
         self.steps.keep(lambda r: r.get("step", 0) < step)

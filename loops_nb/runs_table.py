@@ -210,12 +210,12 @@ def read_run(path: str | os.PathLike[str]) -> RunSummary:
 def _status(run: RunSummary) -> str:
     if _lock_held(run.path):
         return "running"
+    if _last_event_failed(run.path):  # a fault, or a run that reached its end and trained nothing
+        return "failed"
     checkpoint = run.checkpoint
     if checkpoint is not None and checkpoint.sampler_path and checkpoint.step >= run.steps:
         total = run.total_steps
         return "stopped" if total is not None and checkpoint.step < total else "completed"
-    if _last_event_failed(run.path):
-        return "failed"
     return "incomplete"
 
 

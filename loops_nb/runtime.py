@@ -47,6 +47,9 @@ class AttemptServices:
     model_base_url: str | None = None
     """For an agent that is its own program: the OpenAI-compatible URL of this attempt's lease."""
     model_api_key: str | None = None
+    evidence_kept: list[str] = field(default_factory=list)
+    """Where the runtime keeps this attempt's evidence (e.g. `trial directory: <path>`); a discarded
+    attempt's detail names each, however it ended, a timeout included."""
 
 
 @dataclass

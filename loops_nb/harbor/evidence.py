@@ -34,6 +34,21 @@ DISCARD_REASONS = {
 }
 
 
+REFUSED_BY_THE_SANDBOX = {"TaskNeedsImage"}
+"""The local sandbox refused the task before the agent ran: its message says why, a traceback says nothing."""
+
+
+def _where(traceback: str, message: str) -> str:
+    """The traceback's last frames, without its final `module.Type: message` line (the detail's first line
+    says that already, and a detail says each thing once)."""
+    text = traceback.strip()
+    said = message.strip().splitlines()[0] if message.strip() else ""
+    at = text.rfind(said) if said else -1
+    if at >= 0:
+        text = text[: text.rfind("\n", 0, at) + 1]
+    return "\n".join(text.strip().splitlines()[-6:])
+
+
 def _seconds(timing: TimingInfo | None) -> float | None:
     if timing is None or timing.started_at is None or timing.finished_at is None:
         return None
@@ -95,9 +110,9 @@ def evidence_from_trial(
         first = problems[0]
         reason = DISCARD_REASONS.get(first.exception_type, "error")
         detail = f"{first.exception_type}: {first.exception_message}".strip()
-        if reason == "error":
+        if reason == "error" and first.exception_type not in REFUSED_BY_THE_SANDBOX:
             # The user's agent raised: the last lines of the traceback say where.
-            detail += "\n" + "\n".join(first.exception_traceback.strip().splitlines()[-6:])
+            detail += "\n" + _where(first.exception_traceback, first.exception_message)
         evidence = Evidence.discard(reason, detail, **metrics)
         evidence.transcript = transcript
         return evidence

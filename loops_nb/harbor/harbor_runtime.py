@@ -277,22 +277,29 @@ class HarborRuntime(RolloutRuntime):
             ),
             environment=EnvironmentConfig(**self.provider.harbor_environment(self._journal())),
         )
+        trial_dir = self._trials_dir() / config.trial_name
+        kept = f"trial directory: {trial_dir}"
+        if self.keep_trials != "none":  # said now: a timeout cancels this coroutine before it returns
+            attempt.services.evidence_kept.append(kept)
         token = bind_llm(attempt.services.llm)
         try:
             trial = await Trial.create(config)
             result = await trial.run()
+        except BaseException:
+            if self.keep_trials == "none":
+                shutil.rmtree(trial_dir, ignore_errors=True)
+            raise
         finally:
             unbind_llm(token)
             forget_attempt(key)
-        trial_dir = Path(result.trial_uri.removeprefix("file://"))
         evidence = evidence_from_trial(
             result, self.reward_key, _read(trial_dir / "verifier" / "test-stdout.txt")
         )
         evidence.metrics.setdefault("harbor/trial", 1.0)
         if self.keep_trials == "none" or (self.keep_trials == "failed" and evidence.discarded is None):
             await asyncio.to_thread(shutil.rmtree, trial_dir, True)
-        elif evidence.discarded:
-            evidence.detail += f"\n(trial directory: {trial_dir})"
+            if kept in attempt.services.evidence_kept:
+                attempt.services.evidence_kept.remove(kept)
         return evidence
 
     async def close(self) -> None:

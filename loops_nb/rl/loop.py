@@ -189,6 +189,19 @@ class RLRun(RecipeRun):
             return metrics
         return {**metrics, **(await self.evaluate(step))}
 
+    def trained_nothing(self) -> str | None:
+        scheduler = self._scheduler
+        if scheduler is None or not scheduler.finished_attempts:
+            return None
+        discarded = scheduler.stats.discarded
+        if discarded.total() < scheduler.finished_attempts:
+            return None
+        (reason, _), *_ = discarded.most_common(1)
+        counts = ", ".join(f"{n} {why}" for why, n in discarded.most_common())
+        detail = scheduler.stats.first_detail.get(reason, "").strip().splitlines()
+        said = f"; the first {reason}: {detail[0][:300]}" if detail else ""
+        return f"no step trained: all {scheduler.finished_attempts} attempts were discarded ({counts}){said}"
+
     async def train_step(self, step: int) -> StepRecord:
         scheduler = self._scheduler
         assert scheduler is not None, "begin() creates the scheduler"

@@ -73,6 +73,8 @@ class SchedulerStats:
     stale_requeued: int = 0
     paced_seconds: float = 0.0
     discarded: Counter[str] = field(default_factory=Counter)
+    first_detail: dict[str, str] = field(default_factory=dict)
+    """Each discard reason's first detail, for a run that must say why it trained nothing."""
 
 
 MakeLLM = Callable[[TokenCapture, int], LoopsLLM]
@@ -166,9 +168,13 @@ class RolloutScheduler:
             finally:
                 self.in_flight -= 1
         if evidence.discarded:
+            for place in attempt.services.evidence_kept:
+                if place not in evidence.detail:
+                    evidence.detail += f"\n({place})"
             if evidence.discarded == "invalid_reward" and "invalid_reward" not in self.stats.discarded:
                 log.warning("attempt %s is discarded: %s", attempt.id, evidence.detail)  # the first one
             self.stats.discarded[evidence.discarded] += 1
+            self.stats.first_detail.setdefault(evidence.discarded, evidence.detail)
         record = AttemptRecord(attempt, evidence, capture, time.perf_counter() - started)
         self.finished_attempts += 1
         if self.on_attempt is not None:

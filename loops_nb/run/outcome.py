@@ -12,7 +12,8 @@ class Outcome:
 
     run_dir: str
     status: str
-    """`completed` or `stopped` (a failure raises `RunFailed` instead)."""
+    """`completed`, `stopped`, or `failed` when every step ran and none trained (`reason` says why; `loops run`
+    exits 1). A fault that stops a run raises `RunFailed` instead."""
     steps: int
     """Optimizer steps applied when the run ended (its final checkpoint's step)."""
     start_step: int
@@ -21,9 +22,13 @@ class Outcome:
     checkpoint: str | None = None
     sampler_path: str | None = None
     seconds: float = 0.0
+    reason: str | None = None
+    """Why a `failed` run trained nothing (e.g. every attempt was discarded as `timeout`); None otherwise."""
 
     def describe(self) -> list[str]:
         lines = [f"run: {self.run_dir}", f"status: {self.status} ({self.steps} steps, {self.seconds:.0f}s)"]
+        if self.reason:
+            lines.append(f"reason: {self.reason}")
         for key in ("reward/mean", "loss", "eval/loss"):
             if self.last_metrics.get(key) is not None:  # None when a step had no rewards
                 lines.append(f"{key}: {self.last_metrics[key]:.4g}")

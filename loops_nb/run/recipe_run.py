@@ -106,6 +106,11 @@ class RecipeRun(ABC):
         """Fields the recipe's own `Outcome` subclass adds (SFT: the held-out loss before and after)."""
         return {}
 
+    def trained_nothing(self) -> str | None:
+        """Why the steps this process ran trained on nothing, or None. RL: every attempt was discarded. Such a
+        run ends `failed` with this reason (and a non-zero exit) although no step raised."""
+        return None
+
     def outcome(
         self,
         status: str,
@@ -114,10 +119,12 @@ class RecipeRun(ABC):
         checkpoint: Checkpoint,
         seconds: float,
         metrics: dict[str, Any],
+        reason: str | None = None,
     ) -> Outcome:
         return self.outcome_type(
             run_dir=str(self.run_dir.root),
             status=status,
+            reason=reason,
             steps=step,
             start_step=start,
             last_metrics=metrics,
@@ -176,6 +183,9 @@ class RecipeRun(ABC):
                 step = self.total_steps
             if status == "completed":
                 metrics = await self.when_completed(step, metrics)
+            reason = self.trained_nothing() if step > start else None
+            if reason is not None:  # it ran to the end, and trained on none of it: not a success
+                status = "failed"
         except Exception as exc:
             raise self.failed(step, exc) from exc
         finally:
@@ -186,8 +196,12 @@ class RecipeRun(ABC):
             checkpoint = await self.save(step, sampler=True)
         except Exception as exc:  # e.g. a full disk or a restarted Loops: the last periodic checkpoint stands
             raise self.failed(step, exc) from exc
-        outcome = self.outcome(status, step, start, checkpoint, time.monotonic() - started, metrics)
-        self.observers.emit("on_end", {"status": status, "steps": step, "seconds": outcome.seconds})
+        outcome = self.outcome(status, step, start, checkpoint, time.monotonic() - started, metrics, reason)
+        ended: dict[str, Any] = {"status": status, "steps": step, "seconds": outcome.seconds}
+        if reason is not None:
+            self.run_dir.note_failure(reason)
+            ended |= {"reason": reason, "error": reason}
+        self.observers.emit("on_end", ended)
         return outcome
 
     def failed(self, step: int, exc: BaseException) -> RunFailed:

@@ -84,6 +84,14 @@ def test_a_trial_without_a_valid_reward_is_discarded_with_its_reason(exception: 
 def test_an_agent_error_keeps_the_end_of_its_traceback() -> None:
     evidence = evidence_from_trial(result(None, "ValueError", "boom"))
     assert 'File "agent.py", line 9, in run' in evidence.detail
+    assert evidence.detail.count("boom") == 1, "the traceback's last line repeats the message: said once"
+
+
+def test_a_sandbox_refusal_is_said_once_without_a_traceback() -> None:
+    message = "task dns: environment/Dockerfile line 9 sets an ENTRYPOINT"
+    evidence = evidence_from_trial(result(None, "TaskNeedsImage", message))
+    assert evidence.discarded == "error"
+    assert evidence.detail == f"TaskNeedsImage: {message}"
 
 
 def test_an_agent_timeout_is_still_graded_as_harbor_says() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import read_jsonl
+from helpers import read_jsonl, run_cli_in_process
 from rl_config import rl_config_toml, tiny_run_toml
 
 import loops_nb
@@ -19,6 +19,8 @@ REPO = Path(__file__).resolve().parents[2]
 HIDDEN_GAME = REPO / "patterns" / "harbor" / "tasks" / "hidden_game"
 
 AGENTS = """
+import asyncio
+
 from loops_nb.harbor import LoopsAgent
 from loops_nb.llm.client import llm
 
@@ -39,6 +41,12 @@ class Crash(LoopsAgent):
 class Silent(LoopsAgent):
     async def run(self, instruction, environment, context):
         await self.write_file(environment, "/app/answer.txt", "Monopoly")
+
+
+class Hang(LoopsAgent):
+    async def run(self, instruction, environment, context):
+        await self.llm.chat([{"role": "user", "content": instruction}], max_tokens=4)
+        await asyncio.sleep(3600)
 
 
 class NotAnAgent:
@@ -122,6 +130,35 @@ async def test_a_failing_agent_is_discarded_with_its_reason(
         assert all("trial directory:" in r["detail"] for r in records), (
             "a failed trial's directory is kept and named"
         )
+
+
+@pytest.mark.slow
+def test_a_run_whose_every_attempt_timed_out_fails_and_keeps_each_trial(
+    tmp_path: Path, tiny_chat_model_path: Path
+) -> None:
+    config = make(tmp_path, tiny_chat_model_path, "Hang")
+    config.write_text(config.read_text().replace("[training]\n", "[training]\nattempt_timeout_seconds = 8\n"))
+    result = run_cli_in_process("run", config)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "status: failed (1 steps" in result.stdout
+    assert (
+        "reason: no step trained: all 4 attempts were discarded (4 timeout); the first timeout: no result "
+        in (result.stdout)
+    )
+    run = tmp_path / "runs" / "Hang"
+    records = rollouts(run)
+    assert {r["discarded"] for r in records} == {"timeout"}
+    kept = [
+        line.split("trial directory: ", 1)[1].rstrip(")")
+        for r in records
+        for line in r["detail"].splitlines()
+        if "trial directory: " in line
+    ]
+    assert len(kept) == 4 and all(Path(k).is_dir() for k in kept), (
+        "a timed-out trial's folder is kept and named"
+    )
+    table = run_cli_in_process("runs", run)
+    assert "failed" in table.stdout, table.stdout
 
 
 async def test_check_refuses_an_agent_that_is_not_a_loops_agent(
