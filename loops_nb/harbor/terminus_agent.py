@@ -10,7 +10,8 @@ provider's long-lived bwrap, Docker, Blaxel, Daytona) with tmux on it.
 
 `agent_kwargs` are Terminus-2's own (`max_turns`, `parser_name`, `temperature`, `enable_summarize`,
 `model_info`, ...); `record_terminal_session` defaults to false here, because asciinema is rarely
-installed and a sandbox without network cannot install it.
+installed and a sandbox without network cannot install it, and `suppress_max_turns_warning` to true,
+because a run's `max_turns` is its config's choice, not news on every attempt.
 """
 
 from __future__ import annotations
@@ -63,6 +64,9 @@ class LoopsTerminus2(LoopsAgent):
             loops_config_dir=loops_config_dir,
             **shared,
         )
+        # Harbor warns on every attempt that max_turns limits the episode; in a training run the limit is
+        # the config's own choice (`agent_kwargs.max_turns`), so one warning per attempt is noise.
+        kwargs.setdefault("suppress_max_turns_warning", True)
         self._terminus_kwargs = {**kwargs, "record_terminal_session": record_terminal_session}
         self._served_name = model_name or "policy"
         self.terminus: Terminus2 | None = None

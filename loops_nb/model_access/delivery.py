@@ -84,6 +84,9 @@ class Exchange[T]:
         finally:
             gone.cancel()
             if not reply.done():  # the client left, or this handler is being cancelled
+                # The attempt may still fail the reply (LeaseEnded) once nobody waits for it: retrieve that
+                # outcome here, or asyncio logs "Future exception was never retrieved" at the end of the run.
+                reply.add_done_callback(_retrieved)
                 job.cancel()
                 self.settle(False)
         if reply.cancelled():
@@ -135,6 +138,11 @@ class Exchange[T]:
     def _fail(self, exc: BaseException) -> None:
         with contextlib.suppress(concurrent.futures.InvalidStateError):
             self._reply.set_exception(exc)
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 async def settle_lease(lease: AttemptLease, timeout: float = DELIVERY_TIMEOUT) -> None:

@@ -78,6 +78,7 @@ class LocalSandboxEnvironment(JournalledSandbox, BaseEnvironment):
         self._died: SandboxDied | None = None
         self._paths = EnvironmentPaths.for_os(self.os)
         self._tests_uploaded = False
+        self._ever_started = False
 
     @staticmethod
     def type() -> str:
@@ -115,6 +116,7 @@ class LocalSandboxEnvironment(JournalledSandbox, BaseEnvironment):
             hidden=options.hidden_paths,
             host_binds=host_binds,
         )
+        self._ever_started = True
         self._sandbox.create()
         self._journal_created(str(root), path=str(root))
         await self._sandbox.start()
@@ -214,7 +216,15 @@ class LocalSandboxEnvironment(JournalledSandbox, BaseEnvironment):
         host = self._require().host_path(target_dir)
         await asyncio.to_thread(shutil.copytree, source_dir, host, dirs_exist_ok=True)
 
+    def _never_started(self) -> bool:
+        """Whether start() refused the task (or never ran): there is no sandbox and nothing in it to fetch.
+        Harbor still asks for the agent's logs; one quiet no-op beats a traceback per attempt, and the
+        attempt's detail already says why it never started."""
+        return self._sandbox is None and self._died is None and not self._ever_started
+
     async def download_file(self, source_path: str, target_path: Path | str) -> None:
+        if self._never_started():
+            return
         host = self._require().host_path(source_path)
         if not host.is_file():
             raise FileNotFoundError(f"{source_path} does not exist in the sandbox")
@@ -222,6 +232,8 @@ class LocalSandboxEnvironment(JournalledSandbox, BaseEnvironment):
         await asyncio.to_thread(shutil.copy2, host, target_path)
 
     async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
+        if self._never_started():
+            return
         host = self._require().host_path(source_dir)
         if not host.is_dir():
             raise FileNotFoundError(f"{source_dir} does not exist in the sandbox")

@@ -161,5 +161,5 @@ def _uvx_warnings(where: str, number: int, args: list[str], network: bool) -> li
     return [
         f"{where} line {number} runs uvx with {', '.join(missing)}, which the Python environment running "
         f"loops_nb ({sys.executable}) lacks: offline, the verifier will be discarded as verifier_error "
-        "(install them there, e.g. `uv add --dev pytest`)"
+        f"(install them there: {toolbox.install_hint(missing)})"
     ]

@@ -9,6 +9,7 @@ lease, and the verifier grades what it typed.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
 from typing import Any
@@ -48,7 +49,7 @@ CONFIRM = json.dumps({"analysis": "Written.", "plan": "Done.", "commands": [], "
 
 
 async def test_terminus_2_types_into_tmux_in_the_sandbox_with_completions_from_the_gateway(
-    tmp_path: Path, tiny_chat_model_path: Path
+    tmp_path: Path, tiny_chat_model_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     from transformers import AutoTokenizer
 
@@ -84,6 +85,8 @@ async def test_terminus_2_types_into_tmux_in_the_sandbox_with_completions_from_t
     assert any(t["role"] == "terminal" and "echo Monopoly" in t["content"] for t in transcript)
     events = read_jsonl(tmp_path / "state" / "journal.jsonl")
     assert [e["event"] for e in events] == ["intent", "created", "released"]
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not any("artificially limited" in w for w in warned), "max_turns is the config's choice, not news"
 
 
 def _trial(tmp_path: Path, key: str) -> TrialConfig:

@@ -52,6 +52,7 @@ def test_a_requirement_the_host_lacks_is_a_recorded_problem(shell) -> None:
     code, _, problems = shell("uvx -w no-such-plugin-xyz pytest --version")
     assert code != 0
     assert len(problems) == 1 and "lacks no-such-plugin-xyz" in problems[0]
+    assert "(`uv add --dev no-such-plugin-xyz`)" in problems[0], "the fix names what is missing"
     assert shell("uvx no-such-tool-xyz")[2] != []
 
 
@@ -81,3 +82,16 @@ def test_nothing_is_recorded_without_a_problems_file(tmp_path: Path) -> None:
     env = {"PATH": f"{TOOLBOX / 'bin'}:{os.environ['PATH']}", "LOOPS_NB_HOST_PYTHON": sys.executable}
     done = subprocess.run(["uvx", "no-such-tool-xyz"], env=env, cwd=tmp_path, capture_output=True, text=True)
     assert done.returncode != 0 and list(tmp_path.iterdir()) == []
+
+
+def test_check_names_the_requirement_a_verifier_lacks_in_its_fix(tmp_path: Path) -> None:
+    """harbor-cookbook's verifiers run `uvx -w pytest-xdist pytest -n 2`: the fix must say pytest-xdist."""
+    from loops_nb.providers.local_verifier import verifier_warnings
+
+    script = tmp_path / "test.sh"
+    script.write_text(
+        "#!/bin/bash\nuvx -p 3.12 -w pytest==8.4.1 -w no-such-xdist-xyz==3.8.0 pytest -n 2 /tests\n"
+    )
+    (warning,) = verifier_warnings("multi_reward", script, network=False)
+    assert "runs uvx with no-such-xdist-xyz==3.8.0" in warning
+    assert warning.endswith("(install them there: `uv add --dev no-such-xdist-xyz`)")

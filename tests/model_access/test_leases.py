@@ -168,3 +168,43 @@ async def test_an_episode_reads_its_attempts_model_env_without_an_attempt(script
     assert evidence.reward == 1.0 and len(llm.capture.calls) == 1
     with pytest.raises(RuntimeError, match="model_access"):
         model_env()
+
+
+async def test_a_client_that_left_before_its_attempt_ended_leaves_no_unretrieved_error() -> None:
+    """Terminus-2's runs ended with `Future exception was never retrieved ... LeaseEnded`: the client gave up on a
+    reply, then the attempt ended and failed the reply nobody was waiting for any more."""
+    import asyncio
+    import gc
+
+    from loops_nb.model_access.delivery import Exchange, settle_lease
+
+    registry = LeaseRegistry()
+    lease = registry.issue("t/g0/a0", object())  # type: ignore[arg-type]  # the exchange never samples it
+    sampling = asyncio.Event()
+
+    async def sample() -> str:
+        sampling.set()
+        await asyncio.Event().wait()
+        return "never"
+
+    async def receive() -> Any:  # the client disconnects once sampling has begun
+        await sampling.wait()
+        return {"type": "http.disconnect"}
+
+    unhandled: list[dict[str, Any]] = []
+    loop = asyncio.get_running_loop()
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, context: unhandled.append(context))
+    try:
+        exchange = Exchange(lease, sample, lambda _: None)
+        with pytest.raises(Exception, match="t/g0/a0"):
+            await exchange.run(receive)
+        registry.revoke(lease.key)
+        await settle_lease(lease, timeout=5)
+        del exchange
+        for _ in range(3):
+            await asyncio.sleep(0)
+            gc.collect()
+    finally:
+        loop.set_exception_handler(previous)
+    assert not unhandled, [c.get("message") for c in unhandled]

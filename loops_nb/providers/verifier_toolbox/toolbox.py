@@ -136,6 +136,12 @@ def satisfies(version: str, specifier: str) -> bool:
         return specifier.lstrip("=") == version
 
 
+def install_hint(missing: list[str]) -> str:
+    """The command that installs exactly what is missing where loops_nb runs: `uv add --dev pytest-xdist`."""
+    names = [split_requirement(m)[0] or m for m in missing]
+    return "`uv add --dev " + " ".join(dict.fromkeys(names)) + "`"
+
+
 def missing_requirements(requirements: list[str]) -> tuple[list[str], list[str]]:
     """(requirements the host lacks, notes about versions other than the pinned ones)."""
     missing, notes = [], []
@@ -223,8 +229,8 @@ def run_tool(args: list[str], *, with_command_requirement: bool) -> int:
             return subprocess.call([real_tool("uvx") or "uvx", *args])
         return problem(
             f"uvx {name}: the host's Python environment ({sys.executable}) lacks {', '.join(missing)}, and "
-            "the local sandbox installs nothing. Install it where loops_nb runs (`uv add --dev ...`), or set "
-            '[providers.local] network = "host" on a machine with network'
+            f"the local sandbox installs nothing. Install it where loops_nb runs ({install_hint(missing)}), "
+            'or set [providers.local] network = "host" on a machine with network'
         )
     return _exec(tool_name, rest)
 
