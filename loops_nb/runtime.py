@@ -158,6 +158,26 @@ class RolloutRuntime:
         """A task's first prompt, for `loops check` to render and count (None: not known in advance)."""
         return None
 
+    async def agent_time_limits(self) -> Sequence[AgentTimeLimit]:
+        """Each task's time limit for its agent and the model calls it expects, for `loops check` to compare
+        with how long a call takes on the local scope (none: the runtime sets no such limit)."""
+        return ()
+
+
+@dataclass(frozen=True)
+class AgentTimeLimit:
+    """A task's time limit for its agent, beside the model calls the agent is expected to make in it."""
+
+    task: str
+    seconds: float
+    set_by: str
+    """The setting that sets it, as a user would change it (`[agent] timeout_sec in task.toml`)."""
+    calls: int
+    """Model calls an episode is expected to make (the agent's turn limit, or its least)."""
+    calls_set_by: str
+    first_prompt: str
+    """The text of the first prompt beyond the chat template, for its token count."""
+
 
 @runtime_checkable
 class RuntimeShape(Protocol):
@@ -180,6 +200,7 @@ class AdaptedRuntime(RolloutRuntime):
         self._bind = getattr(inner, "bind", None)
         self._preflight = getattr(inner, "preflight", None)
         self._prompt_messages = getattr(inner, "prompt_messages", None)
+        self._agent_time_limits = getattr(inner, "agent_time_limits", None)
 
     async def tasks(self) -> Sequence[Task]:
         return await self.inner.tasks()
@@ -199,3 +220,6 @@ class AdaptedRuntime(RolloutRuntime):
 
     def prompt_messages(self, task: Task) -> list[dict[str, Any]] | None:
         return self._prompt_messages(task) if self._prompt_messages is not None else None
+
+    async def agent_time_limits(self) -> Sequence[AgentTimeLimit]:
+        return list(await self._agent_time_limits()) if self._agent_time_limits is not None else ()

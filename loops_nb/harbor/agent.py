@@ -82,6 +82,18 @@ class LoopsAgent(BaseAgent):
     async def setup(self, environment: BaseEnvironment) -> None:
         """Nothing to install: the agent runs here. Override to prepare the sandbox."""
 
+    @classmethod
+    def expected_calls(cls, agent_kwargs: dict[str, Any]) -> tuple[int, str]:
+        """Model calls an episode is expected to make, and what says so: `loops check` multiplies them by a
+        call's time on the local scope and compares that with the task's agent timeout. Override it in an
+        agent that calls the model more than once."""
+        return 1, "at least one model call"
+
+    @classmethod
+    def first_prompt(cls, instruction: str, agent_kwargs: dict[str, Any]) -> str:
+        """The text of the agent's first prompt for `instruction` (its token count sizes a call's prefill)."""
+        return instruction
+
     @property
     def llm(self) -> LoopsLLM:
         """This attempt's model handle (exact token capture, the run's sampling settings)."""

@@ -31,10 +31,20 @@ from loops_nb.harbor.evidence import evidence_from_trial
 from loops_nb.llm.client import bind_llm, unbind_llm
 from loops_nb.model_access import ModelAccessMode
 from loops_nb.providers.adapters import ProviderAdapter, provider_adapter
-from loops_nb.runtime import Attempt, CheckWarning, Evidence, RolloutRuntime, RunContext, Task
+from loops_nb.runtime import (
+    AgentTimeLimit,
+    Attempt,
+    CheckWarning,
+    Evidence,
+    RolloutRuntime,
+    RunContext,
+    Task,
+)
 
 if TYPE_CHECKING:
     from harbor.models.trial.config import TaskConfig
+
+    from loops_nb.harbor.agent import LoopsAgent
 
 # litellm (a Harbor dependency) otherwise fetches its cost map from GitHub on import, offline or not.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -160,7 +170,37 @@ class HarborRuntime(RolloutRuntime):
             ]
         return found
 
-    def _agent_class(self) -> type:
+    async def agent_time_limits(self) -> list[AgentTimeLimit]:
+        """Each local task's agent timeout (the task's own, or `agent_timeout_seconds`) and the calls the agent
+        expects: `loops check` compares them with how long a call takes on the local scope."""
+        from harbor.models.task.task import Task as HarborTask
+
+        try:
+            agent = self._agent_class()
+        except UserError:
+            return []  # reported by preflight
+        calls, calls_set_by = agent.expected_calls(self.agent_kwargs)
+        limits = []
+        for task in await self.tasks():
+            path = task.data["harbor_task"].get("path")
+            try:
+                harbor_task = HarborTask(Path(path)) if path else None
+            except Exception:  # task.toml is reported by preflight
+                harbor_task = None
+            if harbor_task is None:
+                continue
+            if self.agent_timeout_seconds is not None:
+                seconds, set_by = self.agent_timeout_seconds, "[runtime.options] agent_timeout_seconds"
+            else:
+                seconds, set_by = (
+                    harbor_task.config.agent.timeout_sec,
+                    f"[agent] timeout_sec in {path}/task.toml",
+                )
+            prompt = agent.first_prompt(harbor_task.instruction, self.agent_kwargs)
+            limits.append(AgentTimeLimit(task.id, float(seconds), set_by, calls, calls_set_by, prompt))
+        return limits
+
+    def _agent_class(self) -> type[LoopsAgent]:
         from loops_nb.episodes import import_object
         from loops_nb.harbor.agent import LoopsAgent
 

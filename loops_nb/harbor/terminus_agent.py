@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 # LiteLLM (imported with Terminus-2) downloads a model price list at import unless told to use its own
 # copy: offline that is ~10 s of retries per process, and the gateway's model is in no price list.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
+from harbor.agents import terminus_2
 from harbor.agents.terminus_2 import Terminus2
 from harbor.environments.base import BaseEnvironment
 from harbor.models.agent.context import AgentContext
@@ -75,6 +77,22 @@ class LoopsTerminus2(LoopsAgent):
     @staticmethod
     def name() -> str:
         return "loops-terminus-2"
+
+    @classmethod
+    def expected_calls(cls, agent_kwargs: dict[str, Any]) -> tuple[int, str]:
+        turns = agent_kwargs.get("max_turns")
+        if isinstance(turns, int) and turns > 0:
+            return turns, f"agent_kwargs.max_turns = {turns}"
+        return 2, "Terminus-2's least: an answer and its confirmation"
+
+    @classmethod
+    def first_prompt(cls, instruction: str, agent_kwargs: dict[str, Any]) -> str:
+        parser = agent_kwargs.get("parser_name") or "json"
+        template = Path(terminus_2.__file__).parent / "templates" / f"terminus-{parser}-plain.txt"
+        try:
+            return template.read_text().format(instruction=instruction, terminal_state="")
+        except (OSError, KeyError, IndexError):
+            return instruction
 
     async def setup(self, environment: BaseEnvironment) -> None:
         services = self.attempt.services if self.attempt is not None else None

@@ -19,7 +19,7 @@ from loops_nb.model_access.agent_env import leased_env, passing_env
 from loops_nb.model_access.delivery import settle_lease
 from loops_nb.model_access.gateway import ModelGateway
 from loops_nb.model_access.mode import ModelAccessMode
-from loops_nb.runtime import Attempt, Evidence, RolloutRuntime, RunContext, Task
+from loops_nb.runtime import AgentTimeLimit, Attempt, Evidence, RolloutRuntime, RunContext, Task
 
 
 class LeasedRuntime(RolloutRuntime):
@@ -64,3 +64,6 @@ class LeasedRuntime(RolloutRuntime):
 
     def prompt_messages(self, task: Task) -> list[dict[str, Any]] | None:
         return self.inner.prompt_messages(task)
+
+    async def agent_time_limits(self) -> Sequence[AgentTimeLimit]:
+        return await self.inner.agent_time_limits()

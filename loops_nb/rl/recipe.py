@@ -20,6 +20,7 @@ from loops_nb.local.memory_budget import check_lines
 from loops_nb.model_access import open_file_problem
 from loops_nb.observers import ObserverSet
 from loops_nb.resources import ResourceJournal, ResourceRegistry
+from loops_nb.rl.agent_time_check import agent_time_warnings
 from loops_nb.rl.config import RLConfig
 from loops_nb.rl.custom_loss import TrainingLoss, loss_name, needs_reference_logprobs, resolve_custom_loss
 from loops_nb.rl.evaluation import EvalLog, describe_eval, eval_tasks
@@ -127,6 +128,8 @@ async def _check_runtime(
             report.warnings += [p for p in found if isinstance(p, CheckWarning)]
             tasks = await runtime.tasks()
             report.tasks = len(tasks)
+            if renderer is not None:
+                report.warnings += await agent_time_warnings(config, runtime, renderer)
             report.lines.append(
                 f"runtime: {config.runtime.factory} with {len(tasks)} task(s), model access {access.value}"
             )
