@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loops_nb.config.sections import OutputConfig
 from loops_nb.errors import UserError
 from loops_nb.observers import TerminalReporter, eta
+from loops_nb.run_events import EvalRecord, RunEnded, RunStarted
 from loops_nb.step_record import StepRecord
+
+if TYPE_CHECKING:
+    from rich.table import Table
+    from wandb.sdk.wandb_run import Run
 
 
 class WandbMirror:
@@ -23,11 +28,11 @@ class WandbMirror:
             raise UserError("output.wandb_project needs the wandb extra: uv sync --extra wandb") from None
         self._wandb = wandb
         self._config = config
-        self._run: Any = None
+        self._run: Run | None = None
         self.project = project
 
-    def on_start(self, info: dict[str, Any]) -> None:
-        name = os.path.basename(str(info.get("run_dir", ""))) or None
+    def on_start(self, started: Mapping[str, Any]) -> None:
+        name = os.path.basename(RunStarted.of(started).run_dir or "") or None
         self._run = self._wandb.init(
             project=self.project, name=name, config=self._config, resume="allow", id=name
         )
@@ -38,19 +43,20 @@ class WandbMirror:
             numbers = {k: v for k in step.metrics if (v := step.number(k)) is not None}
             self._run.log(numbers, step=step.step)
 
-    def on_eval(self, line: Mapping[str, Any]) -> None:
+    def on_eval(self, evaluation: Mapping[str, Any]) -> None:
         """An RL evaluation, at the steps its policy had (the final one follows the last step record)."""
         if self._run is not None:
+            line = EvalRecord.of(evaluation)
             numbers = {
                 k: float(v)
-                for k, v in line.items()
+                for k, v in line.metrics.items()
                 if k.startswith("eval/") and isinstance(v, int | float) and not isinstance(v, bool)
             }
-            self._run.log(numbers, step=int(line["step"]))
+            self._run.log(numbers, step=line.step)
 
-    def on_end(self, summary: dict[str, Any]) -> None:
+    def on_end(self, ended: Mapping[str, Any]) -> None:
         if self._run is not None:
-            self._run.summary.update({k: v for k, v in summary.items() if isinstance(v, int | float | str)})
+            self._run.summary.update({k: v for k, v in ended.items() if isinstance(v, int | float | str)})
             self._run.finish()
 
 
@@ -68,7 +74,7 @@ class RichConsole(TerminalReporter):
         self._live = Live(console=self._console, refresh_per_second=2, transient=False)
         self._last: dict[str, Any] = {}
 
-    def _render(self, note: str = "") -> Any:
+    def _render(self, note: str = "") -> Table:
         from rich.table import Table
 
         table = Table.grid(padding=(0, 2))
@@ -87,8 +93,8 @@ class RichConsole(TerminalReporter):
 
         return time.monotonic() - self.started
 
-    def on_start(self, info: dict[str, Any]) -> None:
-        super().on_start(info)
+    def on_start(self, started: Mapping[str, Any]) -> None:
+        super().on_start(started)
         self._live.start()
         self._live.update(self._render("starting"))
 
@@ -96,11 +102,11 @@ class RichConsole(TerminalReporter):
         self._last = StepRecord.of(record).to_json()
         self._live.update(self._render())
 
-    def on_progress(self, snapshot: dict[str, Any]) -> None:
-        self._live.update(self._render(", ".join(f"{k}={v}" for k, v in snapshot.items())))
+    def on_progress(self, tick: Mapping[str, Any]) -> None:
+        self._live.update(self._render(", ".join(f"{k}={v}" for k, v in tick.items())))
 
-    def on_end(self, summary: dict[str, Any]) -> None:
-        self._live.update(self._render(str(summary.get("status", ""))))
+    def on_end(self, ended: Mapping[str, Any]) -> None:
+        self._live.update(self._render(RunEnded.of(ended).status))
         self._live.stop()
 
 

@@ -13,46 +13,59 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, TextIO
 
+from loops_nb.run_events import (
+    AttemptFinished,
+    EvalRecord,
+    ProgressTick,
+    RunEnded,
+    RunEvent,
+    RunStarted,
+    StepRollouts,
+)
 from loops_nb.step_record import StepRecord
 
 log = logging.getLogger("loops_nb.run")
 
 
 class RunObserver(Protocol):
-    """Every hook is optional: an observer defines the ones it wants. A run calls `on_step` with a
-    `StepRecord`, which is also a mapping of its steps.jsonl line; the built-in observers take either and
-    read it through `StepRecord.of`, so a line read back from steps.jsonl replays as the live step did."""
+    """Every hook is optional: an observer defines the ones it wants. Each hook gets one typed event
+    (`loops_nb.run_events`; `on_step` a `StepRecord`), which is also a mapping of the dict the hook was given
+    before the events were typed, so an observer that reads ``summary["status"]`` keeps working. The built-in
+    observers take either and read it through the event's ``of``, so a dict (a line read back from a file, a
+    test's) replays as the live event did."""
 
-    def on_start(self, info: dict[str, Any]) -> None: ...
+    def on_start(self, started: RunStarted) -> None: ...
     def on_step(self, record: StepRecord) -> None: ...
-    def on_attempt(self, record: dict[str, Any]) -> None: ...
-    # RL, after each step trains: {"step": n, "rows": [...]}, the step's rollouts.jsonl rows (step, group,
-    # attempt, reward, trained, ...). on_attempt comes earlier, before anyone knows whether an attempt trains.
-    def on_rollouts(self, payload: dict[str, Any]) -> None: ...
-    def on_progress(self, snapshot: dict[str, Any]) -> None: ...
-    def on_end(self, summary: dict[str, Any]) -> None: ...
-    # RL, after each evaluation (`[eval]`): its evals.jsonl line, {"step": steps applied, "eval/reward_mean", ...};
-    # SFT, the held-out loss before training: {"step": 0, "eval/loss", ...}.
-    def on_eval(self, line: dict[str, Any]) -> None: ...
+    def on_attempt(self, attempt: AttemptFinished) -> None: ...
+    def on_rollouts(self, rollouts: StepRollouts) -> None: ...
+    def on_progress(self, tick: ProgressTick) -> None: ...
+    def on_eval(self, evaluation: EvalRecord) -> None: ...
+    def on_end(self, ended: RunEnded) -> None: ...
+
+
+Event = StepRecord | RunEvent
+"""Anything a run emits: each event type names its hook (``type(event).hook``)."""
 
 
 class ObserverSet:
     """Fans events out; an observer that raises is logged and dropped, never stopping the run."""
 
-    def __init__(self, observers: Sequence[Any] = ()) -> None:
+    def __init__(self, observers: Sequence[object] = ()) -> None:
         self.observers = list(observers)
 
-    def wants(self, hook: str) -> bool:
-        """Whether any observer handles `hook`: lets the run skip building payloads nobody reads."""
-        return any(getattr(o, hook, None) is not None for o in self.observers)
+    def wants(self, kind: type[Event]) -> bool:
+        """Whether any observer handles events of ``kind``: lets the run skip building events nobody reads."""
+        return any(getattr(o, kind.hook, None) is not None for o in self.observers)
 
-    def emit(self, hook: str, payload: Mapping[str, Any]) -> None:
+    def emit(self, event: Event) -> None:
+        """Call each observer's hook for ``event`` (``on_end`` for a `RunEnded`, ...)."""
+        hook = event.hook
         for obs in list(self.observers):
             fn = getattr(obs, hook, None)
             if fn is None:
                 continue
             try:
-                fn(payload)
+                fn(event)
             except Exception:
                 log.exception("observer %r failed in %s; it is detached", obs, hook)
                 self.observers.remove(obs)
@@ -86,13 +99,12 @@ class TerminalReporter:
     def _print(self, text: str) -> None:
         print(text, file=self.stream, flush=True)
 
-    def on_start(self, info: dict[str, Any]) -> None:
+    def on_start(self, started: Mapping[str, Any]) -> None:
+        run = RunStarted.of(started)
         self.started = time.monotonic()
-        self.total = int(info.get("max_steps") or 0)
-        resumed = f", resumed at step {info['start_step']}" if info.get("start_step") else ""
-        self._print(
-            f"run {info.get('run_dir')}: {info.get('recipe')} on {info.get('model')} ({info.get('scope')}){resumed}"
-        )
+        self.total = run.max_steps or 0
+        resumed = f", resumed at step {run.start_step}" if run.start_step else ""
+        self._print(f"run {run.run_dir}: {run.recipe} on {run.model} ({run.scope}){resumed}")
 
     def on_step(self, record: Mapping[str, Any]) -> None:
         taken = StepRecord.of(record)
@@ -105,21 +117,22 @@ class TerminalReporter:
         parts.append(f"eta={eta(step + 1, self.total, time.monotonic() - self.started)}")
         self._print("  ".join(parts))
 
-    def on_progress(self, snapshot: dict[str, Any]) -> None:
-        self._print("  … " + ", ".join(f"{k}={v}" for k, v in snapshot.items()))
+    def on_progress(self, tick: Mapping[str, Any]) -> None:
+        self._print("  … " + ", ".join(f"{k}={v}" for k, v in tick.items()))
 
-    def on_eval(self, line: dict[str, Any]) -> None:
-        """An evaluation's evals.jsonl line: the policy after ``step`` steps on the eval tasks (RL), or SFT's
-        held-out loss before training (``step`` 0; later ones arrive in the step records)."""
+    def on_eval(self, evaluation: Mapping[str, Any]) -> None:
+        """An evaluation: the policy after ``step`` steps on the eval tasks (RL), or SFT's held-out loss before
+        training (``step`` 0; later ones arrive in the step records)."""
+        line = EvalRecord.of(evaluation)
         shown = [
             f"{k.removeprefix('eval/')}={v:.4g}" if isinstance(v, float) else f"{k.removeprefix('eval/')}={v}"
-            for k, v in line.items()
+            for k, v in line.metrics.items()
             if k in ("eval/reward_mean", "eval/tasks", "eval/attempts", "eval/loss", "eval/examples")
             or k.startswith("eval/pass_at_")
         ]
-        self._print(f"eval after {line.get('step')} steps: " + "  ".join(shown))
+        self._print(f"eval after {line.step} steps: " + "  ".join(shown))
 
-    def on_end(self, summary: dict[str, Any]) -> None:
-        self._print(
-            f"done: {summary.get('status')} after {summary.get('steps')} steps in {summary.get('seconds', 0):.0f}s"
-        )
+    def on_end(self, ended: Mapping[str, Any]) -> None:
+        end = RunEnded.of(ended)
+        reason = f"; reason: {end.reason}" if end.reason else ""
+        self._print(f"done: {end.status} after {end.steps} steps in {end.seconds or 0:.0f}s{reason}")

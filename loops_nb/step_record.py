@@ -12,13 +12,15 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 _TYPED = ("step", "time")
 
 
 @dataclass(frozen=True)
 class StepRecord(Mapping[str, Any]):
+    hook: ClassVar[str] = "on_step"
+    """The observer method a record is delivered to (see `loops_nb.run_events` for the other events)."""
     step: int
     """0-based index of the optimizer step; it applied steps ``0..step``."""
     metrics: Mapping[str, Any] = field(default_factory=dict)

@@ -30,6 +30,7 @@ from loops_nb.rl.step_log import StepLog, StepTraining
 from loops_nb.run.optimizer import AdamSettings
 from loops_nb.run.recipe_run import RecipeRun
 from loops_nb.run_dir import Checkpoint, RunDirectory
+from loops_nb.run_events import EvalRecord, ProgressTick
 from loops_nb.runtime import RolloutRuntime
 from loops_nb.step_record import StepRecord
 
@@ -179,7 +180,7 @@ class RLRun(RecipeRun):
         line = self.evals.recorded(step)
         if line is None:
             line = self.evals.write(await self._evaluator.evaluate(step))
-            self.observers.emit("on_eval", line)
+            self.observers.emit(EvalRecord.of(line))
             if self.policy.lost is not None:
                 raise self.policy.lost
         return {k: v for k, v in line.items() if k.startswith(("eval/", "time/eval"))}
@@ -254,10 +255,9 @@ class RLRun(RecipeRun):
         while True:
             await asyncio.sleep(every)
             self.observers.emit(
-                "on_progress",
-                {
-                    "attempts_done": scheduler.finished_attempts,
-                    "in_flight": scheduler.in_flight,
-                    "policy_version": self.policy.version,
-                },
+                ProgressTick(
+                    attempts_done=scheduler.finished_attempts,
+                    in_flight=scheduler.in_flight,
+                    policy_version=self.policy.version,
+                )
             )

@@ -3,7 +3,7 @@ attempt, its transcript, and the observer events.
 
 `RLRun.train_step` trains a step (`StepTraining`) and hands the result to `StepLog.record`; reading that
 method top to bottom follows one step's groups into every file and event. Every per-attempt dict, the rollouts
-row, the observer's summary and the transcript, is a view of one `AttemptView`.
+row, the observer's `AttemptFinished` and the transcript, is a view of one `AttemptView`.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from loops_nb.observers import ObserverSet
 from loops_nb.rl.grpo import SequenceDatum
 from loops_nb.rl.scheduler import AttemptRecord, GroupResult, RolloutScheduler
 from loops_nb.run_dir import RunDirectory
+from loops_nb.run_events import AttemptFinished, StepRollouts
 from loops_nb.step_record import StepRecord
 
 
@@ -58,21 +59,22 @@ class AttemptView:
             "seconds": round(a.seconds, 3),
         }
 
-    def summary(self) -> dict[str, Any]:
-        """What `on_attempt` reports the moment the attempt finishes."""
+    def finished(self, renderer: ChatRenderer) -> AttemptFinished:
+        """What `on_attempt` reports the moment the attempt finishes, every call of its transcript decoded."""
         a = self.record
-        return {
-            "attempt": a.attempt.id,
-            "task": a.attempt.task.id,
-            "reward": a.evidence.reward,
-            "discarded": a.evidence.discarded,
-            "detail": a.evidence.detail,
-            "policy_versions": a.capture.policy_versions,
-            "calls": len(a.capture.calls),
-            "sampled_tokens": a.capture.sampled_tokens,
-            "sequence_breaks": dict(a.capture.breaks),
-            "seconds": round(a.seconds, 3),
-        }
+        return AttemptFinished(
+            attempt=a.attempt.id,
+            task=a.attempt.task.id,
+            reward=a.evidence.reward,
+            discarded=a.evidence.discarded,
+            detail=a.evidence.detail,
+            policy_versions=a.capture.policy_versions,
+            calls=len(a.capture.calls),
+            sampled_tokens=a.capture.sampled_tokens,
+            sequence_breaks=dict(a.capture.breaks),
+            seconds=round(a.seconds, 3),
+            text=self.transcript(renderer, full=True),
+        )
 
     def transcript(self, renderer: ChatRenderer, *, full: bool) -> dict[str, Any]:
         """Its entry in the step's transcript: with ``full``, every call decoded, its tokens and logprobs."""
@@ -112,12 +114,8 @@ class StepLog:
 
     def attempt_finished(self, record: AttemptRecord) -> None:
         """`on_attempt`, as each attempt ends (whether it trains is not known yet)."""
-        if not self.observers.wants("on_attempt"):
-            return
-        view = AttemptView(record)
-        self.observers.emit(
-            "on_attempt", {**view.summary(), "text": view.transcript(self.renderer, full=True)}
-        )
+        if self.observers.wants(AttemptFinished):
+            self.observers.emit(AttemptView(record).finished(self.renderer))
 
     def record(
         self,
@@ -142,7 +140,7 @@ class StepLog:
         }
         rows = [view.row(step, group) for group, view in views]
         self.run_dir.rollouts.extend(rows)
-        self.observers.emit("on_rollouts", {"step": step, "rows": rows})
+        self.observers.emit(StepRollouts(step, rows))
         self.run_dir.write_transcript(
             f"step-{step:06d}",
             [view.transcript(self.renderer, full=self.full_transcripts) for _, view in views],

@@ -24,6 +24,7 @@ from loops_nb.observers import ObserverSet
 from loops_nb.process_memory import process_memory
 from loops_nb.run.outcome import Outcome
 from loops_nb.run_dir import Checkpoint, RunDirectory
+from loops_nb.run_events import RunEnded
 from loops_nb.step_record import StepRecord
 
 if TYPE_CHECKING:
@@ -153,7 +154,7 @@ class RecipeRun(ABC):
         if start >= self.total_steps and last is not None and last.step == start and last.sampler_path:
             # Resumed at its end (a finished run): nothing to train, and nothing to save again.
             outcome = self.outcome("completed", start, start, last, 0.0, self.run_dir.last_step_record())
-            self.observers.emit("on_end", {"status": "completed", "steps": start, "seconds": 0.0})
+            self.observers.emit(RunEnded("completed", start, 0.0))
             return outcome
         try:
             await self.begin(start)
@@ -174,7 +175,7 @@ class RecipeRun(ABC):
                 # Memory beside the timings: it is what stops runs on a laptop (the panel charts it).
                 record = (await self.train_step(step)).with_metrics(process_memory())
                 self.run_dir.steps.append(record.to_json())
-                self.observers.emit("on_step", record)
+                self.observers.emit(record)
                 metrics = record.to_json()
                 done = step + 1
                 if self.save_every and done % self.save_every == 0 and done < self.total_steps:
@@ -197,11 +198,9 @@ class RecipeRun(ABC):
         except Exception as exc:  # e.g. a full disk or a restarted Loops: the last periodic checkpoint stands
             raise self.failed(step, exc) from exc
         outcome = self.outcome(status, step, start, checkpoint, time.monotonic() - started, metrics, reason)
-        ended: dict[str, Any] = {"status": status, "steps": step, "seconds": outcome.seconds}
         if reason is not None:
             self.run_dir.note_failure(reason)
-            ended |= {"reason": reason, "error": reason}
-        self.observers.emit("on_end", ended)
+        self.observers.emit(RunEnded(status, step, outcome.seconds, reason=reason, error=reason))
         return outcome
 
     def failed(self, step: int, exc: BaseException) -> RunFailed:
@@ -209,13 +208,7 @@ class RecipeRun(ABC):
         failure = self.run_dir.record_failure(step, exc)
         # Observers hear a failed run end too: a live panel stops its clock and says how to resume.
         self.observers.emit(
-            "on_end",
-            {
-                "status": "failed",
-                "steps": step,
-                "error": describe_cause(exc),
-                "resume_step": failure.resume_step,
-            },
+            RunEnded("failed", step, error=describe_cause(exc), resume_step=failure.resume_step)
         )
         return failure
 

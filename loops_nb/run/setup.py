@@ -29,6 +29,7 @@ from loops_nb.resources import RunLock
 from loops_nb.run.outcome import Outcome
 from loops_nb.run.recipe_run import RecipeRun
 from loops_nb.run_dir import Checkpoint, RunDirectory
+from loops_nb.run_events import RunEnded, RunStarted
 
 if TYPE_CHECKING:
     from baseten.loops import TrainingClient
@@ -126,7 +127,7 @@ async def run_recipe(
             log.warning("%s", run_dir.note_complete(done, recipe.train_more))
             outcome = recipe.finished(run_dir, done)  # may refuse (SFT: the plan changed) before any event
             _emit_start(observer_set, recipe, run_dir, done.step)
-            observer_set.emit("on_end", {"status": "completed", "steps": done.step, "seconds": 0.0})
+            observer_set.emit(RunEnded("completed", done.step, 0.0))
             return outcome
         last = run_dir.last_checkpoint()
         if last is not None and last.step > recipe.total_steps:
@@ -171,14 +172,13 @@ async def run_recipe(
 def _emit_start(observers: ObserverSet, recipe: Recipe, run_dir: RunDirectory, start: int) -> None:
     config = recipe.config
     observers.emit(
-        "on_start",
-        {
-            "run_dir": str(run_dir.root),
-            "config": str(recipe.config_path),  # what a resume line names
-            "recipe": recipe.name,
-            "model": config.model.base_model,
-            "scope": config.compute.scope,
-            "max_steps": recipe.total_steps,
-            "start_step": start,
-        },
+        RunStarted(
+            run_dir=str(run_dir.root),
+            config=str(recipe.config_path),  # what a resume line names
+            recipe=recipe.name,
+            model=config.model.base_model,
+            scope=config.compute.scope,
+            max_steps=recipe.total_steps,
+            start_step=start,
+        )
     )

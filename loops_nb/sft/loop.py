@@ -25,6 +25,7 @@ from loops_nb.observers import ObserverSet
 from loops_nb.run.optimizer import AdamSettings
 from loops_nb.run.recipe_run import RecipeRun
 from loops_nb.run_dir import Checkpoint, JsonlLog, RunDirectory
+from loops_nb.run_events import EvalRecord
 from loops_nb.sft.batching import SFTData, batch_id
 from loops_nb.sft.config import SFTConfig
 from loops_nb.sft.evaluation import EvalResult, example_datum, held_out_loss, weighted_nll
@@ -99,7 +100,7 @@ class SFTRun(RecipeRun):
             before = await self._evaluate(0)
             self._eval_before = before.loss
             # No step record carries it: observers (a live loss chart's first eval point) get it here.
-            self.observers.emit("on_eval", {"step": 0, **before.record()})
+            self.observers.emit(EvalRecord(0, before.record()))
 
     async def when_stopped(self, step: int, start: int, metrics: dict[str, Any]) -> dict[str, Any]:
         # A completed run evaluated with its last step; a stopped one is measured where it stopped.

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from html import escape
 from typing import Any
 
+from loops_nb.run_events import StepRollouts
 from loops_nb.widgets.attempts_table import MONO, merge_rollout, plural, rows_html, text_table
 from loops_nb.widgets.svg_chart import fmt
 
@@ -123,10 +124,12 @@ class AttemptsLog:
         while len(self.pending) > _PENDING_LIMIT:
             self.pending.popitem(last=False)
 
-    def on_rollouts(self, payload: Mapping[str, Any]) -> None:
+    def on_rollouts(self, rollouts: Mapping[str, Any]) -> None:
+        """A step trained (`StepRollouts`): its attempts, with what trained, shown as one block."""
         self.got_rollouts = True
+        event = StepRollouts.of(rollouts)
         rows = []
-        for rollout in payload.get("rows") or []:
+        for rollout in event.rows:
             row = self.pending.pop(str(rollout.get("attempt")), None)
             if row is None:  # on_attempt was not sent (or was dropped): the row alone, no transcript
                 row = dict(rollout)
@@ -134,8 +137,7 @@ class AttemptsLog:
             if rollout.get("trained"):
                 self.trained += 1
             rows.append(row)
-        step = payload.get("step")
-        self._show(StepAttempts(step if isinstance(step, int) else None, rows, **self._limits()))
+        self._show(StepAttempts(event.step, rows, **self._limits()))
 
     def flush(self, step: int | None = None) -> None:
         """Show the buffered attempts as one block (for producers that send no ``on_rollouts``)."""

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from loops_nb.errors import UserError
+from loops_nb.run_events import StepRollouts
 from loops_nb.widgets.environment import LiveDisplay
 from loops_nb.widgets.svg_chart import fmt
 
@@ -122,7 +123,8 @@ class AttemptsTable:
         return table
 
     def on_attempt(self, record: Mapping[str, Any]) -> None:
-        """Take an attempt record (as `RLRun` emits it: reward, discarded, detail, text.calls, ...)."""
+        """Take an attempt record (an `AttemptFinished`: reward, discarded, detail, text.calls, ...; or a
+        rollouts.jsonl row)."""
         self.rows.append(dict(record))
         self.seen += 1
         if record.get("discarded"):
@@ -133,9 +135,9 @@ class AttemptsTable:
 
     add = on_attempt
 
-    def on_rollouts(self, payload: Mapping[str, Any]) -> None:
-        """Fill in ``trained``, ``step`` and ``group`` from a step's rollouts.jsonl rows."""
-        by_id = {r.get("attempt"): r for r in payload.get("rows") or []}
+    def on_rollouts(self, rollouts: Mapping[str, Any]) -> None:
+        """Fill in ``trained``, ``step`` and ``group`` from a step's rollouts.jsonl rows (`StepRollouts`)."""
+        by_id = {r.get("attempt"): r for r in StepRollouts.of(rollouts).rows}
         for row in self.rows:
             known = by_id.get(row.get("attempt"))
             if known is not None:

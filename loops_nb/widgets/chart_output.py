@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from loops_nb.run_events import RunStarted
 from loops_nb.widgets.reward_curve import LossCurve, RewardCurve
 from loops_nb.widgets.run_chart import RunChart
 
@@ -34,9 +35,11 @@ class ChartOutput:
     def curve(self) -> RewardCurve | LossCurve | None:
         return self.chart.curve
 
-    def on_start(self, info: Mapping[str, Any]) -> None:
-        if self.chart.curve is None and info.get("recipe") in ("rl", "sft"):
-            self.chart = RunChart(info["recipe"])
+    def on_start(self, started: Mapping[str, Any]) -> None:
+        if self.chart.curve is None:
+            match RunStarted.of(started).recipe:
+                case "rl" | "sft" as recipe:
+                    self.chart = RunChart(recipe)
 
     def refresh(self, *, show_panel: Callable[[], object]) -> None:
         """Send the chart its new values. Its output appears once the recipe is known, so the live figure holds

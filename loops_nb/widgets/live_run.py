@@ -27,6 +27,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, TextIO
 
 from loops_nb.observers import TerminalReporter
+from loops_nb.run_events import EvalRecord, ProgressTick, RunEnded, RunStarted
 from loops_nb.step_record import StepRecord
 from loops_nb.widgets.attempts_log import AttemptsLog
 from loops_nb.widgets.background_run import BackgroundRun
@@ -103,13 +104,13 @@ class LiveRun:
 
     # -- observer protocol ------------------------------------------------------------------------------------
 
-    def on_start(self, info: dict[str, Any]) -> None:
-        self._run.start(info)
+    def on_start(self, started: Mapping[str, Any]) -> None:
+        self._run.start(started)
         with contextlib.suppress(RuntimeError):  # called without a loop (a synchronous test)
             self._loop = asyncio.get_running_loop()
-        self._chart.on_start(info)
+        self._chart.on_start(self._run.info)
         if self._reporter:
-            self._reporter.on_start(info)
+            self._reporter.on_start(self._run.info)
         if self._display.shown:  # shown before the run started (run_in_background, or by hand): refresh it
             self._display.update(force=True)
         else:
@@ -130,36 +131,39 @@ class LiveRun:
             self._reporter.on_step(record)
         self._display.update()
 
-    def on_attempt(self, record: dict[str, Any]) -> None:
-        self.attempts.on_attempt(record)
-        self.health.on_attempt(record)
+    def on_attempt(self, attempt: Mapping[str, Any]) -> None:
+        """An `AttemptFinished` (or a dict of its keys; the attempts log keeps whatever it is given)."""
+        self.attempts.on_attempt(attempt)
+        self.health.on_attempt(attempt)
         self._display.update()
 
-    def on_rollouts(self, payload: dict[str, Any]) -> None:
-        """A step trained: its attempts (with what trained) go below the panel, once."""
-        self.attempts.on_rollouts(payload)
+    def on_rollouts(self, rollouts: Mapping[str, Any]) -> None:
+        """A step trained (`StepRollouts`): its attempts (with what trained) go below the panel, once."""
+        self.attempts.on_rollouts(rollouts)
         self._display.update()
 
-    def on_progress(self, snapshot: dict[str, Any]) -> None:
-        self._run.progress = dict(snapshot)
+    def on_progress(self, tick: Mapping[str, Any]) -> None:
+        self._run.progress = ProgressTick.of(tick)
         if self._reporter:
-            self._reporter.on_progress(snapshot)
+            self._reporter.on_progress(self._run.progress)
         self._display.update()
 
-    def on_eval(self, line: dict[str, Any]) -> None:
-        """An evaluation: RL's eval reward (`[eval]`) or SFT's held-out loss before training joins the curve."""
+    def on_eval(self, evaluation: Mapping[str, Any]) -> None:
+        """An `EvalRecord`: RL's eval reward (`[eval]`) or SFT's held-out loss before training joins the curve."""
+        line = EvalRecord.of(evaluation)
         self._chart.chart.on_eval(line)
         self._chart.refresh(show_panel=self.show)
         if self._reporter:
             self._reporter.on_eval(line)
         self._display.update()
 
-    def on_end(self, summary: dict[str, Any]) -> None:
-        self._run.end(summary)
+    def on_end(self, ended: Mapping[str, Any]) -> None:
+        end = RunEnded.of(ended)
+        self._run.end(end)
         if not self.attempts.got_rollouts:
             self.attempts.flush(self.step - 1 if self.step else None)
         if self._reporter:
-            self._reporter.on_end(summary)
+            self._reporter.on_end(end)
         self.finalize()
 
     # -- display and control ----------------------------------------------------------------------------------
@@ -222,12 +226,13 @@ class LiveRun:
         return self._run.status
 
     @property
-    def info(self) -> dict[str, Any]:
+    def info(self) -> RunStarted:
         """The run's description from ``on_start`` (recipe, model, max_steps, run_dir, config, ...)."""
         return self._run.info
 
     @property
-    def progress(self) -> dict[str, Any]:
+    def progress(self) -> ProgressTick | None:
+        """The latest `ProgressTick` (RL, while the run samples), None before the first."""
         return self._run.progress
 
     @property

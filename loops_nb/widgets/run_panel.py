@@ -53,14 +53,12 @@ class RunPanel:
 
     def progress_line(self) -> str:
         run = self.state
-        total = int(run.info.get("max_steps") or 0)
-        start = int(run.info.get("start_step") or 0)
+        total = run.info.max_steps or 0
+        start = run.info.start_step or 0
         done = run.step or 0
         parts = []
-        if run.info.get("recipe"):
-            parts.append(
-                str(run.info["recipe"]).upper() + (f" · {run.info['model']}" if run.info.get("model") else "")
-            )
+        if run.info.recipe:
+            parts.append(run.info.recipe.upper() + (f" · {run.info.model}" if run.info.model else ""))
         parts.append(f"{done}/{total} steps" if total else plural(done, "step"))
         now = run.ended or time.monotonic()
         if run.started is not None:
@@ -69,11 +67,10 @@ class RunPanel:
                 parts.append(f"ETA {eta(done - start, total - start, now - run.started)}")
         if run.live and run.step_started is not None and (not total or done < total):
             parts.append(f"step {done + 1} running for {_duration(now - run.step_started)}")
-        if run.live and run.progress.get("attempts_done") is not None:
-            flight = run.progress.get("in_flight")
+        if run.live and run.progress is not None:
+            flight = run.progress.in_flight
             parts.append(
-                plural(int(run.progress["attempts_done"]), "attempt")
-                + (f" ({flight} in flight)" if flight else "")
+                plural(run.progress.attempts_done, "attempt") + (f" ({flight} in flight)" if flight else "")
             )
         elif not run.live and self.attempts.seen:
             parts.append(plural(self.attempts.seen, "attempt"))
@@ -98,8 +95,8 @@ class RunPanel:
             f'<span style="display:inline-block;width:8px;height:8px;border-radius:50%;background:{colour};'
             f'margin-right:6px"></span>{escape(self.progress_line())}</div>'
         )
-        if self.state.info.get("run_dir"):
-            run_dir = escape(str(self.state.info["run_dir"]))
+        if self.state.info.run_dir:
+            run_dir = escape(self.state.info.run_dir)
             head += f'<div style="font:11px monospace;color:#6b7280;margin-bottom:6px">{run_dir}</div>'
         chart = ""
         curve = self.chart.curve

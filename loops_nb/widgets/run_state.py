@@ -18,6 +18,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from loops_nb.run_events import ProgressTick, RunEnded, RunStarted
 from loops_nb.widgets.attempts_table import plural
 
 
@@ -39,10 +40,10 @@ NOTHING_TO_RESUME = frozenset({RunState.COMPLETED, RunState.RUNNING, RunState.WA
 
 @dataclass
 class RunPanelState:
-    """The run's description (``info``), its last progress snapshot, where it stands and its clock."""
+    """The run's description (``info``), its last progress tick, where it stands and its clock."""
 
-    info: dict[str, Any] = field(default_factory=dict)
-    progress: dict[str, Any] = field(default_factory=dict)
+    info: RunStarted = field(default_factory=RunStarted)
+    progress: ProgressTick | None = None
     state: RunState = RunState.WAITING
     error: str | None = None  # why a failed run failed, when it said
     step: int | None = None  # steps done
@@ -62,12 +63,12 @@ class RunPanelState:
     def live(self) -> bool:
         return self.state in LIVE_STATES
 
-    def start(self, info: Mapping[str, Any]) -> None:
-        self.info = dict(info)
+    def start(self, started: Mapping[str, Any]) -> None:
+        self.info = RunStarted.of(started)
         if self.state is not RunState.STOPPING:  # Stop may be pressed before the run has set itself up
             self.state = RunState.RUNNING
         self.started = self.step_started = time.monotonic()
-        self.step = int(info.get("start_step") or 0)
+        self.step = self.info.start_step or 0
 
     def stepped(self, step: int) -> None:
         """Step ``step`` (0-based) ended; a producer without ``on_start`` starts the clock here."""
@@ -81,20 +82,21 @@ class RunPanelState:
         if self.state in (RunState.RUNNING, RunState.WAITING):
             self.state = RunState.STOPPING
 
-    def end(self, summary: Mapping[str, Any]) -> None:
-        """The loop's ``on_end`` summary: how the run ended, after how many steps, where it can resume."""
-        said = str(summary.get("status") or RunState.COMPLETED)
+    def end(self, ended: Mapping[str, Any]) -> None:
+        """The loop's `RunEnded`: how the run ended, after how many steps, where it can resume."""
+        end = RunEnded.of(ended)
+        said = end.status or RunState.COMPLETED
         try:
             self.state, self.error = RunState(said), None
         except ValueError:  # a word the loop never sends: shown as a failure rather than lost
             self.state, self.error = RunState.FAILED, said
-        if self.state is RunState.FAILED and summary.get("error"):
-            self.error = str(summary["error"])
-        if summary.get("resume_step") is not None:
-            self.resume_step = int(summary["resume_step"])
+        if self.state is RunState.FAILED and end.error:
+            self.error = end.error
+        if end.resume_step is not None:
+            self.resume_step = end.resume_step
         self.ended = time.monotonic()
-        if summary.get("steps") is not None:
-            self.step = int(summary["steps"])
+        if end.steps is not None:
+            self.step = end.steps
 
     def failed(self, error: str) -> None:
         self.state, self.error = RunState.FAILED, error
@@ -104,14 +106,14 @@ class RunPanelState:
 
     def resume_hint(self) -> str | None:
         """How to go on with a run that stopped or failed before its last step (None otherwise)."""
-        total = int(self.info.get("max_steps") or 0)
-        if not self.info.get("run_dir") or self.state in NOTHING_TO_RESUME:
+        total = self.info.max_steps or 0
+        if not self.info.run_dir or self.state in NOTHING_TO_RESUME:
             return None
         if total and (self.step or 0) >= total:
             return None
-        name = str(self.info["run_dir"]).rstrip("/").rsplit("/", 1)[-1]
+        name = self.info.run_dir.rstrip("/").rsplit("/", 1)[-1]
         where = f" (step {self.resume_step})" if self.resume_step is not None else ""
-        config = _shell_path(self.info.get("config")) or "<config>"
+        config = _shell_path(self.info.config) or "<config>"
         return (
             f'To resume from its last checkpoint{where}, set run_name = "{name}" in the parameters cell and run '
             f"the notebook again, or run: loops run {config} --output.run_name {name}"
@@ -124,7 +126,7 @@ class RunPanelState:
         return f"{text}. {hint}" if hint else text
 
 
-def _shell_path(path: Any) -> str | None:
+def _shell_path(path: str | None) -> str | None:
     """``path`` as a shell argument: relative to the working directory when it is under it."""
     if not path:
         return None

@@ -26,6 +26,7 @@ from loops_nb.rl.loop import RLRun
 from loops_nb.rl.outcome import RLOutcome
 from loops_nb.rl.policy import Policy
 from loops_nb.run_dir import RunDirectory
+from loops_nb.run_events import EvalRecord
 
 TASKS = 6
 
@@ -114,10 +115,10 @@ class Evals:
     """An observer keeping what `on_eval` gave it."""
 
     def __init__(self) -> None:
-        self.lines: list[dict[str, Any]] = []
+        self.lines: list[EvalRecord] = []
 
-    def on_eval(self, line: dict[str, Any]) -> None:
-        self.lines.append(line)
+    def on_eval(self, evaluation: EvalRecord) -> None:
+        self.lines.append(evaluation)
 
 
 async def test_eval_attempts_never_reach_the_trainer_and_are_recorded_apart(
@@ -136,7 +137,8 @@ async def test_eval_attempts_never_reach_the_trainer_and_are_recorded_apart(
     evals = read_jsonl(root / "evals.jsonl")
     assert [e["step"] for e in evals] == [0, 2, 4]
     assert [e["eval/policy_version"] for e in evals] == [0, 2, 4]
-    assert [line["step"] for line in seen.lines] == [0, 2, 4]
+    assert [line.step for line in seen.lines] == [0, 2, 4]
+    assert seen.lines == evals, "each on_eval carries its evals.jsonl line"
     eval_rows = read_jsonl(root / "eval_attempts.jsonl")
     assert len(eval_rows) == 3 * TASKS * 2
     assert {r["task"] for r in eval_rows} == {f"heldout-{i}" for i in range(TASKS)}
@@ -204,7 +206,7 @@ async def test_a_resumed_run_does_not_redo_a_recorded_evaluation(tmp_path: Path,
     evals = read_jsonl(root / "evals.jsonl")
     assert [e["step"] for e in evals] == [0, 2, 4], "every evaluation once"
     assert evals[1] == before, "step 2's evaluation was kept, not redone"
-    assert [line["step"] for line in seen.lines] == [4], "the resumed run evaluated only the final policy"
+    assert [line.step for line in seen.lines] == [4], "the resumed run evaluated only the final policy"
     assert len(read_jsonl(root / "eval_attempts.jsonl")) == 3 * TASKS * 2
     steps = read_jsonl(root / "steps.jsonl")
     assert steps[2]["eval/reward_mean"] == before["eval/reward_mean"], "the redone step carries it"

@@ -18,6 +18,7 @@ from test_faults import MONOPOLY, ScriptedSampler, ScriptedTrainer, make_run
 
 from loops_nb.errors import RunFailed
 from loops_nb.observers import ObserverSet
+from loops_nb.run_events import AttemptFinished, RunEnded, StepRollouts
 
 
 class AlwaysRight(ScriptedSampler):
@@ -31,18 +32,18 @@ class AlwaysRight(ScriptedSampler):
 
 class Events:
     def __init__(self) -> None:
-        self.attempts: list[dict[str, Any]] = []
+        self.attempts: list[AttemptFinished] = []
         self.rollouts: list[dict[str, Any]] = []
-        self.ends: list[dict[str, Any]] = []
+        self.ends: list[RunEnded] = []
 
-    def on_attempt(self, record: dict[str, Any]) -> None:
-        self.attempts.append(record)
+    def on_attempt(self, attempt: AttemptFinished) -> None:
+        self.attempts.append(attempt)
 
-    def on_end(self, summary: dict[str, Any]) -> None:
-        self.ends.append(summary)
+    def on_end(self, ended: RunEnded) -> None:
+        self.ends.append(ended)
 
-    def on_rollouts(self, payload: dict[str, Any]) -> None:
-        self.rollouts.extend(dict(r, event_step=payload["step"]) for r in payload["rows"])
+    def on_rollouts(self, rollouts: StepRollouts) -> None:
+        self.rollouts.extend(dict(r, event_step=rollouts.step) for r in rollouts.rows)
 
 
 async def run_with(tmp_path: Path, sampler: ScriptedSampler) -> tuple[Events, list[dict[str, Any]]]:
@@ -61,7 +62,7 @@ async def test_a_step_whose_rewards_are_all_equal_says_nothing_trained(tmp_path:
         (r["attempt"], r["step"], r["trained"]) for r in rows
     ]
     assert all(r["event_step"] == r["step"] for r in events.rollouts)
-    calls = [c for a in events.attempts for c in a["text"]["calls"]]
+    calls = [c for a in events.attempts for c in a.text["calls"]]
     assert calls and all(c["trained"] is None for c in calls), "unknown when the attempt finishes"
 
 
@@ -81,5 +82,7 @@ async def test_a_failed_run_ends_for_its_observers_with_the_step_to_resume_from(
     with pytest.raises(RunFailed):
         await run.execute(0)
     [end] = events.ends
-    assert end["status"] == "failed" and end["steps"] == 2 and end["resume_step"] == 2
-    assert "CUDA error" in end["error"]
+    assert end.status == "failed" and end.steps == 2 and end.resume_step == 2
+    assert end.error is not None and "CUDA error" in end.error
+    # Its dict, as observers were given it before the events were typed:
+    assert end == {"status": "failed", "steps": 2, "error": end.error, "resume_step": 2}

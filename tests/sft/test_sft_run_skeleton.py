@@ -19,6 +19,7 @@ from sft_fixtures import write_jsonl
 from loops_nb.errors import RunFailed
 from loops_nb.observers import ObserverSet
 from loops_nb.run_dir import RunDirectory
+from loops_nb.run_events import RunEnded
 from loops_nb.sft.batching import SFTData
 from loops_nb.sft.config import SFTConfig
 from loops_nb.sft.loop import SFTRun
@@ -92,14 +93,14 @@ async def test_sft_a_failed_final_checkpoint_is_a_run_failure_with_the_resume_co
 
 class Recorder:
     def __init__(self) -> None:
-        self.steps: list[Any] = []
-        self.ends: list[dict[str, Any]] = []
+        self.steps: list[StepRecord] = []
+        self.ends: list[RunEnded] = []
 
-    def on_step(self, record: Any) -> None:
+    def on_step(self, record: StepRecord) -> None:
         self.steps.append(record)
 
-    def on_end(self, summary: dict[str, Any]) -> None:
-        self.ends.append(summary)
+    def on_end(self, ended: RunEnded) -> None:
+        self.ends.append(ended)
 
 
 async def test_sft_observers_get_each_step_as_the_record_steps_jsonl_holds(
