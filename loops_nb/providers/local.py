@@ -103,7 +103,7 @@ class LocalSandboxEnvironment(JournalledSandbox, BaseEnvironment):
         root = scratch / f"{self.session_id}-{uuid.uuid4().hex[:8]}"
         self._journal_intent(session=self.session_id, task=self.environment_name, path=str(root))
         workdir = self.task_env_config.workdir or self._plan.workdir or DEFAULT_WORKDIR
-        writable = writable_paths(self._plan, workdir, self.os)
+        writable = writable_paths(self._plan, workdir, self.os, self.task_env_config.skills_dir)
         host_binds = {
             str(m["target"]): Path(m["source"]) for m in self._host_mounts if m.get("type") == "bind"
         }

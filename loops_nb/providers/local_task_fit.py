@@ -61,8 +61,11 @@ def local_refusal(task: str, plan: DockerfilePlan, docker_image: str | None) -> 
     )
 
 
-def writable_paths(plan: DockerfilePlan, workdir: str, task_os: TaskOS | None = None) -> list[str]:
-    """Every path a local sandbox can write: Harbor's, the workdir, each WORKDIR and /tmp."""
+def writable_paths(
+    plan: DockerfilePlan, workdir: str, task_os: TaskOS | None = None, skills_dir: str | None = None
+) -> list[str]:
+    """Every path a local sandbox can write: Harbor's, the workdir, each WORKDIR, the task's skills folder
+    (`[environment] skills_dir`, which its Dockerfile fills) and /tmp."""
     paths = EnvironmentPaths.for_os(task_os) if task_os is not None else EnvironmentPaths()
     harbor_paths = (
         paths.agent_dir,
@@ -71,7 +74,8 @@ def writable_paths(plan: DockerfilePlan, workdir: str, task_os: TaskOS | None = 
         paths.tests_dir,
         paths.solution_dir,
     )
-    return [*(str(p) for p in harbor_paths), "/installed-agent", *plan.workdirs, workdir, "/tmp"]
+    skills = [skills_dir] if skills_dir else []
+    return [*(str(p) for p in harbor_paths), "/installed-agent", *plan.workdirs, workdir, *skills, "/tmp"]
 
 
 def _inside(path: str, roots: list[str]) -> bool:
@@ -192,7 +196,7 @@ def _copy_problems(
     task: str, environment_dir: Path, env_config: EnvironmentConfig, plan: DockerfilePlan
 ) -> list[str]:
     workdir = env_config.workdir or plan.workdir or DEFAULT_WORKDIR
-    writable = writable_paths(plan, workdir, env_config.os)
+    writable = writable_paths(plan, workdir, env_config.os, env_config.skills_dir)
     root = environment_dir.resolve()
     problems: list[str] = []
     for source, dest in plan.copies:

@@ -174,3 +174,13 @@ async def test_start_refuses_it_too_so_no_trial_runs_without_its_helper(
     # Harbor still asks a sandbox that never started for the agent's logs: no traceback per attempt for that.
     noisy = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert not noisy, noisy
+
+
+def test_a_skills_folder_its_dockerfile_fills_is_writable(tmp_path: Path) -> None:
+    """harbor-cookbook's skills recipe COPYs skills/ into `[environment] skills_dir`: replayable, not refused."""
+    path = task(tmp_path, "skills", dockerfile="FROM ubuntu:24.04\nWORKDIR /app\nCOPY skills/ /skills/\n")
+    toml = path / "task.toml"
+    toml.write_text(toml.read_text().replace("[environment]\n", '[environment]\nskills_dir = "/skills"\n'))
+    (path / "environment" / "skills" / "greet").mkdir(parents=True)
+    (path / "environment" / "skills" / "greet" / "SKILL.md").write_text("# greet\n")
+    assert problems(path, ignore_dockerfile=False) == []
