@@ -15,12 +15,13 @@ it) gets its buffered attempts shown at each ``flush``, which `LiveRun` calls on
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from html import escape
 from typing import Any
 
 from loops_nb.run_events import StepRollouts
 from loops_nb.widgets.attempts_table import MONO, merge_rollout, plural, rows_html, text_table
+from loops_nb.widgets.environment import DisplayFn, DisplayHandle
 from loops_nb.widgets.svg_chart import fmt
 
 _PENDING_LIMIT = 4096  # attempts that never reach a step (async overshoot, stale re-queues) must not pile up
@@ -71,7 +72,7 @@ class StepAttempts:
             f"{rows_html(shown, max_chars=self.max_chars)}{tail}</div>"
         )
 
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, Any]:
         return {"text/plain": self.title(), "text/html": self.to_html()}
 
 
@@ -81,7 +82,7 @@ class _Folded:
     def __init__(self, text: str) -> None:
         self.text = text
 
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, Any]:
         return {
             "text/plain": self.text,
             "text/html": f'<div style="font:12px system-ui,sans-serif;color:#6b7280">{escape(self.text)}</div>',
@@ -97,7 +98,7 @@ class AttemptsLog:
     def __init__(
         self,
         *,
-        display_fn: Callable[..., Any] | None,
+        display_fn: DisplayFn | None,
         keep_steps: int = 5,
         max_rows: int = 32,
         max_chars: int = 2000,
@@ -107,7 +108,7 @@ class AttemptsLog:
         self.max_rows = max_rows
         self.max_chars = max_chars
         self.pending: OrderedDict[str, dict[str, Any]] = OrderedDict()
-        self.blocks: deque[tuple[StepAttempts, Any]] = deque()
+        self.blocks: deque[tuple[StepAttempts, DisplayHandle | None]] = deque()
         self.latest: StepAttempts | None = None
         self.got_rollouts = False
         self.seen = 0
@@ -172,6 +173,9 @@ class AttemptsLog:
         self.blocks.append((block, handle))
         while len(self.blocks) > self.keep_steps:
             old, old_handle = self.blocks.popleft()
-            old_handle.update(
-                _Folded(f"{old.title()} (transcripts in the run's transcripts/ folder and rollouts.jsonl)")
-            )
+            if old_handle is not None:
+                old_handle.update(
+                    _Folded(
+                        f"{old.title()} (transcripts in the run's transcripts/ folder and rollouts.jsonl)"
+                    )
+                )

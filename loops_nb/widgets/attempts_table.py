@@ -22,11 +22,11 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from html import escape
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 from loops_nb.errors import UserError
 from loops_nb.run_events import StepRollouts
-from loops_nb.widgets.environment import LiveDisplay
+from loops_nb.widgets.environment import DisplayOptions, LiveDisplay
 from loops_nb.widgets.svg_chart import fmt
 
 MONO = "font:12px/1.45 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace"
@@ -180,11 +180,11 @@ class AttemptsTable:
             f"{rows_html(rows, max_chars=self.max_chars)}</div>"
         )
 
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, Any]:
         return {"text/plain": self.summary(), "text/html": self.to_html()}
 
-    def show(self, **kwargs: Any) -> LiveDisplay:
-        return LiveDisplay(self, **kwargs).show()
+    def show(self, **options: Unpack[DisplayOptions]) -> LiveDisplay:
+        return LiveDisplay(self, **options).show()
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:

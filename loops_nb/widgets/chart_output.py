@@ -11,11 +11,15 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loops_nb.run_events import RunStarted
+from loops_nb.widgets.environment import DisplayFn, DisplayHandle
 from loops_nb.widgets.reward_curve import LossCurve, RewardCurve
 from loops_nb.widgets.run_chart import RunChart
+
+if TYPE_CHECKING:
+    from plotly.graph_objects import FigureWidget
 
 log = logging.getLogger("loops_nb.widgets")
 
@@ -24,12 +28,12 @@ class ChartOutput:
     """``live``: whether the chart gets its own output (else the panel draws the curve); ``display_fn`` shows
     the live widget and returns its handle."""
 
-    def __init__(self, *, live: bool, display_fn: Callable[..., Any]) -> None:
+    def __init__(self, *, live: bool, display_fn: DisplayFn) -> None:
         self.chart = RunChart()
         self.live = live
         self._display_fn = display_fn
-        self.widget: Any = None
-        self.handle: Any = None
+        self.widget: FigureWidget | None = None
+        self.handle: DisplayHandle | None = None
 
     @property
     def curve(self) -> RewardCurve | LossCurve | None:
@@ -63,7 +67,8 @@ class ChartOutput:
         if self.widget is None:
             return
         with contextlib.suppress(Exception):
-            self.handle.update(self.chart)
+            if self.handle is not None:
+                self.handle.update(self.chart)
             # papermill (nbclient) saves every widget's last state in the notebook, closed or not, and a
             # FigureWidget's state carries plotly.js itself (5 MB); its output shows the static figure now.
             self.widget._esm = ""

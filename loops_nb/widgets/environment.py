@@ -20,7 +20,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from typing import Any, Literal, TextIO
+from typing import Literal, Protocol, TextIO, TypedDict
 
 log = logging.getLogger("loops_nb.widgets")
 
@@ -28,6 +28,17 @@ Environment = Literal["kernel", "ipython", "script"]
 ProgressMode = Literal["auto", "text", "off"]
 ENV_VAR = "LOOPS_NB_PROGRESS"
 _MODES = ("auto", "text", "off")
+
+
+class DisplayHandle(Protocol):
+    """What IPython's ``display(obj, display_id=True)`` returns, and a ``display_fn`` must: the output it made,
+    which ``update`` re-renders in place."""
+
+    def update(self, obj: object) -> None: ...
+
+
+DisplayFn = Callable[..., DisplayHandle | None]
+"""Called as ``display_fn(obj, display_id=True)``: IPython's ``display``, or a test's or another frontend's."""
 
 
 def environment() -> Environment:
@@ -56,13 +67,25 @@ def progress_mode(mode: str | None = None) -> ProgressMode:
     return value  # type: ignore[return-value]
 
 
-def resolve_output(mode: str | None = None, display_fn: Any = None) -> Literal["display", "text", "off"]:
+def resolve_output(mode: str | None = None, display_fn: object = None) -> Literal["display", "text", "off"]:
     """What a live object should do here: ``display`` (rich output through a handle), ``text`` or ``off``.
     An explicit ``display_fn`` is a frontend of its own, so ``auto`` then means ``display`` anywhere."""
     requested = progress_mode(mode)
     if requested == "auto":
         return "display" if display_fn is not None or in_kernel() else "text"
     return requested
+
+
+class DisplayOptions(TypedDict, total=False):
+    """The options a widget's ``show(**options)`` passes on to its `LiveDisplay`."""
+
+    max_hz: float
+    mode: str | None
+    text_interval_s: float | None
+    stream: TextIO | None
+    display_fn: DisplayFn | None
+    output: Literal["display", "text", "off"] | None
+    clock: Callable[[], float]
 
 
 class LiveDisplay:
@@ -79,13 +102,13 @@ class LiveDisplay:
 
     def __init__(
         self,
-        obj: Any,
+        obj: object,
         *,
         max_hz: float = 2.0,
         mode: str | None = None,
         text_interval_s: float | None = 30.0,
         stream: TextIO | None = None,
-        display_fn: Callable[..., Any] | None = None,
+        display_fn: DisplayFn | None = None,
         output: Literal["display", "text", "off"] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -94,7 +117,7 @@ class LiveDisplay:
         self.output = output or resolve_output(mode, display_fn)
         self.text_interval_s = text_interval_s
         self.stream = stream
-        self.handle: Any = None
+        self.handle: DisplayHandle | None = None
         self.renders = 0  # how many times the object was rendered (display + updates, or printed lines)
         self._display_fn = display_fn
         self._clock = clock
@@ -190,7 +213,7 @@ class LiveDisplay:
             self._timer = None
 
 
-def ipython_display(obj: Any, *, display_id: bool = True) -> Any:
+def ipython_display(obj: object, *, display_id: bool = True) -> DisplayHandle | None:
     """IPython's ``display``, imported only when something is displayed."""
     from IPython.display import display
 

@@ -23,8 +23,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import Callable, Coroutine, Mapping
-from typing import Any, TextIO
+from collections.abc import Coroutine, Mapping
+from typing import TYPE_CHECKING, Any, TextIO
 
 from loops_nb.observers import TerminalReporter
 from loops_nb.run_events import EvalRecord, ProgressTick, RunEnded, RunStarted
@@ -32,7 +32,7 @@ from loops_nb.step_record import StepRecord
 from loops_nb.widgets.attempts_log import AttemptsLog
 from loops_nb.widgets.background_run import BackgroundRun
 from loops_nb.widgets.chart_output import ChartOutput
-from loops_nb.widgets.environment import LiveDisplay, ipython_display, resolve_output
+from loops_nb.widgets.environment import DisplayFn, LiveDisplay, ipython_display, resolve_output
 from loops_nb.widgets.heartbeat import Heartbeat
 from loops_nb.widgets.reward_curve import LossCurve, RewardCurve
 from loops_nb.widgets.run_chart import RunChart
@@ -41,6 +41,9 @@ from loops_nb.widgets.run_panel import RunPanel
 from loops_nb.widgets.run_state import RunPanelState, RunState
 from loops_nb.widgets.stop_control import StopControl
 from loops_nb.widgets.token_counts import TokenCounts
+
+if TYPE_CHECKING:
+    from ipywidgets import Button
 
 # The states a heartbeat keeps beating in: the run may still be starting, or stopping.
 _BEATING = frozenset({RunState.WAITING, RunState.RUNNING, RunState.STOPPING})
@@ -67,7 +70,7 @@ class LiveRun:
         attempts: int = 32,
         attempt_steps: int = 4,
         heartbeat_s: float = 2.0,
-        display_fn: Callable[..., Any] | None = None,
+        display_fn: DisplayFn | None = None,
         live_chart: bool | None = None,
     ) -> None:
         self.output = resolve_output(mode, display_fn)
@@ -199,7 +202,7 @@ class LiveRun:
         self._loop = self._background.loop
         return task
 
-    def _make_button(self) -> Any:
+    def _make_button(self) -> Button | None:
         """A Stop button for this run, not yet displayed."""
         return self._stop.make_button(self.stop)
 
@@ -279,11 +282,11 @@ class LiveRun:
         self._stop.stop_event = event
 
     @property
-    def button(self) -> Any:
+    def button(self) -> Button | None:
         return self._stop.button
 
     @button.setter
-    def button(self, button: Any) -> None:
+    def button(self, button: Button | None) -> None:
         self._stop.button = button
 
     @property
@@ -311,5 +314,5 @@ class LiveRun:
     def to_html(self) -> str:
         return self._panel.html()
 
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, Any]:
         return {"text/plain": str(self), "text/html": self.to_html()}

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from html import escape
-from typing import Any, Literal
+from typing import Any, Literal, Unpack
 
 from loops_nb.step_record import StepRecord
-from loops_nb.widgets.environment import LiveDisplay
+from loops_nb.widgets.environment import DisplayOptions, LiveDisplay
 from loops_nb.widgets.plotly_chart import plotly_bundle, plotly_figure
 from loops_nb.widgets.svg_chart import (
     Series,
@@ -61,7 +61,7 @@ class _Curve:
     def to_plotly(self) -> dict[str, Any]:
         return plotly_figure(self.series(), title=self.title, y_label=self.y_label)
 
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, Any]:
         bundle: dict[str, Any] = {"text/plain": self.summary(), "text/html": self.to_html()}
         if self._has_points():
             bundle.update(plotly_bundle(self.to_plotly()))
@@ -70,10 +70,10 @@ class _Curve:
     def _has_points(self) -> bool:
         return any(s.points() for s in self.series())
 
-    def show(self, **kwargs: Any) -> LiveDisplay:
+    def show(self, **options: Unpack[DisplayOptions]) -> LiveDisplay:
         """Display the curve and return its `LiveDisplay`: call ``.update()`` after adding points, and
         ``.finalize()`` at the end."""
-        return LiveDisplay(self, **kwargs).show()
+        return LiveDisplay(self, **options).show()
 
 
 class RewardCurve(_Curve):

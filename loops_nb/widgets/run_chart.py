@@ -22,12 +22,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from html import escape
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from loops_nb.runs_table import read_run
 from loops_nb.step_record import StepRecord
 from loops_nb.widgets.reward_curve import LossCurve, RewardCurve
 from loops_nb.widgets.svg_chart import Series, fmt
+
+if TYPE_CHECKING:
+    from plotly.graph_objects import FigureWidget
 
 Recipe = Literal["rl", "sft"]
 
@@ -217,7 +220,7 @@ class RunChart:
 
     # -- live -------------------------------------------------------------------------------------------------
 
-    def live_widget(self) -> Any | None:
+    def live_widget(self) -> FigureWidget | None:
         """A plotly FigureWidget of every view of the recipe (refresh it with `refresh`); None when plotly's
         widget cannot be built here."""
         try:
@@ -227,7 +230,7 @@ class RunChart:
         except Exception:  # no anywidget, an old plotly: the panel goes on without a live chart
             return None
 
-    def refresh(self, widget: Any) -> None:
+    def refresh(self, widget: FigureWidget) -> None:
         """Send the new values to ``widget`` (from `live_widget`): x, y and hover text only, so its zoom and
         chosen view stay."""
         fresh = {t.get("name"): t for t in self.to_plotly(every=True)["data"]}
@@ -261,7 +264,7 @@ class RunChart:
             f'<div style="font:11px monospace;color:#374151;margin-top:2px">{escape(self.summary())}</div></div>'
         )
 
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, Any]:
         from loops_nb.widgets.plotly_chart import plotly_bundle
 
         bundle: dict[str, Any] = {"text/plain": self.summary(), "text/html": self.to_html()}

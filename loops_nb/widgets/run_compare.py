@@ -17,10 +17,10 @@ import asyncio
 import os
 from collections.abc import Iterable, Sequence
 from html import escape
-from typing import Any
+from typing import Any, Unpack
 
 from loops_nb.runs_table import Runs, duration, is_eval_measure, read_runs
-from loops_nb.widgets.environment import LiveDisplay
+from loops_nb.widgets.environment import DisplayOptions, LiveDisplay
 from loops_nb.widgets.svg_chart import FONT, Series, dot_chart, fmt, sparkline
 
 PALETTE = ("#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#db2777", "#65a30d", "#4b5563")
@@ -240,16 +240,16 @@ class RunComparison:
             },
         }
 
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, Any]:
         bundle: dict[str, Any] = {"text/plain": str(self), "text/html": self.to_html()}
         figure = self.to_plotly()
         if len(figure["data"]) > 1:  # a table and at least one curve
             bundle["application/vnd.plotly.v1+json"] = figure
         return bundle
 
-    def show(self, **kwargs: Any) -> LiveDisplay:
+    def show(self, **options: Unpack[DisplayOptions]) -> LiveDisplay:
         """Display the comparison and return its `LiveDisplay` (``refresh()`` updates it)."""
-        self._display = LiveDisplay(self, **kwargs).show()
+        self._display = LiveDisplay(self, **options).show()
         return self._display
 
     async def watch(

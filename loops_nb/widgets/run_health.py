@@ -17,9 +17,9 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from html import escape
-from typing import Any, Literal
+from typing import Any, Literal, Unpack
 
-from loops_nb.widgets.environment import LiveDisplay
+from loops_nb.widgets.environment import DisplayOptions, LiveDisplay
 from loops_nb.widgets.svg_chart import fmt, sparkline
 
 Status = Literal["ok", "warn", "bad", "info", "wait"]
@@ -253,8 +253,8 @@ class RunHealth:
             f"{''.join(rows)}</table>"
         )
 
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, Any]:
         return {"text/plain": self.summary(), "text/html": self.to_html()}
 
-    def show(self, **kwargs: Any) -> LiveDisplay:
-        return LiveDisplay(self, **kwargs).show()
+    def show(self, **options: Unpack[DisplayOptions]) -> LiveDisplay:
+        return LiveDisplay(self, **options).show()

@@ -15,17 +15,51 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from html import escape
-from typing import Any
+from typing import Any, Protocol, Unpack
 
-from loops_nb.widgets.environment import LiveDisplay
+from loops_nb.widgets.environment import DisplayOptions, LiveDisplay
 from loops_nb.widgets.svg_chart import FONT, fmt
 
 _MONO = "font:12px/1.5 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace"
 
+Prompt = str | Sequence[Mapping[str, Any]]
+"""A prompt: a string (one user message), or chat messages (``{"role": ..., "content": ...}``)."""
 
-def _prompt_text(prompt: Any) -> str:
+
+class Reply(Protocol):
+    """What the widget reads of a reply (`loops_nb.policy_sampler.ChatReply` has it)."""
+
+    @property
+    def text(self) -> str: ...
+    @property
+    def token_texts(self) -> Sequence[str]: ...
+    @property
+    def logprobs(self) -> Sequence[float | None]: ...
+    @property
+    def prompt_tokens(self) -> int: ...
+    @property
+    def completion_tokens(self) -> int: ...
+    @property
+    def mean_logprob(self) -> float | None: ...
+    @property
+    def stop_reason(self) -> str: ...
+
+
+class Sampler(Protocol):
+    """A model to ask (`loops_nb.policy_sampler.PolicySampler` is one): its ``label``, and ``chat`` /
+    ``chat_sync`` taking a prompt and sampling settings (``max_tokens``, ``temperature``, ...)."""
+
+    @property
+    def label(self) -> str: ...
+    @property
+    def chat(self) -> Callable[..., Awaitable[Reply]]: ...
+    @property
+    def chat_sync(self) -> Callable[..., Reply]: ...
+
+
+def _prompt_text(prompt: Prompt) -> str:
     if isinstance(prompt, str):
         return prompt
     last = [m for m in prompt if m.get("role") == "user"] or list(prompt)
@@ -36,7 +70,7 @@ class SideBySide:
     """``replies[i][j]``: the reply of model ``labels[j]`` to ``prompts[i]``."""
 
     def __init__(
-        self, prompts: Sequence[Any], labels: Sequence[str], replies: Sequence[Sequence[Any]]
+        self, prompts: Sequence[Prompt], labels: Sequence[str], replies: Sequence[Sequence[Reply]]
     ) -> None:
         self.prompts = list(prompts)
         self.labels = list(labels)
@@ -101,14 +135,14 @@ class SideBySide:
             f'<table style="border-collapse:collapse;font-size:12px"><tr>{head}</tr>{"".join(rows)}</table></div>'
         )
 
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, Any]:
         return {"text/plain": str(self), "text/html": self.to_html()}
 
-    def show(self, **kwargs: Any) -> LiveDisplay:
-        return LiveDisplay(self, **kwargs).show()
+    def show(self, **options: Unpack[DisplayOptions]) -> LiveDisplay:
+        return LiveDisplay(self, **options).show()
 
 
-def _tokens_html(reply: Any) -> str:
+def _tokens_html(reply: Reply) -> str:
     spans = []
     for n, (text, logprob) in enumerate(zip(reply.token_texts, reply.logprobs, strict=True)):
         if logprob is None or not math.isfinite(logprob):
@@ -124,7 +158,7 @@ def _tokens_html(reply: Any) -> str:
     return "".join(spans)
 
 
-async def side_by_side(prompts: Sequence[Any] | str, *samplers: Any, **sampling: Any) -> SideBySide:
+async def side_by_side(prompts: Sequence[Prompt] | str, *samplers: Sampler, **sampling: object) -> SideBySide:
     """Ask every sampler every prompt (a string, or a message list) with the same ``sampling`` settings
     (``max_tokens``, ``temperature``, ...), concurrently."""
     if isinstance(prompts, str):
@@ -137,7 +171,7 @@ async def side_by_side(prompts: Sequence[Any] | str, *samplers: Any, **sampling:
     return SideBySide(list(prompts), [s.label for s in samplers], rows)
 
 
-def side_by_side_sync(prompts: Sequence[Any] | str, *samplers: Any, **sampling: Any) -> SideBySide:
+def side_by_side_sync(prompts: Sequence[Prompt] | str, *samplers: Sampler, **sampling: object) -> SideBySide:
     """`side_by_side` for a cell or script that does not await: each sampler's ``chat_sync``, one at a time."""
     if isinstance(prompts, str):
         prompts = [prompts]

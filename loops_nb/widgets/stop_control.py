@@ -15,18 +15,23 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 from html import escape
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from loops_nb.widgets.environment import DisplayFn, DisplayHandle
+
+if TYPE_CHECKING:
+    from ipywidgets import Button
 
 
 class StopControl:
     """``stop_event`` is what the run checks (None: no button); ``display_fn`` shows the button and returns its
     handle."""
 
-    def __init__(self, stop_event: asyncio.Event | None, *, display_fn: Callable[..., Any]) -> None:
+    def __init__(self, stop_event: asyncio.Event | None, *, display_fn: DisplayFn) -> None:
         self.stop_event = stop_event
-        self.button: Any = None
+        self.button: Button | None = None
         self._display_fn = display_fn
-        self._handle: Any = None
+        self._handle: DisplayHandle | None = None
 
     def show(self, on_click: Callable[[], None]) -> None:
         """Display the button, once; without ipywidgets there is none."""
@@ -36,7 +41,7 @@ class StopControl:
         if self.button is not None:
             self._handle = self._display_fn(self.button, display_id=True)
 
-    def make_button(self, on_click: Callable[[], None]) -> Any:
+    def make_button(self, on_click: Callable[[], None]) -> Button | None:
         try:
             import ipywidgets
         except ImportError:
@@ -94,7 +99,7 @@ class RetiredButton:
     def __init__(self, text: str) -> None:
         self.text = text
 
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, Any]:
         return {
             "text/plain": self.text,
             "text/html": f'<div style="font:12px system-ui,sans-serif;color:#57606a">{escape(self.text)}</div>',

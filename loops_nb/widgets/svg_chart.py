@@ -19,7 +19,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from html import escape
-from typing import Any, TypeGuard
+from typing import TypeGuard
 
 FONT = "font-family:system-ui,-apple-system,'Segoe UI',sans-serif;font-size:11px"
 MUTED = "#6b7280"
@@ -52,7 +52,7 @@ class Series:
         return f"{self.name} {fmt(self.ys[i])} at step {fmt(self.xs[i])}"
 
 
-def fmt(value: Any, digits: int = 4) -> str:
+def fmt(value: object, digits: int = 4) -> str:
     """A short number: 0.7213, 1.2e+04, 12; '-' for missing."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
@@ -310,6 +310,6 @@ def _thin(points: list[tuple[int, float, float]], limit: int) -> list[tuple[int,
     return kept if kept[-1] is points[-1] else [*kept, points[-1]]
 
 
-def ok(v: Any) -> TypeGuard[float]:
+def ok(v: object) -> TypeGuard[float]:
     """A finite number (None, NaN and infinities are gaps)."""
     return v is not None and not (isinstance(v, float) and (math.isnan(v) or math.isinf(v)))

@@ -21,12 +21,16 @@ ends each sequence with ``(N tokens, M trained)``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from html import escape
 from typing import Any
 
 from loops_nb.widgets.svg_chart import fmt
-from loops_nb.widgets.token_sequence import TokenSequence, as_sequences
+from loops_nb.widgets.token_sequence import Tokenizer, TokenSequence, as_sequences
+
+Decode = Callable[[list[int]], str]
+"""Token ids to text, special tokens kept."""
 
 _CONTEXT = 4  # tokens decoded before a token so that decoders that strip a leading space see its neighbours
 _MAX_GROUP = 8  # a byte-level character needs at most 4 tokens; stop merging well after that
@@ -41,7 +45,7 @@ class TargetPreview:
     """Tokens of one or more sequences coloured by loss weight; each shows its first ``max_tokens`` tokens."""
 
     def __init__(
-        self, examples: Any, tokenizer: Any, max_tokens: int = 1000, *, max_sequences: int = 10
+        self, examples: object, tokenizer: Tokenizer, max_tokens: int = 1000, *, max_sequences: int = 10
     ) -> None:
         self.tokenizer = tokenizer
         self.max_tokens = max_tokens
@@ -166,7 +170,7 @@ class TargetPreview:
         title = "&#10;".join(escape(t, quote=True) for t in piece.titles)
         return f'<span title="{title}" style="{style};{_SPAN}">{text}</span>'
 
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, Any]:
         return {"text/plain": str(self), "text/html": self.to_html()}
 
 
@@ -185,7 +189,7 @@ class _Piece:
     titles: tuple[str, ...]
 
 
-def _split(seq: TokenSequence, tokenizer: Any, shown: int) -> list[_Piece]:
+def _split(seq: TokenSequence, tokenizer: Tokenizer, shown: int) -> list[_Piece]:
     ids = list(seq.input_ids[:shown])
     decode = _decoder(tokenizer)
     bounds = _by_offsets(seq, shown) if seq.text is not None and seq.offsets is not None else None
@@ -210,7 +214,7 @@ def _split(seq: TokenSequence, tokenizer: Any, shown: int) -> list[_Piece]:
     ]
 
 
-def _by_decoding(ids: list[int], decode: Any) -> list[tuple[int, int, str]]:
+def _by_decoding(ids: list[int], decode: Decode) -> list[tuple[int, int, str]]:
     out: list[tuple[int, int, str]] = []
     i = 0
     while i < len(ids):
@@ -247,11 +251,16 @@ def _by_offsets(seq: TokenSequence, shown: int) -> list[tuple[int, int, str]]:
     return out
 
 
-def _decoder(tokenizer: Any) -> Any:
+def _decoder(tokenizer: Tokenizer) -> Decode:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None:  # the Rust decoder: no clean-up of spaces, and much faster per call
         return lambda ids: backend.decode(list(ids), skip_special_tokens=False)
-    return lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    def decode(ids: list[int]) -> str:
+        text = tokenizer.decode(list(ids), skip_special_tokens=False)
+        return text if isinstance(text, str) else "".join(text)  # one sequence decodes to one string
+
+    return decode
 
 
 def _count(n: int, noun: str) -> str:

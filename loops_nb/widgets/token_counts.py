@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from html import escape
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 from loops_nb.step_record import StepRecord
-from loops_nb.widgets.environment import LiveDisplay
+from loops_nb.widgets.environment import DisplayOptions, LiveDisplay
 
 if TYPE_CHECKING:
     from loops_nb.sft.report import CheckReport
@@ -179,11 +179,11 @@ class TokenCounts:
             f'<div style="font:11px monospace;color:#6b7280">{share:.1%} of tokens trained</div>'
         )
 
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, Any]:
         return {"text/plain": self.summary(), "text/html": self.to_html()}
 
-    def show(self, **kwargs: Any) -> LiveDisplay:
-        return LiveDisplay(self, **kwargs).show()
+    def show(self, **options: Unpack[DisplayOptions]) -> LiveDisplay:
+        return LiveDisplay(self, **options).show()
 
 
 def _label(key: str) -> str:

@@ -10,7 +10,33 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
+
+
+class Tokenizer(Protocol):
+    """What a preview calls on a tokenizer (a transformers tokenizer has both; a preview of ids alone needs
+    only ``decode``)."""
+
+    def decode(self, ids: list[int], /, *, skip_special_tokens: bool = ...) -> str | list[str]: ...
+    def encode(self, text: str, /, *, add_special_tokens: bool = ...) -> list[int]: ...
+
+
+@runtime_checkable
+class RenderedExample(Protocol):
+    """What a preview reads of an SFT example (`loops_nb.sft.rendering.Example`)."""
+
+    @property
+    def input_ids(self) -> Sequence[int]: ...
+    @property
+    def weights(self) -> Sequence[float]: ...
+    @property
+    def token_turns(self) -> Sequence[int]: ...
+    @property
+    def turn_indices(self) -> Sequence[int]: ...
+    @property
+    def row_number(self) -> int: ...
+    @property
+    def split_reason(self) -> str | None: ...
 
 
 @dataclass(frozen=True)
@@ -45,7 +71,7 @@ class TokenSequence:
         return sum(1 for w in self.weights if w < 0)
 
 
-def as_sequences(item: Any, tokenizer: Any = None) -> list[TokenSequence]:
+def as_sequences(item: object, tokenizer: Tokenizer | None = None) -> list[TokenSequence]:
     """The sequences in ``item``: a TokenSequence, SFT Example / RenderedRow / CheckReport, an RL
     CapturedSequence / TokenCapture / ModelCall, a mapping with those fields, or an iterable of any of these."""
     if isinstance(item, TokenSequence):
@@ -57,7 +83,7 @@ def as_sequences(item: Any, tokenizer: Any = None) -> list[TokenSequence]:
         return [
             _from_example(e, f" · example {i + 1}/{k}" if k > 1 else "") for i, e in enumerate(item.examples)
         ]
-    if hasattr(item, "input_ids") and hasattr(item, "token_turns"):  # Example
+    if isinstance(item, RenderedExample):  # Example
         return [_from_example(item, "")]
     if hasattr(item, "sequences") and hasattr(item, "calls"):  # TokenCapture
         return [_sampled(s.tokens, s.sampled, f"sequence {i + 1}") for i, s in enumerate(item.sequences())]
@@ -72,7 +98,7 @@ def as_sequences(item: Any, tokenizer: Any = None) -> list[TokenSequence]:
     raise TypeError(f"cannot preview a {type(item).__name__}")
 
 
-def _from_example(example: Any, suffix: str) -> TokenSequence:
+def _from_example(example: RenderedExample, suffix: str) -> TokenSequence:
     turns = tuple(example.turn_indices)
     trains = f" · trains messages{list(turns)}" if turns else ""
     # The first token is never a target (nothing precedes it), so it is never shown as trained.
@@ -99,7 +125,7 @@ def _call(
     )
 
 
-def _from_mapping(item: Mapping[str, Any], tokenizer: Any) -> TokenSequence:
+def _from_mapping(item: Mapping[str, Any], tokenizer: Tokenizer | None) -> TokenSequence:
     label = str(item.get("label", ""))
     if "weights" in item:
         ids = item.get("input_ids", item.get("tokens"))
