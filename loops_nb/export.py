@@ -29,7 +29,6 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from loops_nb.errors import UserError
 from loops_nb.saved_run import RunCheckpoint, SavedRun
@@ -113,7 +112,7 @@ def _write_merged(run: SavedRun, adapter: Path, out: Path, dtype: str) -> None:
     from loops_nb.local.model_store import quiet_model_loading, resolve_model
 
     base_path = resolve_model(run.model.base_model, cache_dir=run.compute.local.cache_dir).path
-    torch_dtype: Any = "auto" if dtype == "auto" else getattr(torch, dtype)
+    torch_dtype: str | torch.dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
     with quiet_model_loading():
         try:
             base = AutoModelForCausalLM.from_pretrained(str(base_path), dtype=torch_dtype)

@@ -57,15 +57,15 @@ class Project:
     def _recipe_module(self) -> Any:
         return importlib.import_module(RECIPES.recipe_module(self.recipe))
 
-    async def check(self, **options: Any) -> Report:
+    async def check(self, **options: object) -> Report:
         """Resolve, render and prepare without training; returns the recipe's report."""
         return await self._recipe_module().check(self, **options)
 
-    async def train(self, **options: Any) -> Outcome:
+    async def train(self, **options: object) -> Outcome:
         """Run the recipe (resuming the run directory if it exists); returns the run's Outcome."""
         return await self._recipe_module().train(self, **options)
 
-    async def evaluate(self, **options: Any) -> Report:
+    async def evaluate(self, **options: object) -> Report:
         """Only the recipe's evaluation, of a checkpoint (RL: ``checkpoint="base"|"latest"|<name>``, ``out``):
         what `loops eval` does; awaitable inside a notebook's loop."""
         module = self._recipe_module()
@@ -108,15 +108,15 @@ class Project:
 
         return PolicySampler(run if run is not None else self.run_dir(), checkpoint)
 
-    def check_sync(self, **options: Any) -> Report:
+    def check_sync(self, **options: object) -> Report:
         """`check()` for plain scripts with no running event loop."""
         return _run_sync(self.check(**options))
 
-    def train_sync(self, **options: Any) -> Outcome:
+    def train_sync(self, **options: object) -> Outcome:
         """`train()` for plain scripts with no running event loop."""
         return _run_sync(self.train(**options))
 
-    def evaluate_sync(self, **options: Any) -> Report:
+    def evaluate_sync(self, **options: object) -> Report:
         """`evaluate()` for plain scripts with no running event loop."""
         return _run_sync(self.evaluate(**options))
 

@@ -23,7 +23,7 @@ import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from loops_nb.errors import UserError
 from loops_nb.run_dir import Checkpoint, RunDirectory
@@ -252,7 +252,11 @@ class Runs(Sequence[RunSummary]):
     def __init__(self, runs: Sequence[RunSummary]) -> None:
         self.runs = list(runs)
 
-    def __getitem__(self, index: Any) -> Any:
+    @overload
+    def __getitem__(self, index: int) -> RunSummary: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[RunSummary]: ...
+    def __getitem__(self, index: int | slice) -> RunSummary | list[RunSummary]:
         return self.runs[index]
 
     def __len__(self) -> int:
@@ -357,7 +361,7 @@ def _short_keys(keys: list[str]) -> dict[str, str]:
     return out
 
 
-def _value(value: Any) -> str:
+def _value(value: object) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     if isinstance(value, str) and "/" in value:
@@ -365,7 +369,7 @@ def _value(value: Any) -> str:
     return json.dumps(value) if not isinstance(value, str) else value
 
 
-def _full(value: Any) -> str:
+def _full(value: object) -> str:
     return (
         f"{value:.4g}"
         if isinstance(value, float)

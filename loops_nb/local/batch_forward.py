@@ -11,7 +11,7 @@ batches never share it.
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -21,11 +21,14 @@ from loops_nb.local.kv_cache import growing_cache
 from loops_nb.local.sampler_batch import Forward, Job
 from loops_nb.local.vision import VisionInputs
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 
 class BatchForward:
     """The sampler model's forward in the shape a `DecodeBatch` calls it, and a fresh cache for a batch."""
 
-    def __init__(self, model: Any, vision: VisionInputs | None, device: torch.device) -> None:
+    def __init__(self, model: PreTrainedModel, vision: VisionInputs | None, device: torch.device) -> None:
         self.model = model
         self.vision = vision
         self.device = device

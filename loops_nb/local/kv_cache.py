@@ -13,11 +13,14 @@ tensors) simply gets a fresh buffer at the next update: the layer notices that `
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 HEADROOM = 64
 """Tokens of spare room per reallocation: a copy every 64 decode steps instead of every step, for at most 64
@@ -66,7 +69,7 @@ class GrowingLayer(DynamicLayer):
         return key_buffer, value_buffer
 
 
-def growing_cache(config: Any) -> DynamicCache:
+def growing_cache(config: PretrainedConfig) -> DynamicCache:
     """A `DynamicCache` for `config` whose plain full-attention layers are `GrowingLayer`s (sliding-window
     and other layer kinds are kept as transformers builds them)."""
     cache = DynamicCache(config=config)

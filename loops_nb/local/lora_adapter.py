@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
@@ -18,6 +18,9 @@ from peft.utils import get_peft_model_state_dict
 from transformers.pytorch_utils import Conv1D
 
 from loops_nb.local.lora_targets import choose_targets
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 LORA_ALPHA = 32
 
@@ -33,7 +36,7 @@ def discover_target_modules(model: torch.nn.Module) -> list[str]:
     return choose_targets(names, type(model).__name__)
 
 
-def new_lora(base: Any, *, rank: int, alpha: int, targets: list[str], seed: int) -> PeftModel:
+def new_lora(base: PreTrainedModel, *, rank: int, alpha: int, targets: list[str], seed: int) -> PeftModel:
     """`base` wrapped with a fresh LoRA (B = 0, so it computes as the base), in eval mode."""
     config = LoraConfig(
         r=rank,

@@ -21,9 +21,15 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from loops_nb.local.lora_targets import DEFAULT_TARGETS
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel
+
+    from loops_nb.config.sections import ComputeConfig, ModelConfig
 
 MIB = 1024 * 1024
 MIN_BUDGET = 128 * MIB
@@ -62,7 +68,7 @@ def default_budget(weight_bytes: int, available: int | None = None) -> int:
     return max(MIN_BUDGET, min(weight_bytes // 4, available // 10))
 
 
-def weight_bytes(model: Any) -> int:
+def weight_bytes(model: torch.nn.Module) -> int:
     """Bytes of a loaded model's parameters."""
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
@@ -71,7 +77,7 @@ def resolve_budget(budget_mb: int | None, weight_bytes: int) -> int:
     return budget_mb * MIB if budget_mb else default_budget(weight_bytes)
 
 
-def kv_token_budget(model: Any, budget_bytes: int) -> int:
+def kv_token_budget(model: PreTrainedModel, budget_bytes: int) -> int:
     """Tokens of KV cache that fit `budget_bytes` (keys and values of every layer), at most 65,536."""
     config = getattr(model.config, "text_config", None) or model.config
     heads = int(config.num_attention_heads)
@@ -201,7 +207,9 @@ def estimate_peak(
     )
 
 
-def check_lines(compute: Any, model: Any, *, concurrent_sequences: int) -> tuple[list[str], list[str]]:
+def check_lines(
+    compute: ComputeConfig, model: ModelConfig, *, concurrent_sequences: int
+) -> tuple[list[str], list[str]]:
     """What `loops check` says of a local run's memory: (lines, warnings). Nothing for other scopes or for a
     run that joins a running `loops serve` (whose memory is that server's)."""
     if compute.scope != "local" or compute.base_url or os.environ.get("LOOPS_BASE_URL"):

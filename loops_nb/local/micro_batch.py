@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -27,6 +27,9 @@ from loops_nb.local.datum_wire import ParsedDatum, tensor_data
 from loops_nb.local.losses import LOSSES, LossBatch, collate, needed_positions, target_logprobs
 from loops_nb.local.vision import VisionInputs
 
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
 PLAIN_HEAD_TYPES = {"llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "smollm3", "phi3"}
 """Families whose logits are exactly `lm_head(last_hidden_state)`, so the head can run on selected rows."""
 
@@ -34,7 +37,7 @@ TopK = tuple[torch.Tensor, torch.Tensor]
 """(logprobs, token ids) of the top-k tokens at each selected position."""
 
 
-def has_plain_head(config: Any) -> bool:
+def has_plain_head(config: PretrainedConfig) -> bool:
     """Whether the head of a model with this config can run on selected positions alone."""
     scaled = any(
         getattr(config, a, None) for a in ("final_logit_softcapping", "logit_scale", "logits_scaling")

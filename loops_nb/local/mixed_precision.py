@@ -22,10 +22,13 @@ weights stay float32 and see the float32 input.
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 class Bf16ProductLinear(torch.nn.Linear):
@@ -35,7 +38,7 @@ class Bf16ProductLinear(torch.nn.Linear):
         return F.linear(input.to(self.weight.dtype), self.weight, self.bias).to(input.dtype)
 
 
-def use_bf16_products(model: Any) -> int:
+def use_bf16_products(model: PreTrainedModel) -> int:
     """Turn every linear layer of `model` but its output head into a `Bf16ProductLinear`, in place.
 
     `model` must be float32; returns how many layers changed. The head (and an embedding tied to it) stays

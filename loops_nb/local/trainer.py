@@ -35,7 +35,7 @@ import math
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from peft import PeftModel
@@ -76,6 +76,9 @@ from loops_nb.local.trainer_checkpoints import (
 )
 from loops_nb.local.vision import VisionInputs, max_positions
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 COMPUTE_LOCK = threading.Lock()
 """Held by every trainer for one request's forward (and backward), so only one budget is ever in use."""
 
@@ -101,8 +104,10 @@ class LoraTrainer:
         if dtype is None:  # as `[compute.local] dtype = "auto"`: bf16 where the hardware is fast at it
             dtype = auto_dtype(self.device)
         self.model_path = str(model_path)
-        base: Any = BASE_MODELS.instance(self.model_path, self.device, dtype, bf16_products=bf16_products)
-        self._base: Any = base
+        base: PreTrainedModel = BASE_MODELS.instance(
+            self.model_path, self.device, dtype, bf16_products=bf16_products
+        )
+        self._base = base
         self.vision = VisionInputs.load(self.model_path, base)
         """The processor and image token when the model is a vision-language model (image chunks)."""
         self.vocab_size: int = base.get_output_embeddings().weight.shape[0]

@@ -20,9 +20,12 @@ import io
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 IMAGE_POSITION = -1
 """How a parsed prompt or datum marks a position covered by an image chunk (before expansion)."""
@@ -45,7 +48,7 @@ def load_model(model_path: str | Path, dtype: torch.dtype) -> Any:
     return cls.from_pretrained(str(model_path), dtype=dtype)
 
 
-def max_positions(config: Any) -> int | None:
+def max_positions(config: PretrainedConfig) -> int | None:
     for source in (config, getattr(config, "text_config", None)):
         value = getattr(source, "max_position_embeddings", None)
         if value:

@@ -163,7 +163,7 @@ class DeliveringResponse(Response):
         self,
         on_sent: Callable[[bool], None],
         *,
-        body: Any = None,
+        body: object = None,
         events: Sequence[str] | None = None,
     ) -> None:
         self.on_sent = on_sent

@@ -175,7 +175,7 @@ class RLEvalConfig(Section):
 
     @model_validator(mode="before")
     @classmethod
-    def _on_when_given(cls, data: Any) -> Any:
+    def _on_when_given(cls, data: object) -> object:
         # Writing an [eval] table is asking for evaluation; only an explicit `enabled = false` keeps it off.
         if isinstance(data, dict) and "enabled" not in data:
             return {**data, "enabled": True}

@@ -37,6 +37,8 @@ from loops_nb.run_dir import RunDirectory, atomic_write_json
 from loops_nb.tokenization import load_model_renderer
 
 if TYPE_CHECKING:
+    from baseten.loops import SamplingClient
+
     from loops_nb.project import Project
 
 
@@ -44,7 +46,7 @@ if TYPE_CHECKING:
 class FixedPolicy:
     """A policy that does not change: one checkpoint's (or the base model's) sampling client."""
 
-    sampling_client: Any
+    sampling_client: SamplingClient
     version: int
 
 

@@ -51,7 +51,7 @@ class RLCheckReport(RecipeCheckReport):
     tasks: int = 0
 
 
-async def check(project: Project, **_: Any) -> RLCheckReport:
+async def check(project: Project, **_: object) -> RLCheckReport:
     """Resolve the config, the tokenizer and the runtime's tasks, and size the run, without a trainer."""
     config = project.config_as(RLConfig)
     report = RLCheckReport()

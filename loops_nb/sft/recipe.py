@@ -136,7 +136,7 @@ def plan_lines(config: SFTConfig, data: SFTData, *, refusals_written: str | None
     return lines
 
 
-async def check(project: Project, *, refusals: str | Path | None = None, **_: Any) -> SFTCheckReport:
+async def check(project: Project, *, refusals: str | Path | None = None, **_: object) -> SFTCheckReport:
     """Render every row with the configured tokenizer, template and max_seq_len, and plan the run.
 
     ``refusals``: a file to write every refused row to, as JSONL (`RefusalFile`); the report lists the first ones.
