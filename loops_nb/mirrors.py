@@ -4,7 +4,7 @@ extra) and a rich live progress region in the terminal (`[output] console`, the 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from loops_nb.config.sections import OutputConfig
@@ -72,19 +72,19 @@ class RichConsole(TerminalReporter):
         super().__init__()
         self._console = Console()
         self._live = Live(console=self._console, refresh_per_second=2, transient=False)
-        self._last: dict[str, Any] = {}
+        self._last: StepRecord | None = None
 
     def _render(self, note: str = "") -> Table:
         from rich.table import Table
 
         table = Table.grid(padding=(0, 2))
-        step = int(self._last.get("step", -1)) + 1
+        step = self._last.step + 1 if self._last is not None else 0
         table.add_row(
             f"[bold]step {step}/{self.total or '?'}[/]", f"eta {eta(step, self.total, self._elapsed())}", note
         )
         for key in self.KEYS:
-            if self._last.get(key) is not None:
-                value = self._last[key]
+            value = self._last.metrics.get(key) if self._last is not None else None
+            if value is not None:
                 table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value), "")
         return table
 
@@ -99,7 +99,7 @@ class RichConsole(TerminalReporter):
         self._live.update(self._render("starting"))
 
     def on_step(self, record: Mapping[str, Any]) -> None:
-        self._last = StepRecord.of(record).to_json()
+        self._last = StepRecord.of(record)
         self._live.update(self._render())
 
     def on_progress(self, tick: Mapping[str, Any]) -> None:
@@ -111,8 +111,8 @@ class RichConsole(TerminalReporter):
 
 
 def run_observers(
-    output: OutputConfig, config_dump: dict[str, Any], observers: list[Any] | None
-) -> list[Any]:
+    output: OutputConfig, config_dump: dict[str, Any], observers: Sequence[object] | None
+) -> list[object]:
     """The caller's observers (or `[output]`'s defaults), plus W&B whenever wandb_project is set."""
     if observers is None:
         return default_observers(output, config_dump)
@@ -121,9 +121,9 @@ def run_observers(
     return list(observers)
 
 
-def default_observers(output: OutputConfig, config_dump: dict[str, Any]) -> list[Any]:
+def default_observers(output: OutputConfig, config_dump: dict[str, Any]) -> list[object]:
     """The observers `[output]` asks for when the caller passes none: terminal (or rich), plus W&B."""
-    observers: list[Any] = [RichConsole() if output.console else TerminalReporter()]
+    observers: list[object] = [RichConsole() if output.console else TerminalReporter()]
     if output.wandb_project:
         observers.append(WandbMirror(output.wandb_project, config_dump))
     return observers

@@ -16,6 +16,7 @@ import asyncio
 import json
 import logging
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -101,7 +102,11 @@ class Recipe(ABC):
 
 
 async def run_recipe(
-    recipe: Recipe, project_lines: list[str], *, observers: list[Any] | None, stop: asyncio.Event | None
+    recipe: Recipe,
+    project_lines: list[str],
+    *,
+    observers: Sequence[object] | None,
+    stop: asyncio.Event | None,
 ) -> Outcome:
     """Set the run up, resume it and run it to its end; ``project_lines``: run.log's header."""
     config = recipe.config
