@@ -7,9 +7,10 @@
     base = policy.base()                                # the same run's base model, for side by side
     policy.close()
 
-The prompt is rendered with the model's own chat template (the config's ``model.chat_template`` /
-``chat_template_file`` if it set one), exactly as training rendered it, and the reply keeps the sampled
-token ids and their logprobs. Sampling goes through the SDK on every scope, by the one checkpoint-to-sampler
+The prompt is rendered by the run's renderer (``model.renderer``: the family's renderer, or the model's chat
+template, or the config's ``model.chat_template`` / ``chat_template_file``), exactly as training rendered it;
+the reply is parsed by the same renderer (reasoning, content, tool calls) and keeps the sampled token ids and
+their logprobs. Sampling goes through the SDK on every scope, by the one checkpoint-to-sampler
 path (`loops_nb.run_checkpoints`): sampler weights by their bt:// path, trainer state (a ``save_every``
 checkpoint) loaded with its optimizer and published, ``base`` by the base model's name. On the local scope
 the Loops is an embedded one on the run's own state directory; on Baseten it is the run's workspace
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
     from baseten.loops import SamplingClient
 
     from loops_nb.compute import LoopsConnection
-    from loops_nb.llm.renderer import ChatRenderer
+    from loops_nb.llm.renderer import Renderer
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,8 @@ class ChatReply:
     logprobs: list[float | None]
     """The sampler's logprob of each sampled token (None where it returned none)."""
     stop_reason: str
+    reasoning: str = ""
+    """What the model reasoned before answering (a `<think>` block, an analysis channel); empty when none."""
 
     @property
     def completion_tokens(self) -> int:
@@ -120,7 +123,7 @@ class PolicySampler:
         if _shared is None:
             self._loop: _Loop | None = _Loop()
             self._connection: LoopsConnection | None = None
-            self._renderer: ChatRenderer | None = None
+            self._renderer: Renderer | None = None
             self._open_lock: asyncio.Lock | None = None
             self._siblings: list[PolicySampler] = []
         else:
@@ -213,7 +216,7 @@ class PolicySampler:
         sequence = response.sequences[0]
         tokens = list(sequence.tokens)
         logprobs: list[float | None] = list(sequence.logprobs) if sequence.logprobs else [None] * len(tokens)
-        parsed = renderer.parse(tokens)
+        parsed = renderer.parse(tokens, prompt_tokens=prompt, tools=tools)
         return ChatReply(
             label=self.label,
             text=parsed.text,
@@ -224,6 +227,7 @@ class PolicySampler:
             token_texts=[renderer.decode([t]) for t in tokens],
             logprobs=logprobs,
             stop_reason=str(sequence.stop_reason),
+            reasoning=parsed.reasoning,
         )
 
     # -- connection ---------------------------------------------------------------------------------------
@@ -234,14 +238,12 @@ class PolicySampler:
             owner._open_lock = asyncio.Lock()
         async with owner._open_lock:
             if owner._connection is None:
-                from loops_nb.llm.renderer import ChatRenderer
-                from loops_nb.tokenization import load_model_tokenizer
+                from loops_nb.tokenization import load_model_renderer
 
                 run = self.run
-                tokenizer = await asyncio.to_thread(
-                    load_model_tokenizer, run.model, run.compute.scope, cache_dir=run.compute.local.cache_dir
+                owner._renderer = await asyncio.to_thread(
+                    load_model_renderer, run.model, run.compute.scope, cache_dir=run.compute.local.cache_dir
                 )
-                owner._renderer = ChatRenderer(tokenizer)
                 owner._connection = await run.connect()
             if self._client is None:
                 self._client = await self._new_client(owner._connection)

@@ -1,20 +1,25 @@
-"""The trained model's tokenizer and chat template, as `[model]` configures them, on any scope.
+"""The trained model's tokenizer, chat template and renderer, as `[model]` configures them, on any scope.
 
 The local scope resolves the model like the embedded Loops does (the offline default included);
 serverless and dedicated load only the tokenizer files from the Hub (HF_TOKEN for gated repos).
 `[model] tokenizer` replaces the base model's tokenizer; `chat_template` / `chat_template_file`
-replace its template.
+replace its template; `renderer` says whether the template or the family's renderer renders
+(llm/renderer_choice.py).
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loops_nb.config.sections import ModelConfig
 from loops_nb.errors import ConfigError, UserError
+from loops_nb.llm.renderer_choice import RendererChoice, choose_renderer, no_template
 from loops_nb.llm.templates import TOOL_CAPABLE_CHATML_TEMPLATE
+
+if TYPE_CHECKING:
+    from loops_nb.llm.renderer import Renderer
 
 BUILTIN_TEMPLATES = {"chatml-tools": TOOL_CAPABLE_CHATML_TEMPLATE}
 """Chat templates `[model] chat_template` can name."""
@@ -87,16 +92,43 @@ def load_model_processor(model: ModelConfig, scope: str, *, cache_dir: Path | No
     return load_processor(source, cache_dir=cache_dir)
 
 
-def load_model_renderer(model: ModelConfig, scope: str, *, cache_dir: Path | None = None) -> Any:
-    """The run's renderer: a `VisionRenderer` (images through the processor) for a vision-language model,
-    else a `ChatRenderer`; both use the configured tokenizer and chat template."""
-    from loops_nb.llm.renderer import ChatRenderer
+def template_override_key(model: ModelConfig) -> str | None:
+    """The config key that replaces the tokenizer's template, if one does."""
+    if model.chat_template is not None:
+        return "chat_template"
+    if model.chat_template_file is not None:
+        return "chat_template_file"
+    return None
 
+
+def model_renderer_choice(model: ModelConfig) -> RendererChoice:
+    """Which renderer `[model]` gets, and why (without loading anything)."""
+    return choose_renderer(model.renderer, model.base_model, template_override=template_override_key(model))
+
+
+def load_model_renderer(model: ModelConfig, scope: str, *, cache_dir: Path | None = None) -> Renderer:
+    """The run's renderer, with the configured tokenizer: the family's `PrimeRenderer` when the choice
+    (`model_renderer_choice`) is one, else the chat template: a `VisionRenderer` (images through the processor)
+    for a vision-language model, a `ChatRenderer` otherwise. Its `why` says how it was chosen."""
+    from loops_nb.llm.prime_renderer import PrimeRenderer
+    from loops_nb.llm.renderer import CHAT_TEMPLATE, ChatRenderer
+
+    choice = model_renderer_choice(model)
     tokenizer = load_model_tokenizer(model, scope, cache_dir=cache_dir)
+    renderer: Renderer
+    if choice.name != CHAT_TEMPLATE:
+        renderer = PrimeRenderer(tokenizer, choice.name, hub_id=model.base_model)
+        renderer.why = choice.why
+        return renderer
+    if not getattr(tokenizer, "chat_template", None):
+        raise ConfigError(no_template(model.base_model, choice))
     processor = load_model_processor(model, scope, cache_dir=cache_dir)
     if processor is None:
-        return ChatRenderer(tokenizer)
-    from loops_nb.llm.vision import VisionRenderer
+        renderer = ChatRenderer(tokenizer)
+    else:
+        from loops_nb.llm.vision import VisionRenderer
 
-    processor.tokenizer = tokenizer
-    return VisionRenderer(processor)
+        processor.tokenizer = tokenizer
+        renderer = VisionRenderer(processor)
+    renderer.why = choice.why
+    return renderer

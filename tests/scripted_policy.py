@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from loops_nb.llm.renderer import ChatRenderer
+from loops_nb.llm.renderer import Renderer
 
 
 @dataclass
@@ -34,7 +34,7 @@ class ScriptedPolicy:
 
     def __init__(
         self,
-        renderer: ChatRenderer,
+        renderer: Renderer,
         texts: list[str],
         *,
         logprob: float = -0.25,

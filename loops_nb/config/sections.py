@@ -53,6 +53,14 @@ class ModelConfig(Section):
     chat_template_file: ConfigPath | None = None
     """A Jinja chat template file that replaces the tokenizer's own (relative to the config)."""
 
+    renderer: str = "auto"
+    """What renders conversations to tokens and parses replies (tool calls, reasoning) in RL, evaluation, the
+    gateway and the policy sampler. `auto`: the model family's renderer from the `renderers` package when
+    `base_model` is a Hub id it knows, else the chat template. `chat_template`: the tokenizer's template (or
+    the one `chat_template` / `chat_template_file` give). Or a `renderers` name (`qwen3`, `qwen3.6`,
+    `llama-3`, `deepseek-v4`, `gpt-oss`, ...), e.g. for a fine-tune under another name. SFT trains on the
+    chat template. See docs/reference/renderers.md."""
+
     lora_rank: int = Field(32, ge=1, le=512)
     """LoRA rank of the trained adapter."""
 
@@ -63,6 +71,12 @@ class ModelConfig(Section):
     def _one_template(self) -> ModelConfig:
         if self.chat_template and self.chat_template_file:
             raise ValueError("set either model.chat_template or model.chat_template_file, not both")
+        if (self.chat_template or self.chat_template_file) and self.renderer not in ("auto", "chat_template"):
+            # A family's renderer writes the family's format itself: a template would silently not apply.
+            raise ValueError(
+                f"model.renderer = {self.renderer!r} renders without a chat template: remove "
+                'model.chat_template / chat_template_file, or set model.renderer = "chat_template"'
+            )
         return self
 
 

@@ -32,6 +32,9 @@ class ModelCall:
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     images: tuple[Any, ...] = ()
     """The prompt's images (`vision.PromptImage`: offset and length of its image tokens, PNG bytes)."""
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    """The conversation the prompt was rendered from, as the renderer got it: a renderer that bridges on
+    token ids (`PrimeRenderer`) continues this call only in a conversation that starts with it."""
 
     def __post_init__(self) -> None:
         if len(self.completion_tokens) != len(self.logprobs):
@@ -74,6 +77,10 @@ class TokenCapture:
     """Model calls that started but whose completion never reached the agent: cancelled while in flight
     (the agent's timeout, a client that gave up), or sampled by the gateway for a client that had gone.
     None of them is in `calls`, so none trains."""
+
+    def last_call(self) -> ModelCall | None:
+        """The latest call: the one a next turn should extend."""
+        return self.calls[-1] if self.calls else None
 
     def last_tokens(self) -> list[int] | None:
         """Prompt + completion of the latest call: the prefix a next turn should extend."""

@@ -1,7 +1,8 @@
 """`LoopsLLM`: the handle an agent calls the model through, and `llm()` inside an episode.
 
-Every call renders messages with the model's chat template, samples from the current policy through
-the SDK's `SamplingClient`, parses the reply (text and tool calls) and records the exact prompt tokens,
+Every call renders messages with the run's renderer (renderer.py: the model's chat template, or its family's
+renderer), samples from the current policy through the SDK's `SamplingClient`, parses the reply (reasoning,
+text and tool calls, by the same renderer) and records the exact prompt tokens,
 sampled ids and logprobs in the attempt's `TokenCapture`.
 """
 
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from loops_nb.llm.capture import ModelCall, TokenCapture
-from loops_nb.llm.renderer import ChatRenderer
+from loops_nb.llm.renderer import Renderer
 
 
 class PolicySource(Protocol):
@@ -37,11 +38,16 @@ class Reply:
     finish_reason: str
     tokens: int
     tool_call_errors: list[str] = field(default_factory=list)
+    reasoning: str = ""
+    """What the model reasoned before answering (a `<think>` block, an analysis channel); empty when none."""
 
     @property
     def message(self) -> dict[str, Any]:
-        """The assistant message in OpenAI shape, to append to the conversation."""
+        """The assistant message in OpenAI shape, to append to the conversation (its reasoning as
+        `reasoning_content`, which the family's template keeps or drops as it does in training)."""
         msg: dict[str, Any] = {"role": "assistant", "content": self.content}
+        if self.reasoning:
+            msg["reasoning_content"] = self.reasoning
         if self.tool_calls:
             msg["tool_calls"] = self.tool_calls
         return msg
@@ -64,7 +70,7 @@ class LoopsLLM:
 
     def __init__(
         self,
-        renderer: ChatRenderer,
+        renderer: Renderer,
         policy: PolicySource,
         capture: TokenCapture | None = None,
         defaults: SamplingDefaults | None = None,
@@ -117,7 +123,7 @@ class LoopsLLM:
 
         from loops_nb.llm.model_input import model_input
 
-        prompt, images = self.renderer.render_prompt(messages, tools, self.capture.last_tokens())
+        prompt, images = self.renderer.render_prompt(messages, tools, self.capture.last_call())
         budget = max_tokens or self.defaults.max_tokens
         if self.defaults.max_seq_len is not None:
             room = self.defaults.max_seq_len - len(prompt)
@@ -150,7 +156,7 @@ class LoopsLLM:
         replies = []
         for i, seq in enumerate(resp.sequences):
             logprobs = list(seq.logprobs or [])
-            parsed = self.renderer.parse(seq.tokens)
+            parsed = self.renderer.parse(seq.tokens, prompt_tokens=prompt, tools=tools)
             served = resp.policy_version if resp.policy_version is not None else version
             if i == 0:
                 self.capture.record(
@@ -163,6 +169,7 @@ class LoopsLLM:
                         text=parsed.text,
                         tool_calls=parsed.tool_calls,
                         images=tuple(images),
+                        messages=list(messages),
                     )
                 )
             replies.append(
@@ -173,6 +180,7 @@ class LoopsLLM:
                     seq.stop_reason,
                     len(seq.tokens),
                     parsed.tool_call_errors,
+                    parsed.reasoning,
                 )
             )
         return replies

@@ -1,7 +1,11 @@
-"""Rendering a conversation into prompt tokens with the model's own chat template, reusing the
-exact sampled tokens of earlier turns.
+"""The renderer seam: what turns a conversation into prompt tokens and sampled tokens back into a reply,
+and its first implementation, the model's own chat template (`ChatRenderer`).
 
-For turn n+1 the conversation is rendered to text. When that text starts with the decoded text of
+`Renderer` is what every model call goes through (`llm().chat`, the gateway, evaluation, the policy
+sampler). Two implementations: `ChatRenderer` here, and `PrimeRenderer` (prime_renderer.py), Prime
+Intellect's hand-written renderer of the model's family. `renderer_choice.py` says which one a config gets.
+
+`ChatRenderer`: for turn n+1 the conversation is rendered to text. When that text starts with the decoded text of
 turn n's prompt + sampled completion, the new prompt is those exact tokens followed by the tokens of
 the new suffix (tool results, the next user message, the generation header): sampled tokens are never
 re-tokenized. When it does not (the template re-rendered history, e.g. dropped earlier reasoning),
@@ -10,17 +14,25 @@ the whole conversation is tokenized afresh and the capture starts a new training
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from loops_nb.llm.templates import ChatTemplate, parse_assistant_text
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+    from loops_nb.llm.capture import ModelCall
+
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>")
 """Tokens that end an assistant turn in common chat templates; those in the vocabulary stop sampling."""
+
+
+CHAT_TEMPLATE = "chat_template"
+"""The name of `ChatRenderer`, as `[model] renderer` spells it."""
 
 
 @dataclass(frozen=True)
@@ -28,17 +40,92 @@ class ParsedReply:
     text: str
     """The completion's text, special tokens removed."""
     content: str
-    """The prose, with tool-call blocks removed."""
+    """The prose, with reasoning and tool-call blocks removed."""
     tool_calls: list[dict[str, Any]]
-    """OpenAI-shaped tool calls (`{"id", "type": "function", "function": {"name", "arguments"}}`)."""
+    """The well-formed calls, OpenAI-shaped (`{"id", "type": "function", "function": {"name", "arguments"}}`,
+    `arguments` a JSON string)."""
     tool_call_errors: list[str]
+    """One line per malformed call (bad JSON, no name, cut off before its end), with what the model wrote:
+    kept and counted, never raised, so evaluation can score it."""
+    reasoning: str = ""
+    """The reasoning the model wrote before its answer (a `<think>` block, an analysis channel); empty when
+    none."""
+
+
+class Renderer(Protocol):
+    """Messages in, prompt tokens out; sampled tokens in, reply out. What every model call goes through."""
+
+    name: str
+    """`chat_template`, or the `renderers` name of a family's renderer (`qwen3`, `gpt-oss`, ...)."""
+    why: str
+    """How it was chosen (`[model] renderer`, renderer_choice.py), for `loops check`; empty when built
+    directly."""
+    tokenizer: Any
+    stop_token_ids: list[int]
+    """Tokens that end the assistant's turn: sampling stops at them."""
+    extends_by_text: bool
+    """True when a next turn extends the previous tokens by matching decoded text (`ChatRenderer`), so an
+    assistant message sent back must be the exact sampled text (the gateway restores it); False when the
+    renderer bridges on token ids and renders the message itself (`PrimeRenderer`)."""
+
+    def render_prompt(
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]] | None = None,
+        previous: ModelCall | None = None,
+    ) -> tuple[list[int], tuple[Any, ...]]:
+        """The prompt's token ids (continuing `previous`, the attempt's latest call, exactly where it can)
+        and its images (`vision.PromptImage`; none for a text model)."""
+        ...
+
+    def prompt_tokens(
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]] | None = None,
+        previous: ModelCall | None = None,
+    ) -> list[int]:
+        """`render_prompt`'s token ids."""
+        ...
+
+    def parse(
+        self,
+        completion_tokens: Sequence[int],
+        *,
+        prompt_tokens: Sequence[int] | None = None,
+        tools: Sequence[dict[str, Any]] | None = None,
+    ) -> ParsedReply:
+        """The reply in `completion_tokens`. `prompt_tokens` (the prompt it was sampled for) tells a renderer
+        whether the prompt opened a reasoning block; `tools` (the request's) types XML tool arguments."""
+        ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, tokens: Sequence[int], *, skip_special: bool = False) -> str: ...
+
+
+def call_keys(calls: Sequence[Mapping[str, Any]] | None) -> list[tuple[Any, Any]]:
+    """Tool calls compared by name and decoded arguments, so re-serialised JSON still matches."""
+    out = []
+    for call in calls or []:
+        fn = call.get("function") or {}
+        args = fn.get("arguments")
+        if isinstance(args, str):
+            # ValueError: also an integer too long to convert; arguments are the agent's text.
+            with contextlib.suppress(ValueError, RecursionError):
+                args = json.loads(args)
+        out.append((fn.get("name"), args))
+    return out
 
 
 class ChatRenderer:
     """A tokenizer plus chat template: messages in, prompt tokens out; sampled tokens in, reply out."""
 
+    name = CHAT_TEMPLATE
+    extends_by_text = True
+
     def __init__(self, tokenizer: PreTrainedTokenizerBase, chat_template: str | None = None) -> None:
         self.tokenizer = tokenizer
+        self.why = ""
         self.template = ChatTemplate(tokenizer, chat_template)
         vocab = tokenizer.get_vocab()
         stops = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
@@ -66,31 +153,42 @@ class ChatRenderer:
         self,
         messages: Sequence[dict[str, Any]],
         tools: Sequence[dict[str, Any]] | None = None,
-        previous: Sequence[int] | None = None,
+        previous: ModelCall | None = None,
     ) -> list[int]:
-        """The prompt for the next call; extends `previous` (exact tokens) whenever the text allows."""
+        """The prompt for the next call; extends `previous`'s prompt + completion (exact tokens) whenever the
+        text allows."""
         text = self.render_text(messages, tools)
-        if previous:
-            prefix = self.decode(previous)
+        if previous is not None:
+            before = previous.prompt_tokens + previous.completion_tokens
+            prefix = self.decode(before)
             if text.startswith(prefix):
-                return list(previous) + self.encode(text[len(prefix) :])
+                return before + self.encode(text[len(prefix) :])
         return self.encode(text)
 
     def render_prompt(
         self,
         messages: Sequence[dict[str, Any]],
         tools: Sequence[dict[str, Any]] | None = None,
-        previous: Sequence[int] | None = None,
+        previous: ModelCall | None = None,
     ) -> tuple[list[int], tuple[Any, ...]]:
         """The prompt's token ids and its images (`vision.PromptImage`; none for a text model)."""
         return self.prompt_tokens(messages, tools, previous), ()
 
-    def parse(self, completion_tokens: Sequence[int]) -> ParsedReply:
+    def parse(
+        self,
+        completion_tokens: Sequence[int],
+        *,
+        prompt_tokens: Sequence[int] | None = None,
+        tools: Sequence[dict[str, Any]] | None = None,
+    ) -> ParsedReply:
         text = self.decode(completion_tokens, skip_special=True)
-        reply = parse_assistant_text(text)
+        # A template that opens the think block in the prompt (Qwen3.5/3.6) leaves only its end in the reply.
+        opened = prompt_tokens is not None and self.decode(prompt_tokens[-4:]).rstrip().endswith("<think>")
+        reply = parse_assistant_text(text, tools=tools, reasoning_open=opened)
         return ParsedReply(
             text=text,
             content=reply.content,
             tool_calls=reply.openai_tool_calls(),
             tool_call_errors=list(reply.errors),
+            reasoning=reply.reasoning,
         )

@@ -5,7 +5,9 @@ assistant turn that only holds ``tool_calls`` as an empty turn. `TOOL_CAPABLE_CH
 replacement for SmolLM2's tokenizer (same ``<|im_start|>``/``<|im_end|>`` tokens, same default system prompt)
 in the Hermes/Qwen style that small open models know: tools listed as JSON in a ``<tools>`` block of the system
 prompt, calls written as ``<tool_call>{"name": ..., "arguments": ...}</tool_call>``, results in a ``tool`` turn
-wrapped in ``<tool_response>``. `parse_tool_calls` reads that call format back from generated text.
+wrapped in ``<tool_response>``. `parse_assistant_text` reads a reply written under such a template back:
+the Hermes/Qwen3 JSON calls, the XML calls of Qwen3.5/3.6 (``<function=name><parameter=key>value``...), and a
+``<think>`` block as reasoning.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -83,15 +85,20 @@ TOOL_CAPABLE_CHATML_TEMPLATE = """\
 BUILTIN_TEMPLATES = {"chatml-tools": TOOL_CAPABLE_CHATML_TEMPLATE}
 
 _TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
+# Qwen3.5/3.6 (and Qwen3-Coder): <function=name> then <parameter=key>\nvalue\n</parameter> for each argument.
+_XML_FUNCTION_RE = re.compile(r"\s*<function=([^>\n]+)>(.*)</function>\s*", re.DOTALL)
+_XML_PARAMETER_RE = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.DOTALL)
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 
 @dataclass(frozen=True)
 class AssistantReply:
-    """Generated assistant text split into its prose and its ``<tool_call>`` blocks."""
+    """Generated assistant text split into its reasoning, its prose and its ``<tool_call>`` blocks."""
 
     content: str
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    reasoning: str = ""
 
     def openai_tool_calls(self) -> list[dict[str, Any]]:
         """The calls in OpenAI shape (``arguments`` as a JSON string, ids ``call_0``, ``call_1``, ...)."""
@@ -105,37 +112,101 @@ class AssistantReply:
         ]
 
 
-def parse_assistant_text(text: str) -> AssistantReply:
-    """Split text generated under `TOOL_CAPABLE_CHATML_TEMPLATE` (or Qwen/Hermes templates) into content and calls.
+def parse_assistant_text(
+    text: str, *, tools: Sequence[Mapping[str, Any]] | None = None, reasoning_open: bool = False
+) -> AssistantReply:
+    """Split text generated under `TOOL_CAPABLE_CHATML_TEMPLATE` (or a Qwen/Hermes template) into reasoning,
+    content and calls.
 
-    A block that is not ``{"name": <string>, "arguments": <object>}`` JSON, or is cut off before
-    ``</tool_call>``, is reported in ``errors`` rather than raised: a model under training writes such blocks,
-    and evaluation has to score them, not crash.
+    A ``<think>`` block is the reasoning; so is everything before a lone ``</think>`` (the template opened the
+    block in the prompt, as Qwen3.5/3.6 do), or the whole text when ``reasoning_open`` says the prompt opened it
+    and no ``</think>`` came. A call is JSON (``{"name": ..., "arguments": {...}}``) or XML
+    (``<function=name><parameter=key>value</parameter></function>``); an XML value is a string where ``tools``
+    declare the parameter a string, else JSON when it parses as JSON. A block that is neither, or is cut off
+    before ``</tool_call>``, is reported in ``errors`` rather than raised: a model under training writes such
+    blocks, and evaluation has to score them, not crash.
     """
+    reasoning, text = split_reasoning(text, reasoning_open=reasoning_open)
     calls: list[dict[str, Any]] = []
     errors: list[str] = []
     for i, match in enumerate(_TOOL_CALL_RE.finditer(text)):
         if not match.group(0).endswith("</tool_call>"):
             errors.append(f"tool call {i}: no closing </tool_call>")
             continue
-        try:
-            call = json.loads(match.group(1).strip())
-        except json.JSONDecodeError as exc:
-            errors.append(f"tool call {i}: not valid JSON ({exc.msg})")
-            continue
-        if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not call["name"]:
-            errors.append(f'tool call {i}: expected {{"name": <string>, "arguments": <object>}}')
-            continue
-        args = call.get("arguments", {})
-        if isinstance(args, str):  # some models double-encode, as OpenAI's wire format does
-            with contextlib.suppress(json.JSONDecodeError):
-                args = json.loads(args)
-        if not isinstance(args, dict):
-            errors.append(f"tool call {i}: arguments must be a JSON object")
-            continue
-        calls.append({"name": call["name"], "arguments": args})
+        body = match.group(1).strip()
+        call = _xml_call(body, tools) if body.startswith("<function=") else _json_call(body)
+        if isinstance(call, str):
+            errors.append(f"tool call {i}: {call}")
+        else:
+            calls.append(call)
     content = _TOOL_CALL_RE.sub("", text).strip()
-    return AssistantReply(content=content, tool_calls=calls, errors=errors)
+    return AssistantReply(content=content, tool_calls=calls, errors=errors, reasoning=reasoning)
+
+
+def split_reasoning(text: str, *, reasoning_open: bool = False) -> tuple[str, str]:
+    """``(reasoning, the rest)`` of generated text: see `parse_assistant_text`."""
+    start, end = text.find(THINK_OPEN), text.find(THINK_CLOSE)
+    if end != -1 and (start == -1 or start < end):
+        begin = start + len(THINK_OPEN) if start != -1 else 0
+        before = text[:start] if start != -1 else ""
+        return text[begin:end].strip(), before + text[end + len(THINK_CLOSE) :]
+    if start != -1:  # opened and never closed: the reply was cut off while reasoning
+        return text[start + len(THINK_OPEN) :].strip(), text[:start]
+    if reasoning_open:
+        return text.strip(), ""
+    return "", text
+
+
+def _json_call(body: str) -> dict[str, Any] | str:
+    """``{"name", "arguments"}`` of a JSON call, or what is wrong with it."""
+    try:
+        call = json.loads(body)
+    except json.JSONDecodeError as exc:
+        return f"not valid JSON ({exc.msg})"
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not call["name"]:
+        return 'expected {"name": <string>, "arguments": <object>}'
+    args = call.get("arguments", {})
+    if isinstance(args, str):  # some models double-encode, as OpenAI's wire format does
+        with contextlib.suppress(json.JSONDecodeError):
+            args = json.loads(args)
+    if not isinstance(args, dict):
+        return "arguments must be a JSON object"
+    return {"name": call["name"], "arguments": args}
+
+
+def _xml_call(body: str, tools: Sequence[Mapping[str, Any]] | None) -> dict[str, Any] | str:
+    """``{"name", "arguments"}`` of an XML call, or what is wrong with it."""
+    match = _XML_FUNCTION_RE.fullmatch(body)
+    if match is None:
+        return "expected <function=name> ... </function>"
+    name, inner = match.group(1).strip(), match.group(2)
+    strings = _string_parameters(tools, name)
+    args: dict[str, Any] = {}
+    for param in _XML_PARAMETER_RE.finditer(inner):
+        # The template writes each value between two newlines; only those are markup.
+        value = param.group(2).removeprefix("\n").removesuffix("\n")
+        key = param.group(1).strip()
+        args[key] = value if key in strings else _json_or_text(value)
+    if _XML_PARAMETER_RE.sub("", inner).strip():
+        return f"text outside <parameter=...> blocks in <function={name}>"
+    return {"name": name, "arguments": args}
+
+
+def _json_or_text(value: str) -> Any:
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError:
+        return value
+
+
+def _string_parameters(tools: Sequence[Mapping[str, Any]] | None, name: str) -> set[str]:
+    """The parameters of tool `name` that its schema declares strings (their XML values are taken verbatim)."""
+    for tool in tools or []:
+        spec = tool.get("function", tool)
+        if isinstance(spec, Mapping) and spec.get("name") == name:
+            props = (spec.get("parameters") or {}).get("properties") or {}
+            return {k for k, v in props.items() if isinstance(v, Mapping) and v.get("type") == "string"}
+    return set()
 
 
 def parse_tool_calls(text: str) -> list[dict[str, Any]]:

@@ -26,11 +26,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from loops_nb.errors import UserError
-from loops_nb.llm.renderer import ChatRenderer
+from loops_nb.llm.renderer import ChatRenderer, Renderer
 
 if TYPE_CHECKING:
     from PIL.Image import Image as PILImage
     from transformers import ProcessorMixin
+
+    from loops_nb.llm.capture import ModelCall
 
 URL_TIMEOUT_SECONDS = 30
 
@@ -149,7 +151,7 @@ class VisionRenderer(ChatRenderer):
         self,
         messages: Sequence[dict[str, Any]],
         tools: Sequence[dict[str, Any]] | None = None,
-        previous: Sequence[int] | None = None,
+        previous: ModelCall | None = None,
     ) -> tuple[list[int], tuple[PromptImage, ...]]:
         template_messages, sources = split_images(messages)
         if not sources:
@@ -207,7 +209,7 @@ PREVIEW_ROWS = 5
 
 
 def describe_prompts(
-    renderer: ChatRenderer, prompts: Sequence[tuple[str, Sequence[dict[str, Any]]]]
+    renderer: Renderer, prompts: Sequence[tuple[str, Sequence[dict[str, Any]]]]
 ) -> list[str]:
     """`loops check` lines: each prompt's tokens, images and image tokens (the first few), then totals."""
     lines: list[str] = []

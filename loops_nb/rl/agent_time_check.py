@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from loops_nb.errors import UserError
-from loops_nb.llm.renderer import ChatRenderer
+from loops_nb.llm.renderer import Renderer
 from loops_nb.rl.config import RLConfig
 from loops_nb.runtime import AgentTimeLimit, CheckWarning, RolloutRuntime
 
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 
 async def agent_time_warnings(
-    config: RLConfig, runtime: RolloutRuntime, renderer: ChatRenderer
+    config: RLConfig, runtime: RolloutRuntime, renderer: Renderer
 ) -> list[CheckWarning]:
     """One warning per task whose agent cannot make its expected calls in time here (local scope only)."""
     compute = config.compute
@@ -47,7 +47,7 @@ async def agent_time_warnings(
 
 
 def _warning(
-    limit: AgentTimeLimit, config: RLConfig, renderer: ChatRenderer, speed: LocalCallSpeed
+    limit: AgentTimeLimit, config: RLConfig, renderer: Renderer, speed: LocalCallSpeed
 ) -> CheckWarning | None:
     new_tokens = config.sampling.max_tokens
     first = len(renderer.prompt_tokens([{"role": "user", "content": limit.first_prompt}]))

@@ -37,7 +37,7 @@ from loops_nb.run_dir import JsonlLog, atomic_write_json
 from loops_nb.runtime import RolloutRuntime, Task
 
 if TYPE_CHECKING:
-    from loops_nb.llm.renderer import ChatRenderer
+    from loops_nb.llm.renderer import Renderer
     from loops_nb.resources import ResourceRegistry
     from loops_nb.rl.loop_watchdog import LoopWatchdog
 
@@ -220,7 +220,7 @@ class Evaluator:
         *,
         make_llm: MakeLLM,
         version: Callable[[], int],
-        renderer: ChatRenderer,
+        renderer: Renderer,
         max_concurrent: int,
         attempt_timeout: float,
         reward_range: tuple[float, float],

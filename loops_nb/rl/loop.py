@@ -16,7 +16,7 @@ from typing import Any
 
 from loops_nb.llm.capture import TokenCapture
 from loops_nb.llm.client import LoopsLLM, SamplingDefaults
-from loops_nb.llm.renderer import ChatRenderer
+from loops_nb.llm.renderer import Renderer
 from loops_nb.observers import ObserverSet
 from loops_nb.resources import ResourceRegistry
 from loops_nb.rl.config import RLConfig
@@ -49,7 +49,7 @@ class RLRun(RecipeRun):
         run_dir: RunDirectory,
         policy: Policy,
         runtime: RolloutRuntime,
-        renderer: ChatRenderer,
+        renderer: Renderer,
         observers: ObserverSet,
         *,
         stop: asyncio.Event | None = None,

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from loops_nb.compute import require_api_key
 from loops_nb.errors import UserError
-from loops_nb.llm.renderer import ChatRenderer
+from loops_nb.llm.renderer import Renderer
 from loops_nb.local.memory_budget import check_lines
 from loops_nb.model_access import open_file_problem
 from loops_nb.observers import ObserverSet
@@ -90,8 +90,8 @@ async def check(project: Project, **_: object) -> RLCheckReport:
     return report
 
 
-async def _check_renderer(config: RLConfig, report: RLCheckReport) -> ChatRenderer | None:
-    """The model's tokenizer and chat template, as training renders prompts (None when they cannot load)."""
+async def _check_renderer(config: RLConfig, report: RLCheckReport) -> Renderer | None:
+    """The model's tokenizer and renderer, as training renders prompts (None when they cannot load)."""
     try:
         renderer = await asyncio.to_thread(
             load_model_renderer, config.model, config.compute.scope, cache_dir=config.compute.local.cache_dir
@@ -100,8 +100,9 @@ async def _check_renderer(config: RLConfig, report: RLCheckReport) -> ChatRender
         report.problems.append(str(exc))
         return None
     sample = renderer.prompt_tokens([{"role": "user", "content": "hello"}])
+    report.lines.append(f"renderer: {renderer.name} ({renderer.why})")
     report.lines.append(
-        f"tokenizer: {len(renderer.tokenizer)} tokens, chat template renders a 1-message prompt in "
+        f"tokenizer: {len(renderer.tokenizer)} tokens, the renderer renders a 1-message prompt in "
         f"{len(sample)} tokens; stop tokens {renderer.stop_token_ids}"
     )
     return renderer
@@ -112,7 +113,7 @@ async def _check_runtime(
     config_path: Path,
     preflight: RunDirectory,
     journal: ResourceJournal,
-    renderer: ChatRenderer | None,
+    renderer: Renderer | None,
     report: RLCheckReport,
 ) -> ModelAccessMode:
     """The runtime as a run would build it: its own preflight, its tasks, the eval tasks and the first prompts.

@@ -14,7 +14,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from loops_nb.llm.renderer import ChatRenderer
+from loops_nb.llm.renderer import Renderer
 from loops_nb.observers import ObserverSet
 from loops_nb.rl.grpo import SequenceDatum
 from loops_nb.rl.scheduler import AttemptRecord, GroupResult, RolloutScheduler
@@ -59,7 +59,7 @@ class AttemptView:
             "seconds": round(a.seconds, 3),
         }
 
-    def finished(self, renderer: ChatRenderer) -> AttemptFinished:
+    def finished(self, renderer: Renderer) -> AttemptFinished:
         """What `on_attempt` reports the moment the attempt finishes, every call of its transcript decoded."""
         a = self.record
         return AttemptFinished(
@@ -76,7 +76,7 @@ class AttemptView:
             text=self.transcript(renderer, full=True),
         )
 
-    def transcript(self, renderer: ChatRenderer, *, full: bool) -> dict[str, Any]:
+    def transcript(self, renderer: Renderer, *, full: bool) -> dict[str, Any]:
         """Its entry in the step's transcript: with ``full``, every call decoded, its tokens and logprobs."""
         a = self.record
         out: dict[str, Any] = {
@@ -109,7 +109,7 @@ class StepLog:
 
     run_dir: RunDirectory
     observers: ObserverSet
-    renderer: ChatRenderer
+    renderer: Renderer
     full_transcripts: bool
 
     def attempt_finished(self, record: AttemptRecord) -> None:

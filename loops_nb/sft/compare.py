@@ -41,8 +41,8 @@ from pydantic import JsonValue
 
 from loops_nb.compute import LoopsConnection
 from loops_nb.errors import UserError
-from loops_nb.llm.renderer import ChatRenderer
-from loops_nb.llm.templates import parse_assistant_text
+from loops_nb.llm.renderer import ChatRenderer, ParsedReply
+from loops_nb.llm.templates import AssistantReply, parse_assistant_text
 from loops_nb.run.outcome import Outcome
 from loops_nb.run_checkpoints import checkpoint_sampling_client, find_checkpoint
 from loops_nb.run_dir import RunDirectory
@@ -95,13 +95,30 @@ def _call_key(name: str, arguments: JsonValue) -> str:
     return json.dumps({"name": name, "arguments": _normalise_value(arguments)}, sort_keys=True)
 
 
-def score_reply(reply: str, reference: Message, *, has_tools: bool) -> tuple[str, float, float | None]:
-    """``(kind, score, exact)`` of a generated reply against the reference assistant turn (see the module doc)."""
-    parsed = parse_assistant_text(reply)
+def score_reply(
+    reply: str, reference: Message, *, has_tools: bool, parsed: ParsedReply | None = None
+) -> tuple[str, float, float | None]:
+    """``(kind, score, exact)`` of a generated reply against the reference assistant turn (see the module doc).
+
+    ``parsed``: the reply as the run's renderer parsed its tokens (what `compare` passes, so evaluation reads
+    replies as sampling does); without it the text is parsed as a chat template's reply."""
+    parsed_text = parse_assistant_text(reply) if parsed is None else _assistant_reply(parsed)
     # Tool markup left in the prose (a hallucinated <tool_response> block, a stray </tool_call>) is neither an
     # answer nor a call: only blocks that parse as calls count, and they are no longer in the content.
-    if _TOOL_MARKUP.search(parsed.content):
-        parsed.errors.append("tool markup outside a parsed <tool_call> block")
+    if _TOOL_MARKUP.search(parsed_text.content):
+        parsed_text.errors.append("tool markup outside a parsed <tool_call> block")
+    return _score(parsed_text, reference, has_tools=has_tools)
+
+
+def _assistant_reply(parsed: ParsedReply) -> AssistantReply:
+    calls = []
+    for call in parsed.tool_calls:
+        fn = call["function"]
+        calls.append({"name": fn["name"], "arguments": json.loads(fn["arguments"])})
+    return AssistantReply(parsed.content, calls, list(parsed.tool_call_errors), parsed.reasoning)
+
+
+def _score(parsed: AssistantReply, reference: Message, *, has_tools: bool) -> tuple[str, float, float | None]:
     exact = None
     if not reference.tool_calls:
         exact = float(
@@ -275,10 +292,16 @@ async def compare(
     finally:
         await connection.close()
     records = []
-    for k, (row, j, _) in enumerate(items):
+    for k, (row, j, prompt) in enumerate(items):
         reference = row.messages[j]
-        texts = [renderer.decode(tokens, skip_special=True) for tokens in replies[2 * k : 2 * k + 2]]
-        scored = [score_reply(text, reference, has_tools=bool(row.tools)) for text in texts]
+        sampled = replies[2 * k : 2 * k + 2]
+        texts = [renderer.decode(tokens, skip_special=True) for tokens in sampled]
+        # Parsed by the renderer that rendered the prompt, as a run's replies are (SFT trains on the template).
+        parsed = [renderer.parse(t, prompt_tokens=prompt, tools=row.template_tools()) for t in sampled]
+        scored = [
+            score_reply(text, reference, has_tools=bool(row.tools), parsed=reply)
+            for text, reply in zip(texts, parsed, strict=True)
+        ]
         records.append(
             {
                 "row": row.row_number,

@@ -1,0 +1,243 @@
+"""`PrimeRenderer`: a model family's own renderer from Prime Intellect's `renderers` package, behind the
+`Renderer` seam (renderer.py).
+
+`renderers` writes each family's chat format by hand (Qwen3, Qwen3.5/3.6, Llama 3, DeepSeek V3/V4, Kimi K2,
+GLM, Nemotron 3, gpt-oss, ...): the prompt as token ids, the family's own tool-call and reasoning syntax parsed
+back from sampled tokens (malformed calls kept with their status), its stop tokens, and
+`bridge_to_next_turn`, which continues the previous prompt + completion token for token where it can prove
+that safe. So a template that drops earlier reasoning no longer splits every multi-turn attempt.
+
+The renderer is named explicitly (renderer_choice.py picks the name from the model's Hub id), never left to
+`renderers`' own lookup of `tokenizer.name_or_path`: a tokenizer loaded from a folder misses that lookup, and
+the fallback asks the Hub for the model's config, which fails offline and silently falls back to the chat
+template.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from loops_nb.errors import ConfigError, UserError
+from loops_nb.llm.renderer import ParsedReply, call_keys
+
+if TYPE_CHECKING:
+    from renderers import ParsedResponse
+    from renderers.configs import BaseRendererConfig
+
+    from loops_nb.llm.capture import ModelCall
+
+
+class PrimeRenderer:
+    """A `Renderer` for one model family, wrapping `renderers`' hand-written renderer `name` (`qwen3`, ...)."""
+
+    extends_by_text = False
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        name: str,
+        *,
+        hub_id: str | None = None,
+        config: BaseRendererConfig | None = None,
+    ) -> None:
+        """`hub_id`: the model's Hub id, which some renderers read for per-model defaults (Qwen3.5's thinking
+        default, Gemma 4's small variants); `config`: a `renderers` config with options (default: `name`'s)."""
+        from renderers import create_renderer
+
+        from loops_nb.llm.renderer_choice import renderer_config
+
+        self.name = name
+        self.why = ""
+        self.tokenizer = tokenizer
+        named = tokenizer
+        if hub_id and getattr(tokenizer, "name_or_path", None) != hub_id:
+            # A shallow copy that answers to the Hub id; the vocabulary itself is shared, not copied.
+            named = copy.copy(tokenizer)
+            named.name_or_path = hub_id
+        try:
+            self.prime = create_renderer(named, config if config is not None else renderer_config(name))
+        except Exception as exc:
+            raise ConfigError(renderer_problem(name, exc)) from None
+        self.stop_token_ids: list[int] = sorted(set(self.prime.get_stop_token_ids()))
+
+    # -- the seam -----------------------------------------------------------------------------------------
+
+    def render_prompt(
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]] | None = None,
+        previous: ModelCall | None = None,
+    ) -> tuple[list[int], tuple[Any, ...]]:
+        """The prompt: `previous`'s prompt + completion, exactly, then the new turns, when the conversation
+        continues `previous` and the family's renderer can bridge; else the whole conversation rendered."""
+        _refuse_images(messages, self.name)
+        spec = list(tools) if tools else None
+        converted = to_prime_messages(messages)
+        if previous is not None:
+            start = self._continuation(messages, tools, previous)
+            if start is not None:
+                bridged = self.prime.bridge_to_next_turn(
+                    list(previous.prompt_tokens),
+                    list(previous.completion_tokens),
+                    converted[start:],
+                    tools=spec,
+                )
+                if bridged is not None:
+                    return list(bridged.token_ids), ()
+        return list(self.prime.render_ids(converted, tools=spec, add_generation_prompt=True)), ()
+
+    def prompt_tokens(
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]] | None = None,
+        previous: ModelCall | None = None,
+    ) -> list[int]:
+        return self.render_prompt(messages, tools, previous)[0]
+
+    def parse(
+        self,
+        completion_tokens: Sequence[int],
+        *,
+        prompt_tokens: Sequence[int] | None = None,
+        tools: Sequence[dict[str, Any]] | None = None,
+    ) -> ParsedReply:
+        parsed = self.prime.parse_response(
+            list(completion_tokens),
+            tools=list(tools) if tools else None,
+            prompt_ids=list(prompt_tokens) if prompt_tokens is not None else None,
+        )
+        return parsed_reply(parsed, self.decode(completion_tokens, skip_special=True))
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def decode(self, tokens: Sequence[int], *, skip_special: bool = False) -> str:
+        text = self.tokenizer.decode(
+            list(tokens), skip_special_tokens=skip_special, clean_up_tokenization_spaces=False
+        )
+        assert isinstance(text, str)  # a flat list of ids decodes to one string
+        return text
+
+    # -- bridging -----------------------------------------------------------------------------------------
+
+    def _continuation(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None, previous: ModelCall
+    ) -> int | None:
+        """Where the new turns start in `messages` when they continue `previous`: its conversation unchanged,
+        then its reply (the same content and calls), then no other assistant turn. None otherwise: another
+        conversation, or an edited history, is rendered afresh (and the capture starts a new sequence)."""
+        k = len(previous.messages)
+        if not k or len(messages) <= k + 1 or list(messages[:k]) != previous.messages:
+            return None
+        sent_back = messages[k]
+        if sent_back.get("role") != "assistant":
+            return None
+        reply = self.parse(previous.completion_tokens, prompt_tokens=previous.prompt_tokens, tools=tools)
+        same_calls = call_keys(sent_back.get("tool_calls")) == call_keys(reply.tool_calls)
+        if (sent_back.get("content") or "").strip() != reply.content or not same_calls:
+            return None
+        return k + 1
+
+
+def parsed_reply(parsed: ParsedResponse, text: str) -> ParsedReply:
+    """`renderers`' parse as the seam's `ParsedReply`: the well-formed calls OpenAI-shaped, the others
+    reported with their status and what the model wrote."""
+    from renderers import ToolCallParseStatus
+
+    calls: list[dict[str, Any]] = []
+    errors: list[str] = []
+    for i, call in enumerate(parsed.tool_calls):
+        if call.status == ToolCallParseStatus.OK and call.name and isinstance(call.arguments, dict):
+            calls.append(
+                {
+                    "id": call.id or f"call_{len(calls)}",
+                    "type": "function",
+                    "function": {
+                        "name": call.name,
+                        "arguments": json.dumps(call.arguments, ensure_ascii=False),
+                    },
+                }
+            )
+        else:
+            errors.append(
+                f"tool call {i}: {_STATUS_TEXT.get(call.status, str(call.status))}: {call.raw[:200]!r}"
+            )
+    return ParsedReply(
+        text=text,
+        content=(parsed.content or "").strip(),
+        tool_calls=calls,
+        tool_call_errors=errors,
+        reasoning=(parsed.reasoning_content or "").strip(),
+    )
+
+
+_STATUS_TEXT = {
+    "invalid_json": "not valid JSON",
+    # "no closing" is what agents (ShellAgent) look for to say the reply was cut at max_tokens.
+    "unclosed_block": "no closing tag (cut off?)",
+    "missing_name": "no function name",
+    "malformed_structure": "malformed call",
+    "unknown_tool": "not one of the request's tools",
+    "ok": "arguments are not a JSON object",
+}
+
+
+def to_prime_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """OpenAI-shaped messages as `renderers` takes them: content a string, tool-call arguments an object
+    where they decode to one, and each tool result named after its call (gpt-oss writes the name)."""
+    from renderers import extract_message_tool_names
+
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        msg = dict(message)
+        if msg.get("content") is None:
+            msg["content"] = ""
+        if msg.get("tool_calls"):
+            msg["tool_calls"] = [_decoded_arguments(c) for c in msg["tool_calls"]]
+        out.append(msg)
+    for msg, name in zip(out, extract_message_tool_names(out), strict=True):  # type: ignore[arg-type]
+        if name and not msg.get("name"):
+            msg["name"] = name
+    return out
+
+
+def _decoded_arguments(call: Mapping[str, Any]) -> dict[str, Any]:
+    fn = dict(call.get("function") or {})
+    args = fn.get("arguments")
+    if isinstance(args, str):
+        try:
+            decoded = json.loads(args)
+        except ValueError:  # the agent's text: rendered as it is
+            decoded = None
+        if isinstance(decoded, dict):
+            fn["arguments"] = decoded
+    return {**call, "function": fn}
+
+
+def _refuse_images(messages: Sequence[Mapping[str, Any]], name: str) -> None:
+    for i, message in enumerate(messages):
+        content = message.get("content")
+        if isinstance(content, list) and any(
+            isinstance(p, Mapping) and p.get("type") not in ("text", None) for p in content
+        ):
+            raise UserError(
+                f"messages[{i}] has an image or other non-text part, and the {name!r} renderer here renders "
+                'text only: set [model] renderer = "chat_template" for a vision-language model'
+            )
+
+
+def renderer_problem(name: str, exc: BaseException) -> str:
+    """One line saying why `renderers`' renderer `name` could not be built for this tokenizer, and the fix."""
+    text = " ".join(str(exc).split())
+    if "vocab" in text and name == "gpt-oss":
+        return (
+            f"[model] renderer {name!r}: openai-harmony could not load its o200k_base vocabulary ({text[:200]}); "
+            "offline, set TIKTOKEN_ENCODINGS_BASE to a folder holding o200k_base.tiktoken"
+        )
+    return (
+        f"[model] renderer {name!r} does not fit this model's tokenizer ({type(exc).__name__}: {text[:200]}); "
+        'set [model] renderer to the family\'s renderer, or "chat_template"'
+    )

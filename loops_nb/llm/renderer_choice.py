@@ -1,0 +1,103 @@
+"""Which renderer a model gets (`[model] renderer`): the model's chat template, or its family's renderer from
+Prime Intellect's `renderers` package.
+
+`auto` looks the model's Hub id (`[model] base_model`) up in `renderers`' own table of the checkpoints each
+hand-written renderer is tested against (`MODEL_RENDERER_MAP`): a hit takes that renderer, anything else the
+chat template. The Hub id decides, not the tokenizer's `name_or_path`, so a tokenizer loaded from a folder
+(`[model] tokenizer`) still gets its family's renderer. A fine-tune under another name names its family's
+renderer (`qwen3`, `llama-3`, ...); `chat_template` keeps the tokenizer's template.
+
+`renderers` is imported only when the answer needs it: its import pulls in `openai` (seconds on a busy
+machine), and the offline default model, which has no family renderer, should not pay for it.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, get_args
+
+from loops_nb.errors import ConfigError
+from loops_nb.llm.renderer import CHAT_TEMPLATE
+
+if TYPE_CHECKING:
+    from renderers.configs import BaseRendererConfig
+
+AUTO = "auto"
+NOT_RENDERERS = frozenset({AUTO, "default", "custom"})
+"""`renderers` config names that are no family's renderer: its own auto lookup, its chat-template fallback
+(`chat_template` is ours), and renderers loaded from an import path."""
+NO_FAMILY_RENDERER = frozenset({"HuggingFaceTB/SmolLM2-135M-Instruct"})
+"""Models known to have no family renderer (the offline default; a test checks `renderers` agrees), so `auto`
+answers without importing `renderers`."""
+
+
+@dataclass(frozen=True)
+class RendererChoice:
+    name: str
+    """`chat_template`, or a `renderers` name."""
+    why: str
+    """Why, in words `loops check` prints."""
+
+
+@functools.cache
+def _configs() -> dict[str, type[BaseRendererConfig]]:
+    """`renderers`' config class of each family renderer, by name (read from its public config union)."""
+    from renderers import RendererConfig
+
+    union = get_args(RendererConfig)[0]
+    classes = {cls.model_fields["name"].default: cls for cls in get_args(union)}
+    return {name: cls for name, cls in classes.items() if name not in NOT_RENDERERS}
+
+
+def renderer_names() -> list[str]:
+    """The names `[model] renderer` takes besides `auto` and `chat_template`."""
+    return sorted(_configs())
+
+
+def renderer_config(name: str) -> BaseRendererConfig:
+    """The default config of `renderers`' renderer `name`."""
+    return _configs()[name]()
+
+
+def family_renderer(hub_id: str) -> str | None:
+    """The renderer `renderers` tests the checkpoint `hub_id` against, if any."""
+    if hub_id in NO_FAMILY_RENDERER:
+        return None
+    from renderers.base import MODEL_RENDERER_MAP
+
+    name = MODEL_RENDERER_MAP.get(hub_id)
+    return name if name in _configs() else None
+
+
+def choose_renderer(setting: str, base_model: str, *, template_override: str | None = None) -> RendererChoice:
+    """The renderer for `[model] renderer = setting` on `base_model`; `template_override` names the config key
+    that replaces the tokenizer's template (a replaced template is what `auto` then renders with)."""
+    if setting == CHAT_TEMPLATE:
+        return RendererChoice(CHAT_TEMPLATE, 'model.renderer = "chat_template"')
+    if setting == AUTO:
+        if template_override:
+            return RendererChoice(CHAT_TEMPLATE, f"auto: model.{template_override} is set")
+        name = family_renderer(base_model)
+        if name is None:
+            return RendererChoice(CHAT_TEMPLATE, f"auto: `renderers` has no renderer for {base_model!r}")
+        return RendererChoice(name, f"auto: {base_model} is a {name} model in `renderers`' table")
+    if setting in _configs():
+        return RendererChoice(setting, f"model.renderer = {setting!r}")
+    raise ConfigError(unknown_renderer(setting))
+
+
+def unknown_renderer(setting: str) -> str:
+    return (
+        f'model.renderer = {setting!r} is not a renderer: use "auto", "chat_template" or one of '
+        f"`renderers`' {', '.join(renderer_names())}"
+    )
+
+
+def no_template(base_model: str, choice: RendererChoice) -> str:
+    """The line for a model that has neither a family renderer nor a chat template."""
+    return (
+        f"{base_model!r} has no chat template and no renderer was named ({choice.why}): set model.renderer "
+        f"to its family's renderer (one of {', '.join(renderer_names())}) or model.chat_template_file to a "
+        "template"
+    )
