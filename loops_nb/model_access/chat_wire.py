@@ -132,6 +132,9 @@ def _message(raw: object, i: int) -> dict[str, Any]:
         msg["tool_call_id"] = raw.get("tool_call_id")
     if isinstance(raw.get("name"), str):
         msg["name"] = raw["name"]
+    if role == "assistant" and isinstance(raw.get("reasoning_content"), str) and raw["reasoning_content"]:
+        # Sent back as we returned it: the family's template decides whether history keeps it.
+        msg["reasoning_content"] = raw["reasoning_content"]
     return msg
 
 
@@ -203,8 +206,11 @@ def completion_id() -> str:
     return "chatcmpl-" + secrets.token_hex(12)
 
 
-def choice_message(content: str, tool_calls: list[dict[str, Any]]) -> dict[str, Any]:
+def choice_message(content: str, tool_calls: list[dict[str, Any]], reasoning: str = "") -> dict[str, Any]:
+    """The assistant message of a choice; its reasoning as `reasoning_content`, as vLLM and DeepSeek send it."""
     message: dict[str, Any] = {"role": "assistant", "content": content if content or not tool_calls else None}
+    if reasoning:
+        message["reasoning_content"] = reasoning
     if tool_calls:
         message["tool_calls"] = tool_calls
     return message
@@ -244,6 +250,8 @@ def stream_events(
     for choice in choices:
         i, message = choice["index"], choice["message"]
         out.append(chunk(i, {"role": "assistant", "content": ""}, None))
+        if message.get("reasoning_content"):
+            out.append(chunk(i, {"reasoning_content": message["reasoning_content"]}, None))
         if message.get("content"):
             out.append(chunk(i, {"content": message["content"]}, None))
         for j, call in enumerate(message.get("tool_calls") or []):

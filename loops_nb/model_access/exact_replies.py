@@ -5,14 +5,15 @@ The reply an agent gets has its content trimmed and its tool calls as JSON the c
 re-serialise; rendered as sent back, the next prompt would not extend the previous prompt + completion
 and the turns would split into two training sequences. So the gateway keeps, per lease, what it
 returned (`ReturnedReply`) and the exact text its tokens decode to, and swaps a matching message
-(same content, same tool names and decoded arguments) for that text.
+(same content, same tool names and decoded arguments) for that text. That is the chat template's way
+(`ChatRenderer`); a family's renderer (`PrimeRenderer`) continues the sampled token ids itself.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 from typing import TYPE_CHECKING, Any
+
+from loops_nb.llm.renderer import call_keys as tool_key
 
 if TYPE_CHECKING:
     from loops_nb.llm.capture import ModelCall
@@ -20,23 +21,12 @@ if TYPE_CHECKING:
     from loops_nb.model_access.leases import AttemptLease
 
 
-def tool_key(calls: list[dict[str, Any]] | None) -> list[tuple[str, Any]]:
-    """Tool calls compared by name and decoded arguments, so re-serialised JSON still matches."""
-    out = []
-    for call in calls or []:
-        fn = call.get("function", {})
-        args = fn.get("arguments")
-        if isinstance(args, str):
-            # ValueError: also an integer too long to convert; arguments are the agent's text.
-            with contextlib.suppress(ValueError, RecursionError):
-                args = json.loads(args)
-        out.append((fn.get("name"), args))
-    return out
-
-
 def restore_exact(lease: AttemptLease, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Assistant messages this lease returned, replaced by the exact text their tokens decode to."""
-    if not lease.returned:
+    """Assistant messages this lease returned, replaced by the exact text their tokens decode to.
+
+    Only for a renderer that extends turns by matching text (the chat template): a family's renderer bridges
+    on the sampled token ids and renders the structured message itself (content, reasoning, calls)."""
+    if not lease.returned or not lease.llm.renderer.extends_by_text:
         return messages
     out = []
     for msg in messages:

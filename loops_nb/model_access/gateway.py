@@ -74,10 +74,8 @@ class Sampled:
 
     def first(self) -> tuple[str, list[dict[str, Any]]]:
         """The first reply's content and tool calls, as the agent gets them."""
-        reply = self.replies[0]
-        if self.parse_tools:
-            return reply.content, reply.tool_calls
-        return reply.text.strip(), []  # tool_choice "none": any tool-call text stays plain text
+        content, tool_calls, _ = answer(self.replies[0], self.parse_tools)
+        return content, tool_calls
 
     def usage(self) -> dict[str, int]:
         completion = sum(r.tokens for r in self.replies)
@@ -129,13 +127,20 @@ def _withdrawn(lease: AttemptLease, sampled: Sampled) -> None:
     lease.llm.capture.withdraw(sampled.call)
 
 
+def answer(reply: Reply, parse_tools: bool) -> tuple[str, list[dict[str, Any]], str]:
+    """A reply's content, tool calls and reasoning as the agent gets them, parsed by the run's renderer.
+    Under tool_choice "none" the reply's whole text is the content, tool-call and reasoning markup included."""
+    if parse_tools:
+        return reply.content, reply.tool_calls, reply.reasoning
+    return reply.text.strip(), [], ""
+
+
 def _chat_choices(sampled: Sampled) -> list[dict[str, Any]]:
     choices = []
     for i, reply in enumerate(sampled.replies):
-        tool_calls = reply.tool_calls if sampled.parse_tools else []
-        content = reply.content if sampled.parse_tools else reply.text.strip()
+        content, tool_calls, reasoning = answer(reply, sampled.parse_tools)
         finish = "tool_calls" if tool_calls else ("length" if reply.finish_reason == "length" else "stop")
-        message = chat_wire.choice_message(content, tool_calls)
+        message = chat_wire.choice_message(content, tool_calls, reasoning)
         choices.append({"index": i, "message": message, "finish_reason": finish, "logprobs": None})
     return choices
 
@@ -322,12 +327,12 @@ class ModelGateway:
 
         def reply(lease: AttemptLease, sampled: Sampled) -> tuple[Any, list[str] | None]:
             req = parsed[0]
-            content, tool_calls = sampled.first()
+            content, tool_calls, reasoning = answer(sampled.replies[0], sampled.parse_tools)
             body = responses_wire.response_body(
                 responses_wire.response_id(),
                 req.chat.model or self.model_name,
                 req.echo,
-                responses_wire.output_items(content, tool_calls),
+                responses_wire.output_items(content, tool_calls, reasoning),
                 sampled.usage(),
                 sampled.replies[0].finish_reason == "length" and not tool_calls,
                 sampled.extra(lease.attempt_id),
@@ -336,7 +341,8 @@ class ModelGateway:
                 # Stored before it is sent, not once delivered: a client may continue from it the
                 # moment it has the body, before this server has heard that the send completed.
                 answered.append(body["id"])
-                lease.responses[body["id"]] = [*conversation, chat_wire.choice_message(content, tool_calls)]
+                message = chat_wire.choice_message(content, tool_calls, reasoning)
+                lease.responses[body["id"]] = [*conversation, message]
             return (None, responses_wire.stream_events(body)) if req.chat.stream else (body, None)
 
         def withdrawn(lease: AttemptLease, sampled: Sampled) -> None:

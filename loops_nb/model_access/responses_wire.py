@@ -5,7 +5,9 @@ A request's `input` (a string, or items: messages with `input_text` / `output_te
 `function_call` and `function_call_output` items) and `instructions` are turned into the chat
 messages the chat template renders, the way the same conversation would arrive at
 `/v1/chat/completions`: a `function_call` item joins the assistant message before it as a tool call,
-a `function_call_output` is a `tool` message. So a conversation trains the same tokens whichever API
+a `function_call_output` is a `tool` message, and a `reasoning` item's text is the next assistant turn's
+`reasoning_content` (the family's template keeps or drops it). A reply's reasoning comes back as a
+`reasoning` output item before its message and calls. So a conversation trains the same tokens whichever API
 the agent speaks. Function tools (`{"type": "function", "name", "parameters"}`) become chat tools;
 OpenAI's hosted tools (web search, file search, computer use, ...) do not exist here and are refused.
 Unknown top-level fields are ignored, as in chat completions.
@@ -23,8 +25,7 @@ from loops_nb.model_access.chat_wire import ChatRequest, InvalidAgentRequest, in
 
 INPUT_ROLES = {"user", "system", "developer", "assistant"}
 TEXT_PARTS = {"input_text", "output_text", "text"}
-SKIPPED_ITEMS = {"reasoning"}
-"""Items a client may send back that a chat template has no place for; they are left out."""
+REASONING_PARTS = {"reasoning_text", "summary_text"}
 
 
 @dataclass
@@ -76,11 +77,15 @@ def input_messages(value: object) -> list[dict[str, Any]]:
     if not isinstance(value, list) or not value:
         raise InvalidAgentRequest("input must be a string or a non-empty list of items", "input")
     out: list[dict[str, Any]] = []
+    reasoning = ""  # a reasoning item's text, for the assistant turn that follows it
     for i, item in enumerate(value):
         where = f"input[{i}]"
         if not isinstance(item, dict):
             raise InvalidAgentRequest(f"{where} must be an object", where)
         kind = item.get("type", "message" if "role" in item else None)
+        if kind == "reasoning":
+            reasoning = _reasoning_text(item)
+            continue
         if kind == "message":
             role = item.get("role")
             if role not in INPUT_ROLES:
@@ -95,6 +100,8 @@ def input_messages(value: object) -> list[dict[str, Any]]:
                     "content": _text(item.get("content"), f"{where}.content"),
                 }
             )
+            if role == "assistant" and reasoning:
+                out[-1]["reasoning_content"] = reasoning
         elif kind == "function_call":
             call = {
                 "id": _string(item, "call_id", where, ""),
@@ -109,19 +116,36 @@ def input_messages(value: object) -> list[dict[str, Any]]:
                 out[-1].setdefault("tool_calls", []).append(call)
             else:
                 out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+                if reasoning:
+                    out[-1]["reasoning_content"] = reasoning
         elif kind == "function_call_output":
             output = item.get("output")
             content = output if isinstance(output, str) else _text(output, f"{where}.output")
             out.append({"role": "tool", "tool_call_id": _string(item, "call_id", where), "content": content})
-        elif kind in SKIPPED_ITEMS:
-            continue
         else:
             raise InvalidAgentRequest(
                 f"{where}.type {kind!r} is not supported: send message, function_call and "
                 "function_call_output items (stored items cannot be referenced)",
                 f"{where}.type",
             )
+        if kind != "function_call":
+            reasoning = ""  # it belongs to the turn right after it, or to none
     return out
+
+
+def _reasoning_text(item: dict[str, Any]) -> str:
+    """A reasoning item's text (its `reasoning_text` parts, else its summary); an encrypted one has none."""
+    for key in ("content", "summary"):
+        parts = item.get(key)
+        if isinstance(parts, list):
+            texts = [
+                p["text"]
+                for p in parts
+                if isinstance(p, dict) and p.get("type") in REASONING_PARTS and isinstance(p.get("text"), str)
+            ]
+            if texts:
+                return "\n".join(texts)
+    return ""
 
 
 def chat_tools(value: object) -> list[dict[str, Any]] | None:
@@ -210,13 +234,24 @@ def response_id() -> str:
     return "resp_" + secrets.token_hex(12)
 
 
-def output_items(content: str, tool_calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A reply as output items: its text as a message (unless it is only tool calls), then each call.
+def output_items(content: str, tool_calls: list[dict[str, Any]], reasoning: str = "") -> list[dict[str, Any]]:
+    """A reply as output items: its reasoning (when there is some), its text as a message (unless it is only
+    tool calls), then each call.
 
     Call ids are made unique per reply (the parser numbers calls `call_0`, `call_1`, ... in every
     reply), as frameworks match `function_call_output` items to calls by id across the conversation.
     """
     items: list[dict[str, Any]] = []
+    if reasoning:
+        items.append(
+            {
+                "id": "rs_" + secrets.token_hex(12),
+                "type": "reasoning",
+                "status": "completed",
+                "summary": [],
+                "content": [{"type": "reasoning_text", "text": reasoning}],
+            }
+        )
     if content or not tool_calls:
         items.append(
             {
@@ -308,6 +343,15 @@ def stream_events(body: dict[str, Any]) -> list[str]:
                     )
                 emit("response.output_text.done", **where, content_index=c, text=part["text"], logprobs=[])
                 emit("response.content_part.done", **where, content_index=c, part=part)
+        elif item["type"] == "reasoning":
+            emit(
+                "response.output_item.added",
+                output_index=index,
+                item={**item, "status": "in_progress", "content": []},
+            )
+            for c, part in enumerate(item["content"]):
+                emit("response.reasoning_text.delta", **where, content_index=c, delta=part["text"])
+                emit("response.reasoning_text.done", **where, content_index=c, text=part["text"])
         else:
             emit(
                 "response.output_item.added",
