@@ -1,7 +1,7 @@
 """Run the benchmarks and print one table of ratios.
 
-uv run python -m benchmarks [trainer] [sampler] [sft_check] [orchestration] [async_vs_sync] [learning_speed]
-                           [memory]
+uv run python -m benchmarks [trainer] [sampler] [prefix_cache] [sft_check] [orchestration] [async_vs_sync]
+                           [learning_speed] [memory]
 
 The speed rows come first, in one table of ratios; `memory` then prints the peak resident memory of whole
 runs and servers (benchmarks/peak_memory.py) in a table of its own.
@@ -16,7 +16,16 @@ import sys
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-ALL = ("trainer", "sampler", "sft_check", "orchestration", "async_vs_sync", "learning_speed", "memory")
+ALL = (
+    "trainer",
+    "sampler",
+    "prefix_cache",
+    "sft_check",
+    "orchestration",
+    "async_vs_sync",
+    "learning_speed",
+    "memory",
+)
 
 
 def main(argv: list[str]) -> int:

@@ -98,6 +98,7 @@ class LoopsConnection:
                     dtype=compute.local.dtype,
                     memory_budget_mb=compute.local.memory_budget_mb,
                     max_batch_sequences=compute.local.max_batch_sequences,
+                    prefix_cache_mb=compute.local.prefix_cache_mb,
                 )
                 await embedded.astart()
                 base_url, api_key = embedded.url, embedded.api_key

@@ -109,6 +109,11 @@ class LocalLoopsConfig(Section):
     max_batch_sequences: int = Field(64, ge=1, le=4096)
     """Most sequences the local sampler decodes in one batch; concurrent requests share batches."""
 
+    prefix_cache_mb: int | None = Field(None, ge=0)
+    """Memory (MiB) the local sampler keeps finished sequences' keys and values in, so an agent's next call
+    prefills only its new tokens (least recently used evicted; a new policy version drops the old ones).
+    Default: as much as `memory_budget_mb` gives the sampler's KV cache. 0 turns the cache off."""
+
 
 SIZING_KEYS = ("replicas", "sampler_replicas", "spot", "reuse")
 

@@ -54,6 +54,7 @@ class EmbeddedLoops:
         dtype: str = "auto",
         memory_budget_mb: int | None = None,
         max_batch_sequences: int = 64,
+        prefix_cache_mb: int | None = None,
         idle_run_seconds: float | None = None,
         preload: tuple[str, ...] = (),
     ) -> None:
@@ -72,6 +73,7 @@ class EmbeddedLoops:
             dtype=dtype,
             memory_budget_mb=memory_budget_mb,
             max_batch_sequences=max_batch_sequences,
+            prefix_cache_mb=prefix_cache_mb,
             idle_run_seconds=idle_run_seconds,
         )
         self.preload = preload

@@ -147,16 +147,21 @@ class PeakMemoryEstimate:
     activations: int
     kv_cache: int
     available: int
+    prefix_cache: int = 0
+    """The sampler's prefix cache at its bound (`prefix_cache_mb`): finished sequences' keys and values."""
 
     @property
     def total(self) -> int:
-        return self.runtime + self.weights + self.adapter + self.activations + self.kv_cache
+        return (
+            self.runtime + self.weights + self.adapter + self.activations + self.kv_cache + self.prefix_cache
+        )
 
     def describe(self) -> list[str]:
         gb = 1024**3
         parts = (
             f"runtime {self.runtime / gb:.2f}, weights {self.weights / gb:.2f}, adapter+optimizer "
-            f"{self.adapter / gb:.2f}, activations {self.activations / gb:.2f}, KV cache {self.kv_cache / gb:.2f}"
+            f"{self.adapter / gb:.2f}, activations {self.activations / gb:.2f}, KV cache {self.kv_cache / gb:.2f}, "
+            f"prefix cache {self.prefix_cache / gb:.2f}"
         )
         lines = [
             f"memory: about {self.total / gb:.1f} GB at peak ({parts} GB); {self.available / gb:.1f} GB available"
@@ -181,6 +186,7 @@ def estimate_peak(
     budget_mb: int | None = None,
     sampler_tokens_cap: int = MAX_KV_TOKENS,
     bf16_products: bool = False,
+    prefix_cache_mb: int | None = None,
 ) -> PeakMemoryEstimate:
     """`bf16_products` (`dtype = "bf16-mixed"`): the linear layers but the head hold 2-byte weights."""
     shape = ModelShape.read(model_dir)
@@ -204,6 +210,7 @@ def estimate_peak(
         activations=budget,
         kv_cache=kv_tokens * kv_per_token,
         available=available_bytes(),
+        prefix_cache=budget if prefix_cache_mb is None else prefix_cache_mb * MIB,  # as the sampler sizes it
     )
 
 
@@ -228,6 +235,7 @@ def check_lines(
             concurrent_sequences=concurrent_sequences,
             budget_mb=compute.local.memory_budget_mb,
             bf16_products=bf16_products(compute.local.dtype),
+            prefix_cache_mb=compute.local.prefix_cache_mb,
         )
     except (UserError, OSError, ValueError, KeyError):  # the model itself is checked (and reported) elsewhere
         return [], []

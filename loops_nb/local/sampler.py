@@ -38,8 +38,10 @@ from loops_nb.local.batch_forward import BatchForward
 from loops_nb.local.compute_lane import COMPUTE_LANE
 from loops_nb.local.decoding import select_tokens
 from loops_nb.local.kv_cache import growing_cache
-from loops_nb.local.memory_budget import kv_token_budget, resolve_budget, weight_bytes
+from loops_nb.local.memory_budget import MIB, kv_token_budget, resolve_budget, weight_bytes
 from loops_nb.local.model_store import auto_dtype
+from loops_nb.local.prefill_plan import Prefiller
+from loops_nb.local.prefix_cache import PrefixCache
 from loops_nb.local.row_endings import RowEndings, SampleAbandoned
 from loops_nb.local.sampler_adapters import AdapterSet, read_adapter_dir
 from loops_nb.local.sampler_batch import DecodeBatch, Job, Row, cache_is_mergeable
@@ -86,6 +88,7 @@ class SamplerEngine:
         max_prefill_tokens: int = 16384,
         memory_budget_mb: int | None = None,
         tokenizer: PreTrainedTokenizerBase | None = None,
+        prefix_cache_mb: int | None = None,
     ) -> None:
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if dtype is None:  # as `[compute.local] dtype = "auto"`, so the trainer and sampler agree
@@ -108,11 +111,28 @@ class SamplerEngine:
         self.max_positions: int | None = max_positions(config)
         self.eos_token_ids = self._eos_ids()
         self._mergeable = cache_is_mergeable(growing_cache(config))
+        prefix_bytes = (
+            resolve_budget(memory_budget_mb, weight_bytes(self.model))
+            if prefix_cache_mb is None
+            else prefix_cache_mb * MIB
+        )
+        self.prefix_cache = PrefixCache(prefix_bytes) if prefix_bytes and self._mergeable else None
+        """Finished sequences' keys and values, so a call that extends one prefills only its new tokens
+        (`prefix_cache_mb`: None keeps as much as the KV budget, 0 none)."""
         self._batch_forward = BatchForward(self.model, self.vision, self.device)
         self._adapters = AdapterSet(self.model)
         # Batch statistics, for tests and the debug endpoint: batches run, rows decoded, requests that joined.
         self.stats: collections.Counter[str] = collections.Counter()
         self._endings = RowEndings(self.tokenizer, self.stats)
+        self._prefiller = Prefiller(
+            self._batch_forward,
+            self.device,
+            self._decode,
+            self._mergeable,
+            max_prefill_tokens,
+            self.prefix_cache,
+            self.stats,
+        )
 
         self._cv = threading.Condition()
         self._queue: collections.deque[Job] = collections.deque()
@@ -223,7 +243,12 @@ class SamplerEngine:
         self, key: str, lora_config: Mapping[str, Any], state_dict: Mapping[str, Tensor], version: int
     ) -> None:
         """Install or replace the LoRA weights served as `key` (in place when the config is unchanged)."""
-        self._run_op(lambda: self._adapters.install(key, lora_config, state_dict, version))
+
+        def install() -> None:
+            self._forget_prefixes(key)
+            self._adapters.install(key, lora_config, state_dict, version)
+
+        self._run_op(install)
 
     def load_adapter_dir(self, key: str, path: str | Path, version: int = 0) -> None:
         """Serve the PEFT `save_pretrained` directory `path` as adapter `key`."""
@@ -231,7 +256,16 @@ class SamplerEngine:
         self.set_adapter(key, config, weights, version)
 
     def remove_adapter(self, key: str) -> None:
-        self._run_op(lambda: self._adapters.remove(key))
+        def remove() -> None:
+            self._forget_prefixes(key)
+            self._adapters.remove(key)
+
+        self._run_op(remove)
+
+    def _forget_prefixes(self, key: str) -> None:
+        # New weights under a key (even at a version number seen before) make its kept keys and values stale.
+        if self.prefix_cache is not None:
+            self.prefix_cache.drop_adapter(key)
 
     def adapter_version(self, key: str) -> int | None:
         return self._adapters.version(key)
@@ -327,28 +361,6 @@ class SamplerEngine:
     def _decode(self, ids: list[int]) -> list[str]:
         return self.tokenizer.batch_decode([[i] for i in ids])
 
-    def _prefill(self, jobs: list[Job]) -> DecodeBatch:
-        """Prefill `jobs`: in chunks bounded by `max_prefill_tokens`, each prompt-logprobs job on its own."""
-
-        def run(group: list[Job]) -> DecodeBatch:
-            forward = self._batch_forward
-            return DecodeBatch.prefill(group, forward.text, forward.new_cache, self.device, self._decode)
-
-        if not self._mergeable:
-            return run(jobs)
-        groups: list[list[Job]] = []
-        plain = sorted((j for j in jobs if j.request.prompt_logprobs is None), key=lambda j: len(j.prompt))
-        for job in plain:
-            if groups and len(groups[-1]) * len(job.prompt) + len(job.prompt) <= self.max_prefill_tokens:
-                groups[-1].append(job)
-            else:
-                groups.append([job])
-        groups += [[j] for j in jobs if j.request.prompt_logprobs is not None]
-        batch = run(groups[0])
-        for group in groups[1:]:
-            batch.merge(run(group))
-        return batch
-
     def _run_batch(self, jobs: list[Job]) -> None:
         adapter = jobs[0].adapter
         running = list(jobs)
@@ -365,7 +377,7 @@ class SamplerEngine:
                     new_cache = self._batch_forward.new_cache
                     batch = DecodeBatch.prefill(jobs, forward, new_cache, self.device, self._decode)
                 else:
-                    batch = self._prefill(jobs)
+                    batch = self._prefiller.prefill(jobs)
                 self.stats["batches"] += 1
                 self.stats["rows"] += len(batch.rows)
                 while batch.rows:
@@ -376,6 +388,7 @@ class SamplerEngine:
                         running += joined
                     tokens, logprobs = select_tokens(batch.logits, batch.params)
                     keep = self._record(batch.rows, tokens.tolist(), logprobs.tolist())
+                    self._prefiller.keep_finished(batch, keep)
                     if not keep:
                         break
                     if len(keep) < len(batch.rows):
@@ -397,7 +410,7 @@ class SamplerEngine:
         if jobs:
             for job in jobs:
                 job.adapter_version = version
-            batch.merge(self._prefill(jobs))
+            batch.merge(self._prefiller.prefill(jobs))
             self.stats["joined"] += len(jobs)
             self.stats["rows"] += sum(job.rows for job in jobs)
         return jobs

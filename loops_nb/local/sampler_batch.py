@@ -26,6 +26,7 @@ from transformers.cache_utils import DynamicLayer
 
 from loops_nb.local.decoding import RowParams, draw_uniforms, prompt_logprobs
 from loops_nb.local.kv_cache import is_full_attention
+from loops_nb.local.prefix_cache import CachedSequence, PrefixHit
 from loops_nb.local.sampling_types import PromptLogprobEntry, SampledChoice, SampleRequest, SampleResult
 
 # (input_ids, attention_mask, position_ids, cache, all_logits) -> logits [B, S or 1, V]
@@ -147,7 +148,45 @@ class DecodeBatch:
         positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)
         cache = new_cache()
         logits = forward(ids, mask, positions, cache, all_logits)
+        return cls._expanded(jobs, unique, cache, mask, positions, logits, device, decode)
 
+    @classmethod
+    def prefill_extending(
+        cls,
+        job: Job,
+        hit: PrefixHit,
+        forward: Forward,
+        new_cache: Callable[[], DynamicCache],
+        device: torch.device,
+        decode: Callable[[list[int]], list[str]],
+    ) -> DecodeBatch:
+        """Prefill one job whose prompt extends a kept sequence (`prefix_cache`): its shared prefix's keys and
+        values are copied into a fresh cache, and only the rest of the prompt runs through the model."""
+        prompt, shared = job.prompt, hit.length
+        cache = new_cache()
+        for layer, (keys, values) in zip(_layers(cache), hit.layers(), strict=True):
+            layer.update(keys.to(device), values.to(device))  # copies: the kept sequence is never written
+        ids = torch.tensor([prompt[shared:]], dtype=torch.long, device=device)
+        mask = torch.ones(1, len(prompt), dtype=torch.long, device=device)
+        positions = torch.arange(shared, len(prompt), dtype=torch.long, device=device)[None]
+        logits = forward(ids, mask, positions, cache, False)
+        full_positions = torch.arange(len(prompt), dtype=torch.long, device=device)[None]
+        return cls._expanded([job], {tuple(prompt): 0}, cache, mask, full_positions, logits, device, decode)
+
+    @classmethod
+    def _expanded(
+        cls,
+        jobs: list[Job],
+        unique: dict[tuple[int, ...], int],
+        cache: DynamicCache,
+        mask: Tensor,
+        positions: Tensor,
+        logits: Tensor,
+        device: torch.device,
+        decode: Callable[[list[int]], list[str]],
+    ) -> DecodeBatch:
+        """The batch of `jobs` after their prefill: each prompt's cache row copied to one row per sample."""
+        width = mask.shape[1]
         rows: list[Row] = []
         source: list[int] = []
         temperature, top_k, top_p, uniforms = [], [], [], []
@@ -172,7 +211,7 @@ class DecodeBatch:
         table = torch.cat([F.pad(u, (0, steps - u.shape[1])) for u in uniforms])
 
         index = torch.tensor(source, dtype=torch.long, device=device)
-        if source != list(range(len(prompts))):
+        if source != list(range(len(unique))):
             cache.batch_select_indices(index)
         return cls(
             rows=rows,
@@ -186,6 +225,23 @@ class DecodeBatch:
     @property
     def cache_length(self) -> int:
         return self.mask.shape[1]
+
+    def finished_sequence(self, i: int, adapter: str | None, version: int | None) -> CachedSequence | None:
+        """Row `i`'s keys and values, unpadded, as a `CachedSequence` of the prompt and every sampled token
+        but the last (never fed back); None when the cache does not hold exactly those."""
+        row = self.rows[i]
+        tokens = (*row.job.prompt, *row.tokens[:-1])
+        start = int(self.mask[i].argmax())  # left padding ends at the row's first real token
+        if self.cache_length - start != len(tokens) or not bool(self.mask[i, start:].all()):
+            return None
+        layers = _layers(self.cache)
+        keys = tuple(layer.keys[i : i + 1, :, start:].clone() for layer in layers if layer.keys is not None)
+        values = tuple(
+            layer.values[i : i + 1, :, start:].clone() for layer in layers if layer.values is not None
+        )
+        if len(keys) != len(layers) or len(values) != len(layers):
+            return None
+        return CachedSequence(adapter, version, tokens, keys, values)
 
     def merge(self, other: DecodeBatch) -> None:
         """Append `other`'s rows, left-padding whichever cache is shorter (needs `cache_is_mergeable`)."""

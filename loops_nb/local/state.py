@@ -58,6 +58,7 @@ class LocalLoopsState:
         dtype: str = "auto",
         memory_budget_mb: int | None = None,
         max_batch_sequences: int = 64,
+        prefix_cache_mb: int | None = None,
         published_retention: int = 3,
         idle_run_seconds: float | None = None,
     ) -> None:
@@ -69,6 +70,8 @@ class LocalLoopsState:
         self.memory_budget_mb = memory_budget_mb
         """Bytes (MiB) a trainer micro-batch's activations and the sampler's KV cache may each use."""
         self.max_batch_sequences = max_batch_sequences
+        self.prefix_cache_mb = prefix_cache_mb
+        """The sampler's prefix cache (MiB; None: as much as its KV budget, 0: off)."""
         from loops_nb.local.model_store import uses_cuda
 
         COMPUTE_LANE.enabled = not uses_cuda(device)  # a GPU overlaps the trainers' and sampler's work itself
@@ -176,6 +179,7 @@ class LocalLoopsState:
                         bf16_products=self.bf16_products,
                         max_batch_sequences=self.max_batch_sequences,
                         memory_budget_mb=self.memory_budget_mb,
+                        prefix_cache_mb=self.prefix_cache_mb,
                     )
                 self._samplers[base_model] = engine
             return engine

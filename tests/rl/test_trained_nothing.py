@@ -46,7 +46,9 @@ async def test_every_attempt_discarded_ends_failed_with_the_reason(tmp_path: Pat
     outcome = await run.execute(0)
     assert outcome.status == "failed" and outcome.steps == 2
     assert outcome.reason is not None
-    assert outcome.reason.startswith("no step trained: all 8 attempts were discarded (8 error); the first error: ")
+    assert outcome.reason.startswith(
+        "no step trained: all 8 attempts were discarded (8 error); the first error: "
+    )
     assert "sampler returned 503" in outcome.reason
     assert f"reason: {outcome.reason}" in outcome.describe()
     (end,) = ends.ends

@@ -1,0 +1,93 @@
+"""How the sampler prefills the jobs that start (or join) a decode batch.
+
+- A job whose prompt extends a sequence the prefix cache keeps (an agent's next call: its history, then a
+  tool result) is prefilled alone from the kept keys and values: only its new tokens run.
+- The other plain jobs are prefilled together, shortest first, in groups whose padded size stays under
+  `max_prefill_tokens` (one long prompt does not pad a group of short ones).
+- A job asking for prompt logprobs needs logits at every position: it is prefilled alone.
+
+The resulting batches are merged into one (left-padded), on models whose cache allows it; other models
+prefill every job together in one batch, as before the cache existed.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from loops_nb.local.batch_forward import BatchForward
+from loops_nb.local.prefix_cache import PrefixCache, PrefixHit
+from loops_nb.local.sampler_batch import DecodeBatch, Job
+
+
+@dataclass
+class Prefiller:
+    """The sampler's prefill: its model forward, limits and prefix cache; counts what it computes."""
+
+    forward: BatchForward
+    device: torch.device
+    decode: Callable[[list[int]], list[str]]
+    mergeable: bool
+    max_prefill_tokens: int
+    prefix_cache: PrefixCache | None
+    stats: collections.Counter[str]
+    """`prefill_tokens` (prompt tokens run through the model) and `prefix_cached_tokens` (served from the
+    prefix cache instead): their sum is every prompt token prefilled."""
+
+    def prefill(self, jobs: list[Job]) -> DecodeBatch:
+        if not self.mergeable:
+            return self._together(jobs)
+        batches = [self._extending(job, hit) for job, hit in self._hits(jobs)]
+        extended = {id(batch.rows[0].job) for batch in batches}
+        rest = [job for job in jobs if id(job) not in extended]
+        groups: list[list[Job]] = []
+        plain = sorted((j for j in rest if j.request.prompt_logprobs is None), key=lambda j: len(j.prompt))
+        for job in plain:
+            if groups and len(groups[-1]) * len(job.prompt) + len(job.prompt) <= self.max_prefill_tokens:
+                groups[-1].append(job)
+            else:
+                groups.append([job])
+        groups += [[j] for j in rest if j.request.prompt_logprobs is not None]
+        batches += [self._together(group) for group in groups]
+        batch = batches[0]
+        for other in batches[1:]:
+            batch.merge(other)
+        return batch
+
+    def keep_finished(self, batch: DecodeBatch, keep: list[int]) -> None:
+        """Put the rows of `batch` that just finished (not in `keep`) into the prefix cache."""
+        if self.prefix_cache is None:
+            return
+        still = set(keep)
+        for i, row in enumerate(batch.rows):
+            if i not in still and not row.job.abandoned:
+                sequence = batch.finished_sequence(i, row.job.adapter, row.job.adapter_version)
+                if sequence is not None:
+                    self.prefix_cache.store(sequence)
+
+    def _together(self, jobs: list[Job]) -> DecodeBatch:
+        self.stats["prefill_tokens"] += sum(len(p) for p in {tuple(j.prompt) for j in jobs})
+        return DecodeBatch.prefill(jobs, self.forward.text, self.forward.new_cache, self.device, self.decode)
+
+    def _extending(self, job: Job, hit: PrefixHit) -> DecodeBatch:
+        self.stats["prefill_tokens"] += len(job.prompt) - hit.length
+        self.stats["prefix_cached_tokens"] += hit.length
+        forward = self.forward
+        return DecodeBatch.prefill_extending(
+            job, hit, forward.text, forward.new_cache, self.device, self.decode
+        )
+
+    def _hits(self, jobs: list[Job]) -> list[tuple[Job, PrefixHit]]:
+        cache = self.prefix_cache
+        if cache is None:
+            return []
+        hits = []
+        for job in jobs:
+            if job.request.prompt_logprobs is None and job.pixels is None:
+                hit = cache.lookup(job.adapter, job.adapter_version, job.prompt)
+                if hit is not None:
+                    hits.append((job, hit))
+        return hits
