@@ -346,7 +346,7 @@ def classify(command: Command) -> str:
 def test_the_docs_show_commands() -> None:
     texts = {c.normalised for c in COMMANDS}
     assert "loops run patterns/custom_runtime/in_process_direct/train_local.toml" in texts
-    assert "pytest" in texts  # `uv run --all-extras pytest`, the README's second command
+    assert "pytest -n 2" in texts  # `uv run --all-extras pytest -n 2`, the README's second command
     assert len(COMMANDS) > 30
 
 
