@@ -149,6 +149,10 @@ class LoopsConnection:
     async def deactivate(self, run_id: str) -> None:
         await asyncio.to_thread(deactivate_run, run_id, self.base_url, self.api_key)
 
+    def sampler_counters(self) -> dict[str, int] | None:
+        """The embedded Loops' prefill counters (None for a remote Loops, which does not report them)."""
+        return self.embedded.state.sampler_counters() if self.embedded is not None else None
+
     async def close(self, *, keep_runs: bool | None = None) -> None:
         """Close the connection; a dedicated run is deactivated unless compute.keep_run."""
         keep = self.compute.keep_run if keep_runs is None else keep_runs

@@ -184,6 +184,13 @@ class LocalLoopsState:
                 self._samplers[base_model] = engine
             return engine
 
+    def sampler_counters(self) -> dict[str, int]:
+        """The samplers' prefill counters, summed: `prefill_tokens` computed and `prefix_cached_tokens`
+        served from the prefix cache (`local/prefix_cache.py`)."""
+        with self._lock:
+            engines = list(self._samplers.values())
+        return {k: sum(e.stats[k] for e in engines) for k in ("prefill_tokens", "prefix_cached_tokens")}
+
     def new_trainer(self, run: LocalRun) -> LoraTrainer:
         if not COMPUTE_LANE.on_lane():
             return COMPUTE_LANE.run(lambda: self.new_trainer(run))

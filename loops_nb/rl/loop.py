@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from loops_nb.llm.capture import TokenCapture
@@ -208,6 +209,7 @@ class RLRun(RecipeRun):
         assert scheduler is not None, "begin() creates the scheduler"
         # Before the step samples: the policy evaluated is the one this step's rollouts sample.
         evaluated = await self.evaluate(step) if eval_due(self.config.eval, step) else {}
+        counted = self.sampler_counters()
         step_started = time.perf_counter()
         groups = await (
             scheduler.next_groups(step)
@@ -227,7 +229,10 @@ class RLRun(RecipeRun):
             rollout_s=rollout_s,
             step_started=step_started,
         )
-        return StepRecord(step, {**record.metrics, **evaluated}, record.time) if evaluated else record
+        prefill = _counted_since(counted, self.sampler_counters())
+        if evaluated or prefill:
+            return StepRecord(step, {**record.metrics, **prefill, **evaluated}, record.time)
+        return record
 
     @property
     def step_log(self) -> StepLog:
@@ -261,3 +266,11 @@ class RLRun(RecipeRun):
                     policy_version=self.policy.version,
                 )
             )
+
+
+def _counted_since(before: Mapping[str, int] | None, after: Mapping[str, int] | None) -> dict[str, int]:
+    """A step's prompt tokens the sampler prefilled, and those it served from its prefix cache (the embedded
+    Loops only): `sampler/prefill_tokens`, `sampler/prefix_cached_tokens`."""
+    if before is None or after is None:
+        return {}
+    return {f"sampler/{k}": after[k] - before.get(k, 0) for k in after}

@@ -17,6 +17,7 @@ import asyncio
 import logging
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from loops_nb.errors import RunFailed, UserError, describe_cause
@@ -56,6 +57,9 @@ class RecipeRun(ABC):
         self.total_steps = total_steps
         self.save_every = save_every
         self.stop = stop or asyncio.Event()
+        self.sampler_counters: Callable[[], Mapping[str, int] | None] = lambda: None
+        """The Loops' sampler counters when it reports them (the embedded one): RL records their change
+        per step (`sampler/prefill_tokens`, `sampler/prefix_cached_tokens`)."""
 
     @property
     def trainer(self) -> TrainingClient:

@@ -162,6 +162,7 @@ async def run_recipe(
                 },
             )
             run = await recipe.start(run_dir, training_client, observer_set, stop)
+            run.sampler_counters = connection.sampler_counters
             start = await run.resume_point()
             _emit_start(observer_set, recipe, run_dir, start)
             return await run.execute(start)

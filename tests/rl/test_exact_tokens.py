@@ -109,3 +109,10 @@ def test_trained_tokens_are_exactly_the_sampled_tokens_across_turns(tmp_path: Pa
         untrained = [i for i, m in enumerate(mask) if not m]
         assert all(inputs["advantages"]["data"][i] == 0.0 for i in untrained)
     assert multi_turn > 0, "no datum joined several turns into one sequence"
+    # The later turns extend the earlier ones: the embedded sampler served their history from its prefix
+    # cache (and the tokens above are still exactly the sampled ones).
+    steps = read_jsonl(tmp_path / "runs" / "exact" / "steps.jsonl")
+    assert all(s["sampler/prefill_tokens"] > 0 for s in steps)
+    assert all(s["sampler/prefix_cached_tokens"] > 0 for s in steps), [
+        (s["sampler/prefill_tokens"], s["sampler/prefix_cached_tokens"]) for s in steps
+    ]
