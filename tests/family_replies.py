@@ -77,7 +77,11 @@ FAMILY_REPLIES = {
         "<think>\nThe tool answered.\n</think>\n\nIt is sunny in Rome.<|im_end|>",
         '<think>\nHm.\n</think>\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": Rome}}\n</tool_call>'
         "<|im_end|>",
-        ("<|im_start|>assistant\n", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}', "<tools>"),
+        (
+            "<|im_start|>assistant\n",
+            '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}',
+            "<tools>",
+        ),
     ),
     "qwen3.6": FamilyReplies(
         "qwen3.6",
@@ -101,7 +105,7 @@ FAMILY_REPLIES = {
     ),
     "deepseek-v4": FamilyReplies(
         "deepseek-v4",
-        f"{REASONING}</think>\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n"
+        f'{REASONING}</think>\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n'
         '<｜DSML｜parameter name="city" string="true">Rome</｜DSML｜parameter>\n</｜DSML｜invoke>\n'
         "</｜DSML｜tool_calls><｜end▁of▁sentence｜>",
         "The tool answered.</think>It is sunny in Rome.<｜end▁of▁sentence｜>",

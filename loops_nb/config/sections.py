@@ -74,8 +74,9 @@ class ModelConfig(Section):
         if (self.chat_template or self.chat_template_file) and self.renderer not in ("auto", "chat_template"):
             # A family's renderer writes the family's format itself: a template would silently not apply.
             raise ValueError(
-                f"model.renderer = {self.renderer!r} renders without a chat template: remove "
-                'model.chat_template / chat_template_file, or set model.renderer = "chat_template"'
+                f"model.renderer = {self.renderer!r} with a chat template: the template is used only by "
+                'model.renderer = "auto" or "chat_template"; set one of those, or remove '
+                "model.chat_template / chat_template_file to use the family's renderer"
             )
         return self
 

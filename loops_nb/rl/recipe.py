@@ -34,7 +34,7 @@ from loops_nb.run.recipe_run import RecipeRun
 from loops_nb.run.setup import Recipe, run_recipe
 from loops_nb.run_dir import Checkpoint, RunDirectory, atomic_write_json
 from loops_nb.runtime import CheckWarning, ModelAccessMode
-from loops_nb.tokenization import load_model_renderer
+from loops_nb.tokenization import load_model_renderer, model_renderer_choice
 
 if TYPE_CHECKING:
     from baseten.loops import TrainingClient
@@ -93,6 +93,9 @@ async def check(project: Project, **_: object) -> RLCheckReport:
 async def _check_renderer(config: RLConfig, report: RLCheckReport) -> Renderer | None:
     """The model's tokenizer and renderer, as training renders prompts (None when they cannot load)."""
     try:
+        # Said before loading anything: which renderer, and why, is worth knowing when the tokenizer fails.
+        choice = model_renderer_choice(config.model)
+        report.lines.append(f"renderer: {choice.name} ({choice.why})")
         renderer = await asyncio.to_thread(
             load_model_renderer, config.model, config.compute.scope, cache_dir=config.compute.local.cache_dir
         )
@@ -100,7 +103,6 @@ async def _check_renderer(config: RLConfig, report: RLCheckReport) -> Renderer |
         report.problems.append(str(exc))
         return None
     sample = renderer.prompt_tokens([{"role": "user", "content": "hello"}])
-    report.lines.append(f"renderer: {renderer.name} ({renderer.why})")
     report.lines.append(
         f"tokenizer: {len(renderer.tokenizer)} tokens, the renderer renders a 1-message prompt in "
         f"{len(sample)} tokens; stop tokens {renderer.stop_token_ids}"

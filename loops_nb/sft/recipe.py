@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from loops_nb.compute import require_api_key
 from loops_nb.errors import DataError, UserError
+from loops_nb.llm.renderer import CHAT_TEMPLATE
 from loops_nb.local.memory_budget import check_lines
 from loops_nb.observers import ObserverSet
 from loops_nb.run.check_report import RecipeCheckReport
@@ -28,7 +29,7 @@ from loops_nb.sft.outcome import SFTOutcome
 from loops_nb.sft.refusal_file import RefusalFile
 from loops_nb.sft.report import CheckReport, refusal_lines
 from loops_nb.sft.schedule import describe_schedule
-from loops_nb.tokenization import load_model_tokenizer
+from loops_nb.tokenization import load_model_tokenizer, model_renderer_choice
 
 if TYPE_CHECKING:
     from baseten.loops import TrainingClient
@@ -64,6 +65,17 @@ def _template_name(config: SFTConfig) -> str:
     if config.model.chat_template_file:
         return f"from {config.model.chat_template_file}"
     return "the tokenizer's own"
+
+
+def _renderer_line(config: SFTConfig) -> str:
+    """Which renderer SFT trains with: the chat template, whatever model.renderer picks for RL and sampling."""
+    choice = model_renderer_choice(config.model)
+    if choice.name == CHAT_TEMPLATE:
+        return f"renderer: chat_template ({choice.why})"
+    return (
+        f"renderer: chat_template (SFT trains on the chat template; model.renderer picks {choice.name} for "
+        "sampling the trained model: its prompts may differ)"
+    )
 
 
 async def _tokenizer(config: SFTConfig) -> Any:
@@ -174,6 +186,10 @@ async def check(project: Project, *, refusals: str | Path | None = None, **_: ob
         f"tokenizer: {len(tokenizer):,} tokens; chat template {_template_name(config)}; stop tokens "
         f"{', '.join(data.renderer.stop_tokens)}; max_seq_len {m.max_seq_len:,}"
     )
+    try:
+        report.lines.append(_renderer_line(config))
+    except UserError as exc:  # a bad name is still a mistake in this config, though SFT trains without it
+        report.warnings.append(str(exc))
     limit = f" (data.max_rows {config.data.max_rows:,})" if config.data.max_rows else ""
     report.lines.append(f"train: {config.data.train}{limit}")
     report.data = data.report

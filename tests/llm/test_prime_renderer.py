@@ -115,7 +115,12 @@ def test_an_edited_history_or_another_conversation_is_rendered_afresh(
     reply = renderer.parse(first.completion_tokens, prompt_tokens=prompt, tools=TOOLS)
     tool = {"role": "tool", "tool_call_id": "call_0", "content": "sunny"}
     sent_back = {"role": "assistant", "content": reply.content, "tool_calls": reply.tool_calls}
-    edited_reply = {**sent_back, "tool_calls": [{**reply.tool_calls[0], "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]}
+    edited_reply = {
+        **sent_back,
+        "tool_calls": [
+            {**reply.tool_calls[0], "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+        ],
+    }
     other = [{"role": "user", "content": "What is the weather in Oslo?"}, sent_back, tool]
     for messages in ([*conversation, edited_reply, tool], other):
         fresh = renderer.prompt_tokens(messages, TOOLS)

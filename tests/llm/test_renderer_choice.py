@@ -55,12 +55,12 @@ def test_an_unknown_renderer_is_one_line_naming_the_key_and_the_known_ones() -> 
         choose_renderer("qwen-3", "Qwen/Qwen3-8B")
     message = str(raised.value)
     assert "\n" not in message
-    assert message.startswith("model.renderer = 'qwen-3' is not a renderer: use \"auto\", \"chat_template\"")
+    assert message.startswith('model.renderer = \'qwen-3\' is not a renderer: use "auto", "chat_template"')
     assert "qwen3, qwen3-vl" in message and "gpt-oss" in message
 
 
 def test_a_named_renderer_and_a_template_together_are_refused() -> None:
-    with pytest.raises(ValidationError, match="renders without a chat template"):
+    with pytest.raises(ValidationError, match="the template is used only by model.renderer = \"auto\" or"):
         ModelConfig(renderer="qwen3", chat_template="chatml-tools")
     assert ModelConfig(renderer="chat_template", chat_template="chatml-tools").renderer == CHAT_TEMPLATE
 
@@ -77,7 +77,10 @@ def test_a_tokenizer_from_a_folder_gets_the_renderer_of_the_hub_id(qwen36_folder
     model = ModelConfig(base_model="Qwen/Qwen3.6-35B-A3B", tokenizer=str(qwen36_folder))
     renderer = load_model_renderer(model, "serverless")
     assert isinstance(renderer, PrimeRenderer)
-    assert (renderer.name, renderer.why) == ("qwen3.6", "auto: Qwen/Qwen3.6-35B-A3B is a qwen3.6 model in `renderers`' table")
+    assert (renderer.name, renderer.why) == (
+        "qwen3.6",
+        "auto: Qwen/Qwen3.6-35B-A3B is a qwen3.6 model in `renderers`' table",
+    )
     assert renderer.tokenizer.name_or_path != "Qwen/Qwen3.6-35B-A3B"  # the folder's
     # The renderer reads its per-model defaults by the Hub id: Qwen3.5-0.8B does not think by default, so its
     # generation prompt closes an empty think block (read by the folder's name, it would open one).

@@ -21,7 +21,10 @@ def test_the_qwen36_xml_call_parses() -> None:
     assert reply.errors == []
     assert reply.tool_calls == [{"name": "get_weather", "arguments": {"city": "Paris"}}]
     assert reply.content == ""
-    assert reply.openai_tool_calls()[0]["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    assert reply.openai_tool_calls()[0]["function"] == {
+        "name": "get_weather",
+        "arguments": '{"city": "Paris"}',
+    }
 
 
 def test_think_is_reasoning_not_content() -> None:
@@ -44,7 +47,12 @@ def test_xml_values_are_typed_by_the_tool_schema() -> None:
         "<tool_call>\n<function=f>\n<parameter=city>\n42\n</parameter>\n<parameter=days>\n3\n</parameter>\n"
         "<parameter=note>\ntwo\nlines\n</parameter>\n</function>\n</tool_call>"
     )
-    tools = [{"type": "function", "function": {"name": "f", "parameters": {"properties": {"city": {"type": "string"}}}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": "f", "parameters": {"properties": {"city": {"type": "string"}}}},
+        }
+    ]
     [parsed] = parse_assistant_text(call, tools=tools).tool_calls
     assert parsed["arguments"] == {"city": "42", "days": 3, "note": "two\nlines"}
     [untyped] = parse_assistant_text(call).tool_calls
@@ -71,7 +79,9 @@ def test_the_chat_renderer_reads_a_qwen36_reply(family_tokenizer: Callable[[str]
     """A Qwen3.6 model under a chat template (model.renderer = "chat_template"): the prompt opened `<think>`,
     the reply closes it and calls in XML."""
     renderer = ChatRenderer(family_tokenizer("qwen3.6"), TOOL_CAPABLE_CHATML_TEMPLATE)
-    prompt = renderer.encode("<|im_start|>user\nWeather in Paris?<|im_end|>\n<|im_start|>assistant\n<think>\n")
+    prompt = renderer.encode(
+        "<|im_start|>user\nWeather in Paris?<|im_end|>\n<|im_start|>assistant\n<think>\n"
+    )
     completion = renderer.encode(f"It needs the tool.\n</think>\n\n{QWEN36_CALL}<|im_end|>")
     parsed = renderer.parse(completion, prompt_tokens=prompt, tools=TOOLS)
     assert parsed.reasoning == "It needs the tool."

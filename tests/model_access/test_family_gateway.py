@@ -78,9 +78,7 @@ async def test_streamed_chat_completions_carry_the_call_and_the_reasoning(
     llm = family()
     lease = gateway.issue("t/family/c1", llm)
     client = openai.AsyncOpenAI(base_url=gateway.url, api_key=lease.key)
-    stream = await client.chat.completions.create(
-        model="policy", messages=QUESTION, tools=TOOLS, stream=True
-    )
+    stream = await client.chat.completions.create(model="policy", messages=QUESTION, tools=TOOLS, stream=True)
     reasoning, content, calls, finish = "", "", [], None
     async for chunk in stream:
         for choice in chunk.choices:
@@ -104,7 +102,9 @@ async def test_the_responses_api_returns_reasoning_and_function_call_items(
     client = openai.AsyncOpenAI(base_url=gateway.url, api_key=lease.key)
     conversation: list[Any] = list(QUESTION)
     if stream:
-        async with client.responses.stream(model="policy", input=conversation, tools=[RESPONSES_TOOL]) as helper:
+        async with client.responses.stream(
+            model="policy", input=conversation, tools=[RESPONSES_TOOL]
+        ) as helper:
             events = [e async for e in helper]
             first = await helper.get_final_response()
         kinds = [e.type for e in events]
