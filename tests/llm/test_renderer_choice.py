@@ -60,7 +60,7 @@ def test_an_unknown_renderer_is_one_line_naming_the_key_and_the_known_ones() -> 
 
 
 def test_a_named_renderer_and_a_template_together_are_refused() -> None:
-    with pytest.raises(ValidationError, match="the template is used only by model.renderer = \"auto\" or"):
+    with pytest.raises(ValidationError, match='the template is used only by model.renderer = "auto" or'):
         ModelConfig(renderer="qwen3", chat_template="chatml-tools")
     assert ModelConfig(renderer="chat_template", chat_template="chatml-tools").renderer == CHAT_TEMPLATE
 
