@@ -238,11 +238,15 @@ class PolicySampler:
             owner._open_lock = asyncio.Lock()
         async with owner._open_lock:
             if owner._connection is None:
-                from loops_nb.tokenization import load_model_renderer
+                from loops_nb.tokenization import load_model_renderer, run_renderer_choice
 
                 run = self.run
                 owner._renderer = await asyncio.to_thread(
-                    load_model_renderer, run.model, run.compute.scope, cache_dir=run.compute.local.cache_dir
+                    load_model_renderer,
+                    run.model,
+                    run.compute.scope,
+                    cache_dir=run.compute.local.cache_dir,
+                    choice=run_renderer_choice(run.model, run.run_json),  # as the run trained
                 )
                 owner._connection = await run.connect()
             if self._client is None:

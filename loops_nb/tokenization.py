@@ -10,6 +10,7 @@ replace its template; `renderer` says whether the template or the family's rende
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -106,14 +107,35 @@ def model_renderer_choice(model: ModelConfig) -> RendererChoice:
     return choose_renderer(model.renderer, model.base_model, template_override=template_override_key(model))
 
 
-def load_model_renderer(model: ModelConfig, scope: str, *, cache_dir: Path | None = None) -> Renderer:
+def run_renderer_choice(model: ModelConfig, run_json: Mapping[str, Any] | None) -> RendererChoice:
+    """The renderer of a run: the one its run.json recorded when it started, so a later `renderers` (a new
+    family in its table) or loops_nb never samples or resumes an older run with another renderer; resolved
+    afresh for a run that recorded none, or whose `[model] renderer` / template changed since."""
+    recorded = RendererChoice.recorded(run_json, model.renderer, template_override_key(model))
+    return recorded if recorded is not None else model_renderer_choice(model)
+
+
+def renderer_record(model: ModelConfig, run_json: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """run.json's `renderer` for a run starting with `model` (None when the setting names no renderer: SFT
+    trains on the template anyway, and its check has said so)."""
+    try:
+        choice = run_renderer_choice(model, run_json)
+    except ConfigError:
+        return None
+    return choice.record(model.renderer, template_override_key(model))
+
+
+def load_model_renderer(
+    model: ModelConfig, scope: str, *, cache_dir: Path | None = None, choice: RendererChoice | None = None
+) -> Renderer:
     """The run's renderer, with the configured tokenizer: the family's `PrimeRenderer` when the choice
-    (`model_renderer_choice`) is one, else the chat template: a `VisionRenderer` (images through the processor)
-    for a vision-language model, a `ChatRenderer` otherwise. Its `why` says how it was chosen."""
+    (`choice`, else `model_renderer_choice`) is one, else the chat template: a `VisionRenderer` (images through
+    the processor) for a vision-language model, a `ChatRenderer` otherwise. Its `why` says how it was chosen."""
     from loops_nb.llm.prime_renderer import PrimeRenderer
     from loops_nb.llm.renderer import CHAT_TEMPLATE, ChatRenderer
 
-    choice = model_renderer_choice(model)
+    if choice is None:
+        choice = model_renderer_choice(model)
     tokenizer = load_model_tokenizer(model, scope, cache_dir=cache_dir)
     renderer: Renderer
     if choice.name != CHAT_TEMPLATE:

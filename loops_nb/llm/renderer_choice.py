@@ -14,8 +14,9 @@ machine), and the offline default model, which has no family renderer, should no
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, get_args
+from typing import TYPE_CHECKING, Any, get_args
 
 from loops_nb.errors import ConfigError
 from loops_nb.llm.renderer import CHAT_TEMPLATE
@@ -38,6 +39,24 @@ class RendererChoice:
     """`chat_template`, or a `renderers` name."""
     why: str
     """Why, in words `loops check` prints."""
+
+    def record(self, setting: str, template_key: str | None) -> dict[str, Any]:
+        """What run.json keeps under `renderer`: the name and why, and the settings it was resolved from (a
+        resume or a saved run reuses the name only while those are unchanged)."""
+        return {"name": self.name, "why": self.why, "setting": setting, "template": template_key}
+
+    @classmethod
+    def recorded(
+        cls, run_json: Mapping[str, Any] | None, setting: str, template_key: str | None
+    ) -> RendererChoice | None:
+        """The choice run.json recorded for `setting` and `template_key`; None when it recorded none (a run
+        from before it did), or recorded it for other settings (the config changed them on a resume)."""
+        found = (run_json or {}).get("renderer")
+        if not isinstance(found, Mapping) or not isinstance(found.get("name"), str):
+            return None
+        if found.get("setting") != setting or found.get("template") != template_key:
+            return None
+        return cls(found["name"], str(found.get("why") or "recorded in run.json"))
 
 
 @functools.cache

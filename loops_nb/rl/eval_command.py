@@ -34,7 +34,7 @@ from loops_nb.rl.evaluation import EvalLog, Evaluator, eval_sampling, eval_tasks
 from loops_nb.rl.runtimes import RolloutRuntimes
 from loops_nb.run_checkpoints import BASE, RunCheckpoint, checkpoint_sampling_client, find_checkpoint
 from loops_nb.run_dir import RunDirectory, atomic_write_json
-from loops_nb.tokenization import load_model_renderer
+from loops_nb.tokenization import load_model_renderer, run_renderer_choice
 
 if TYPE_CHECKING:
     from baseten.loops import SamplingClient
@@ -148,8 +148,14 @@ async def _evaluate(
         runtimes.bind(state, resources)
         runtime = runtimes.training
         _, tasks = await eval_tasks(config, runtime, runtime if held_out else None)
+        # The run's recorded renderer (while the config's setting is the one it recorded), as it trained.
+        recorded = run_dir.read_run_json() if run_dir is not None else None
         renderer = await asyncio.to_thread(
-            load_model_renderer, config.model, config.compute.scope, cache_dir=config.compute.local.cache_dir
+            load_model_renderer,
+            config.model,
+            config.compute.scope,
+            cache_dir=config.compute.local.cache_dir,
+            choice=run_renderer_choice(config.model, recorded),
         )
         connection = await LoopsConnection.open(config.compute, state_dir=loops_state)
         client = await checkpoint_sampling_client(

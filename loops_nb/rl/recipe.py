@@ -34,7 +34,7 @@ from loops_nb.run.recipe_run import RecipeRun
 from loops_nb.run.setup import Recipe, run_recipe
 from loops_nb.run_dir import Checkpoint, RunDirectory, atomic_write_json
 from loops_nb.runtime import CheckWarning, ModelAccessMode
-from loops_nb.tokenization import load_model_renderer, model_renderer_choice
+from loops_nb.tokenization import load_model_renderer, model_renderer_choice, run_renderer_choice
 
 if TYPE_CHECKING:
     from baseten.loops import TrainingClient
@@ -233,7 +233,11 @@ class RLRecipe(Recipe):
         config = self.rl
         await self.runtimes.lease_model_access()
         renderer = await asyncio.to_thread(
-            load_model_renderer, config.model, config.compute.scope, cache_dir=config.compute.local.cache_dir
+            load_model_renderer,
+            config.model,
+            config.compute.scope,
+            cache_dir=config.compute.local.cache_dir,
+            choice=run_renderer_choice(config.model, run_dir.read_run_json()),
         )
         policy = Policy(training_client, config.model.base_model)
         return RLRun(

@@ -31,6 +31,7 @@ from loops_nb.run.outcome import Outcome
 from loops_nb.run.recipe_run import RecipeRun
 from loops_nb.run_dir import Checkpoint, RunDirectory
 from loops_nb.run_events import RunEnded, RunStarted
+from loops_nb.tokenization import renderer_record
 
 if TYPE_CHECKING:
     from baseten.loops import TrainingClient
@@ -158,6 +159,8 @@ async def run_recipe(
                     "scope": config.compute.scope,
                     "config_path": str(recipe.config_path),
                     "config": recipe.config_dump,
+                    # Resolved now, so sampling or resuming this run later renders as it trained.
+                    "renderer": renderer_record(config.model, resumed),
                     **recipe.run_record(),
                 },
             )

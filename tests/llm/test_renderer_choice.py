@@ -16,8 +16,13 @@ from loops_nb.config.sections import DEFAULT_MODEL, ModelConfig
 from loops_nb.errors import ConfigError
 from loops_nb.llm.prime_renderer import PrimeRenderer
 from loops_nb.llm.renderer import CHAT_TEMPLATE, ChatRenderer
-from loops_nb.llm.renderer_choice import NO_FAMILY_RENDERER, choose_renderer, renderer_names
-from loops_nb.tokenization import load_model_renderer, model_renderer_choice
+from loops_nb.llm.renderer_choice import NO_FAMILY_RENDERER, RendererChoice, choose_renderer, renderer_names
+from loops_nb.tokenization import (
+    load_model_renderer,
+    model_renderer_choice,
+    renderer_record,
+    run_renderer_choice,
+)
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
@@ -106,3 +111,27 @@ def test_the_offline_default_stays_on_its_chat_template(model_cache_dir: Path) -
     renderer = load_model_renderer(ModelConfig(), "local", cache_dir=model_cache_dir)
     assert isinstance(renderer, ChatRenderer) and renderer.name == CHAT_TEMPLATE
     assert renderer.why == "auto: `renderers` has no renderer for 'HuggingFaceTB/SmolLM2-135M-Instruct'"
+
+
+def test_a_run_keeps_the_renderer_its_run_json_recorded(qwen36_folder: Path) -> None:
+    model = ModelConfig(base_model="Qwen/Qwen3.6-35B-A3B", tokenizer=str(qwen36_folder))
+    record = renderer_record(model, None)
+    assert record == {
+        "name": "qwen3.6",
+        "why": "auto: Qwen/Qwen3.6-35B-A3B is a qwen3.6 model in `renderers`' table",
+        "setting": "auto",
+        "template": None,
+    }
+    # A later `renderers` could map the Hub id elsewhere: the run's recorded name wins while its settings hold.
+    older = {"renderer": {**record, "name": "qwen3.5", "why": "auto: as it was"}}
+    assert run_renderer_choice(model, older) == RendererChoice("qwen3.5", "auto: as it was")
+    assert renderer_record(model, older) == {**record, "name": "qwen3.5", "why": "auto: as it was"}
+    sampled = load_model_renderer(model, "serverless", choice=run_renderer_choice(model, older))
+    assert (sampled.name, sampled.why) == ("qwen3.5", "auto: as it was")
+    # Resolved afresh: a run from before the record, or one whose setting or template changed on a resume.
+    assert run_renderer_choice(model, {}).name == "qwen3.6"
+    assert run_renderer_choice(model, {"renderer": {**record, "setting": "chat_template"}}).name == "qwen3.6"
+    assert run_renderer_choice(model, {"renderer": {**record, "template": "chat_template"}}).name == "qwen3.6"
+    assert run_renderer_choice(model, {"renderer": "qwen3.5"}).name == "qwen3.6"
+    # SFT records nothing for a name that is no renderer (its check warned; it trains on the template).
+    assert renderer_record(ModelConfig(renderer="qwen-3"), None) is None

@@ -293,6 +293,8 @@ def test_training_lowers_the_held_out_loss_and_writes_the_run(trained):
     assert run_json["recipe"] == "sft" and run_json["data"]["held_out_rows"] == len(held)
     assert run_json["data"]["rows_refused"] == len({11, 12, 13} - set(held))
     assert run_json["data"]["examples"] == 48 - len(set(held) - {11, 12, 13})
+    # The renderer resolved when the run started: what the policy sampler and a resume use for it later.
+    assert run_json["renderer"]["name"] == "chat_template" and run_json["renderer"]["setting"] == "auto"
     checkpoints = read_jsonl(run / "checkpoints.jsonl")
     assert [c["step"] for c in checkpoints] == [5, outcome.steps]
     assert any("held-out loss:" in line for line in outcome.describe())
