@@ -25,6 +25,7 @@ import torch
 from loops_nb.local import lm_head
 from loops_nb.local.datum_wire import ParsedDatum, tensor_data
 from loops_nb.local.losses import LOSSES, LossBatch, collate, needed_positions, target_logprobs
+from loops_nb.local.shared_prefix import shared_prefix_hidden
 from loops_nb.local.vision import VisionInputs
 
 if TYPE_CHECKING:
@@ -54,6 +55,8 @@ class MicroBatch:
     loss_config: Mapping[str, Any]
     top_k: int
     backward: bool
+    share_prefixes: bool = True
+    """Run a prompt its rows share once (`shared_prefix`); off while layers are recomputed in the backward."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,10 @@ class MicroBatchResult:
     """What the loss is normalised by, later, over the whole optimizer step: active tokens (dpo: pairs)."""
     outputs: list[dict[str, Any]]
     """Each row's `loss_fn_outputs` entry (logprobs, and the top-k when asked), in row order."""
+    computed_tokens: int = 0
+    """Token positions the model ran: each shared prompt once (`shared_prefix`), none when nothing was needed."""
+    total_tokens: int = 0
+    """The rows' tokens: what an unshared forward runs."""
 
 
 @dataclass(frozen=True)
@@ -81,11 +88,18 @@ class LogprobModel:
     vision: VisionInputs | None
 
     def target_logprobs(
-        self, batch: LossBatch, pos: tuple[torch.Tensor, ...], rows: list[ParsedDatum], top_k: int
-    ) -> tuple[torch.Tensor, TopK | None]:
-        """Logprobs of `batch`'s targets at `pos`, and their top-k when asked."""
+        self,
+        batch: LossBatch,
+        pos: tuple[torch.Tensor, ...],
+        rows: list[ParsedDatum],
+        top_k: int,
+        share_prefixes: bool = False,
+    ) -> tuple[torch.Tensor, TopK | None, int]:
+        """Logprobs of `batch`'s targets at `pos`, their top-k when asked, and the token positions the model
+        ran (fewer than the rows' tokens when rows shared a prompt)."""
         assert batch.tokens is not None and batch.target_tokens is not None and batch.real is not None
         tokens, targets = batch.tokens, batch.target_tokens[pos]
+        total = sum(d.length for d in rows)
         chunks = [chunk for d in rows for _, chunk in d.images]
         if chunks and self.vision is not None:
             lengths = [d.length for d in rows]
@@ -94,15 +108,25 @@ class LogprobModel:
             extra = self.vision.inputs(tokens, mask, pixels)
             extra.pop("rope_deltas", None)
             logits = self._logits(mask, pos, extra).to(self.dtype)
-            return target_logprobs(logits, targets, top_k)
+            return (*target_logprobs(logits, targets, top_k), total)
         if self.plain_head:
-            hidden = self.lm.get_decoder()(input_ids=tokens, use_cache=False).last_hidden_state
+            decoder = self.lm.get_decoder()
+            shared = None
+            if share_prefixes and len(rows) > 1:
+                need = torch.zeros_like(tokens, dtype=torch.bool)
+                need[pos] = True
+                shared = shared_prefix_hidden(decoder, tokens, need, [d.length for d in rows])
+            if shared is not None:
+                hidden, computed = shared.hidden, shared.computed_tokens
+            else:
+                hidden, computed = decoder(input_ids=tokens, use_cache=False).last_hidden_state, total
             head = self.lm.get_output_embeddings()
-            return lm_head.target_logprobs(
+            picked, top = lm_head.target_logprobs(
                 hidden[pos], head, targets, chunk=self.head_chunk, dtype=self.dtype, top_k=top_k
             )
+            return picked, top, computed
         logits = self._logits(None, pos, {"input_ids": tokens}).to(self.dtype)
-        return target_logprobs(logits, targets, top_k)
+        return (*target_logprobs(logits, targets, top_k), total)
 
     def _logits(
         self, mask: torch.Tensor | None, pos: tuple[torch.Tensor, ...], inputs: Mapping[str, Any]
@@ -123,8 +147,9 @@ def run_micro_batch(model: LogprobModel, job: MicroBatch) -> MicroBatchResult:
     )
     pos = need.nonzero(as_tuple=True)
     top: TopK | None = None
+    computed = 0
     if pos[0].numel():  # else nothing to compute (e.g. all advantages 0): skip the model entirely
-        picked, top = model.target_logprobs(batch, pos, rows, job.top_k)
+        picked, top, computed = model.target_logprobs(batch, pos, rows, job.top_k, job.share_prefixes)
         batch.lp = batch.lp.index_put(pos, picked)
     out = LOSSES[job.loss_fn](batch, job.loss_config)
     if not bool(torch.isfinite(out.loss)):
@@ -133,7 +158,13 @@ def run_micro_batch(model: LogprobModel, job: MicroBatch) -> MicroBatchResult:
         )
     if job.backward and out.loss.requires_grad:
         out.loss.backward()
-    return MicroBatchResult(out.loss.detach(), out.count, _row_outputs(out.logprobs, top, rows))
+    return MicroBatchResult(
+        out.loss.detach(),
+        out.count,
+        _row_outputs(out.logprobs, top, rows),
+        computed,
+        sum(d.length for d in rows),
+    )
 
 
 def _row_outputs(logprobs: torch.Tensor, top: TopK | None, rows: list[ParsedDatum]) -> list[dict[str, Any]]:

@@ -123,6 +123,8 @@ class LoraTrainer:
         self._cost: ActivationCost | None = None
         self.seed = seed
         self._plain_head = has_plain_head(base.config)
+        self.share_prefixes = True
+        """Rows of a micro-batch that share a prompt run it once (`shared_prefix`); False runs every row whole."""
         self._lp_dtype = torch.float64 if dtype == torch.float64 else torch.float32
         self._model: PeftModel | None = None
         self._optimizer: torch.optim.AdamW | None = None
@@ -222,6 +224,7 @@ class LoraTrainer:
             )
         outputs: list[dict[str, Any] | None] = [None] * len(datums)
         total, count = torch.zeros((), dtype=self._lp_dtype, device=self.device), 0
+        computed = tokens = 0
         # Gradients of this request go to fresh buffers and are added to the pending ones only on success,
         # so a request that fails half-way leaves the accumulated gradients as they were.
         plan = self.plan(datums, loss_fn, backward=backward)
@@ -234,12 +237,20 @@ class LoraTrainer:
             with COMPUTE_LOCK, contextlib.nullcontext() if backward else torch.no_grad():
                 for index, recompute in plan:
                     rows = [datums[i] for i in index]
-                    job = MicroBatch(rows, loss_fn=loss_fn, loss_config=cfg, top_k=top_k, backward=backward)
+                    job = MicroBatch(
+                        rows,
+                        loss_fn=loss_fn,
+                        loss_config=cfg,
+                        top_k=top_k,
+                        backward=backward,
+                        share_prefixes=self.share_prefixes and not recompute,
+                    )
                     with self._layers_recomputed() if recompute else contextlib.nullcontext():
                         result = self._micro_batch(job)
                     for i, entry in zip(index, result.outputs, strict=True):
                         outputs[i] = entry
                     total, count = total + result.loss, count + result.count
+                    computed, tokens = computed + result.computed_tokens, tokens + result.total_tokens
         except BaseException:
             if backward:
                 for p, g in zip(params, pending, strict=True):
@@ -252,7 +263,12 @@ class LoraTrainer:
             self._tokens += count
             self._normalized = normalized
         mean = float(total) / max(count, 1)
-        metrics = {"loss": mean}
+        # What shared prompts saved (`shared_prefix`): token positions run, against the datums' tokens.
+        metrics = {
+            "loss": mean,
+            "trainer/computed_tokens": float(computed),
+            "trainer/total_tokens": float(tokens),
+        }
         if not normalized:
             metrics["skip_token_normalization"] = 1.0
         return {"loss": mean, "loss_fn_output_type": loss_fn, "loss_fn_outputs": outputs, "metrics": metrics}

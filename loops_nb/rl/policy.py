@@ -140,6 +140,12 @@ class Policy:
             out_metrics = getattr(out, "metrics", None) or {}
             custom = {k: float(v) for k, v in out_metrics.items() if k.startswith("custom/")}
             metrics.update(custom)
+            for key in (
+                "trainer/computed_tokens",
+                "trainer/total_tokens",
+            ):  # the embedded Loops reports these
+                if key in out_metrics:
+                    metrics[key] = metrics.get(key, 0.0) + float(out_metrics[key])
             losses.append((custom.get("custom/loss", float(out.loss)), len(batch)))
             for d, lf in zip(batch, out.loss_fn_outputs, strict=True):
                 lp = lf["logprobs"].data if hasattr(lf["logprobs"], "data") else lf["logprobs"]

@@ -75,7 +75,7 @@ def test_init_result_and_cross_entropy_learns(trainer: LoraTrainer) -> None:
     assert losses[-1] < losses[0] - 0.3
     assert trainer.step == 10 and metrics["step"] == 10.0 and metrics["tokens"] == 8.0
     assert set(metrics) == {"grad_norm", "learning_rate", "step", "tokens"}
-    assert out["loss_fn_output_type"] == "cross_entropy" and out["metrics"] == {"loss": out["loss"]}
+    assert out["loss_fn_output_type"] == "cross_entropy" and out["metrics"]["loss"] == out["loss"]
 
 
 def test_logprobs_match_plain_forward_and_nulls(trainer: LoraTrainer) -> None:

@@ -1,0 +1,87 @@
+"""Shared-prefix forward-backward: a trainer step on quickstart-shaped groups, prompt shared against not.
+
+Run: `uv run python -m benchmarks shared_prefix`.
+
+The quickstart trains 4 groups of 16 samples a step; a group's samples share a 44-token prompt and their
+completions are about 20 tokens, so most of the trainer's tokens are the prompt again. One
+`forward_backward` (importance sampling, as the recipe's default loss) of such a request on SmolLM2, through
+the trainer with `share_prefixes` on and off, run alternately on the compute lane after a
+warm-up, median of 2 rounds. The aim (issue 35): <= 0.5x the unshared step.
+
+Deliberate simplifications: random prompt and completion tokens, every completion token trained with a
+non-zero advantage, the trainer called directly (the SDK path adds the same wire cost to both sides).
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from benchmarks.common import Result, model_path
+from benchmarks.trainer import alternate
+
+GROUPS, GROUP_SIZE, PROMPT_TOKENS, COMPLETION_TOKENS = 4, 16, 44, 20
+
+
+def request(vocab: int, seed: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+    data = []
+    for _ in range(GROUPS):
+        prompt = [rng.randrange(100, vocab) for _ in range(PROMPT_TOKENS)]
+        for _ in range(GROUP_SIZE):
+            length = COMPLETION_TOKENS + rng.randrange(-4, 5)
+            seq = prompt + [rng.randrange(100, vocab) for _ in range(length)]
+            n = len(seq) - 1
+
+            def td(values: list[float], dtype: str = "float32") -> dict:
+                return {"data": values, "dtype": dtype, "shape": [len(values)]}
+
+            mask = [0.0] * (PROMPT_TOKENS - 1) + [1.0] * length
+            data.append(
+                {
+                    "model_input": {"chunks": [{"type": "encoded_text", "tokens": seq[:-1]}]},
+                    "loss_fn_inputs": {
+                        "target_tokens": td(seq[1:], "int64"),
+                        "logprobs": td([-3.0] * n),
+                        "advantages": td([rng.choice([-1.0, 1.0])] * n),
+                        "mask": td(mask),
+                    },
+                }
+            )
+    return data
+
+
+def run() -> list[Result]:
+    from loops_nb.local.compute_lane import COMPUTE_LANE
+    from loops_nb.local.trainer import LoraTrainer
+
+    path = model_path()
+
+    def side(share: bool):  # noqa: ANN202 - a step function
+        def build():  # noqa: ANN202
+            trainer = LoraTrainer(path, dtype=torch.float32)
+            trainer.init(16, seed=0)
+            trainer.share_prefixes = share
+            data = request(trainer.vocab_size)
+
+            def step() -> None:
+                COMPUTE_LANE.run(lambda: trainer.forward_backward(data, "importance_sampling"))
+                trainer.model.zero_grad(set_to_none=True)
+
+            return step
+
+        return COMPUTE_LANE.run(build)
+
+    times = alternate({"shared": side(True), "whole": side(False)}, 2)
+    tokens = GROUPS * GROUP_SIZE * (PROMPT_TOKENS + COMPLETION_TOKENS)
+    return [
+        Result(
+            f"trainer forward_backward, {GROUPS} groups x {GROUP_SIZE} sharing a {PROMPT_TOKENS}-token prompt "
+            "(tokens/s; shared prompt vs every row whole)",
+            tokens / times["shared"][0],
+            tokens / times["whole"][0],
+            "tok/s",
+            ">= 2.0 (step <= 0.5x)",
+        )
+    ]

@@ -1,0 +1,98 @@
+"""Shared-prefix forward-backward: a group's prompt runs once, and the numbers are the unshared ones.
+
+The twin of every shared computation is the same request on a trainer that runs every row whole
+(`share_prefixes = False`): logprobs and LoRA gradients agree within 1e-5 (float32).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from test_trainer import datum, grads, td, values
+
+from loops_nb.local.shared_prefix import MIN_SHARED_TOKENS, prefix_groups
+from loops_nb.local.trainer import LoraTrainer
+
+PROMPT = [1, *range(10, 10 + 29)]  # 30 tokens every row of a group shares
+
+
+def rl_datum(prompt: list[int], completion: list[int], advantage: float) -> dict:
+    seq = prompt + completion
+    mask = [0.0] * (len(prompt) - 1) + [1.0] * len(completion)
+    return datum(
+        seq,
+        logprobs=td([-3.0] * (len(seq) - 1)),
+        advantages=td([advantage] * (len(seq) - 1)),
+        mask=td(mask),
+    )
+
+
+def groups_of_datums() -> list[dict]:
+    """Two GRPO groups (their own prompts), completions of different lengths, and one lone datum."""
+    other = [2, *range(60, 60 + 24)]
+    data = [rl_datum(PROMPT, [40 + i, 41 + i, 42][: 2 + i % 2], 1.0 - 0.5 * i) for i in range(4)]
+    data += [rl_datum(other, [90, 91 + i, 92, 93][: 3 + i % 2], 0.5 - 0.4 * i) for i in range(3)]
+    data.append(rl_datum([3, 4, 5], [6, 7], 1.0))
+    return data
+
+
+def trained(path: Path, share: bool, data: list[dict]) -> tuple[dict, list[torch.Tensor]]:
+    trainer = LoraTrainer(path, dtype=torch.float32)
+    trainer.init(8, seed=0)
+    trainer.share_prefixes = share
+    out = trainer.forward_backward(data, "importance_sampling")
+    return out, grads(trainer)
+
+
+def test_a_shared_prompt_gives_the_unshared_logprobs_and_gradients(
+    tiny_llama_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from loops_nb.local import micro_batch
+
+    ran: list[bool] = []
+    real = micro_batch.shared_prefix_hidden
+
+    def spy(*args: object) -> torch.Tensor | None:
+        hidden = real(*args)  # type: ignore[arg-type]
+        ran.append(hidden is not None)
+        return hidden
+
+    monkeypatch.setattr(micro_batch, "shared_prefix_hidden", spy)
+    data = groups_of_datums()
+    shared_out, shared_grads = trained(tiny_llama_path, True, data)
+    assert ran and all(ran), "the shared path ran"
+    plain_out, plain_grads = trained(tiny_llama_path, False, data)
+    assert shared_out["loss"] == pytest.approx(plain_out["loss"], abs=1e-5)
+    # Each group's prompt ran once: the first group's 29 shared positions for 3 rows (its row with advantage
+    # 0 needs nothing and runs not at all: 31 tokens), the second group's 24 for 3 rows.
+    tokens = plain_out["metrics"]["trainer/total_tokens"]
+    assert plain_out["metrics"]["trainer/computed_tokens"] == tokens
+    assert shared_out["metrics"]["trainer/total_tokens"] == tokens
+    assert shared_out["metrics"]["trainer/computed_tokens"] == tokens - 2 * 29 - 31 - 2 * 24
+    for i in range(len(data)):
+        assert values(shared_out, i) == pytest.approx(values(plain_out, i), abs=1e-5)
+    assert any(float(g.abs().max()) > 0 for g in plain_grads)
+    for mine, theirs in zip(shared_grads, plain_grads, strict=True):
+        assert torch.allclose(mine, theirs, atol=1e-5, rtol=0), float((mine - theirs).abs().max())
+
+
+def test_rows_are_grouped_by_the_prompt_before_their_first_needed_position() -> None:
+    tokens = torch.tensor(
+        [[*PROMPT, 7, 8], [*PROMPT, 9, 0], [*PROMPT[:-1], 5, 6, 0], [*PROMPT, 7, 8], [*PROMPT, 7, 8]]
+    )
+    need = torch.zeros_like(tokens, dtype=torch.bool)
+    need[:, len(PROMPT) - 1 :] = True
+    need[2, len(PROMPT) - 1 :] = False  # row 2's loss needs nothing: it is computed by nobody
+    need[4] = False
+    need[4, 3:] = True  # row 4's loss starts early: its own prompt is 3 tokens, shared with no one
+    groups, rest = prefix_groups(tokens, need)
+    assert groups == [([0, 1, 3], len(PROMPT) - 1)]
+    assert rest == [4]
+    short = tokens[:, : MIN_SHARED_TOKENS + 1]
+    short_need = torch.zeros_like(short, dtype=torch.bool)
+    short_need[:, MIN_SHARED_TOKENS - 1 :] = True
+    assert prefix_groups(short, short_need) == ([], [0, 1, 2, 3, 4]), (
+        "a prompt under the minimum runs per row"
+    )
