@@ -15,6 +15,7 @@ non-zero advantage, the trainer called directly (the SDK path adds the same wire
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import torch
 
@@ -58,8 +59,8 @@ def run() -> list[Result]:
 
     path = model_path()
 
-    def side(share: bool):  # noqa: ANN202 - a step function
-        def build():  # noqa: ANN202
+    def side(share: bool) -> Callable[[], None]:
+        def build() -> Callable[[], None]:
             trainer = LoraTrainer(path, dtype=torch.float32)
             trainer.init(16, seed=0)
             trainer.share_prefixes = share
