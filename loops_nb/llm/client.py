@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from loops_nb.llm.breaks import classify_break
 from loops_nb.llm.capture import ModelCall, TokenCapture
 from loops_nb.llm.renderer import Renderer
 
@@ -170,7 +171,9 @@ class LoopsLLM:
                         tool_calls=parsed.tool_calls,
                         images=tuple(images),
                         messages=list(messages),
-                    )
+                    ),
+                    # Said by the renderer, against whichever call the capture holds as latest by then.
+                    explain=lambda latest: classify_break(self.renderer, messages, tools, latest, prompt),
                 )
             replies.append(
                 Reply(

@@ -21,7 +21,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from loops_nb.errors import ConfigError, UserError
-from loops_nb.llm.renderer import ParsedReply, call_keys
+from loops_nb.llm.breaks import continuation_start
+from loops_nb.llm.renderer import ParsedReply
 
 if TYPE_CHECKING:
     from renderers import ParsedResponse
@@ -126,20 +127,10 @@ class PrimeRenderer:
     def _continuation(
         self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None, previous: ModelCall
     ) -> int | None:
-        """Where the new turns start in `messages` when they continue `previous`: its conversation unchanged,
-        then its reply (the same content and calls), then no other assistant turn. None otherwise: another
-        conversation, or an edited history, is rendered afresh (and the capture starts a new sequence)."""
-        k = len(previous.messages)
-        if not k or len(messages) <= k + 1 or list(messages[:k]) != previous.messages:
-            return None
-        sent_back = messages[k]
-        if sent_back.get("role") != "assistant":
-            return None
-        reply = self.parse(previous.completion_tokens, prompt_tokens=previous.prompt_tokens, tools=tools)
-        same_calls = call_keys(sent_back.get("tool_calls")) == call_keys(reply.tool_calls)
-        if (sent_back.get("content") or "").strip() != reply.content or not same_calls:
-            return None
-        return k + 1
+        """Where the new turns start in `messages` when they continue `previous` (breaks.continuation_start);
+        None otherwise: another conversation, or an edited history, is rendered afresh (and the capture starts
+        a new sequence, counted as `history_edited`)."""
+        return continuation_start(self, messages, tools, previous)
 
 
 def parsed_reply(parsed: ParsedResponse, text: str) -> ParsedReply:

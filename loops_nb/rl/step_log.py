@@ -14,6 +14,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from loops_nb.llm.breaks import CAUSES
 from loops_nb.llm.renderer import Renderer
 from loops_nb.observers import ObserverSet
 from loops_nb.rl.grpo import SequenceDatum
@@ -56,6 +57,7 @@ class AttemptView:
             "detail": a.evidence.detail,
             "policy_versions": a.capture.policy_versions,
             "sampled_tokens": a.capture.sampled_tokens,
+            "breaks": a.capture.break_records(),
             "seconds": round(a.seconds, 3),
         }
 
@@ -85,6 +87,8 @@ class AttemptView:
             "discarded": a.evidence.discarded,
             "policy_versions": a.capture.policy_versions,
             "length": sum(len(c.prompt_tokens) + len(c.completion_tokens) for c in a.capture.calls),
+            # Which calls started a new sequence, why, and the first tokens that differ.
+            "breaks": a.capture.break_records(),
         }
         if full:
             out["calls"] = [
@@ -158,6 +162,7 @@ def step_metrics(
     """A step's steps.jsonl metrics, without its timings: rewards, discards, staleness, tokens, training."""
     discarded = Counter(a.evidence.discarded for a in attempts if a.evidence.discarded)
     versions = [v for a in attempts for v in a.capture.policy_versions]
+    breaks = sum((a.capture.breaks for a in attempts), Counter[str]())
     return {
         "policy_version": policy_version,
         **training.stats,
@@ -168,7 +173,8 @@ def step_metrics(
         "staleness/requeued_total": scheduler.stats.stale_requeued,
         "tokens/sampled": sum(a.capture.sampled_tokens for a in attempts),
         "tokens/trained": sum(d.trained_tokens for d in training.datums),
-        "sequences/breaks": sum(sum(a.capture.breaks.values()) for a in attempts),
+        "sequences/breaks": sum(breaks.values()),
+        **{f"sequences/breaks/{cause}": breaks[cause] for cause in CAUSES},
         "trained": bool(training.datums),
         **training.metrics,
     }

@@ -1,0 +1,126 @@
+"""Why a model call's prompt did not extend the previous call's prompt + completion (a *sequence break*).
+
+The capture (capture.py) starts a new training sequence when a prompt does not begin with the exact tokens of
+the attempt's previous call. Each break costs context: the new sequence re-reads the whole conversation. Its
+cause says what to change, so `steps.jsonl` counts breaks by cause (`sequences/breaks/<cause>`) and the
+attempt's rollouts row and transcript keep each break with the first tokens that differ:
+
+- `truncation`: the previous reply was cut off at max_tokens, so the conversation sent back is not what was
+  sampled (raise max_tokens);
+- `history_edited`: the agent sent another conversation, or changed an earlier message or the reply (its
+  recorded `ModelCall.messages` are not a prefix of the new messages, or the reply sent back is not the
+  sampled one);
+- `reasoning_dropped`: the previous reply's reasoning is gone from the new rendering (a template that drops
+  earlier reasoning: Qwen3 after a new user message, gpt-oss's analysis channel);
+- `tool_call_rerendered`: the reply's tool call is rendered differently from how it was sampled (the template
+  writes calls in another spacing or order than the model);
+- `template_rewrote_history`: anything else the template rewrote (another system prompt, a date, the
+  family's bridge refusing the continuation).
+
+The causes and `SequenceBreak` live in capture.py (this module's renderer imports would make GRPO's import
+heavy). Both renderers are told apart the same way: by the conversation (`continuation_start`, which is also
+where `PrimeRenderer` decides whether it may bridge) and by what of the sampled reply the new rendering keeps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from loops_nb.llm.capture import (
+    CAUSES,
+    HISTORY_EDITED,
+    REASONING_DROPPED,
+    TEMPLATE_REWROTE_HISTORY,
+    TOOL_CALL_RERENDERED,
+    TRUNCATION,
+    ModelCall,
+    SequenceBreak,
+    first_difference,
+)
+from loops_nb.llm.renderer import call_keys
+
+if TYPE_CHECKING:
+    from loops_nb.llm.renderer import Renderer
+
+__all__ = [
+    "CAUSES",
+    "HISTORY_EDITED",
+    "REASONING_DROPPED",
+    "TEMPLATE_REWROTE_HISTORY",
+    "TOOL_CALL_RERENDERED",
+    "TRUNCATION",
+    "SequenceBreak",
+    "classify_break",
+    "continuation_start",
+]
+
+
+def continuation_start(
+    renderer: Renderer,
+    messages: Sequence[dict[str, Any]],
+    tools: Sequence[dict[str, Any]] | None,
+    previous: ModelCall,
+) -> int | None:
+    """Where the new turns start in `messages` when they continue `previous`: its conversation unchanged, then
+    its reply (the same content and calls), then no other assistant turn. None otherwise: another
+    conversation, or an edited history."""
+    k = len(previous.messages)
+    if not k or len(messages) <= k + 1 or list(messages[:k]) != previous.messages:
+        return None
+    sent_back = messages[k]
+    if sent_back.get("role") != "assistant":
+        return None
+    reply = renderer.parse(previous.completion_tokens, prompt_tokens=previous.prompt_tokens, tools=tools)
+    same_calls = call_keys(sent_back.get("tool_calls")) == call_keys(reply.tool_calls)
+    if (sent_back.get("content") or "").strip() != reply.content or not same_calls:
+        return None
+    return k + 1
+
+
+def classify_break(
+    renderer: Renderer,
+    messages: Sequence[dict[str, Any]],
+    tools: Sequence[dict[str, Any]] | None,
+    previous: ModelCall,
+    prompt: Sequence[int],
+) -> SequenceBreak:
+    """Why `prompt` (rendered from `messages`) does not extend `previous`'s prompt + completion."""
+    return SequenceBreak(
+        _cause(renderer, messages, tools, previous, prompt),
+        first_difference(previous.prompt_tokens + previous.completion_tokens, prompt, renderer.decode),
+    )
+
+
+def _cause(
+    renderer: Renderer,
+    messages: Sequence[dict[str, Any]],
+    tools: Sequence[dict[str, Any]] | None,
+    previous: ModelCall,
+    prompt: Sequence[int],
+) -> str:
+    if previous.finish_reason == "length":
+        return TRUNCATION
+    # A call recorded without its messages (built by hand) cannot be checked for edits.
+    if previous.messages and continuation_start(renderer, messages, tools, previous) is None:
+        return HISTORY_EDITED
+    rendered = renderer.decode(prompt)
+    reply = renderer.parse(previous.completion_tokens, prompt_tokens=previous.prompt_tokens, tools=tools)
+    if reply.reasoning and reply.reasoning not in rendered:
+        return REASONING_DROPPED
+    if reply.tool_calls and _sampled_answer(renderer, previous) not in rendered:
+        return TOOL_CALL_RERENDERED
+    return TEMPLATE_REWROTE_HISTORY
+
+
+def _sampled_answer(renderer: Renderer, previous: ModelCall) -> str:
+    """The sampled completion after its reasoning, without its stop token: what a template that keeps the
+    call as sampled writes back verbatim."""
+    tokens = list(previous.completion_tokens)
+    while tokens and tokens[-1] in renderer.stop_token_ids:
+        tokens.pop()
+    text = renderer.decode(tokens)
+    for end in ("</think>", "<|end|>"):  # a think block; gpt-oss's analysis channel
+        if end in text:
+            text = text.rsplit(end, 1)[1]
+    return text.strip()
