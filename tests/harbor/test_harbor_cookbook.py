@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 from harbor.models.task.task import Task as HarborTask
-from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig
-from harbor.trial.trial import Trial
+from oracle_trials import run_oracle
 
 from loops_nb.providers.local_task_fit import static_problems
 
@@ -44,16 +43,7 @@ async def test_a_recipe_is_refused_or_its_solution_scores_1(recipe: Path, tmp_pa
     if refused:
         assert all(line.startswith(f"task {recipe.name}: ") for line in refused)
         pytest.skip("refused by check: " + " | ".join(refused))
-    trial = TrialConfig(
-        task=TaskConfig(path=recipe),
-        trials_dir=tmp_path / "trials",
-        agent=AgentConfig(name="oracle"),
-        environment=EnvironmentConfig(
-            import_path="loops_nb.providers.local:LocalSandboxEnvironment",
-            kwargs={"scratch_dir": str(tmp_path / "scratch"), "ignore_dockerfile": True},
-        ),
-    )
-    result = await (await Trial.create(trial)).run()
+    result = await run_oracle(recipe, tmp_path)
     assert result.exception_info is None, result.exception_info
     rewards = (result.verifier_result and result.verifier_result.rewards) or {}
     assert rewards, "the verifier wrote no reward"

@@ -12,9 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig
-from harbor.trial.trial import Trial
 from helpers import run_cli_in_process
+from oracle_trials import run_oracle
 from rl_config import tiny_run_toml
 
 pytestmark = pytest.mark.bwrap
@@ -79,16 +78,7 @@ def test_check_refuses_a_copy_outside_the_writable_paths_even_with_ignore_docker
 
 async def test_the_trial_refuses_it_at_start_with_the_same_line_and_no_traceback(tmp_path: Path) -> None:
     task = copy_out_task(tmp_path)
-    trial = TrialConfig(
-        task=TaskConfig(path=task),
-        trials_dir=tmp_path / "trials",
-        agent=AgentConfig(name="oracle"),
-        environment=EnvironmentConfig(
-            import_path="loops_nb.providers.local:LocalSandboxEnvironment",
-            kwargs={"scratch_dir": str(tmp_path / "scratch"), "ignore_dockerfile": True},
-        ),
-    )
-    result = await (await Trial.create(trial)).run()
+    result = await run_oracle(task, tmp_path)
     assert result.exception_info.exception_type == "TaskNeedsImage"
     assert (
         "Dockerfile COPY tool.sh /usr/local/bin/: /usr/local/bin/ is outside"

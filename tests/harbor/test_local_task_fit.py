@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 from harbor.models.task.task import Task as HarborTask
-from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig
-from harbor.trial.trial import Trial
 from helpers import run_cli_in_process
+from oracle_trials import run_oracle
 from test_local_check import config
 
 from loops_nb.providers.dockerfile_plan import read_dockerfile
@@ -157,16 +156,7 @@ async def test_start_refuses_it_too_so_no_trial_runs_without_its_helper(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     path = task(tmp_path, "multi_container", compose=COMPOSE_HELPER)
-    trial = TrialConfig(
-        task=TaskConfig(path=path),
-        trials_dir=tmp_path / "trials",
-        agent=AgentConfig(name="oracle"),
-        environment=EnvironmentConfig(
-            import_path="loops_nb.providers.local:LocalSandboxEnvironment",
-            kwargs={"scratch_dir": str(tmp_path / "scratch"), "ignore_dockerfile": True},
-        ),
-    )
-    result = await (await Trial.create(trial)).run()
+    result = await run_oracle(path, tmp_path)
     assert result.exception_info is not None
     assert result.exception_info.exception_type == "TaskNeedsImage"
     assert "starts the service(s) api-server" in result.exception_info.exception_message
