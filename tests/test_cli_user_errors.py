@@ -96,6 +96,11 @@ def test_tasks_that_raise_are_a_check_problem(tmp_path: Path, capsys: pytest.Cap
     out = capsys.readouterr()
     assert "Traceback" not in out.out + out.err
     assert "problem: runtime.factory = 'episode:Game' raised OSError: tasks.jsonl is gone" in out.out
+    # The template preflight runs before the runtime: SmolLM2's own template keeps every turn, drops tool calls.
+    assert (
+        "template: chat_template on a sample tool conversation: 2 model calls, 0 sequence break(s)" in out.out
+    )
+    assert "tool call round trip fails" in out.out
 
 
 @pytest.mark.parametrize(

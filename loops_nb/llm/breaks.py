@@ -106,7 +106,9 @@ def _cause(
         return HISTORY_EDITED
     rendered = renderer.decode(prompt)
     reply = renderer.parse(previous.completion_tokens, prompt_tokens=previous.prompt_tokens, tools=tools)
-    if reply.reasoning and reply.reasoning not in rendered:
+    # The previous reply's reasoning, or an earlier turn's sent back with it: a template drops them all at once.
+    sent = [m.get("reasoning_content") for m in messages if m.get("role") == "assistant"]
+    if any(r and str(r).strip() not in rendered for r in [reply.reasoning, *sent]):
         return REASONING_DROPPED
     if reply.tool_calls and _sampled_answer(renderer, previous) not in rendered:
         return TOOL_CALL_RERENDERED

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from loops_nb.compute import require_api_key
 from loops_nb.errors import UserError
 from loops_nb.llm.renderer import Renderer
+from loops_nb.llm.template_check import template_report
 from loops_nb.local.memory_budget import check_lines
 from loops_nb.model_access import open_file_problem
 from loops_nb.observers import ObserverSet
@@ -107,6 +108,9 @@ async def _check_renderer(config: RLConfig, report: RLCheckReport) -> Renderer |
         f"tokenizer: {len(renderer.tokenizer)} tokens, the renderer renders a 1-message prompt in "
         f"{len(sample)} tokens; stop tokens {renderer.stop_token_ids}"
     )
+    line, warnings = await asyncio.to_thread(template_report, renderer)
+    report.lines.append(line)
+    report.warnings += warnings
     return renderer
 
 

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from loops_nb.compute import require_api_key
 from loops_nb.errors import DataError, UserError
-from loops_nb.llm.renderer import CHAT_TEMPLATE
+from loops_nb.llm.renderer import CHAT_TEMPLATE, ChatRenderer
+from loops_nb.llm.template_check import template_report
 from loops_nb.local.memory_budget import check_lines
 from loops_nb.observers import ObserverSet
 from loops_nb.run.check_report import RecipeCheckReport
@@ -190,6 +191,10 @@ async def check(project: Project, *, refusals: str | Path | None = None, **_: ob
         report.lines.append(_renderer_line(config))
     except UserError as exc:  # a bad name is still a mistake in this config, though SFT trains without it
         report.warnings.append(str(exc))
+    # SFT trains on the chat template: the preflight plays a tool conversation through it.
+    line, warnings = await asyncio.to_thread(template_report, ChatRenderer(tokenizer))
+    report.lines.append(line)
+    report.warnings += warnings
     limit = f" (data.max_rows {config.data.max_rows:,})" if config.data.max_rows else ""
     report.lines.append(f"train: {config.data.train}{limit}")
     report.data = data.report

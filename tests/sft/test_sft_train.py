@@ -262,6 +262,10 @@ def test_check_reports_bad_rows_and_the_plan(trained):
     assert "row 12: messages: no assistant turn" in text and "unknown role 'robot'" in text
     assert "held-out: 25% of the training rows" in text
     assert f"-> {report.total_steps} steps" in text
+    assert (
+        "template: chat_template on a sample tool conversation: 2 model calls, 0 sequence break(s) per "
+        in text
+    )
     assert report.describe()[-1] == "check: ok"
 
 

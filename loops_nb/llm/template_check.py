@@ -1,0 +1,219 @@
+"""`loops check`'s template preflight: an attempt's turns played through the configured renderer on a sample
+tool conversation, before any run pays for what the renderer does to it.
+
+The conversation is the shape agents have: system, user, an assistant tool call, the tool's result, the
+assistant's answer, a new user message. Each assistant turn is "sampled" as the renderer itself writes it
+(the tokens the fresh rendering of the conversation holds after the prompt, up to its stop token), the reply
+is parsed as a run parses it and sent back, and the next prompt is rendered from the previous call, as
+`llm().chat` does. Counted: the breaks an attempt of this shape will have (each by cause, breaks.py), and
+whether the tool call parses back as the call that was written. Any problem is a warning naming the fix.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from loops_nb.llm.breaks import classify_break
+from loops_nb.llm.capture import ModelCall, extends
+from loops_nb.llm.renderer import CHAT_TEMPLATE, call_keys
+
+if TYPE_CHECKING:
+    from loops_nb.llm.renderer import Renderer
+
+SAMPLE_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
+_CALL = {
+    "id": "call_0",
+    "type": "function",
+    "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'},
+}
+SAMPLE_TURNS: list[dict[str, Any]] = [
+    {"role": "system", "content": "You are a weather assistant."},
+    {"role": "user", "content": "What is the weather in Rome?"},
+    {"role": "assistant", "content": "", "tool_calls": [_CALL]},
+    {"role": "tool", "tool_call_id": "call_0", "content": "sunny, 21 C"},
+    {"role": "assistant", "content": "It is sunny in Rome, 21 C."},
+    {"role": "user", "content": "And tomorrow?"},
+]
+"""The sample attempt: two sampled assistant turns, each followed by what the agent sends next."""
+_TAIL = 40
+"""Characters of the prompt's end that find where a rewritten rendering's reply starts."""
+SAMPLE_REASONING = {2: "The user asks about the weather.", 4: "The tool answered."}
+"""What each sampled turn reasons where the prompt opens a reasoning block (each its own, so a dropped one is
+told from a kept one)."""
+
+
+@dataclass
+class TemplateCheck:
+    """What the sample attempt showed."""
+
+    calls: int = 0
+    breaks: Counter[str] = field(default_factory=Counter)
+    first_difference: str = ""
+    """Where the first break's prompt left the previous tokens, decoded."""
+    tool_call: str = "ok"
+    """`ok`, or what went wrong with the call written and parsed back."""
+    unknown: int | None = None
+    """The sample turn whose reply the rendering cannot tell (the check stopped there)."""
+
+    def line(self, renderer: Renderer) -> str:
+        breaks = sum(self.breaks.values())
+        if self.unknown is not None:
+            return (
+                f"template: {renderer.name} on a sample tool conversation: turn {self.unknown} is written unlike "
+                f"the generation prompt it follows, so its reply cannot be told from the rendering; {breaks} "
+                "break(s) before it (not checked further)"
+            )
+        causes = ", ".join(f"{n} {cause}" for cause, n in sorted(self.breaks.items()))
+        # Not a warning: a task without tools (the quickstarts on SmolLM2's own template) needs none.
+        tools = "ok" if self.tool_call == "ok" else f"fails, {self.tool_call}; for tools, {_fix(renderer)}"
+        return (
+            f"template: {renderer.name} on a sample tool conversation: {self.calls} model calls, {breaks} "
+            f"sequence break(s) per attempt{f' ({causes})' if causes else ''}; tool call round trip {tools}"
+        )
+
+    def warnings(self, renderer: Renderer) -> list[str]:
+        """A break costs every multi-turn attempt context and training signal, tools or not."""
+        if not self.breaks:
+            return []
+        return [
+            f"template: each attempt like the sample breaks into {sum(self.breaks.values()) + 1} training "
+            f"sequences ({', '.join(sorted(self.breaks))}; first difference {self.first_difference}), so every "
+            f"later turn re-reads the conversation: {_fix(renderer)}"
+        ]
+
+
+def check_template(renderer: Renderer) -> TemplateCheck:
+    """Play the sample attempt through `renderer` (see the module docstring)."""
+    found = TemplateCheck()
+    conversation = SAMPLE_TURNS[:2]
+    previous: ModelCall | None = None
+    for turn in (2, 4):
+        target, after = SAMPLE_TURNS[turn], SAMPLE_TURNS[turn + 1]
+        prompt, _ = renderer.render_prompt(conversation, SAMPLE_TOOLS, previous)
+        if previous is not None and not extends_previous(prompt, previous):
+            found.breaks[classify_break(renderer, conversation, SAMPLE_TOOLS, previous, prompt).cause] += 1
+            found.first_difference = found.first_difference or _difference(renderer, previous, prompt)
+        completion = _written_reply(renderer, conversation, target, after, prompt, SAMPLE_REASONING[turn])
+        if completion is None:
+            found.unknown = turn
+            return found
+        call = ModelCall(prompt, completion, [0.0] * len(completion), 0, "stop", messages=list(conversation))
+        found.calls += 1
+        reply = renderer.parse(completion, prompt_tokens=prompt, tools=SAMPLE_TOOLS)
+        if turn == 2:
+            found.tool_call = _round_trip(target, reply.tool_calls, reply.tool_call_errors)
+        # Sent back as `Reply.message` is: content, calls, reasoning.
+        sent_back: dict[str, Any] = {"role": "assistant", "content": reply.content}
+        if reply.tool_calls:
+            sent_back["tool_calls"] = reply.tool_calls
+        if reply.reasoning:
+            sent_back["reasoning_content"] = reply.reasoning
+        conversation = [*conversation, sent_back, after]
+        previous = call
+    prompt, _ = renderer.render_prompt(conversation, SAMPLE_TOOLS, previous)
+    assert previous is not None
+    if not extends_previous(prompt, previous):
+        found.breaks[classify_break(renderer, conversation, SAMPLE_TOOLS, previous, prompt).cause] += 1
+        found.first_difference = found.first_difference or _difference(renderer, previous, prompt)
+    return found
+
+
+def extends_previous(prompt: list[int], previous: ModelCall) -> bool:
+    return extends(
+        ModelCall(prompt, [], [], 0, "stop"), previous.prompt_tokens + previous.completion_tokens, ()
+    )
+
+
+def _difference(renderer: Renderer, previous: ModelCall, prompt: list[int]) -> str:
+    from loops_nb.llm.capture import first_difference
+
+    return first_difference(previous.prompt_tokens + previous.completion_tokens, prompt, renderer.decode)
+
+
+def _written_reply(
+    renderer: Renderer,
+    conversation: list[dict[str, Any]],
+    target: dict[str, Any],
+    after: dict[str, Any],
+    prompt: list[int],
+    reasoning: str,
+) -> list[int] | None:
+    """The reply as the renderer writes `target`: the tokens after the prompt in a fresh rendering of the
+    conversation with it, through its stop token. A prompt that opens a reasoning block (Qwen3.6) is answered
+    with reasoning, as such a model writes it. None where no rendering starts with the prompt (gpt-oss writes
+    a past tool call in another channel than the prompt opens): the reply cannot be told from the rendering."""
+    # Against the prompt rendered afresh: the bridged one ends in the same generation prompt.
+    base = renderer.prompt_tokens(conversation, SAMPLE_TOOLS)
+    for turn in (target, {**target, "reasoning_content": reasoning}):
+        fresh = renderer.prompt_tokens([*conversation, turn, after], SAMPLE_TOOLS)
+        if fresh[: len(base)] == base:
+            return _through_stop(renderer, fresh[len(base) :])
+        # The same text split otherwise at the boundary ("<think>\n" + "\n" vs "<think>\n\n"): the model
+        # samples the reply's text after the prompt's.
+        text, before = renderer.decode(fresh), renderer.decode(base)
+        if text.startswith(before):
+            return _through_stop(renderer, renderer.encode(text[len(before) :]))
+        # A chat template that rewrote the history before it: the reply follows the prompt's tail (the last
+        # message's end and the generation prompt) where the rendering first has it. Not for a family's
+        # renderer: a reasoning channel (gpt-oss) would be read as the reply.
+        at = text.find(before[-_TAIL:]) if renderer.extends_by_text else -1
+        if at >= 0:
+            return _through_stop(renderer, renderer.encode(text[at + len(before[-_TAIL:]) :]))
+    return None
+
+
+def _through_stop(renderer: Renderer, tokens: list[int]) -> list[int]:
+    stop = next((i for i, t in enumerate(tokens) if t in renderer.stop_token_ids), len(tokens) - 1)
+    return tokens[: stop + 1]
+
+
+def _round_trip(target: dict[str, Any], calls: list[dict[str, Any]], errors: list[str]) -> str:
+    if call_keys(calls) == call_keys(target["tool_calls"]):
+        return "ok"
+    if errors:
+        return f"it parses as an error: {errors[0][:120]}"
+    if not calls:
+        return "the rendered call parses back as no call (the template may drop tool calls)"
+    return f"it parses back as {call_keys(calls)!r}"
+
+
+def _fix(renderer: Renderer) -> str:
+    if renderer.name == CHAT_TEMPLATE:
+        return (
+            "set [model] renderer to the model family's renderer, or [model] chat_template_file to a template "
+            'that keeps its turns and writes tool calls (chat_template = "chatml-tools" for ChatML models)'
+        )
+    return (
+        'set [model] renderer to another family\'s renderer that fits this model, or "chat_template" with '
+        "[model] chat_template_file"
+    )
+
+
+def template_report(renderer: Renderer) -> tuple[str, list[str]]:
+    """`loops check`'s `template:` line and its warnings for `renderer`."""
+    try:
+        found = check_template(renderer)
+    except Exception as exc:  # a template that raises on tools or tool turns: what an attempt would hit
+        text = " ".join(str(exc).split())[:200]
+        return (
+            f"template: {renderer.name} cannot render the sample tool conversation",
+            [
+                f"template: rendering a tool conversation failed ({type(exc).__name__}: {text}): {_fix(renderer)}"
+            ],
+        )
+    return found.line(renderer), found.warnings(renderer)
