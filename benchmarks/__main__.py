@@ -1,7 +1,7 @@
 """Run the benchmarks and print one table of ratios.
 
 uv run python -m benchmarks [trainer] [sampler] [prefix_cache] [shared_prefix]
-                           [sft_check] [orchestration] [async_vs_sync]
+                           [sft_check] [renderers] [orchestration] [async_vs_sync]
                            [learning_speed] [memory]
 
 The speed rows come first, in one table of ratios; `memory` then prints the peak resident memory of whole
@@ -23,6 +23,7 @@ ALL = (
     "prefix_cache",
     "shared_prefix",
     "sft_check",
+    "renderers",
     "orchestration",
     "async_vs_sync",
     "learning_speed",
