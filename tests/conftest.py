@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,15 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TQDM_DISABLE", "1")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+# Under pytest-xdist (`-n 2`, as CI runs) each worker, and every run, server and kernel it starts, would
+# keep an OpenMP pool as wide as the machine: two workers' pools spinning on two cores made the quickstart
+# ten times slower. Each worker computes on its share of the cores instead; children inherit the setting.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
+    if "torch" in sys.modules:  # imported before this file (a plugin): its pool is already sized
+        sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 # Every fuzz test draws the same examples on every run and machine (seeded from the test itself), so a
 # failure in CI is the failure on a laptop. HYPOTHESIS_PROFILE=explore draws new ones to hunt for bugs.

@@ -110,11 +110,19 @@ def test_isolated_lane_keeps_the_threads_and_other_threads_start_no_pool():
     """After `isolate_threads` the lane computes on torch's thread count and every other thread on one, so
     their torch work starts no OpenMP pool (no new OS threads) to throttle the lane's."""
     import json
+    import os
     import subprocess
     import sys
 
+    # Without the suite's per-worker thread cap (tests/conftest.py): the probe needs torch's own width.
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     out = subprocess.run(
-        [sys.executable, "-c", ISOLATION_PROBE], capture_output=True, text=True, timeout=120, check=True
+        [sys.executable, "-c", ISOLATION_PROBE],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        env=env,
     )
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     if seen["start"] < 2:
