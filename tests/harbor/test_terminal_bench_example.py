@@ -36,7 +36,18 @@ def test_check_without_credentials_names_what_is_missing(
     assert any(p.startswith("providers.blaxel: ") and "BL_API_KEY and BL_WORKSPACE" in p for p in problems)
     assert not any("runtime.options.agent" in p for p in problems), "agent:TerminalBenchAgent imports"
     # Every line printed is a problem, a setting or the summary: nothing spills over from an exception.
-    known = ("problem: ", "check: ", "Config: ", "  ", "recipe: ", "preflight: ", "runtime: ", "schedule: ")
+    known = (
+        "problem: ",
+        "check: ",
+        "Config: ",
+        "  ",
+        "recipe: ",
+        "preflight: ",
+        "runtime: ",
+        "schedule: ",
+        "renderer: ",
+        "template: ",
+    )
     assert all(line.startswith(known) for line in out.splitlines() if line), out
     assert "schedule: 50 steps x 8 groups x 8 attempts = 64 attempts a step, async" in out
 
