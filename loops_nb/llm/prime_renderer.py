@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from loops_nb.errors import ConfigError, UserError
 from loops_nb.llm.breaks import continuation_start
-from loops_nb.llm.renderer import ParsedReply
+from loops_nb.llm.renderer import ParsedReply, TokenizerText
 
 if TYPE_CHECKING:
     from renderers import ParsedResponse
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from loops_nb.llm.capture import ModelCall
 
 
-class PrimeRenderer:
+class PrimeRenderer(TokenizerText):
     """A `Renderer` for one model family, wrapping `renderers`' hand-written renderer `name` (`qwen3`, ...)."""
 
     extends_by_text = False
@@ -111,16 +111,6 @@ class PrimeRenderer:
             prompt_ids=list(prompt_tokens) if prompt_tokens is not None else None,
         )
         return parsed_reply(parsed, self.decode(completion_tokens, skip_special=True))
-
-    def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    def decode(self, tokens: Sequence[int], *, skip_special: bool = False) -> str:
-        text = self.tokenizer.decode(
-            list(tokens), skip_special_tokens=skip_special, clean_up_tokenization_spaces=False
-        )
-        assert isinstance(text, str)  # a flat list of ids decodes to one string
-        return text
 
     # -- bridging -----------------------------------------------------------------------------------------
 

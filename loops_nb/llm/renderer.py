@@ -117,7 +117,24 @@ def call_keys(calls: Sequence[Mapping[str, Any]] | None) -> list[tuple[Any, Any]
     return out
 
 
-class ChatRenderer:
+class TokenizerText:
+    """Text to ids and back exactly as every renderer needs it: no special tokens added on encode, no clean-up
+    on decode (either would change sampled tokens' text)."""
+
+    tokenizer: PreTrainedTokenizerBase
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def decode(self, tokens: Sequence[int], *, skip_special: bool = False) -> str:
+        text = self.tokenizer.decode(
+            list(tokens), skip_special_tokens=skip_special, clean_up_tokenization_spaces=False
+        )
+        assert isinstance(text, str)  # a flat list of ids decodes to one string
+        return text
+
+
+class ChatRenderer(TokenizerText):
     """A tokenizer plus chat template: messages in, prompt tokens out; sampled tokens in, reply out."""
 
     name = CHAT_TEMPLATE
@@ -138,16 +155,6 @@ class ChatRenderer:
         return self.template.render(
             list(messages), list(tools) if tools else None, add_generation_prompt=True
         )
-
-    def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    def decode(self, tokens: Sequence[int], *, skip_special: bool = False) -> str:
-        text = self.tokenizer.decode(
-            list(tokens), skip_special_tokens=skip_special, clean_up_tokenization_spaces=False
-        )
-        assert isinstance(text, str)  # a flat list of ids decodes to one string
-        return text
 
     def prompt_tokens(
         self,
