@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from loops_nb.config.sections import ModelConfig
 from loops_nb.errors import ConfigError, UserError
-from loops_nb.llm.renderer_choice import RendererChoice, choose_renderer, no_template
+from loops_nb.llm.renderer_choice import RendererChoice, choose_renderer, no_template, renderer_config
 from loops_nb.llm.templates import TOOL_CAPABLE_CHATML_TEMPLATE
 
 if TYPE_CHECKING:
@@ -131,26 +131,43 @@ def load_model_renderer(
     """The run's renderer, with the configured tokenizer: the family's `PrimeRenderer` when the choice
     (`choice`, else `model_renderer_choice`) is one, else the chat template: a `VisionRenderer` (images through
     the processor) for a vision-language model, a `ChatRenderer` otherwise. Its `why` says how it was chosen."""
-    from loops_nb.llm.prime_renderer import PrimeRenderer
-    from loops_nb.llm.renderer import CHAT_TEMPLATE, ChatRenderer
+    from loops_nb.llm.renderer import CHAT_TEMPLATE
 
     if choice is None:
         choice = model_renderer_choice(model)
     tokenizer = load_model_tokenizer(model, scope, cache_dir=cache_dir)
-    renderer: Renderer
     if choice.name != CHAT_TEMPLATE:
-        renderer = PrimeRenderer(tokenizer, choice.name, hub_id=model.base_model)
-        renderer.why = choice.why
-        return renderer
-    if not getattr(tokenizer, "chat_template", None):
-        raise ConfigError(no_template(model.base_model, choice))
+        return text_renderer(model, tokenizer, choice)
     processor = load_model_processor(model, scope, cache_dir=cache_dir)
     if processor is None:
-        renderer = ChatRenderer(tokenizer)
-    else:
-        from loops_nb.llm.vision import VisionRenderer
+        return text_renderer(model, tokenizer, choice)
+    from loops_nb.llm.vision import VisionRenderer
 
-        processor.tokenizer = tokenizer
-        renderer = VisionRenderer(processor)
+    text_renderer(model, tokenizer, choice)  # the same checks of the template and options
+    processor.tokenizer = tokenizer
+    renderer = VisionRenderer(processor)
+    renderer.why = choice.why
+    return renderer
+
+
+def text_renderer(model: ModelConfig, tokenizer: Any, choice: RendererChoice) -> Renderer:
+    """`choice`'s renderer on an already loaded `tokenizer`, for text: the family's `PrimeRenderer` with
+    `[model] renderer_options`, or a `ChatRenderer` on the tokenizer's template."""
+    from loops_nb.llm.prime_renderer import PrimeRenderer
+    from loops_nb.llm.renderer import CHAT_TEMPLATE, ChatRenderer
+
+    renderer: Renderer
+    if choice.name != CHAT_TEMPLATE:
+        config = renderer_config(choice.name, model.renderer_options)
+        renderer = PrimeRenderer(tokenizer, choice.name, hub_id=model.base_model, config=config)
+    elif model.renderer_options:
+        raise ConfigError(
+            f"model.renderer_options apply to a family's renderer, and this model renders with its chat template "
+            f"({choice.why}); remove them, or set model.renderer to the family's renderer"
+        )
+    elif not getattr(tokenizer, "chat_template", None):
+        raise ConfigError(no_template(model.base_model, choice))
+    else:
+        renderer = ChatRenderer(tokenizer)
     renderer.why = choice.why
     return renderer

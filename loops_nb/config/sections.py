@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, Strict, model_validator
 
 # Marks a field whose value is a filesystem path. The loader resolves such values relative to the
 # config's directory, or to the working directory when they come from an override (the seed's rule).
@@ -58,8 +58,13 @@ class ModelConfig(Section):
     gateway and the policy sampler. `auto`: the model family's renderer from the `renderers` package when
     `base_model` is a Hub id it knows, else the chat template. `chat_template`: the tokenizer's template (or
     the one `chat_template` / `chat_template_file` give). Or a `renderers` name (`qwen3`, `qwen3.6`,
-    `llama-3`, `deepseek-v4`, `gpt-oss`, ...), e.g. for a fine-tune under another name. SFT trains on the
-    chat template. See docs/reference/renderers.md."""
+    `llama-3`, `deepseek-v4`, `gpt-oss`, ...), e.g. for a fine-tune under another name. SFT trains through
+    the same renderer. See docs/reference/renderers.md."""
+
+    renderer_options: dict[str, JsonValue] = Field(default_factory=dict)
+    """Options of the family's renderer, as `renderers` names them: `enable_thinking = false` (Qwen3, DeepSeek
+    V4 thinking mode with `true`), `reasoning_effort = "high"` (gpt-oss), ... Checked against the family's
+    options when the renderer is built; refused when the renderer is the chat template."""
 
     lora_rank: int = Field(32, ge=1, le=512)
     """LoRA rank of the trained adapter."""
@@ -77,6 +82,11 @@ class ModelConfig(Section):
                 f"model.renderer = {self.renderer!r} with a chat template: the template is used only by "
                 'model.renderer = "auto" or "chat_template"; set one of those, or remove '
                 "model.chat_template / chat_template_file to use the family's renderer"
+            )
+        if self.renderer_options and self.renderer == "chat_template":
+            raise ValueError(
+                'model.renderer_options apply to a family\'s renderer, not to model.renderer = "chat_template"; '
+                "remove them, or name the family's renderer"
             )
         return self
 

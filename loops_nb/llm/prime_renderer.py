@@ -53,13 +53,15 @@ class PrimeRenderer(TokenizerText):
         self.name = name
         self.why = ""
         self.tokenizer = tokenizer
+        self.hub_id = hub_id
+        self.config = config if config is not None else renderer_config(name)
         named = tokenizer
         if hub_id and getattr(tokenizer, "name_or_path", None) != hub_id:
             # A shallow copy that answers to the Hub id; the vocabulary itself is shared, not copied.
             named = copy.copy(tokenizer)
             named.name_or_path = hub_id
         try:
-            self.prime = create_renderer(named, config if config is not None else renderer_config(name))
+            self.prime = create_renderer(named, self.config)
         except Exception as exc:
             raise ConfigError(renderer_problem(name, exc)) from None
         self.stop_token_ids: list[int] = sorted(set(self.prime.get_stop_token_ids()))

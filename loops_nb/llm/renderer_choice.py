@@ -74,9 +74,43 @@ def renderer_names() -> list[str]:
     return sorted(_configs())
 
 
-def renderer_config(name: str) -> BaseRendererConfig:
-    """The default config of `renderers`' renderer `name`."""
-    return _configs()[name]()
+def renderer_config(name: str, options: Mapping[str, Any] | None = None) -> BaseRendererConfig:
+    """The config of `renderers`' renderer `name`: its defaults, with `options` (`[model] renderer_options`)
+    set; an option the family does not have, or a value it refuses, is a `ConfigError` naming the key."""
+    from pydantic import ValidationError
+
+    cls = _configs()[name]
+    if not options:
+        return cls()
+    known = sorted(k for k in cls.model_fields if k != "name")
+    for key in options:
+        if key == "name" or key not in cls.model_fields:
+            raise ConfigError(
+                f"model.renderer_options.{key}: {name} has no such option; its options are {', '.join(known)}"
+            )
+    try:
+        return cls(**options)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(p) for p in error["loc"]) or next(iter(options))
+        raise ConfigError(f"model.renderer_options.{where}: {error['msg']} (renderer {name})") from None
+
+
+def reasoning_kept(config: BaseRendererConfig) -> BaseRendererConfig:
+    """`config`, set to render every assistant turn's reasoning: how a turn's own tokens are written (the
+    family's generation prompt is unchanged, only history retention differs). Families name the knob
+    differently: gpt-oss `auto_drop_analysis`, Qwen3.5/3.6 `preserve_thinking`, DeepSeek V4 `drop_thinking`,
+    the others `renderers`' generic `thinking_retention`."""
+    from pydantic import ValidationError
+
+    fields = type(config).model_fields
+    for key, value in (("auto_drop_analysis", False), ("preserve_thinking", True), ("drop_thinking", False)):
+        if key in fields:
+            return config.model_copy(update={key: value})
+    try:
+        return type(config)(**{**config.model_dump(), "thinking_retention": "all"})
+    except ValidationError:  # a family whose template knobs decide retention: render as configured
+        return config
 
 
 def family_renderer(hub_id: str) -> str | None:

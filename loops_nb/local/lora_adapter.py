@@ -31,9 +31,20 @@ def discover_target_modules(model: torch.nn.Module) -> list[str]:
     names = {  # GPT-2 style models use transformers' Conv1D, which PEFT's LoRA also handles
         n.rsplit(".", 1)[-1]
         for n, m in model.named_modules()
-        if isinstance(m, torch.nn.Linear | Conv1D) and m is not head
+        if (isinstance(m, Conv1D) or _computes_as_linear(m)) and m is not head
     }
     return choose_targets(names, type(model).__name__)
+
+
+def _computes_as_linear(module: torch.nn.Module) -> bool:
+    """A `Linear` whose output is `x @ W.T + b`, as PEFT's LoRA assumes: not a subclass with a forward of its own
+    (DeepSeek V4's grouped `o_a_proj` multiplies each head group by its own block; LoRA's `x @ A.T @ B.T` on the
+    whole input has the wrong shape there). Our bf16 product layer is a plain linear in another precision."""
+    from loops_nb.local.mixed_precision import Bf16ProductLinear
+
+    if not isinstance(module, torch.nn.Linear):
+        return False
+    return type(module).forward is torch.nn.Linear.forward or isinstance(module, Bf16ProductLinear)
 
 
 def new_lora(base: PreTrainedModel, *, rank: int, alpha: int, targets: list[str], seed: int) -> PeftModel:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from loops_nb.local.bad_request import BadRequest
 from loops_nb.local.compute_lane import COMPUTE_LANE
 
 log = logging.getLogger(__name__)
@@ -118,7 +119,15 @@ class OperationQueue:
             try:
                 result = COMPUTE_LANE.run(op.fn)
             except Exception as exc:
-                log.info("trainer %s: %s %s failed: %s", self.name, op.name, op.id, exc)
+                # A request's own mistake is one line; anything else is our bug: its traceback goes in the log.
+                log.info(
+                    "trainer %s: %s %s failed: %s",
+                    self.name,
+                    op.name,
+                    op.id,
+                    exc,
+                    exc_info=not isinstance(exc, BadRequest),
+                )
                 op.finished_at = time.monotonic()
                 op.future.set_exception(exc)
             else:

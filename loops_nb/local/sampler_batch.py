@@ -212,7 +212,7 @@ class DecodeBatch:
 
         index = torch.tensor(source, dtype=torch.long, device=device)
         if source != list(range(len(unique))):
-            cache.batch_select_indices(index)
+            cache.reorder_cache(index)  # every layer kind selects its rows (linear attention too)
         return cls(
             rows=rows,
             cache=cache,
@@ -267,7 +267,7 @@ class DecodeBatch:
     def keep(self, keep: list[int], trim: bool) -> None:
         """Drop every row not in `keep`; with `trim`, also the cache columns that are padding in all rows."""
         index = torch.tensor(keep, dtype=torch.long, device=self.mask.device)
-        self.cache.batch_select_indices(index)
+        self.cache.reorder_cache(index)
         self.rows = [self.rows[i] for i in keep]
         self.mask = self.mask[index]
         self.next_position = self.next_position[index]

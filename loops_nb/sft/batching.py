@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING
 
 from loops_nb.errors import DataError
 from loops_nb.sft.data import RefusedRow, is_blank, parse_line
-from loops_nb.sft.rendering import Example, RenderedRow, Renderer, RenderResult
+from loops_nb.sft.family_targets import sft_renderer
+from loops_nb.sft.rendering import Example, RenderedRow, RenderResult, RowRenderer
 from loops_nb.sft.report import CheckReport
 
 if TYPE_CHECKING:
@@ -101,7 +102,7 @@ class ExampleIndex:
         """``row:sub``: the file's line number and the example's index within the row."""
         return f"{self.rows[i]}:{self.subs[i]}"
 
-    def load(self, indices: Sequence[int], renderer: Renderer) -> list[Example]:
+    def load(self, indices: Sequence[int], renderer: RowRenderer) -> list[Example]:
         """The examples at ``indices`` (in that order), rendered again from their rows."""
         by_offset: dict[int, list[Example]] = {}
         out = []
@@ -128,14 +129,14 @@ class ExampleIndex:
         return out
 
 
-def _render_line(line: bytes, row_number: int, renderer: Renderer) -> RenderResult:
+def _render_line(line: bytes, row_number: int, renderer: RowRenderer) -> RenderResult:
     row = parse_line(line, row_number)
     return row if isinstance(row, RefusedRow) else renderer.render(row)
 
 
 def stream_rendered(
     path: Path,
-    renderer: Renderer,
+    renderer: RowRenderer,
     *,
     route: Callable[[int], ExampleIndex | None],
     max_rows: int | None = None,
@@ -298,7 +299,7 @@ class HeldOut:
 class SFTData:
     """A run's data: the renderer, the training index and its batch plan, the held-out examples, the report."""
 
-    renderer: Renderer
+    renderer: RowRenderer
     train: ExampleIndex
     plan: BatchPlan
     held_out: HeldOut
@@ -320,7 +321,7 @@ class SFTData:
         keeps only the first held-out refusals).
         """
         d, t = config.data, config.training
-        renderer = Renderer(tokenizer, max_seq_len=config.model.max_seq_len)
+        renderer = sft_renderer(config.model, tokenizer)
         if not d.train.is_file():
             raise DataError(missing_data_message(d.train, "data.train", config_path))
         train = ExampleIndex(d.train)

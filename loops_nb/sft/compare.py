@@ -41,7 +41,7 @@ from pydantic import JsonValue
 
 from loops_nb.compute import LoopsConnection
 from loops_nb.errors import UserError
-from loops_nb.llm.renderer import ChatRenderer, ParsedReply
+from loops_nb.llm.renderer import ParsedReply
 from loops_nb.llm.templates import AssistantReply, parse_assistant_text
 from loops_nb.run.outcome import Outcome
 from loops_nb.run_checkpoints import checkpoint_sampling_client, find_checkpoint
@@ -49,6 +49,7 @@ from loops_nb.run_dir import RunDirectory
 from loops_nb.sft.batching import is_held_out, missing_data_message
 from loops_nb.sft.config import SFTConfig
 from loops_nb.sft.data import ChatRow, Message, read_rows
+from loops_nb.sft.family_targets import sft_renderer
 from loops_nb.sft.survival import split_reasoning
 from loops_nb.tokenization import load_model_tokenizer
 
@@ -264,7 +265,7 @@ async def compare(
     tokenizer = await asyncio.to_thread(
         load_model_tokenizer, config.model, config.compute.scope, cache_dir=config.compute.local.cache_dir
     )
-    renderer = ChatRenderer(tokenizer)
+    renderer = sft_renderer(config.model, tokenizer).sampling_renderer()
     source, row_iter = held_out_rows(config, rows, project.path)
     items = []
     for row in row_iter:
@@ -296,7 +297,7 @@ async def compare(
         reference = row.messages[j]
         sampled = replies[2 * k : 2 * k + 2]
         texts = [renderer.decode(tokens, skip_special=True) for tokens in sampled]
-        # Parsed by the renderer that rendered the prompt, as a run's replies are (SFT trains on the template).
+        # Parsed by the renderer that rendered the prompt, as a run's replies are (SFT trained through it).
         parsed = [renderer.parse(t, prompt_tokens=prompt, tools=row.template_tools()) for t in sampled]
         scored = [
             score_reply(text, reference, has_tools=bool(row.tools), parsed=reply)

@@ -69,13 +69,13 @@ def _template_name(config: SFTConfig) -> str:
 
 
 def _renderer_line(config: SFTConfig) -> str:
-    """Which renderer SFT trains with: the chat template, whatever model.renderer picks for RL and sampling."""
+    """Which renderer SFT trains through (the one RL and sampling render with), and why."""
     choice = model_renderer_choice(config.model)
     if choice.name == CHAT_TEMPLATE:
-        return f"renderer: chat_template ({choice.why})"
+        return f"renderer: chat_template ({choice.why}); SFT trains on the chat template's target rule"
     return (
-        f"renderer: chat_template (SFT trains on the chat template; model.renderer picks {choice.name} for "
-        "sampling the trained model: its prompts may differ)"
+        f"renderer: {choice.name} ({choice.why}); SFT trains what follows the family's generation prompt, "
+        "through its stop token"
     )
 
 
@@ -183,16 +183,19 @@ async def check(project: Project, *, refusals: str | Path | None = None, **_: ob
     if sink is not None:
         report.refusals_file = str(sink.path)
         report.notes.append(f"{sink.count:,} refused row(s) written to {sink.path}")
+    renderer = data.renderer.sampling_renderer()
+    rendered_by = (
+        f"chat template {_template_name(config)}"
+        if isinstance(renderer, ChatRenderer)
+        else "the family's renderer"
+    )
     report.lines.append(
-        f"tokenizer: {len(tokenizer):,} tokens; chat template {_template_name(config)}; stop tokens "
+        f"tokenizer: {len(tokenizer):,} tokens; {rendered_by}; stop tokens "
         f"{', '.join(data.renderer.stop_tokens)}; max_seq_len {m.max_seq_len:,}"
     )
-    try:
-        report.lines.append(_renderer_line(config))
-    except UserError as exc:  # a bad name is still a mistake in this config, though SFT trains without it
-        report.warnings.append(str(exc))
-    # SFT trains on the chat template: the preflight plays a tool conversation through it.
-    line, warnings = await asyncio.to_thread(template_report, ChatRenderer(tokenizer))
+    report.lines.append(_renderer_line(config))
+    # The preflight plays a tool conversation through the renderer SFT trains through.
+    line, warnings = await asyncio.to_thread(template_report, renderer)
     report.lines.append(line)
     report.warnings += warnings
     limit = f" (data.max_rows {config.data.max_rows:,})" if config.data.max_rows else ""

@@ -180,6 +180,12 @@ _FIXES: tuple[tuple[re.Pattern[str], str, bool], ...] = tuple(
             "change the row to what the template accepts (e.g. alternate user and assistant turns), or set "
             "[model] chat_template",
         ),
+        # A family renderer's (`renderers`) reasons say their fix themselves (survival.family_wording).
+        (r"!renderer dropped this", "set [model] renderer_options, or [model] renderer"),
+        (
+            r"!renderer (failed to render|writes this turn unlike|ends this turn with no stop token)",
+            'set [model] renderer to another family, or to "chat_template"',
+        ),
         (r"dropped this tool", 'set [model] chat_template to a tool-capable template (e.g. "chatml-tools")'),
         (r"dropped this text", "set [model] chat_template to a template that renders this text"),
         (

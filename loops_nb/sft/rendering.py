@@ -46,6 +46,8 @@ from loops_nb.sft.tokenization import AddedTokenEncoder
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+    from loops_nb.llm.renderer import Renderer as SamplingRenderer
+
 # End-of-turn tokens of common chat formats; those the tokenizer has (plus its eos token) are the default stops.
 KNOWN_STOP_TOKENS = (
     "<|im_end|>",  # ChatML: SmolLM2, Qwen
@@ -57,14 +59,18 @@ KNOWN_STOP_TOKENS = (
     "<|end_of_text|>",
     "</s>",
 )
-_SPLIT_BY_TEMPLATE = (
-    "the chat template renders earlier turns differently once later turns follow (e.g. it drops their "
-    "reasoning), so each trained turn is trained in its own example, in the context it was generated in"
-)
 
 
-class _Refusal(Exception):
-    pass
+def split_reason(who: str) -> str:
+    """Why a row became one example per trained turn, `who` rendering it ("the chat template")."""
+    return (
+        f"{who} renders earlier turns differently once later turns follow (e.g. it drops their reasoning), so "
+        "each trained turn is trained in its own example, in the context it was generated in"
+    )
+
+
+class Refusal(Exception):
+    """A row that cannot train, and why (becomes its `RefusedRow`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +139,7 @@ class RenderedRow:
 RenderResult = RenderedRow | RefusedRow
 
 
-def _example(
+def build_example(
     ids: list[int],
     weights: list[float],
     row_number: int,
@@ -149,7 +155,7 @@ def _example(
     """
     if not any(weights[1:]):
         at = f"messages[{turn_indices[0]}]: the turn" if turn_indices else "the row"
-        raise _Refusal(
+        raise Refusal(
             f"{at} trains only the first token of its example, and the first token can never train (its loss "
             f"needs a token before it); put the context it follows before it"
         )
@@ -174,13 +180,101 @@ def default_stop_tokens(tokenizer: PreTrainedTokenizerBase) -> list[str]:
     return stops + [t for t in KNOWN_STOP_TOKENS if t in added and t not in stops]
 
 
-def _alternation(tokens: Iterable[str]) -> re.Pattern[str]:
+def turn_groups(rendered: Mapping[int, Sequence[Any]]) -> list[list[int]]:
+    """Trained turns (by message index, each rendered through its stop token: text or token ids) grouped into
+    examples: from the latest back, a turn joins a group when the group's rendering starts with its own."""
+    pending = sorted(rendered, reverse=True)
+    groups: list[list[int]] = []
+    while pending:
+        base = rendered[pending[0]]
+        members = [j for j in pending if base[: len(rendered[j])] == rendered[j]]
+        pending = [j for j in pending if j not in members]
+        groups.append(sorted(members))
+    groups.reverse()
+    return groups
+
+
+def alternation(tokens: Iterable[str]) -> re.Pattern[str]:
     longest_first = sorted(set(tokens), key=len, reverse=True)
     return re.compile("|".join(map(re.escape, longest_first)) or "(?!)")
 
 
-class Renderer:
-    """Renders validated rows into training examples, or refuses them with the reason.
+class RowRenderer:
+    """What every SFT renderer shares: rows in, examples (or a refusal with the reason) out.
+
+    Tokenized rows train as given; chat rows go through `_chat`, the target rule of the renderer at hand (a chat
+    template here, a family's renderer in family_targets.py). Subclasses set `tokenizer`, `stop_tokens`,
+    `max_seq_len`, `vocab_size` and `_special_re` (the control tokens a row's text may not hold).
+    """
+
+    tokenizer: PreTrainedTokenizerBase
+    stop_tokens: list[str]
+    max_seq_len: int | None
+    vocab_size: int
+    _special_re: re.Pattern[str]
+
+    def render(self, row: Row) -> RenderResult:
+        """Examples for one row, or a `RefusedRow` saying why it cannot train."""
+        try:
+            if isinstance(row, TokenizedRow):
+                return self._tokenized(row)
+            return self._chat(row)
+        except Refusal as refusal:
+            return RefusedRow(row.row_number, str(refusal))
+
+    def render_rows(self, rows: Iterable[RowResult]) -> Iterator[RenderResult]:
+        """Render a stream of rows (e.g. from `read_rows`), passing refusals through."""
+        for row in rows:
+            yield row if isinstance(row, RefusedRow) else self.render(row)
+
+    def examples(self, rows: Iterable[RowResult]) -> Iterator[Example]:
+        """Only the training examples of a stream of rows."""
+        for result in self.render_rows(rows):
+            if isinstance(result, RenderedRow):
+                yield from result.examples
+
+    def sampling_renderer(self) -> SamplingRenderer:
+        """The `loops_nb.llm` renderer that renders prompts as this trains them (compare, the preflight)."""
+        raise NotImplementedError
+
+    def _chat(self, row: ChatRow) -> RenderedRow:
+        raise NotImplementedError
+
+    def _tokenized(self, row: TokenizedRow) -> RenderedRow:
+        for i, tid in enumerate(row.input_ids):
+            if tid >= self.vocab_size:
+                raise Refusal(
+                    f"input_ids[{i}]: token id {tid} is outside the tokenizer's vocabulary ({self.vocab_size} ids)"
+                )
+        self._check_length(len(row.input_ids), "the row")
+        example = build_example(
+            list(row.input_ids), list(row.weights), row.row_number, (), [-1] * len(row.input_ids)
+        )
+        return RenderedRow(row.row_number, [example])
+
+    def _check_special_tokens(self, row: ChatRow) -> None:
+        for i, m in enumerate(row.messages):
+            fields = {"content": m.content, "reasoning_content": m.reasoning_content}
+            for k, call in enumerate(m.tool_calls or ()):
+                fields[f"tool_calls[{k}]"] = call.function.model_dump_json()
+            for name, text in fields.items():
+                found = self._special_re.search(text) if text else None
+                if found:
+                    raise Refusal(
+                        f"messages[{i}].{name}: contains the special token {found.group(0)!r}, which the tokenizer "
+                        f"would read as a control token, not text"
+                    )
+
+    def _check_length(self, n: int, what: str) -> None:
+        if self.max_seq_len is not None and n > self.max_seq_len:
+            raise Refusal(
+                f"{what} is {n:,} tokens, longer than max_seq_len {self.max_seq_len:,} (rows are refused, never "
+                f"truncated: a cut turn would teach the model to stop mid-answer or never stop); {LENGTH_FIX}"
+            )
+
+
+class Renderer(RowRenderer):
+    """Renders validated rows into training examples by the chat template, or refuses them with the reason.
 
     ``chat_template`` overrides the tokenizer's own (e.g. `TOOL_CAPABLE_CHATML_TEMPLATE` for SmolLM2 tool use).
     ``stop_tokens`` are the tokens that end a generated turn; by default the eos token and the known end-of-turn
@@ -203,6 +297,7 @@ class Renderer:
                 f"{type(tokenizer).__name__} is not a fast (Rust) tokenizer; SFT rendering needs one"
             )
         self.template = ChatTemplate(tokenizer, chat_template, template_variables)
+        self._chat_template = chat_template
         self.max_seq_len = max_seq_len
         added = tokenizer.added_tokens_decoder
         added_by_text = {t.content: i for i, t in added.items()}
@@ -213,44 +308,15 @@ class Renderer:
             if tok not in added_by_text:
                 raise ConfigError(f"stop token {tok!r} is not a special/added token of this tokenizer")
         self._stop_ids = {added_by_text[t] for t in self.stop_tokens}
-        self._stop_re = _alternation(self.stop_tokens)
+        self._stop_re = alternation(self.stop_tokens)
         self._encoder = AddedTokenEncoder(tokenizer, self._stop_re)
-        self._special_re = _alternation([*tokenizer.all_special_tokens, *self.stop_tokens])
+        self._special_re = alternation([*tokenizer.all_special_tokens, *self.stop_tokens])
         self.vocab_size = len(tokenizer)
 
-    def render(self, row: Row) -> RenderResult:
-        """Examples for one row, or a `RefusedRow` saying why it cannot train."""
-        try:
-            if isinstance(row, TokenizedRow):
-                return self._tokenized(row)
-            return self._chat(row)
-        except _Refusal as refusal:
-            return RefusedRow(row.row_number, str(refusal))
+    def sampling_renderer(self) -> SamplingRenderer:
+        from loops_nb.llm.renderer import ChatRenderer
 
-    def render_rows(self, rows: Iterable[RowResult]) -> Iterator[RenderResult]:
-        """Render a stream of rows (e.g. from `read_rows`), passing refusals through."""
-        for row in rows:
-            yield row if isinstance(row, RefusedRow) else self.render(row)
-
-    def examples(self, rows: Iterable[RowResult]) -> Iterator[Example]:
-        """Only the training examples of a stream of rows."""
-        for result in self.render_rows(rows):
-            if isinstance(result, RenderedRow):
-                yield from result.examples
-
-    # -- tokenized rows ------------------------------------------------------------------------------------------
-
-    def _tokenized(self, row: TokenizedRow) -> RenderedRow:
-        for i, tid in enumerate(row.input_ids):
-            if tid >= self.vocab_size:
-                raise _Refusal(
-                    f"input_ids[{i}]: token id {tid} is outside the tokenizer's vocabulary ({self.vocab_size} ids)"
-                )
-        self._check_length(len(row.input_ids), "the row")
-        example = _example(
-            list(row.input_ids), list(row.weights), row.row_number, (), [-1] * len(row.input_ids)
-        )
-        return RenderedRow(row.row_number, [example])
+        return ChatRenderer(self.tokenizer, self._chat_template)
 
     # -- chat rows -----------------------------------------------------------------------------------------------
 
@@ -259,24 +325,16 @@ class Renderer:
         messages, tools = row.template_messages(), row.template_tools()
         turns = {j: self._locate_turn(row, messages, tools, j) for j in row.trained_turns}
 
-        # Group from the latest turn back: a turn joins a group if the group's text starts with its own.
-        pending = sorted(turns, reverse=True)
-        groups: list[list[int]] = []
-        while pending:
-            base = turns[pending[0]].text
-            members = [j for j in pending if base.startswith(turns[j].text)]
-            pending = [j for j in pending if j not in members]
-            groups.append(sorted(members))
-        groups.reverse()
+        groups = turn_groups({j: turn.text for j, turn in turns.items()})
 
-        split_reasons = [_SPLIT_BY_TEMPLATE] if len(groups) > 1 else []
+        split_reasons = [split_reason("the chat template")] if len(groups) > 1 else []
         built: list[tuple[list[int], list[float], list[int], tuple[int, ...]]] = []
         all_failed: list[int] = []
         for members in groups:
             base = turns[members[-1]].text
             reason = check_context(row, members[-1], set(members), base)
             if reason:
-                raise _Refusal(reason)
+                raise Refusal(reason)
             ok, failed = self._tokenize_group(base, [turns[j] for j in members])
             if ok:
                 built.append(ok)
@@ -290,14 +348,14 @@ class Renderer:
                 f"{at}: the context tokenizes differently inside the conversation than on its own, so each such "
                 f"turn is trained in its own example, on exactly the tokens it was prompted with"
             )
-        split_reason = "; ".join(split_reasons) if len(built) > 1 else None
+        why = "; ".join(split_reasons) if len(built) > 1 else None
         built.sort(key=lambda b: b[3])
         examples = []
         for ids, weights, token_turns, indices in built:
             what = "the conversation" if len(built) == 1 else f"the example ending at messages[{indices[-1]}]"
             self._check_length(len(ids), what)
-            examples.append(_example(ids, weights, row.row_number, indices, token_turns, split_reason))
-        return RenderedRow(row.row_number, examples, split_reason)
+            examples.append(build_example(ids, weights, row.row_number, indices, token_turns, why))
+        return RenderedRow(row.row_number, examples, why)
 
     def _render(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, j: int, *, prompt: bool
@@ -309,13 +367,13 @@ class Renderer:
             # The error text may quote the row (a KeyError repeats the key): keep it to one short line.
             error = " ".join(str(exc).split())
             error = error if len(error) <= 200 else f"{error[:200]}..."
-            raise _Refusal(f"messages[{j}]: the chat template failed to render {upto}: {error}") from None
+            raise Refusal(f"messages[{j}]: the chat template failed to render {upto}: {error}") from None
 
     def _locate_turn(
         self, row: ChatRow, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, j: int
     ) -> _Turn:
         if j == 0:
-            raise _Refusal(
+            raise Refusal(
                 "messages[0]: a trained assistant turn cannot open the conversation (there is no prompt it was "
                 "generated from); add the turn it answers, or give it weight 0"
             )
@@ -325,20 +383,20 @@ class Renderer:
             common = next(
                 (i for i, (a, b) in enumerate(zip(context, full, strict=False)) if a != b), len(full)
             )
-            raise _Refusal(
+            raise Refusal(
                 f"messages[{j}]: the chat template's generation prompt does not match how it renders the turn "
                 f"(prompt has {context[common : common + 30]!r} where the turn has {full[common : common + 30]!r}), "
                 f"so the generated tokens cannot be located"
             )
         stop = self._stop_re.search(full, len(context))
         if stop is None:
-            raise _Refusal(
+            raise Refusal(
                 f"messages[{j}]: the rendered turn has no stop token (looked for {', '.join(self.stop_tokens)}); "
                 f"the model could never learn to end it"
             )
         reason = check_trained_turn(j, row.messages[j], full[len(context) : stop.end()])
         if reason:
-            raise _Refusal(reason)
+            raise Refusal(reason)
         return _Turn(j, full[: stop.end()], len(context), stop.start())
 
     def _tokenize_group(
@@ -396,23 +454,3 @@ class Renderer:
         # One call per text, not encode_batch: these are a few short pieces, and waking the batch thread pool
         # costs more than encoding them.
         return [self._encoder.encode_ids(text) for text in texts]
-
-    def _check_special_tokens(self, row: ChatRow) -> None:
-        for i, m in enumerate(row.messages):
-            fields = {"content": m.content, "reasoning_content": m.reasoning_content}
-            for k, call in enumerate(m.tool_calls or ()):
-                fields[f"tool_calls[{k}]"] = call.function.model_dump_json()
-            for name, text in fields.items():
-                found = self._special_re.search(text) if text else None
-                if found:
-                    raise _Refusal(
-                        f"messages[{i}].{name}: contains the special token {found.group(0)!r}, which the tokenizer "
-                        f"would read as a control token, not text"
-                    )
-
-    def _check_length(self, n: int, what: str) -> None:
-        if self.max_seq_len is not None and n > self.max_seq_len:
-            raise _Refusal(
-                f"{what} is {n:,} tokens, longer than max_seq_len {self.max_seq_len:,} (rows are refused, never "
-                f"truncated: a cut turn would teach the model to stop mid-answer or never stop); {LENGTH_FIX}"
-            )

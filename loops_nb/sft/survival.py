@@ -15,13 +15,47 @@ a loss: that is how the model saw those turns, and such rows are split per turn 
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
+from dataclasses import dataclass
 
 from pydantic import JsonValue
 
 from loops_nb.sft.data import ChatRow, Message
 from loops_nb.sft.refusal_wording import show
 
-_FIX_TOOLS = 'set [model] chat_template to a tool-capable template (e.g. "chatml-tools")'
+
+@dataclass(frozen=True)
+class Wording:
+    """Who renders the row, and what to change when it loses something, as the refusals say it."""
+
+    who: str
+    text_fix: str
+    tools_fix: str
+    reasoning_fix: str
+
+
+CHAT_TEMPLATE_WORDING = Wording(
+    "the chat template",
+    "check [model] chat_template",
+    'set [model] chat_template to a tool-capable template (e.g. "chatml-tools")',
+    "check [model] chat_template",
+)
+
+
+def family_wording(name: str, options: Collection[str]) -> Wording:
+    """How a family renderer's (`renderers`) losses are said; `options`: the names of its options, which decide
+    whether it writes reasoning."""
+    reasoning = (
+        "set [model] renderer_options = {enable_thinking = true} to write it, or remove the reasoning"
+        if "enable_thinking" in options
+        else f"{name} writes no reasoning in this form: remove reasoning_content from the row"
+    )
+    return Wording(
+        f"the {name} renderer",
+        "check [model] renderer and renderer_options",
+        'the family\'s renderer writes calls itself: check [model] renderer, or set it to "chat_template"',
+        reasoning,
+    )
 
 
 def _forms(value: JsonValue) -> list[str]:
@@ -65,61 +99,72 @@ def split_reasoning(content: str) -> tuple[str, str]:
     return reasoning.split("<think>")[-1].strip(), answer.strip()
 
 
-def _missing_text(at: str, text: str | None, rendered: str, where: str) -> str | None:
+def _missing_text(
+    at: str, text: str | None, rendered: str, where: str, w: Wording, fix: str | None = None
+) -> str | None:
     needle = (text or "").strip()
     if needle and not _found(needle, rendered):
-        return f"{at}: the chat template dropped this text (it is not in the rendered {where}); check [model] chat_template"
+        return f"{at}: {w.who} dropped this text (it is not in the rendered {where}); {fix or w.text_fix}"
     return None
 
 
-def _missing_calls(at: str, m: Message, rendered: str, where: str) -> str | None:
+def _missing_calls(at: str, m: Message, rendered: str, where: str, w: Wording) -> str | None:
     for k, call in enumerate(m.tool_calls or ()):
         fn = call.function
         if not _found(fn.name, rendered):
             return (
-                f"{at}.tool_calls[{k}]: the chat template dropped this tool call (its name {show(fn.name)} is not in "
-                f"the rendered {where}); {_FIX_TOOLS}"
+                f"{at}.tool_calls[{k}]: {w.who} dropped this tool call (its name {show(fn.name)} is not in "
+                f"the rendered {where}); {w.tools_fix}"
             )
         for leaf in _leaves(fn.arguments):
             if not _found(leaf, rendered):
                 return (
-                    f"{at}.tool_calls[{k}]: the chat template dropped this tool call's arguments ({show(leaf)} is not "
-                    f"in the rendered {where}); {_FIX_TOOLS}"
+                    f"{at}.tool_calls[{k}]: {w.who} dropped this tool call's arguments ({show(leaf)} is not "
+                    f"in the rendered {where}); {w.tools_fix}"
                 )
     return None
 
 
-def check_trained_turn(i: int, m: Message, turn_text: str) -> str | None:
+def check_trained_turn(
+    i: int, m: Message, turn_text: str, wording: Wording = CHAT_TEMPLATE_WORDING
+) -> str | None:
     """A reason if trained turn ``i`` lost content, reasoning or a tool call in its own rendered turn."""
-    at = f"messages[{i}]"
+    at, w = f"messages[{i}]", wording
     reasoning, answer = split_reasoning(m.content or "")
     return (
-        _missing_text(f"{at}.content", answer, turn_text, "turn")
-        or _missing_text(f"{at}.content", reasoning, turn_text, "turn")
-        or _missing_text(f"{at}.reasoning_content", m.reasoning_content, turn_text, "turn")
-        or _missing_calls(at, m, turn_text, "turn")
+        _missing_text(f"{at}.content", answer, turn_text, "turn", w)
+        or _missing_text(f"{at}.content", reasoning, turn_text, "turn", w, w.reasoning_fix)
+        or _missing_text(
+            f"{at}.reasoning_content", m.reasoning_content, turn_text, "turn", w, w.reasoning_fix
+        )
+        or _missing_calls(at, m, turn_text, "turn", w)
     )
 
 
-def check_context(row: ChatRow, upto: int, skip: set[int], text: str) -> str | None:
+def check_context(
+    row: ChatRow, upto: int, skip: set[int], text: str, wording: Wording = CHAT_TEMPLATE_WORDING
+) -> str | None:
     """A reason if any message before index ``upto`` (other than those in ``skip``) or any tool definition is
     missing from ``text``, the rendered example."""
+    w = wording
     for i, m in enumerate(row.messages[:upto]):
         if i in skip:
             continue
         at = f"messages[{i}]"
         if m.role == "assistant":
             # Earlier reasoning may legitimately be dropped (Qwen3); the answer and the calls may not.
-            reason = _missing_text(f"{at}.content", split_reasoning(m.content or "")[1], text, "conversation")
-            reason = reason or _missing_calls(at, m, text, "conversation")
+            reason = _missing_text(
+                f"{at}.content", split_reasoning(m.content or "")[1], text, "conversation", w
+            )
+            reason = reason or _missing_calls(at, m, text, "conversation", w)
         else:
-            reason = _missing_text(f"{at}.content", m.content, text, "conversation")
+            reason = _missing_text(f"{at}.content", m.content, text, "conversation", w)
         if reason:
             return reason
     for t, tool in enumerate(row.tools or ()):
         if not _found(tool.function.name, text):
             return (
-                f"tools[{t}]: the chat template dropped this tool definition ({show(tool.function.name)} is not in "
-                f"the rendered text); {_FIX_TOOLS}"
+                f"tools[{t}]: {w.who} dropped this tool definition ({show(tool.function.name)} is not in "
+                f"the rendered text); {w.tools_fix}"
             )
     return None

@@ -1,0 +1,185 @@
+"""The target rule through a model family's own renderer (`renderers`): what SFT trains on Qwen3, Llama 3,
+DeepSeek, gpt-oss, ... when `[model] renderer` names (or `auto` finds) the family's renderer.
+
+The rule is the chat template's (rendering.py), in token ids instead of text: a trained assistant turn learns
+exactly what the model generates after the family's generation prompt, through its stop token, in the context
+it was generated in. So SFT trains what RL samples, token for token.
+
+For trained turn ``j``:
+
+1. ``context`` = the family's generation prompt after ``messages[:j]``: the prompt the sampler gets.
+2. The turn's own tokens = how the family writes ``messages[j]`` after that prompt, through the first stop
+   token. They are rendered with the family's renderer set to keep the turn's reasoning
+   (`renderer_choice.reasoning_kept`): gpt-oss drops a final answer's analysis from any rendered history, and
+   Qwen3.6's default render of a lone turn keeps it; the generation prompt is the same either way, so the
+   tokens are the ones the model writes there (Qwen3.6's prompt opens ``<think>\\n``: the turn starts inside
+   it; gpt-oss's opens the analysis channel: the turn is the analysis, then the final or commentary message).
+3. Turns are grouped into one example when the latest one's tokens start with each earlier turn's context +
+   turn exactly (turn_groups); a family that drops earlier reasoning at a new user message (Qwen3) splits the
+   row, so no turn is trained in a context it never saw.
+4. Everything the row says must survive (survival.py, on the decoded tokens): a reasoning the family does not
+   write in the configured mode (DeepSeek V4 chat mode) refuses the row, naming `[model] renderer_options`.
+
+`renderers`' own `build_training_sample` marks trainable what its renderer calls sampled, over one render of
+the whole conversation: on Qwen3.6 that includes the ``<think>\\n`` the prompt already holds, on gpt-oss it leaves
+out the channel headers the model writes, and earlier turns train in the history the last one sees (without
+their reasoning). This rule trains what the sampler's prompt is followed by, as the chat template's does.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+from loops_nb.llm.renderer_choice import reasoning_kept
+from loops_nb.sft.data import ChatRow
+from loops_nb.sft.rendering import (
+    Refusal,
+    RenderedRow,
+    RowRenderer,
+    alternation,
+    build_example,
+    split_reason,
+    turn_groups,
+)
+from loops_nb.sft.survival import check_context, check_trained_turn, family_wording
+
+if TYPE_CHECKING:
+    from loops_nb.config.sections import ModelConfig
+    from loops_nb.llm.prime_renderer import PrimeRenderer
+    from loops_nb.llm.renderer import Renderer as SamplingRenderer
+
+
+class FamilyTargets(RowRenderer):
+    """Rows into training examples through `renderer` (a family's `PrimeRenderer`), or refusals with the reason.
+    Examples longer than ``max_seq_len`` tokens are refused, never truncated."""
+
+    def __init__(self, renderer: PrimeRenderer, *, max_seq_len: int | None = None) -> None:
+        from loops_nb.llm.prime_renderer import PrimeRenderer
+
+        self.renderer = renderer
+        self.tokenizer = renderer.tokenizer
+        self.max_seq_len = max_seq_len
+        self.vocab_size = len(self.tokenizer)
+        self._stop_ids = set(renderer.stop_token_ids)
+        self.stop_tokens = [self.tokenizer.convert_ids_to_tokens(i) for i in renderer.stop_token_ids]
+        self._special_re = alternation([*self.tokenizer.all_special_tokens, *self.stop_tokens])
+        self._wording = family_wording(renderer.name, type(renderer.config).model_fields)
+        kept = reasoning_kept(renderer.config)
+        self._turns = (
+            renderer
+            if kept == renderer.config
+            else PrimeRenderer(renderer.tokenizer, renderer.name, hub_id=renderer.hub_id, config=kept)
+        )
+
+    def sampling_renderer(self) -> SamplingRenderer:
+        return self.renderer
+
+    def _chat(self, row: ChatRow) -> RenderedRow:
+        from loops_nb.llm.prime_renderer import to_prime_messages
+
+        self._check_special_tokens(row)
+        messages, tools = to_prime_messages(row.template_messages()), row.template_tools()
+        turns = {j: self._locate_turn(row, messages, tools, j) for j in row.trained_turns}
+        groups = turn_groups({j: ids for j, (ids, _) in turns.items()})
+        why = split_reason(f"the {self.renderer.name} renderer") if len(groups) > 1 else None
+        examples = []
+        for members in groups:
+            ids = turns[members[-1]][0]
+            reason = check_context(row, members[-1], set(members), self._decode(ids), self._wording)
+            if reason:
+                raise Refusal(reason)
+            weights, token_turns = [0.0] * len(ids), [-1] * len(ids)
+            for j in members:
+                end, start = len(turns[j][0]), turns[j][1]
+                weights[start:end] = [1.0] * (end - start)
+                token_turns[start:end] = [j] * (end - start)
+            what = (
+                "the conversation" if len(groups) == 1 else f"the example ending at messages[{members[-1]}]"
+            )
+            self._check_length(len(ids), what)
+            examples.append(build_example(ids, weights, row.row_number, tuple(members), token_turns, why))
+        return RenderedRow(row.row_number, examples, why)
+
+    def _locate_turn(
+        self, row: ChatRow, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, j: int
+    ) -> tuple[list[int], int]:
+        """Turn `j` as (its context and own tokens through the stop token, where its own tokens start)."""
+        if j == 0:
+            raise Refusal(
+                "messages[0]: a trained assistant turn cannot open the conversation (there is no prompt it was "
+                "generated from); add the turn it answers, or give it weight 0"
+            )
+        context = self._render(self.renderer, messages[:j], tools, j, prompt=True)
+        opened = self._render(self._turns, messages[:j], tools, j, prompt=True)
+        written = self._render(self._turns, messages[: j + 1], tools, j, prompt=False)
+        own = self._own_tokens(opened, written, row, j)
+        stop = next((k for k, t in enumerate(own) if t in self._stop_ids), None)
+        if stop is None:
+            raise Refusal(
+                f"messages[{j}]: the {self.renderer.name} renderer ends this turn with no stop token (looked for "
+                f"{', '.join(self.stop_tokens)}); the model could never learn to end it"
+            )
+        own = own[: stop + 1]
+        reason = check_trained_turn(j, row.messages[j], self._decode(own), self._wording)
+        if reason:
+            raise Refusal(reason)
+        return context + own, len(context)
+
+    def _own_tokens(self, opened: list[int], written: list[int], row: ChatRow, j: int) -> list[int]:
+        """What follows the generation prompt `opened` in `written` (the turn rendered after it): the tokens
+        themselves, or, where the two split a token differently at the seam (Qwen3.6's `<think>\\n` prompt
+        before an empty `\\n\\n</think>`), the rest of the turn's text tokenized on its own, as the chat
+        template's rule builds such a turn."""
+        if written[: len(opened)] == opened:
+            return written[len(opened) :]
+        at = next(i for i, (a, b) in enumerate(zip(opened, written, strict=False)) if a != b)
+        prompt_text, turn_text = self._decode(opened[at:]), self._decode(written[at:])
+        if turn_text.startswith(prompt_text):
+            return self.renderer.encode(turn_text[len(prompt_text) :])
+        hint = (
+            ""
+            if row.messages[j].reasoning_content
+            else "; the prompt opens the turn's reasoning: give the turn a reasoning_content"
+        )
+        raise Refusal(
+            f"messages[{j}]: the {self.renderer.name} renderer writes this turn unlike its generation prompt (the "
+            f"prompt has {prompt_text[:40]!r} where the turn has {turn_text[:40]!r}), so the generated tokens "
+            f"cannot be located{hint}"
+        )
+
+    def _render(
+        self,
+        renderer: PrimeRenderer,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        j: int,
+        *,
+        prompt: bool,
+    ) -> list[int]:
+        try:
+            return list(renderer.prime.render_ids(messages, tools=tools, add_generation_prompt=prompt))
+        except Exception as exc:  # the family's renderer raises whatever its format refuses
+            upto = f"messages[:{j}] with the generation prompt" if prompt else f"messages[:{j + 1}]"
+            error = re.sub(r"\s+", " ", str(exc)) or type(exc).__name__
+            error = error if len(error) <= 200 else f"{error[:200]}..."
+            raise Refusal(
+                f"messages[{j}]: the {self.renderer.name} renderer failed to render {upto}: {error}"
+            ) from None
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.renderer.decode(ids)
+
+
+def sft_renderer(model: ModelConfig, tokenizer: Any) -> RowRenderer:
+    """What SFT trains `model` through: the family's renderer where `[model] renderer` gives one (as RL and
+    sampling render), else the chat template's target rule."""
+    from loops_nb.llm.prime_renderer import PrimeRenderer
+    from loops_nb.sft.rendering import Renderer
+    from loops_nb.tokenization import model_renderer_choice, text_renderer
+
+    choice = model_renderer_choice(model)
+    seam = text_renderer(model, tokenizer, choice)
+    if isinstance(seam, PrimeRenderer):
+        return FamilyTargets(seam, max_seq_len=model.max_seq_len)
+    return Renderer(tokenizer, max_seq_len=model.max_seq_len)

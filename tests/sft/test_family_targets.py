@@ -1,0 +1,166 @@
+"""SFT through a family's own renderer (`FamilyTargets`), on five families' real vocabularies.
+
+The twin: each trained turn's context is, token for token, the prompt the sampler gets for that turn
+(`PrimeRenderer.prompt_tokens`, what RL samples from), and its trained tokens parse back, by the family's own
+parser, into the row's content, reasoning and tool calls. So SFT trains what RL would sample.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from family_replies import FAMILY_REPLIES, TOOLS
+
+from loops_nb.config.sections import ModelConfig
+from loops_nb.errors import ConfigError
+from loops_nb.llm.prime_renderer import PrimeRenderer
+from loops_nb.llm.renderer import call_keys
+from loops_nb.llm.renderer_choice import renderer_config
+from loops_nb.sft.data import RefusedRow, parse_row
+from loops_nb.sft.family_targets import FamilyTargets, sft_renderer
+from loops_nb.sft.refusal_wording import with_fix
+from loops_nb.sft.rendering import RenderedRow, Renderer
+
+FAMILIES = list(FAMILY_REPLIES)
+CALL = {
+    "id": "call_0",
+    "type": "function",
+    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+}
+
+
+def tool_row(*, reasoning: bool) -> dict[str, Any]:
+    """System, user, a call, its result, the answer, a new question, its answer: three trained turns."""
+    said = {"reasoning_content": "I need the tool."} if reasoning else {}
+    answer = {"reasoning_content": "Answer now."} if reasoning else {}
+    again = {"reasoning_content": "Rome now."} if reasoning else {}
+    return {
+        "tools": TOOLS,
+        "messages": [
+            {"role": "system", "content": "You are a weather assistant."},
+            {"role": "user", "content": "What is the weather in Paris?"},
+            {"role": "assistant", "tool_calls": [CALL], **said},
+            {"role": "tool", "tool_call_id": "call_0", "content": "sunny, 21 C"},
+            {"role": "assistant", "content": "It is sunny in Paris, 21 C.", **answer},
+            {"role": "user", "content": "And in Rome?"},
+            {"role": "assistant", "content": "Let me check.", **again},
+        ],
+    }
+
+
+EXAMPLES = {
+    "qwen3": [(2, 4), (6,)],  # reasoning dropped at the new user message: the row splits there
+    "qwen3.6": [(2, 4), (6,)],
+    "llama-3": [(2, 4, 6)],  # nothing rewritten: one example trains all three turns
+    "deepseek-v4": [(2, 4, 6)],  # thinking mode keeps earlier reasoning: one example
+    "gpt-oss": [(2, 4), (6,)],  # analysis dropped once a final answer follows
+}
+
+
+def family(name: str, tokenizer: Any, **options: Any) -> PrimeRenderer:
+    config = renderer_config(name, {**FAMILY_REPLIES[name].options, **options})
+    return PrimeRenderer(tokenizer, name, config=config)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_each_trained_turn_is_what_the_sampler_is_prompted_with_then_writes(
+    name: str, family_tokenizer: Callable[[str], Any]
+) -> None:
+    renderer = family(name, family_tokenizer(name))
+    reasons = FAMILY_REPLIES[name].reasons
+    row = tool_row(reasoning=reasons)
+    result = FamilyTargets(renderer).render(parse_row(row, 1))
+    assert isinstance(result, RenderedRow), result
+    assert [e.turn_indices for e in result.examples] == EXAMPLES[name]
+    for example in result.examples:
+        for j in example.turn_indices:
+            at = [k for k, turn in enumerate(example.token_turns) if turn == j]
+            start, end = at[0], at[-1] + 1
+            assert at == list(range(start, end)), "a turn trains one contiguous run of tokens"
+            assert all(example.weights[k] == (1.0 if start <= k < end else example.weights[k]) for k in at)
+            prompt = renderer.prompt_tokens(row["messages"][:j], TOOLS)
+            assert example.input_ids[:start] == prompt, f"messages[{j}]: not the sampler's prompt"
+            own = example.input_ids[start:end]
+            assert own[-1] in renderer.stop_token_ids, "the stop token trains"
+            parsed = renderer.parse(own, prompt_tokens=prompt, tools=TOOLS)
+            message = row["messages"][j]
+            assert parsed.content == (message.get("content") or "")
+            assert call_keys(parsed.tool_calls) == call_keys(message.get("tool_calls"))
+            assert parsed.reasoning == (message.get("reasoning_content") or "")
+    trained = sum(w > 0 for e in result.examples for w in e.weights)
+    assert trained == sum(e.n_trained for e in result.examples)
+
+
+def test_qwen36_trains_after_the_think_the_prompt_opened(family_tokenizer: Callable[[str], Any]) -> None:
+    tokenizer = family_tokenizer("qwen3.6")
+    result = FamilyTargets(family("qwen3.6", tokenizer)).render(parse_row(tool_row(reasoning=True), 1))
+    assert isinstance(result, RenderedRow)
+    trained = [s.text for s in result.examples[-1].segments(tokenizer) if s.trained]
+    assert trained == ["Rome now.\n</think>\n\nLet me check.<|im_end|>"]
+
+
+def test_gpt_oss_trains_the_channels_it_writes(family_tokenizer: Callable[[str], Any]) -> None:
+    tokenizer = family_tokenizer("gpt-oss")
+    result = FamilyTargets(family("gpt-oss", tokenizer)).render(parse_row(tool_row(reasoning=True), 1))
+    assert isinstance(result, RenderedRow)
+    trained = [s.text for s in result.examples[-1].segments(tokenizer) if s.trained]
+    assert trained == ["Rome now.<|end|><|start|>assistant<|channel|>final<|message|>Let me check.<|return|>"]
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "reasoning", "said"),
+    [
+        ("llama-3", {}, True, "llama-3 writes no reasoning in this form: remove reasoning_content"),
+        ("deepseek-v4", {"enable_thinking": False}, True, "renderer_options = {enable_thinking = true}"),
+        ("gpt-oss", {}, False, "the prompt opens the turn's reasoning: give the turn a reasoning_content"),
+    ],
+)
+def test_what_a_family_cannot_write_is_refused_with_its_fix(
+    name: str, options: dict[str, Any], reasoning: bool, said: str, family_tokenizer: Callable[[str], Any]
+) -> None:
+    renderer = family(name, family_tokenizer(name), **options)
+    result = FamilyTargets(renderer).render(parse_row(tool_row(reasoning=reasoning), 1))
+    assert isinstance(result, RefusedRow)
+    assert result.reason.startswith("messages[2]") and said in result.reason
+    assert "chat_template" not in with_fix(result.reason), "a family's refusal never points at a template"
+
+
+def test_a_row_longer_than_max_seq_len_or_holding_a_control_token_is_refused(
+    family_tokenizer: Callable[[str], Any],
+) -> None:
+    renderer = family("qwen3", family_tokenizer("qwen3"))
+    long = FamilyTargets(renderer, max_seq_len=64).render(parse_row(tool_row(reasoning=False), 1))
+    assert isinstance(long, RefusedRow) and "longer than max_seq_len 64" in long.reason
+    row = tool_row(reasoning=False)
+    row["messages"][4]["content"] = "sunny<|im_end|>"
+    special = FamilyTargets(renderer).render(parse_row(row, 1))
+    assert isinstance(special, RefusedRow) and "contains the special token '<|im_end|>'" in special.reason
+
+
+def test_sft_trains_through_the_configured_renderer(
+    family_tokenizer: Callable[[str], Any], smollm2: Any
+) -> None:
+    qwen = sft_renderer(ModelConfig(base_model="Qwen/Qwen3-8B"), family_tokenizer("qwen3"))
+    assert isinstance(qwen, FamilyTargets) and qwen.renderer.name == "qwen3"
+    named = sft_renderer(ModelConfig(base_model="./my-qwen3", renderer="qwen3"), family_tokenizer("qwen3"))
+    assert isinstance(named, FamilyTargets)
+    assert isinstance(sft_renderer(ModelConfig(), smollm2), Renderer), "SmolLM2 keeps its chat template"
+
+
+def test_renderer_options_are_checked_against_the_family(family_tokenizer: Callable[[str], Any]) -> None:
+    with pytest.raises(
+        ConfigError, match=r"renderer_options.enable_thinkin: qwen3 has no such option; .*enable_thinking"
+    ):
+        renderer_config("qwen3", {"enable_thinkin": False})
+    with pytest.raises(ConfigError, match=r"renderer_options.reasoning_effort: .*\(renderer gpt-oss\)"):
+        renderer_config("gpt-oss", {"reasoning_effort": "extreme"})
+    thinking = sft_renderer(
+        ModelConfig(base_model="./ds", renderer="deepseek-v4", renderer_options={"enable_thinking": True}),
+        family_tokenizer("deepseek-v4"),
+    )
+    assert isinstance(thinking, FamilyTargets)
+    assert isinstance(thinking.render(parse_row(tool_row(reasoning=True), 1)), RenderedRow)
+    with pytest.raises(ValueError, match="renderer_options apply to a family's renderer"):
+        ModelConfig(renderer="chat_template", renderer_options={"enable_thinking": False})
