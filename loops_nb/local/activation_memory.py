@@ -25,6 +25,8 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from loops_nb.local.losses import micro_batches
+from loops_nb.local.prefix_packing import shared_micro_batches
+from loops_nb.local.shared_prefix import PromptKey
 
 PROBE_TOKENS = 64
 
@@ -37,6 +39,10 @@ class ActivationCost:
     """Every layer's saved intermediates (what a plain forward keeps for its backward)."""
     checkpointed: int
     """Each layer's input, plus one layer's intermediates (what `checkpointed` keeps)."""
+    shared_kv: int
+    """Bytes per row and token of a prompt the rows share (`shared_prefix`): its keys and values are repeated
+    for every row, in the cache the rows' suffixes attend to and in attention's copy expanded to every query
+    head (sdpa's `repeat_kv`; counted even where there is none to expand, which only overstates it)."""
 
     def tokens(self, budget_bytes: int, *, recompute: bool) -> int:
         """Padded tokens per micro-batch that fit `budget_bytes` (at least 1)."""
@@ -52,8 +58,10 @@ class ActivationCost:
         hidden: int,
         element_bytes: int,
         device: torch.device,
+        shared_kv: int,
     ) -> ActivationCost:
-        """Run `forward(tokens)` once on `PROBE_TOKENS` tokens and count the bytes it saves for backward."""
+        """Run `forward(tokens)` once on `PROBE_TOKENS` tokens and count the bytes it saves for backward
+        (`shared_kv` is passed through: the shape of the attention, not a measurement, gives it)."""
         weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
         seen: dict[int, int] = {}
         kept: list[torch.Tensor] = []
@@ -80,21 +88,25 @@ class ActivationCost:
         kept.clear()
         full = max(1, sum(seen.values()) // PROBE_TOKENS)
         per_layer = full // max(1, layers)
-        return cls(full=full, checkpointed=layers * hidden * element_bytes + per_layer)
+        return cls(full=full, checkpointed=layers * hidden * element_bytes + per_layer, shared_kv=shared_kv)
 
     @classmethod
     def of_decoder(cls, lm: Any, device: torch.device) -> ActivationCost:
         """`measure` on a causal LM's decoder stack (its head's cost is bounded apart, see `lm_head`)."""
         text = getattr(lm.config, "text_config", None) or lm.config
         decoder = lm.get_decoder()
+        layers, heads = int(text.num_hidden_layers), int(text.num_attention_heads)
+        kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
+        head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
         # Saved-tensor hooks are thread-local, so other trainers' work at the same time is not counted.
         return cls.measure(
             lambda ids: decoder(input_ids=ids, use_cache=False).last_hidden_state,
             lm,
-            layers=int(text.num_hidden_layers),
+            layers=layers,
             hidden=int(text.hidden_size),
             element_bytes=lm.dtype.itemsize,
             device=device,
+            shared_kv=layers * 2 * (kv_heads + heads) * head_dim * lm.dtype.itemsize,
         )
 
 
@@ -106,6 +118,7 @@ def plan_micro_batches(
     max_tokens: int,
     group: int,
     backward: bool,
+    prompts: Sequence[PromptKey] | None = None,
 ) -> list[tuple[list[int], bool]]:
     """Micro-batches (datum indices, whether to recompute layers) whose activations fit `budget_bytes`;
     `group` consecutive datums stay together (dpo pairs).
@@ -113,12 +126,32 @@ def plan_micro_batches(
     Datums short enough to fit the budget with every layer's intermediates kept are packed without
     recomputation; longer ones are packed at the recomputed cost. A forward without backward keeps
     no intermediates, so it packs at the recomputed cost too (one layer's transients at a time).
+
+    `prompts` (each datum's `shared_prefix.prompt_key`) means the micro-batches that recompute no layers
+    share their rows' prompts: those are packed prompt by prompt and priced as the shared forward runs
+    them (`prefix_packing`). Without it, or for the datums that recompute, rows x longest row as before.
     """
     plain = min(max_tokens, cost.tokens(budget_bytes, recompute=False))
     lean = min(max_tokens, cost.tokens(budget_bytes, recompute=True))
-    if not backward:
-        return [(rows, False) for rows in micro_batches(lengths, lean, group)]
+
+    def shared(members: list[int], per_token: int) -> list[list[int]]:
+        assert prompts is not None
+        packed = shared_micro_batches(
+            [lengths[i] for i in members],
+            [prompts[i] for i in members],
+            per_token=per_token,
+            per_repeated=cost.shared_kv,
+            budget_bytes=budget_bytes,
+            max_tokens=max_tokens,
+            group=group,
+        )
+        return [[members[j] for j in rows] for rows in packed]
+
     count = len(lengths)
+    if not backward:
+        if prompts is not None:
+            return [(rows, False) for rows in shared(list(range(count)), cost.checkpointed)]
+        return [(rows, False) for rows in micro_batches(lengths, lean, group)]
     units = [list(range(i, min(i + group, count))) for i in range(0, count, group)]
     long = {i for u in units if max(lengths[i] for i in u) > plain for i in u}
     batches = []
@@ -126,9 +159,13 @@ def plan_micro_batches(
         (False, [i for i in range(count) if i not in long]),
         (True, sorted(long)),
     ):
-        if members:
-            for rows in micro_batches([lengths[i] for i in members], lean if recompute else plain, group):
-                batches.append(([members[j] for j in rows], recompute))
+        if not members:
+            continue
+        if prompts is not None and not recompute:
+            batches += [(rows, False) for rows in shared(members, cost.full)]
+            continue
+        for rows in micro_batches([lengths[i] for i in members], lean if recompute else plain, group):
+            batches.append(([members[j] for j in rows], recompute))
     return batches
 
 

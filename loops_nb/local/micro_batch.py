@@ -16,7 +16,7 @@ target logprobs are read at the positions the loss needs only, in one of three w
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +25,7 @@ import torch
 from loops_nb.local import lm_head
 from loops_nb.local.datum_wire import ParsedDatum, tensor_data
 from loops_nb.local.losses import LOSSES, LossBatch, collate, needed_positions, target_logprobs
-from loops_nb.local.shared_prefix import shared_prefix_hidden
+from loops_nb.local.shared_prefix import PromptKey, prompt_key, shared_prefix_hidden
 from loops_nb.local.vision import VisionInputs
 
 if TYPE_CHECKING:
@@ -135,16 +135,33 @@ class LogprobModel:
         return self.lm(attention_mask=mask, use_cache=False, **inputs).logits[pos]
 
 
+def positions_needed(batch: LossBatch, loss_fn: str, cfg: Mapping[str, Any], top_k: int) -> torch.Tensor:
+    """[B, T] bool: where the model's logprobs are needed (every real position when the top-k is asked)."""
+    assert batch.real is not None
+    if top_k:
+        return batch.real
+    return needed_positions(loss_fn, cfg, batch.valid, batch.weights, batch.advantages)
+
+
+def prompt_keys(
+    rows: Sequence[ParsedDatum], loss_fn: str, cfg: Mapping[str, Any], top_k: int
+) -> list[PromptKey]:
+    """Each datum's prompt as the shared forward will group it (`shared_prefix.prompt_key`), for the planner
+    to keep a prompt's rows in one micro-batch. Each is collated alone: a row's needed positions do not
+    depend on the rows padded beside it."""
+    keys = []
+    for datum in rows:
+        batch = collate([datum], torch.device("cpu"), torch.float32)
+        assert batch.tokens is not None
+        keys.append(prompt_key(batch.tokens[0], positions_needed(batch, loss_fn, cfg, top_k)[0]))
+    return keys
+
+
 def run_micro_batch(model: LogprobModel, job: MicroBatch) -> MicroBatchResult:
     """One padded forward (+ backward, which accumulates into the parameters' `.grad`) over `job.rows`."""
     rows = job.rows
     batch = collate(rows, model.device, model.dtype)
-    assert batch.real is not None
-    need = (
-        batch.real
-        if job.top_k
-        else needed_positions(job.loss_fn, job.loss_config, batch.valid, batch.weights, batch.advantages)
-    )
+    need = positions_needed(batch, job.loss_fn, job.loss_config, job.top_k)
     pos = need.nonzero(as_tuple=True)
     top: TopK | None = None
     computed = 0

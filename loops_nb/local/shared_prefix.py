@@ -30,22 +30,54 @@ MIN_SHARED_TOKENS = 16
 """Shorter shared prompts run per row: below this the saving is smaller than a second decoder call's cost."""
 
 
-def prefix_groups(tokens: torch.Tensor, need: torch.Tensor) -> tuple[list[tuple[list[int], int]], list[int]]:
-    """(groups of rows that share the tokens before their first needed position, with that length; the rows
-    that share with none). Rows with no needed position are in neither: nothing of them is computed."""
-    keys: dict[tuple[int, ...], list[int]] = {}
-    for row in range(tokens.shape[0]):
-        needed = need[row].nonzero()
-        if needed.numel():
-            first = int(needed[0, 0])
-            keys.setdefault(tuple(tokens[row, :first].tolist()), []).append(row)
+PromptKey = tuple[int, ...] | None
+"""The tokens before a row's first needed position (its prompt, as sharing sees it); None: nothing needed."""
+
+
+def prompt_key(tokens: torch.Tensor, need: torch.Tensor) -> PromptKey:
+    """`tokens` [T] before the first True of `need` [T]; None when `need` has none (nothing of it runs)."""
+    needed = need.nonzero()
+    return tuple(tokens[: int(needed[0, 0])].tolist()) if needed.numel() else None
+
+
+def shared_groups(keys: Sequence[PromptKey]) -> tuple[list[tuple[list[int], int]], list[int]]:
+    """(groups of indices whose keys are equal, at least two of them and `MIN_SHARED_TOKENS` long, with the
+    key's length; the indices that share with none). None keys are in neither.
+
+    The one grouping rule: the forward runs it on a micro-batch's rows, and the planner
+    (`prefix_packing`) on candidate micro-batches to cost them as the forward will run them."""
+    by_key: dict[tuple[int, ...], list[int]] = {}
+    for index, key in enumerate(keys):
+        if key is not None:
+            by_key.setdefault(key, []).append(index)
     groups, rest = [], []
-    for key, rows in keys.items():
+    for key, rows in by_key.items():
         if len(rows) >= 2 and len(key) >= MIN_SHARED_TOKENS:
             groups.append((rows, len(key)))
         else:
             rest += rows
     return groups, sorted(rest)
+
+
+def prefix_groups(tokens: torch.Tensor, need: torch.Tensor) -> tuple[list[tuple[list[int], int]], list[int]]:
+    """(groups of rows that share the tokens before their first needed position, with that length; the rows
+    that share with none). Rows with no needed position are in neither: nothing of them is computed."""
+    return shared_groups([prompt_key(tokens[row], need[row]) for row in range(tokens.shape[0])])
+
+
+def forward_size(lengths: Sequence[int], keys: Sequence[PromptKey]) -> tuple[int, int]:
+    """(padded token positions the decoder runs for rows of `lengths` whose prompts are `keys`, row x prompt
+    tokens of keys and values repeated for the rows' suffixes): what `shared_prefix_hidden` allocates, in the
+    units the planner prices. Rows that share nothing run as one plain padded forward, and a micro-batch
+    that needs no position runs no model at all (`micro_batch.run_micro_batch`)."""
+    if all(key is None for key in keys):
+        return 0, 0
+    groups, rest = shared_groups(keys)
+    if not groups:
+        return len(lengths) * max(lengths), 0
+    positions = sum(shared + len(rows) * (max(lengths[r] for r in rows) - shared) for rows, shared in groups)
+    positions += len(rest) * max((lengths[r] for r in rest), default=0)
+    return positions, sum(len(rows) * shared for rows, shared in groups)
 
 
 @dataclass(frozen=True)

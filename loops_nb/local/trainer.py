@@ -64,6 +64,7 @@ from loops_nb.local.micro_batch import (
     MicroBatch,
     MicroBatchResult,
     has_plain_head,
+    prompt_keys,
     run_micro_batch,
 )
 from loops_nb.local.model_store import auto_dtype
@@ -227,7 +228,7 @@ class LoraTrainer:
         computed = tokens = 0
         # Gradients of this request go to fresh buffers and are added to the pending ones only on success,
         # so a request that fails half-way leaves the accumulated gradients as they were.
-        plan = self.plan(datums, loss_fn, backward=backward)
+        plan = self.plan(datums, loss_fn, backward=backward, loss_config=cfg, top_k=top_k)
         params = self.lora_parameters()
         pending = [p.grad for p in params]
         if backward:
@@ -274,10 +275,21 @@ class LoraTrainer:
         return {"loss": mean, "loss_fn_output_type": loss_fn, "loss_fn_outputs": outputs, "metrics": metrics}
 
     def plan(
-        self, datums: Sequence[ParsedDatum], loss_fn: str, *, backward: bool
+        self,
+        datums: Sequence[ParsedDatum],
+        loss_fn: str,
+        *,
+        backward: bool,
+        loss_config: Mapping[str, Any] | None = None,
+        top_k: int = 0,
     ) -> list[tuple[list[int], bool]]:
         """Micro-batches (datum indices, whether to recompute layers) whose activations fit the budget
-        (see `activation_memory.plan_micro_batches`)."""
+        (see `activation_memory.plan_micro_batches`); where the rows' prompts will be shared, a prompt's
+        rows are kept together and priced as the shared forward runs them."""
+        # The shared forward runs only on text rows under a plain head (`micro_batch.LogprobModel`); any
+        # other micro-batch runs whole, and pricing it as shared would understate it.
+        shares = self.share_prefixes and self._plain_head and not any(d.images for d in datums)
+        cfg = resolve_loss_config(loss_fn, loss_config)
         return plan_micro_batches(
             [d.length for d in datums],
             self.activation_cost(),
@@ -285,6 +297,7 @@ class LoraTrainer:
             max_tokens=self.max_batch_tokens,
             group=2 if loss_fn == "dpo" else 1,
             backward=backward,
+            prompts=prompt_keys(datums, loss_fn, cfg, top_k) if shares else None,
         )
 
     def activation_cost(self) -> ActivationCost:

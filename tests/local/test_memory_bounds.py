@@ -3,6 +3,7 @@ chunked LM head, over-long datums refused before anything is allocated, idle run
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import math
 from pathlib import Path
@@ -13,7 +14,6 @@ import torch
 from baseten.loops import AdamParams, Datum, ModelInput, TensorData
 
 from loops_nb.local import model_store
-from loops_nb.local.activation_memory import ActivationCost
 from loops_nb.local.lm_head import target_logprobs
 from loops_nb.local.memory_budget import MIB, PeakMemoryEstimate, check_lines
 from loops_nb.local.shared_base import BASE_MODELS
@@ -95,7 +95,7 @@ def test_micro_batching_and_recomputation_change_no_number(tiny_llama_path: Path
         t.init(4, seed=0)
         t.max_batch_tokens = 10**9
         if budget == 1:
-            t._cost = ActivationCost(full=t.activation_cost().full, checkpointed=1)
+            t._cost = dataclasses.replace(t.activation_cost(), checkpointed=1)
             t.memory_budget = 150 * t._cost.full  # 200 tokens do not fit without recomputation
             plan = t.plan(t._parsed(data, "cross_entropy"), "cross_entropy", backward=True)
             assert any(recompute for _, recompute in plan) and len(plan) > 2

@@ -96,3 +96,59 @@ def test_rows_are_grouped_by_the_prompt_before_their_first_needed_position() -> 
     assert prefix_groups(short, short_need) == ([], [0, 1, 2, 3, 4]), (
         "a prompt under the minimum runs per row"
     )
+
+
+def quickstart_shaped() -> list[dict]:
+    """3 groups of 6 rows, each group its own 30-token prompt, completions of 2 to 5 tokens, one group all
+    advantage 0 but one row (its other rows need nothing), and a lone datum."""
+    data = []
+    for g in range(3):
+        prompt = [1 + g, *range(10 + 20 * g, 10 + 20 * g + 29)]
+        for i in range(6):
+            advantage = (0.0 if i else 1.0) if g == 2 else 1.0 - 0.3 * i
+            data.append(rl_datum(prompt, [70 + i, 71 + g, 72, 73, 74][: 2 + (i + g) % 4], advantage))
+    data.append(rl_datum([3, 4, 5], [6, 7], 1.0))
+    return data
+
+
+def test_the_group_planner_gives_the_unshared_numbers_within_the_budget(tiny_llama_path: Path) -> None:
+    """A budget that holds part of a group: the planner keeps a prompt's rows together (the plain planner
+    fits one row a micro-batch), the saved activations stay within the budget, and the numbers are the
+    unshared ones."""
+    from test_memory_bounds import SavedBytes
+
+    data = quickstart_shaped()
+    results = {}
+    for share in (True, False):
+        trainer = LoraTrainer(tiny_llama_path, dtype=torch.float32)
+        trainer.init(8, seed=0)
+        trainer.share_prefixes = share
+        trainer.memory_budget = 60 * trainer.activation_cost().full
+        plan = trainer.plan(
+            trainer._parsed(data, "importance_sampling"), "importance_sampling", backward=True
+        )
+        probe = SavedBytes(trainer)
+        out = trainer.forward_backward(data, "importance_sampling")
+        forward = trainer.forward(data, "importance_sampling")
+        results[share] = (plan, out, grads(trainer), forward)
+        assert probe.peak <= 1.25 * trainer.memory_budget, (probe.peak, trainer.memory_budget)
+    (shared_plan, shared_out, shared_grads, shared_fwd), (plain_plan, plain_out, plain_grads, plain_fwd) = (
+        results[True],
+        results[False],
+    )
+    assert all(len(rows) == 1 for rows, _ in plain_plan)
+    assert not any(recompute for _, recompute in shared_plan)
+    assert max(len(rows) for rows, _ in shared_plan) >= 3
+    assert all(len({i // 6 for i in rows}) <= 2 for rows, _ in shared_plan)
+    metrics = shared_out["metrics"]
+    assert metrics["trainer/computed_tokens"] < 0.7 * metrics["trainer/total_tokens"]
+    assert metrics["trainer/total_tokens"] == plain_out["metrics"]["trainer/total_tokens"]
+    assert metrics["trainer/computed_tokens"] < 0.8 * plain_out["metrics"]["trainer/computed_tokens"]
+    assert shared_out["loss"] == pytest.approx(plain_out["loss"], abs=1e-5)
+    assert shared_fwd["loss"] == pytest.approx(plain_fwd["loss"], abs=1e-5)
+    for i in range(len(data)):
+        assert values(shared_out, i) == pytest.approx(values(plain_out, i), abs=1e-5)
+        assert values(shared_fwd, i) == pytest.approx(values(plain_fwd, i), abs=1e-5)
+    assert any(float(g.abs().max()) > 0 for g in plain_grads)
+    for mine, theirs in zip(shared_grads, plain_grads, strict=True):
+        assert torch.allclose(mine, theirs, atol=1e-5, rtol=0), float((mine - theirs).abs().max())

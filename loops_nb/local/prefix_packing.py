@@ -1,0 +1,76 @@
+"""Micro-batches that keep a shared prompt's rows together, priced as the shared forward runs them.
+
+`losses.micro_batches` packs rows longest-first by padded tokens (rows x longest row). With prompts shared
+(`shared_prefix`) that measure is wrong twice over: a GRPO group of 16 samples of one 44-token prompt is
+spread over micro-batches of a row or two, so no micro-batch holds two rows of a prompt and nothing is
+shared; and a micro-batch that does hold a group runs its prompt once, so rows x longest overstates it.
+
+Here the units (a datum, or a dpo pair) are ordered prompt by prompt, each prompt's longest first, then the
+rows that share no prompt, longest first, and filled greedily into micro-batches whose cost fits the budget.
+The cost is what `shared_prefix.forward_size` says the forward will run, the same grouping rule included:
+
+    bytes = per_token x padded positions run (each group's prompt once, its rows' suffixes padded to the
+            group's longest, the rows that share nothing padded to theirs)
+          + per_repeated x row x prompt tokens (each group's prompt keys and values, repeated for every row:
+            the cache the suffixes attend to, and attention's copy of it)
+
+A group that does not fit whole is split over consecutive micro-batches (each part shares its prompt again
+when it has two rows or more), and the next prompt's rows fill what the last one left. Rows whose loss needs
+no position (every advantage 0) go to one micro-batch of their own, which runs no model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from loops_nb.local.shared_prefix import PromptKey, forward_size, shared_groups
+
+
+def shared_micro_batches(
+    lengths: Sequence[int],
+    keys: Sequence[PromptKey],
+    *,
+    per_token: int,
+    per_repeated: int,
+    budget_bytes: int,
+    max_tokens: int,
+    group: int = 1,
+) -> list[list[int]]:
+    """Datum indices per micro-batch, each costing at most `budget_bytes` and running at most `max_tokens`
+    positions; `group` consecutive datums stay together (dpo pairs). A unit over the budget alone still
+    gets a micro-batch of its own (the caller recomputes layers for those)."""
+    count = len(lengths)
+    units = [list(range(i, min(i + group, count))) for i in range(0, count, group)]
+    groups, _ = shared_groups(keys)
+    group_of = {i: g for g, (rows, _) in enumerate(groups) for i in rows}
+    by_prompt: list[list[list[int]]] = [[] for _ in groups]
+    loose: list[list[int]] = []
+    idle: list[int] = []
+    for unit in units:
+        needing = [i for i in unit if keys[i] is not None]
+        if not needing:
+            idle += unit
+        elif needing[0] in group_of:
+            by_prompt[group_of[needing[0]]].append(unit)
+        else:
+            loose.append(unit)
+
+    def longest_first(units: list[list[int]]) -> list[list[int]]:
+        return sorted(units, key=lambda u: -max(lengths[i] for i in u))
+
+    def fits(rows: list[int]) -> bool:
+        positions, repeated = forward_size([lengths[i] for i in rows], [keys[i] for i in rows])
+        return positions <= max_tokens and per_token * positions + per_repeated * repeated <= budget_bytes
+
+    batches: list[list[int]] = []
+    batch: list[int] = []
+    for unit in [u for units in by_prompt for u in longest_first(units)] + longest_first(loose):
+        if batch and not fits(batch + unit):
+            batches.append(batch)
+            batch = []
+        batch = batch + unit
+    if batch:
+        batches.append(batch)
+    if idle:
+        batches.append(idle)
+    return batches
