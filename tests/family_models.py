@@ -9,6 +9,7 @@ prove that a step runs, trains the right tokens and renders what the family writ
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,13 @@ def build_family_model(name: str, directory: Path, *, seed: int = 0) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory)
     tok.save_pretrained(directory)
+    if name.startswith("qwen"):
+        # As Qwen's own tokenizer_config.json says: no unknown token. Without the key, transformers' Qwen
+        # tokenizer class (picked from config.json's model type) makes <|endoftext|> the unknown token, and
+        # the family's renderer rightly refuses a vocabulary whose <|endoftext|> reads as unknown.
+        config_file = directory / "tokenizer_config.json"
+        config = json.loads(config_file.read_text())
+        config_file.write_text(json.dumps({**config, "unk_token": None}, indent=2))
     return directory
 
 
