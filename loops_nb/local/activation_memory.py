@@ -6,8 +6,9 @@ token's share of the weights). `ActivationCost.measure` counts exactly those byt
 is (LoRA wrappers included), by running one short forward under `saved_tensors_hooks` and adding up every
 saved tensor that is not a weight. The trainer sizes its micro-batches from it.
 
-`plan_micro_batches` packs a request's datums into micro-batches whose activations fit the budget. When a
-single sequence would not fit the budget even alone, `checkpointed(layers)` makes each decoder layer
+`plan_micro_batches` packs a request's datums into micro-batches whose activations fit the budget (with
+shared prompts on, a prompt's rows together, priced as the shared forward runs them: `prefix_packing`).
+When a single sequence would not fit the budget even alone, `checkpointed(layers)` makes each decoder layer
 recompute its forward during the backward (`torch.utils.checkpoint`, non-reentrant), so autograd keeps only
 each layer's input plus one layer's intermediates at a time. That costs about one more forward, so it is
 used only where the budget demands it, never by default.

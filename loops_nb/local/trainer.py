@@ -18,9 +18,9 @@ Design notes:
 * The model stays in eval mode (and LoRA dropout is 0), so training-time logprobs equal the sampler's,
   which the RL importance ratios need.
 * Memory is bounded by a budget, not by the request (see `memory_budget`, `activation_memory`): a
-  request's datums are sorted by length and packed into micro-batches whose activations fit the budget,
-  measured once per adapter as bytes per token; a sequence too long for the budget alone has its decoder
-  layers recomputed in the backward.
+  request's datums are sorted by length (a shared prompt's rows kept together, `prefix_packing`) and
+  packed into micro-batches whose activations fit the budget, measured once per adapter as bytes per
+  token; a sequence too long for the budget alone has its decoder layers recomputed in the backward.
 * The base weights are shared with the sampler and every other trainer on the same model
   (`shared_base`); a trainer owns only its adapter, optimizer and activations.
 * Not thread-safe: the caller runs ops one at a time (the HTTP layer's FIFO worker does). Across
@@ -286,8 +286,7 @@ class LoraTrainer:
         """Micro-batches (datum indices, whether to recompute layers) whose activations fit the budget
         (see `activation_memory.plan_micro_batches`); where the rows' prompts will be shared, a prompt's
         rows are kept together and priced as the shared forward runs them."""
-        # The shared forward runs only on text rows under a plain head (`micro_batch.LogprobModel`); any
-        # other micro-batch runs whole, and pricing it as shared would understate it.
+        # Only text rows under a plain head share (`LogprobModel`): pricing others as shared would understate.
         shares = self.share_prefixes and self._plain_head and not any(d.images for d in datums)
         cfg = resolve_loss_config(loss_fn, loss_config)
         return plan_micro_batches(
