@@ -20,6 +20,7 @@ NOTEBOOKS = sorted(p for p in (REPO / "notebooks").glob("*.ipynb") if not p.name
 
 SMOKE: dict[str, dict] = {
     "index.ipynb": {},
+    "model_families.ipynb": {},  # its tokenizers: `family_tokenizer_folders`
     "rl_quickstart.ipynb": {
         "max_steps": 2,
         "group_size": 4,
@@ -145,7 +146,31 @@ EXPECT: dict[str, list[str]] = {
         "exported: PEFT adapter of sampler weights after step 2",
     ],
     "custom_loss.ipynb": ["largest LoRA weight difference", "loss: custom", "check: ok", "status: completed"],
+    "model_families.ipynb": [
+        "renderer: qwen3.6 (auto: Qwen/Qwen3.6-35B-A3B is a qwen3.6 model in `renderers`' table)",
+        "template: qwen3 on a sample tool conversation: 2 model calls, 0 sequence break(s) per attempt; tool call "
+        "round trip ok",
+        "== gpt-oss: openai/gpt-oss-20b",
+        "SFT: 1 example(s)",  # Llama 3 and DeepSeek V4 (thinking) keep the whole row one example
+        "split: the qwen3 renderer renders earlier turns differently",
+        "TargetPreview(",
+    ],
 }
+
+
+def family_tokenizer_folders(folder: Path) -> dict[str, str]:
+    """The five families' tokenizers saved as folders (no Hub here), for model_families.ipynb; the kernel
+    inherits TIKTOKEN_ENCODINGS_BASE, where Harmony finds gpt-oss's vocabulary."""
+    import os
+
+    from family_tokenizers import family_tokenizer, tiktoken_encodings_dir
+
+    os.environ.setdefault("TIKTOKEN_ENCODINGS_BASE", tiktoken_encodings_dir())
+    folders = {}
+    for name in ("qwen3", "qwen3.6", "llama-3", "deepseek-v4", "gpt-oss"):
+        family_tokenizer(name).save_pretrained(folder / name)
+        folders[name] = str(folder / name)
+    return folders
 MAX_OUTPUT_BYTES = 1_000_000
 """A saved notebook must stay small: no megabytes of widget state."""
 
@@ -186,6 +211,8 @@ def output_text(nb: nbformat.NotebookNode) -> str:
 def test_notebook_runs_under_papermill(notebook: Path, tmp_path: Path) -> None:
     params = pm.inspect_notebook(str(notebook))
     smoke = {k: v for k, v in SMOKE.get(notebook.name, {}).items() if k in params}
+    if notebook.name == "model_families.ipynb":
+        smoke["tokenizers"] = family_tokenizer_folders(tmp_path / "tokenizers")
     if "run_name" in params:
         # Unique on every run: a name reused from an earlier session would resume (and skip) that run.
         smoke["run_name"] = f"papermill-{notebook.stem}-{uuid.uuid4().hex[:8]}"
