@@ -55,6 +55,7 @@ class PrimeRenderer(TokenizerText):
         self.tokenizer = tokenizer
         self.hub_id = hub_id
         self.config = config if config is not None else renderer_config(name)
+        self._kept: PrimeRenderer | None = None
         named = tokenizer
         if hub_id and getattr(tokenizer, "name_or_path", None) != hub_id:
             # A shallow copy that answers to the Hub id; the vocabulary itself is shared, not copied.
@@ -114,6 +115,38 @@ class PrimeRenderer(TokenizerText):
         )
         return parsed_reply(parsed, self.decode(completion_tokens, skip_special=True))
 
+    # -- a turn as the family writes it --------------------------------------------------------------------
+
+    def reply_tokens(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None
+    ) -> list[int]:
+        """How the family writes the last of `messages` (an assistant turn) after its generation prompt for the
+        ones before: the tokens a model of the family samples there (SFT trains them; the preflight plays
+        them). Rendered with the turn's reasoning kept (gpt-oss drops a final answer's analysis from any
+        history; the generation prompt is the same). Where prompt and turn split a token differently at the
+        seam (Qwen3.6's `<think>\\n` before an empty `\\n\\n</think>`), the rest of the turn's text is
+        tokenized on its own. `TurnNotAfterPrompt` when the turn cannot follow the prompt at all."""
+        from loops_nb.llm.renderer_choice import reasoning_kept
+
+        if self._kept is None:
+            kept = reasoning_kept(self.config)
+            self._kept = (
+                self
+                if kept == self.config
+                else PrimeRenderer(self.tokenizer, self.name, hub_id=self.hub_id, config=kept)
+            )
+        converted, spec = to_prime_messages(messages), list(tools) if tools else None
+        prime = self._kept.prime
+        opened = list(prime.render_ids(converted[:-1], tools=spec, add_generation_prompt=True))
+        written = list(prime.render_ids(converted, tools=spec))
+        if written[: len(opened)] == opened:
+            return written[len(opened) :]
+        at = next(i for i, (a, b) in enumerate(zip(opened, written, strict=False)) if a != b)
+        prompt_text, turn_text = self.decode(opened[at:]), self.decode(written[at:])
+        if turn_text.startswith(prompt_text):
+            return self.encode(turn_text[len(prompt_text) :])
+        raise TurnNotAfterPrompt(prompt_text, turn_text)
+
     # -- bridging -----------------------------------------------------------------------------------------
 
     def _continuation(
@@ -123,6 +156,16 @@ class PrimeRenderer(TokenizerText):
         None otherwise: another conversation, or an edited history, is rendered afresh (and the capture starts
         a new sequence, counted as `history_edited`)."""
         return continuation_start(self, messages, tools, previous)
+
+
+class TurnNotAfterPrompt(ValueError):
+    """An assistant turn the family writes unlike the generation prompt it follows (a gpt-oss prompt opens the
+    analysis channel; a turn without reasoning starts in another): what each has where they part."""
+
+    def __init__(self, prompt_text: str, turn_text: str) -> None:
+        super().__init__(f"the prompt has {prompt_text[:40]!r} where the turn has {turn_text[:40]!r}")
+        self.prompt_text = prompt_text
+        self.turn_text = turn_text
 
 
 def parsed_reply(parsed: ParsedResponse, text: str) -> ParsedReply:

@@ -69,6 +69,10 @@ class TemplateCheck:
     """`ok`, or what went wrong with the call written and parsed back."""
     unknown: int | None = None
     """The sample turn whose reply the rendering cannot tell (the check stopped there)."""
+    family_drop: bool = False
+    """The last break is a family's renderer dropping earlier reasoning at the new user message, as the family's
+    own template does (Qwen3, gpt-oss): said, not warned, since keeping it would show the model a history its
+    template never shows it."""
 
     def line(self, renderer: Renderer) -> str:
         breaks = sum(self.breaks.values())
@@ -79,6 +83,8 @@ class TemplateCheck:
                 "break(s) before it (not checked further)"
             )
         causes = ", ".join(f"{n} {cause}" for cause, n in sorted(self.breaks.items()))
+        if self.family_drop:
+            causes += "; reasoning dropped at the new user message, as the family's own template drops it"
         # Not a warning: a task without tools (the quickstarts on SmolLM2's own template) needs none.
         tools = "ok" if self.tool_call == "ok" else f"fails, {self.tool_call}; for tools, {_fix(renderer)}"
         return (
@@ -88,7 +94,7 @@ class TemplateCheck:
 
     def warnings(self, renderer: Renderer) -> list[str]:
         """A break costs every multi-turn attempt context and training signal, tools or not."""
-        if not self.breaks:
+        if sum(self.breaks.values()) <= int(self.family_drop):
             return []
         return [
             f"template: each attempt like the sample breaks into {sum(self.breaks.values()) + 1} training "
@@ -128,8 +134,11 @@ def check_template(renderer: Renderer) -> TemplateCheck:
     prompt, _ = renderer.render_prompt(conversation, SAMPLE_TOOLS, previous)
     assert previous is not None
     if not extends_previous(prompt, previous):
-        found.breaks[classify_break(renderer, conversation, SAMPLE_TOOLS, previous, prompt).cause] += 1
-        found.first_difference = found.first_difference or _difference(renderer, previous, prompt)
+        cause = classify_break(renderer, conversation, SAMPLE_TOOLS, previous, prompt).cause
+        found.breaks[cause] += 1
+        found.family_drop = cause == "reasoning_dropped" and renderer.name != CHAT_TEMPLATE
+        if not found.family_drop:
+            found.first_difference = found.first_difference or _difference(renderer, previous, prompt)
     return found
 
 
@@ -153,10 +162,20 @@ def _written_reply(
     prompt: list[int],
     reasoning: str,
 ) -> list[int] | None:
-    """The reply as the renderer writes `target`: the tokens after the prompt in a fresh rendering of the
-    conversation with it, through its stop token. A prompt that opens a reasoning block (Qwen3.6) is answered
-    with reasoning, as such a model writes it. None where no rendering starts with the prompt (gpt-oss writes
-    a past tool call in another channel than the prompt opens): the reply cannot be told from the rendering."""
+    """The reply as the renderer writes `target`, through its stop token: a family's own `reply_tokens`; for a
+    chat template, the tokens after the prompt in a fresh rendering of the conversation with it. A prompt that
+    opens a reasoning block (Qwen3.6, gpt-oss) is answered with reasoning, as such a model writes it. None where
+    the reply cannot be told from the rendering."""
+    from loops_nb.llm.prime_renderer import PrimeRenderer, TurnNotAfterPrompt
+
+    if isinstance(renderer, PrimeRenderer):
+        # The family says how it writes the turn after its prompt; with reasoning, as a reasoning model
+        # answers (a family that writes none renders the same tokens either way).
+        try:
+            turn = {**target, "reasoning_content": reasoning}
+            return _through_stop(renderer, renderer.reply_tokens([*conversation, turn], SAMPLE_TOOLS))
+        except TurnNotAfterPrompt:
+            return None
     # Against the prompt rendered afresh: the bridged one ends in the same generation prompt.
     base = renderer.prompt_tokens(conversation, SAMPLE_TOOLS)
     for turn in (target, {**target, "reasoning_content": reasoning}):

@@ -31,7 +31,6 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from loops_nb.llm.renderer_choice import reasoning_kept
 from loops_nb.sft.data import ChatRow
 from loops_nb.sft.rendering import (
     Refusal,
@@ -55,8 +54,6 @@ class FamilyTargets(RowRenderer):
     Examples longer than ``max_seq_len`` tokens are refused, never truncated."""
 
     def __init__(self, renderer: PrimeRenderer, *, max_seq_len: int | None = None) -> None:
-        from loops_nb.llm.prime_renderer import PrimeRenderer
-
         self.renderer = renderer
         self.tokenizer = renderer.tokenizer
         self.max_seq_len = max_seq_len
@@ -65,12 +62,6 @@ class FamilyTargets(RowRenderer):
         self.stop_tokens = [self.tokenizer.convert_ids_to_tokens(i) for i in renderer.stop_token_ids]
         self._special_re = alternation([*self.tokenizer.all_special_tokens, *self.stop_tokens])
         self._wording = family_wording(renderer.name, type(renderer.config).model_fields)
-        kept = reasoning_kept(renderer.config)
-        self._turns = (
-            renderer
-            if kept == renderer.config
-            else PrimeRenderer(renderer.tokenizer, renderer.name, hub_id=renderer.hub_id, config=kept)
-        )
 
     def sampling_renderer(self) -> SamplingRenderer:
         return self.renderer
@@ -110,10 +101,8 @@ class FamilyTargets(RowRenderer):
                 "messages[0]: a trained assistant turn cannot open the conversation (there is no prompt it was "
                 "generated from); add the turn it answers, or give it weight 0"
             )
-        context = self._render(self.renderer, messages[:j], tools, j, prompt=True)
-        opened = self._render(self._turns, messages[:j], tools, j, prompt=True)
-        written = self._render(self._turns, messages[: j + 1], tools, j, prompt=False)
-        own = self._own_tokens(opened, written, row, j)
+        context = self._render(messages[:j], tools, j)
+        own = self._reply(messages[: j + 1], tools, row, j)
         stop = next((k for k, t in enumerate(own) if t in self._stop_ids), None)
         if stop is None:
             raise Refusal(
@@ -126,46 +115,38 @@ class FamilyTargets(RowRenderer):
             raise Refusal(reason)
         return context + own, len(context)
 
-    def _own_tokens(self, opened: list[int], written: list[int], row: ChatRow, j: int) -> list[int]:
-        """What follows the generation prompt `opened` in `written` (the turn rendered after it): the tokens
-        themselves, or, where the two split a token differently at the seam (Qwen3.6's `<think>\\n` prompt
-        before an empty `\\n\\n</think>`), the rest of the turn's text tokenized on its own, as the chat
-        template's rule builds such a turn."""
-        if written[: len(opened)] == opened:
-            return written[len(opened) :]
-        at = next(i for i, (a, b) in enumerate(zip(opened, written, strict=False)) if a != b)
-        prompt_text, turn_text = self._decode(opened[at:]), self._decode(written[at:])
-        if turn_text.startswith(prompt_text):
-            return self.renderer.encode(turn_text[len(prompt_text) :])
-        hint = (
-            ""
-            if row.messages[j].reasoning_content
-            else "; the prompt opens the turn's reasoning: give the turn a reasoning_content"
-        )
-        raise Refusal(
-            f"messages[{j}]: the {self.renderer.name} renderer writes this turn unlike its generation prompt (the "
-            f"prompt has {prompt_text[:40]!r} where the turn has {turn_text[:40]!r}), so the generated tokens "
-            f"cannot be located{hint}"
-        )
-
     def _render(
-        self,
-        renderer: PrimeRenderer,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None,
-        j: int,
-        *,
-        prompt: bool,
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, j: int
     ) -> list[int]:
         try:
-            return list(renderer.prime.render_ids(messages, tools=tools, add_generation_prompt=prompt))
+            return list(self.renderer.prime.render_ids(messages, tools=tools, add_generation_prompt=True))
         except Exception as exc:  # the family's renderer raises whatever its format refuses
-            upto = f"messages[:{j}] with the generation prompt" if prompt else f"messages[:{j + 1}]"
-            error = re.sub(r"\s+", " ", str(exc)) or type(exc).__name__
-            error = error if len(error) <= 200 else f"{error[:200]}..."
+            raise self._failed(exc, j, f"messages[:{j}] with the generation prompt") from None
+
+    def _reply(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, row: ChatRow, j: int
+    ) -> list[int]:
+        from loops_nb.llm.prime_renderer import TurnNotAfterPrompt
+
+        try:
+            return self.renderer.reply_tokens(messages, tools)
+        except TurnNotAfterPrompt as exc:
+            hint = (
+                ""
+                if row.messages[j].reasoning_content
+                else "; the prompt opens the turn's reasoning: give the turn a reasoning_content"
+            )
             raise Refusal(
-                f"messages[{j}]: the {self.renderer.name} renderer failed to render {upto}: {error}"
+                f"messages[{j}]: the {self.renderer.name} renderer writes this turn unlike its generation prompt "
+                f"({exc}), so the generated tokens cannot be located{hint}"
             ) from None
+        except Exception as exc:
+            raise self._failed(exc, j, f"messages[:{j + 1}]") from None
+
+    def _failed(self, exc: Exception, j: int, upto: str) -> Refusal:
+        error = re.sub(r"\s+", " ", str(exc)) or type(exc).__name__
+        error = error if len(error) <= 200 else f"{error[:200]}..."
+        return Refusal(f"messages[{j}]: the {self.renderer.name} renderer failed to render {upto}: {error}")
 
     def _decode(self, ids: list[int]) -> str:
         return self.renderer.decode(ids)

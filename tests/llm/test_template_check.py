@@ -9,9 +9,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from sft_fixtures import build_tokenizer
 
 from loops_nb.config.sections import ModelConfig
+from loops_nb.llm.prime_renderer import PrimeRenderer
 from loops_nb.llm.renderer import ChatRenderer
 from loops_nb.llm.template_check import template_report
 from loops_nb.tokenization import load_model_renderer
@@ -48,8 +50,25 @@ def test_a_family_renderer_from_a_hub_id_extends_every_turn(
         ModelConfig(base_model="Qwen/Qwen3-8B", tokenizer=str(tmp_path)), "serverless"
     )
     line, warnings = template_report(renderer)
+    # The sample's last prompt follows a new user message, where Qwen3 drops earlier reasoning as its own
+    # template does: said in the line, not warned.
     assert line == (
-        "template: qwen3 on a sample tool conversation: 2 model calls, 0 sequence break(s) per attempt; tool call "
-        "round trip ok"
+        "template: qwen3 on a sample tool conversation: 2 model calls, 1 sequence break(s) per attempt (1 "
+        "reasoning_dropped; reasoning dropped at the new user message, as the family's own template drops it); "
+        "tool call round trip ok"
     )
     assert warnings == []
+
+
+@pytest.mark.parametrize("name", ["qwen3.6", "gpt-oss", "llama-3", "deepseek-v4"])
+def test_every_family_plays_the_whole_sample_attempt(
+    name: str, family_tokenizer: Callable[[str], Any]
+) -> None:
+    """Qwen3.6 and gpt-oss open reasoning in their prompts: their replies are played as the family writes them
+    after the prompt (`PrimeRenderer.reply_tokens`), so the check runs every turn and finds no break inside the
+    tool round trip."""
+    line, warnings = template_report(PrimeRenderer(family_tokenizer(name), name))
+    assert "2 model calls" in line and line.endswith("tool call round trip ok"), line
+    assert warnings == []
+    breaks = 0 if name in ("llama-3", "deepseek-v4") else 1
+    assert f"{breaks} sequence break(s) per attempt" in line

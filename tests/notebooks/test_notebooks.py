@@ -148,7 +148,9 @@ EXPECT: dict[str, list[str]] = {
     "custom_loss.ipynb": ["largest LoRA weight difference", "loss: custom", "check: ok", "status: completed"],
     "model_families.ipynb": [
         "renderer: qwen3.6 (auto: Qwen/Qwen3.6-35B-A3B is a qwen3.6 model in `renderers`' table)",
-        "template: qwen3 on a sample tool conversation: 2 model calls, 0 sequence break(s) per attempt; tool call "
+        "template: qwen3 on a sample tool conversation: 2 model calls, 1 sequence break(s) per attempt (1 "
+        "reasoning_dropped; reasoning dropped at the new user message, as the family's own template drops it)",
+        "template: llama-3 on a sample tool conversation: 2 model calls, 0 sequence break(s) per attempt; tool call "
         "round trip ok",
         "== gpt-oss: openai/gpt-oss-20b",
         "SFT: 1 example(s)",  # Llama 3 and DeepSeek V4 (thinking) keep the whole row one example
