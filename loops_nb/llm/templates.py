@@ -81,8 +81,77 @@ TOOL_CAPABLE_CHATML_TEMPLATE = """\
 {%- endif %}
 """
 
+# Gemma 3's turn format (``<bos><start_of_turn>user\n...<end_of_turn>\n<start_of_turn>model\n``) for a Gemma
+# whose tokenizer has no template (the base model's GGUF, model_store). Like Google's, it folds the system prompt
+# into the first user turn and names the assistant ``model``; unlike it, content is not trimmed (a reply that
+# ends in a newline would render differently once history, and break multi-turn extension and SFT targets),
+# and tools are listed and called in the Hermes style of chatml-tools, which `parse_assistant_text` reads
+# (Gemma 3 has no tool tokens of its own); a tool result is a user turn.
+GEMMA_CHAT_TEMPLATE = """\
+{%- macro text(message) %}
+    {%- if message.content is string %}
+        {{- message.content }}
+    {%- elif message.content %}
+        {%- for part in message.content if part.type == 'text' %}
+            {{- part.text }}
+        {%- endfor %}
+    {%- endif %}
+{%- endmacro %}
+{%- macro tool_list() %}
+    {{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n' }}
+    {{- 'You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}
+    {%- for tool in tools %}
+        {{- '\\n' + (tool | tojson) }}
+    {%- endfor %}
+    {{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments ' }}
+    {{- 'within <tool_call></tool_call> XML tags:\\n<tool_call>\\n' }}
+    {{- '{"name": <function-name>, "arguments": <args-json-object>}\\n</tool_call>' }}
+{%- endmacro %}
+{{- bos_token }}
+{%- if messages and messages[0].role == 'system' %}
+    {%- set system = text(messages[0]) %}
+    {%- set rest = messages[1:] %}
+{%- else %}
+    {%- set system = '' %}
+    {%- set rest = messages %}
+{%- endif %}
+{%- set preamble = system + ('\\n\\n' if system and tools else '') + (tool_list() if tools else '') %}
+{%- set fold = preamble and rest and rest[0].role == 'user' %}
+{%- if preamble and not fold %}
+    {{- '<start_of_turn>user\\n' + preamble + '<end_of_turn>\\n' }}
+{%- endif %}
+{%- for message in rest %}
+    {%- set prefix = preamble + '\\n\\n' if fold and loop.first else '' %}
+    {%- if message.role == 'assistant' %}
+        {%- set content = text(message) %}
+        {{- '<start_of_turn>model\\n' + content }}
+        {%- for call in message.tool_calls or [] %}
+            {%- set fn = call.function if call.function is defined else call %}
+            {%- if content or not loop.first %}
+                {{- '\\n' }}
+            {%- endif %}
+            {{- '<tool_call>\\n{"name": ' + (fn.name | tojson) + ', "arguments": ' }}
+            {%- if fn.arguments is string %}
+                {{- fn.arguments }}
+            {%- else %}
+                {{- fn.arguments | tojson }}
+            {%- endif %}
+            {{- '}\\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<end_of_turn>\\n' }}
+    {%- elif message.role == 'tool' %}
+        {{- '<start_of_turn>user\\n' + prefix + '<tool_response>\\n' + text(message) + '\\n</tool_response><end_of_turn>\\n' }}
+    {%- else %}
+        {{- '<start_of_turn>' + message.role + '\\n' + prefix + text(message) + '<end_of_turn>\\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<start_of_turn>model\\n' }}
+{%- endif %}
+"""
+
 # Templates a config can name instead of giving a file ([model] chat_template).
-BUILTIN_TEMPLATES = {"chatml-tools": TOOL_CAPABLE_CHATML_TEMPLATE}
+BUILTIN_TEMPLATES = {"chatml-tools": TOOL_CAPABLE_CHATML_TEMPLATE, "gemma": GEMMA_CHAT_TEMPLATE}
 
 _TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
 # Qwen3.5/3.6 (and Qwen3-Coder): <function=name> then <parameter=key>\nvalue\n</parameter> for each argument.
