@@ -80,6 +80,11 @@ def test_without_the_packages_resolving_says_what_to_install_in_one_line(
 
 
 def test_gemma_template_renders_gemma_turns_and_extends_exactly() -> None:
+    from loops_nb.config.sections import ModelConfig
+    from loops_nb.tokenization import chat_template_override
+
+    # [model] chat_template = "gemma" names it, as "chatml-tools".
+    assert chat_template_override(ModelConfig(chat_template="gemma")) is GEMMA_CHAT_TEMPLATE
     assert BUILTIN_TEMPLATES["gemma"] is GEMMA_CHAT_TEMPLATE
     system, user = {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}
     reply = {"role": "assistant", "content": "Hello!\n"}
