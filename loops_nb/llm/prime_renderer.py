@@ -257,6 +257,11 @@ def _refuse_images(messages: Sequence[Mapping[str, Any]], name: str) -> None:
 
 def renderer_problem(name: str, exc: BaseException) -> str:
     """One line saying why `renderers`' renderer `name` could not be built for this tokenizer, and the fix."""
+    from loops_nb.missing_package import install_line, missing_package
+
+    package = missing_package(exc)
+    if package is not None:
+        return install_line(f"[model] renderer {name!r}", package)
     text = " ".join(str(exc).split())
     if "vocab" in text and name == "gpt-oss":
         return (

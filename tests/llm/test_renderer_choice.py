@@ -135,3 +135,41 @@ def test_a_run_keeps_the_renderer_its_run_json_recorded(qwen36_folder: Path) -> 
     assert run_renderer_choice(model, {"renderer": "qwen3.5"}).name == "qwen3.6"
     # SFT records nothing for a name that is no renderer (its check warned; it trains on the template).
     assert renderer_record(ModelConfig(renderer="qwen-3"), None) is None
+
+
+def test_a_renderer_whose_package_is_missing_is_one_line_naming_it(
+    monkeypatch: pytest.MonkeyPatch, family_tokenizer: Callable[[str], Any]
+) -> None:
+    """gpt-oss's renderer imports openai-harmony; without it, one line says what to add."""
+    import sys
+
+    tokenizer = family_tokenizer("gpt-oss")
+    monkeypatch.setitem(sys.modules, "openai_harmony", None)  # what a missing package looks like to import
+    for module in [m for m in sys.modules if m == "renderers.gpt_oss"]:
+        monkeypatch.delitem(sys.modules, module)
+    with pytest.raises(ConfigError) as raised:
+        PrimeRenderer(tokenizer, "gpt-oss")
+    assert str(raised.value) == (
+        "[model] renderer 'gpt-oss' needs the Python package 'openai-harmony', which is not installed: run "
+        "`uv add openai-harmony`"
+    )
+
+
+def test_a_tokenizer_whose_package_is_missing_is_one_line_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """transformers' own words for a SentencePiece tokenizer without the package, as a user meets them."""
+    from transformers import AutoTokenizer
+    from transformers.utils.import_utils import SENTENCEPIECE_IMPORT_ERROR
+
+    from loops_nb.errors import UserError
+    from loops_nb.tokenization import load_model_tokenizer
+
+    def needs_sentencepiece(*_: Any, **__: Any) -> Any:
+        raise ImportError(SENTENCEPIECE_IMPORT_ERROR.format("GemmaTokenizer"))
+
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", needs_sentencepiece)
+    with pytest.raises(UserError) as raised:
+        load_model_tokenizer(ModelConfig(base_model="google/gemma-2-2b-it"), "serverless")
+    assert str(raised.value) == (
+        "the tokenizer of 'google/gemma-2-2b-it' needs the Python package 'sentencepiece', which is not "
+        "installed: run `uv add sentencepiece`"
+    )
