@@ -18,6 +18,7 @@ from loops_nb.config.sections import ModelConfig
 from loops_nb.errors import ConfigError, UserError
 from loops_nb.llm.renderer_choice import RendererChoice, choose_renderer, no_template, renderer_config
 from loops_nb.llm.templates import BUILTIN_TEMPLATES as BUILTIN_TEMPLATES
+from loops_nb.missing_package import install_line, missing_package
 
 if TYPE_CHECKING:
     from loops_nb.llm.renderer import Renderer
@@ -51,7 +52,14 @@ def load_model_tokenizer(model: ModelConfig, scope: str, *, cache_dir: Path | No
     if scope == "local" or Path(source).expanduser().is_dir():
         from loops_nb.local.model_store import load_tokenizer, resolve_model
 
-        return load_tokenizer(resolve_model(source, cache_dir=cache_dir), chat_template=template)
+        resolved = resolve_model(source, cache_dir=cache_dir)
+        try:
+            return load_tokenizer(resolved, chat_template=template)
+        except ImportError as exc:
+            package = missing_package(exc)
+            if package is None:
+                raise
+            raise UserError(install_line(f"the tokenizer of {source!r}", package)) from None
     from transformers import AutoTokenizer
 
     try:
@@ -65,6 +73,9 @@ def load_model_tokenizer(model: ModelConfig, scope: str, *, cache_dir: Path | No
 
 def tokenizer_problem(source: str, exc: BaseException) -> str:
     """One line saying why the tokenizer of `source` did not load, and what to do about it."""
+    package = missing_package(exc)
+    if package is not None:
+        return install_line(f"the tokenizer of {source!r}", package)
     text = " ".join(str(exc).split())
     offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
     if offline or "couldn't connect" in text or "offline mode" in text:
