@@ -31,6 +31,10 @@ if TYPE_CHECKING:
     from loops_nb.llm.capture import ModelCall
 
 
+PARSES_KEPT = 64
+"""Parsed replies a renderer keeps: enough for the attempts sampling at once to each find its previous one."""
+
+
 class PrimeRenderer(TokenizerText):
     """A `Renderer` for one model family, wrapping `renderers`' hand-written renderer `name` (`qwen3`, ...)."""
 
@@ -56,6 +60,7 @@ class PrimeRenderer(TokenizerText):
         self.hub_id = hub_id
         self.config = config if config is not None else renderer_config(name)
         self._kept: PrimeRenderer | None = None
+        self._parsed: dict[tuple[Any, ...], ParsedReply] = {}
         named = tokenizer
         if hub_id and getattr(tokenizer, "name_or_path", None) != hub_id:
             # A shallow copy that answers to the Hub id; the vocabulary itself is shared, not copied.
@@ -108,12 +113,25 @@ class PrimeRenderer(TokenizerText):
         prompt_tokens: Sequence[int] | None = None,
         tools: Sequence[dict[str, Any]] | None = None,
     ) -> ParsedReply:
-        parsed = self.prime.parse_response(
-            list(completion_tokens),
-            tools=list(tools) if tools else None,
-            prompt_ids=list(prompt_tokens) if prompt_tokens is not None else None,
+        # An attempt's next call parses the previous reply again to prove the conversation continues it
+        # (breaks.continuation_start): the same tokens, so the same answer, kept for a few calls.
+        key = (
+            tuple(completion_tokens),
+            tuple(prompt_tokens) if prompt_tokens is not None else None,
+            json.dumps(tools, sort_keys=True) if tools else None,
         )
-        return parsed_reply(parsed, self.decode(completion_tokens, skip_special=True))
+        found = self._parsed.pop(key, None)
+        if found is None:
+            parsed = self.prime.parse_response(
+                list(completion_tokens),
+                tools=list(tools) if tools else None,
+                prompt_ids=list(prompt_tokens) if prompt_tokens is not None else None,
+            )
+            found = parsed_reply(parsed, self.decode(completion_tokens, skip_special=True))
+        self._parsed[key] = found  # most recent last
+        while len(self._parsed) > PARSES_KEPT:
+            self._parsed.pop(next(iter(self._parsed)))
+        return copy.deepcopy(found)
 
     # -- a turn as the family writes it --------------------------------------------------------------------
 

@@ -134,3 +134,21 @@ def test_tool_results_are_named_after_their_call(family_tokenizer: Callable[[str
     text = renderer.decode(renderer.prompt_tokens(THREE_TURNS, TOOLS))
     assert "<|start|>functions.get_weather to=assistant" in text
     assert "functions.unknown" not in text
+
+
+@pytest.mark.parametrize("name", ["qwen3.6", "deepseek-v4"])
+def test_a_kept_parse_is_the_parse_and_a_caller_cannot_change_it(
+    name: str, family_tokenizer: Callable[[str], Any]
+) -> None:
+    """The twin: the parse an attempt's next call finds kept equals a fresh renderer's parse of the same tokens."""
+    renderer, fresh = family_renderer(name, family_tokenizer), family_renderer(name, family_tokenizer)
+    prompt = renderer.prompt_tokens(THREE_TURNS[:2], TOOLS)
+    completion = renderer.encode(FAMILY_REPLIES[name].call_reply)
+    first = renderer.parse(completion, prompt_tokens=prompt, tools=TOOLS)
+    first.tool_calls.clear()  # a caller's own copy
+    again = renderer.parse(completion, prompt_tokens=prompt, tools=TOOLS)
+    assert again == fresh.parse(completion, prompt_tokens=prompt, tools=TOOLS)
+    assert [c["function"]["name"] for c in again.tool_calls] == ["get_weather"]
+    assert renderer.parse(completion, prompt_tokens=prompt, tools=None) == fresh.parse(
+        completion, prompt_tokens=prompt
+    )
