@@ -164,3 +164,32 @@ def test_renderer_options_are_checked_against_the_family(family_tokenizer: Calla
     assert isinstance(thinking.render(parse_row(tool_row(reasoning=True), 1)), RenderedRow)
     with pytest.raises(ValueError, match="renderer_options apply to a family's renderer"):
         ModelConfig(renderer="chat_template", renderer_options={"enable_thinking": False})
+
+
+@pytest.mark.parametrize("reasoning", [True, False], ids=["reasoning", "no-reasoning"])
+def test_qwen3_through_its_renderer_trains_what_its_own_jinja_template_trains(
+    reasoning: bool, family_tokenizer: Callable[[str], Any]
+) -> None:
+    """The twin against the family's own template (Qwen3-8B's, Apache-2.0, in sft_fixtures): the same prompts,
+    and the same examples, token for token and weight for weight, as the chat template's target rule."""
+    from family_replies import THREE_TURNS
+    from sft_fixtures import QWEN3_TEMPLATE
+
+    from loops_nb.llm.renderer import ChatRenderer
+
+    tokenizer = family_tokenizer("qwen3")
+    renderer = PrimeRenderer(tokenizer, "qwen3")
+    template = ChatRenderer(tokenizer, QWEN3_TEMPLATE)
+    for k in range(1, len(THREE_TURNS) + 1):
+        assert renderer.prompt_tokens(THREE_TURNS[:k], TOOLS) == template.prompt_tokens(
+            THREE_TURNS[:k], TOOLS
+        )
+    row = parse_row(tool_row(reasoning=reasoning), 1)
+    family, jinja = (
+        FamilyTargets(renderer).render(row),
+        Renderer(tokenizer, chat_template=QWEN3_TEMPLATE).render(row),
+    )
+    assert isinstance(family, RenderedRow) and isinstance(jinja, RenderedRow)
+    assert [(e.input_ids, e.weights, e.turn_indices) for e in family.examples] == [
+        (e.input_ids, e.weights, e.turn_indices) for e in jinja.examples
+    ]
