@@ -16,6 +16,8 @@ from typing import Any
 from family_tokenizers import FAMILIES, family_tokenizer
 
 WIDTH = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}
+GQA = {"num_key_value_heads": 2, "head_dim": 16}
+MOE = {"num_experts_per_tok": 2}
 
 
 def _config(name: str, vocab: int, specials: dict[str, Any]) -> Any:
@@ -24,15 +26,14 @@ def _config(name: str, vocab: int, specials: dict[str, Any]) -> Any:
 
     common = {"vocab_size": vocab, "max_position_embeddings": 4096, "tie_word_embeddings": False, **specials}
     if name == "qwen3":
-        return tf.Qwen3Config(**WIDTH, num_key_value_heads=2, head_dim=16, **common)
+        return tf.Qwen3Config(**WIDTH, **GQA, **common)
     if name == "qwen3.6":
         return tf.Qwen3_5MoeTextConfig(
             **WIDTH,
-            num_key_value_heads=2,
-            head_dim=16,
+            **GQA,
+            **MOE,
             layer_types=["linear_attention", "full_attention"],
             num_experts=4,
-            num_experts_per_tok=2,
             moe_intermediate_size=32,
             shared_expert_intermediate_size=32,
             linear_num_key_heads=2,
@@ -55,8 +56,8 @@ def _config(name: str, vocab: int, specials: dict[str, Any]) -> Any:
             index_n_heads=4,
             index_head_dim=16,
             index_topk=16,
+            **MOE,
             n_routed_experts=4,
-            num_experts_per_tok=2,
             moe_intermediate_size=32,
             layer_types=["heavily_compressed_attention", "compressed_sparse_attention"],
             mlp_layer_types=["hash_moe", "moe"],
@@ -67,10 +68,9 @@ def _config(name: str, vocab: int, specials: dict[str, Any]) -> Any:
     if name == "gpt-oss":
         return tf.GptOssConfig(
             **WIDTH,
-            num_key_value_heads=2,
-            head_dim=16,
+            **GQA,
+            **MOE,
             num_local_experts=4,
-            num_experts_per_tok=2,
             sliding_window=32,
             layer_types=["sliding_attention", "full_attention"],
             **common,

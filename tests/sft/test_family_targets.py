@@ -93,20 +93,22 @@ def test_each_trained_turn_is_what_the_sampler_is_prompted_with_then_writes(
     assert trained == sum(e.n_trained for e in result.examples)
 
 
-def test_qwen36_trains_after_the_think_the_prompt_opened(family_tokenizer: Callable[[str], Any]) -> None:
-    tokenizer = family_tokenizer("qwen3.6")
-    result = FamilyTargets(family("qwen3.6", tokenizer)).render(parse_row(tool_row(reasoning=True), 1))
+@pytest.mark.parametrize(
+    ("name", "trained"),
+    [
+        # After the `<think>\n` the prompt opened: that much is the prompt's, not the model's.
+        ("qwen3.6", "Rome now.\n</think>\n\nLet me check.<|im_end|>"),
+        # The analysis the prompt opened, then the channel headers the model writes itself.
+        ("gpt-oss", "Rome now.<|end|><|start|>assistant<|channel|>final<|message|>Let me check.<|return|>"),
+    ],
+)
+def test_a_prompt_that_opens_reasoning_trains_what_follows_it(
+    name: str, trained: str, family_tokenizer: Callable[[str], Any]
+) -> None:
+    tokenizer = family_tokenizer(name)
+    result = FamilyTargets(family(name, tokenizer)).render(parse_row(tool_row(reasoning=True), 1))
     assert isinstance(result, RenderedRow)
-    trained = [s.text for s in result.examples[-1].segments(tokenizer) if s.trained]
-    assert trained == ["Rome now.\n</think>\n\nLet me check.<|im_end|>"]
-
-
-def test_gpt_oss_trains_the_channels_it_writes(family_tokenizer: Callable[[str], Any]) -> None:
-    tokenizer = family_tokenizer("gpt-oss")
-    result = FamilyTargets(family("gpt-oss", tokenizer)).render(parse_row(tool_row(reasoning=True), 1))
-    assert isinstance(result, RenderedRow)
-    trained = [s.text for s in result.examples[-1].segments(tokenizer) if s.trained]
-    assert trained == ["Rome now.<|end|><|start|>assistant<|channel|>final<|message|>Let me check.<|return|>"]
+    assert [s.text for s in result.examples[-1].segments(tokenizer) if s.trained] == [trained]
 
 
 @pytest.mark.parametrize(
