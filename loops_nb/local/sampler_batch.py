@@ -212,7 +212,9 @@ class DecodeBatch:
 
         index = torch.tensor(source, dtype=torch.long, device=device)
         if source != list(range(len(unique))):
-            cache.reorder_cache(index)  # every layer kind selects its rows (linear attention too)
+            cache.reorder_cache(
+                cast(torch.LongTensor, index)
+            )  # every layer kind selects its rows (linear attention too)
         return cls(
             rows=rows,
             cache=cache,
@@ -267,7 +269,7 @@ class DecodeBatch:
     def keep(self, keep: list[int], trim: bool) -> None:
         """Drop every row not in `keep`; with `trim`, also the cache columns that are padding in all rows."""
         index = torch.tensor(keep, dtype=torch.long, device=self.mask.device)
-        self.cache.reorder_cache(index)
+        self.cache.reorder_cache(cast(torch.LongTensor, index))
         self.rows = [self.rows[i] for i in keep]
         self.mask = self.mask[index]
         self.next_position = self.next_position[index]

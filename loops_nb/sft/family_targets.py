@@ -59,7 +59,7 @@ class FamilyTargets(RowRenderer):
         self.max_seq_len = max_seq_len
         self.vocab_size = len(self.tokenizer)
         self._stop_ids = set(renderer.stop_token_ids)
-        self.stop_tokens = [self.tokenizer.convert_ids_to_tokens(i) for i in renderer.stop_token_ids]
+        self.stop_tokens = [str(self.tokenizer.convert_ids_to_tokens(i)) for i in renderer.stop_token_ids]
         self._special_re = alternation([*self.tokenizer.all_special_tokens, *self.stop_tokens])
         self._wording = family_wording(renderer.name, type(renderer.config).model_fields)
 
