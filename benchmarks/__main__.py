@@ -1,6 +1,6 @@
 """Run the benchmarks and print one table of ratios.
 
-uv run python -m benchmarks [trainer] [sampler] [prefix_cache] [shared_prefix]
+uv run python -m benchmarks [trainer] [sampler] [prefix_cache] [agent_prefill] [shared_prefix]
                            [sft_check] [renderers] [orchestration] [async_vs_sync]
                            [learning_speed] [memory]
 
@@ -21,6 +21,7 @@ ALL = (
     "trainer",
     "sampler",
     "prefix_cache",
+    "agent_prefill",
     "shared_prefix",
     "sft_check",
     "renderers",

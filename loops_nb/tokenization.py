@@ -126,8 +126,8 @@ def run_renderer_choice(model: ModelConfig, run_json: Mapping[str, Any] | None) 
 
 
 def renderer_record(model: ModelConfig, run_json: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """run.json's `renderer` for a run starting with `model` (None when the setting names no renderer: SFT
-    trains on the template anyway, and its check has said so)."""
+    """run.json's `renderer` for a run starting with `model` (None when the setting names no renderer: the
+    run's check has said so)."""
     try:
         choice = run_renderer_choice(model, run_json)
     except ConfigError:
