@@ -39,6 +39,7 @@ from loops_nb.sft.report import CheckReport
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+    from loops_nb.llm.renderer_choice import RendererChoice
     from loops_nb.sft.config import SFTConfig
 
 _HASH_SCALE = float(2**64)
@@ -314,14 +315,16 @@ class SFTData:
         *,
         config_path: Path | None = None,
         on_refusal: Callable[[Path, RefusedRow], None] | None = None,
+        renderer_choice: RendererChoice | None = None,
     ) -> SFTData:
         """Stream the data files once: render every row, split, index, report and plan.
 
         ``on_refusal(path, refused)`` is called for every refused row of either file, as it is read (the report
-        keeps only the first held-out refusals).
+        keeps only the first held-out refusals). ``renderer_choice``: the renderer the run recorded, for a
+        resume (default: what ``config.model`` resolves to).
         """
         d, t = config.data, config.training
-        renderer = sft_renderer(config.model, tokenizer)
+        renderer = sft_renderer(config.model, tokenizer, renderer_choice)
         if not d.train.is_file():
             raise DataError(missing_data_message(d.train, "data.train", config_path))
         train = ExampleIndex(d.train)

@@ -51,7 +51,7 @@ from loops_nb.sft.config import SFTConfig
 from loops_nb.sft.data import ChatRow, Message, read_rows
 from loops_nb.sft.family_targets import sft_renderer
 from loops_nb.sft.survival import split_reasoning
-from loops_nb.tokenization import load_model_tokenizer
+from loops_nb.tokenization import load_model_tokenizer, run_renderer_choice
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -265,7 +265,8 @@ async def compare(
     tokenizer = await asyncio.to_thread(
         load_model_tokenizer, config.model, config.compute.scope, cache_dir=config.compute.local.cache_dir
     )
-    renderer = sft_renderer(config.model, tokenizer).sampling_renderer()
+    choice = run_renderer_choice(config.model, run_dir.read_run_json())  # as the run trained
+    renderer = sft_renderer(config.model, tokenizer, choice).sampling_renderer()
     source, row_iter = held_out_rows(config, rows, project.path)
     items = []
     for row in row_iter:

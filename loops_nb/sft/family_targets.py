@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from loops_nb.config.sections import ModelConfig
     from loops_nb.llm.prime_renderer import PrimeRenderer
     from loops_nb.llm.renderer import Renderer as SamplingRenderer
+    from loops_nb.llm.renderer_choice import RendererChoice
 
 
 class FamilyTargets(RowRenderer):
@@ -152,15 +153,15 @@ class FamilyTargets(RowRenderer):
         return self.renderer.decode(ids)
 
 
-def sft_renderer(model: ModelConfig, tokenizer: Any) -> RowRenderer:
+def sft_renderer(model: ModelConfig, tokenizer: Any, choice: RendererChoice | None = None) -> RowRenderer:
     """What SFT trains `model` through: the family's renderer where `[model] renderer` gives one (as RL and
-    sampling render), else the chat template's target rule."""
+    sampling render), else the chat template's target rule. `choice`: the renderer a run recorded (a resume
+    and `compare` keep it, `tokenization.run_renderer_choice`); default: what `[model]` resolves to now."""
     from loops_nb.llm.prime_renderer import PrimeRenderer
     from loops_nb.sft.rendering import Renderer
     from loops_nb.tokenization import model_renderer_choice, text_renderer
 
-    choice = model_renderer_choice(model)
-    seam = text_renderer(model, tokenizer, choice)
+    seam = text_renderer(model, tokenizer, choice or model_renderer_choice(model))
     if isinstance(seam, PrimeRenderer):
         return FamilyTargets(seam, max_seq_len=model.max_seq_len)
     return Renderer(tokenizer, max_seq_len=model.max_seq_len)

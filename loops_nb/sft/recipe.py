@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,11 +31,12 @@ from loops_nb.sft.outcome import SFTOutcome
 from loops_nb.sft.refusal_file import RefusalFile
 from loops_nb.sft.report import CheckReport, refusal_lines
 from loops_nb.sft.schedule import describe_schedule
-from loops_nb.tokenization import load_model_tokenizer, model_renderer_choice
+from loops_nb.tokenization import load_model_tokenizer, model_renderer_choice, run_renderer_choice
 
 if TYPE_CHECKING:
     from baseten.loops import TrainingClient
 
+    from loops_nb.llm.renderer_choice import RendererChoice
     from loops_nb.project import Project
 
 log = logging.getLogger(__name__)
@@ -269,6 +271,19 @@ class SFTRecipe(Recipe):
         return SFTRun(self.sft, run_dir, training_client, self.data, observers, stop=stop)
 
 
+def _resumed_renderer(config: SFTConfig) -> RendererChoice | None:
+    """The renderer a run being resumed recorded in its run.json (a newer `renderers` never re-renders a
+    half-trained run's data with another renderer); None for a new run."""
+    if not config.output.run_name:
+        return None
+    path = config.output.output_dir / config.output.run_name / "run.json"  # read only: no run dir made here
+    try:
+        run_json = json.loads(path.read_text())
+    except (OSError, ValueError):  # no run yet (or an unreadable one, which the run's setup reports)
+        return None
+    return run_renderer_choice(config.model, run_json)
+
+
 async def train(
     project: Project, *, observers: list[Any] | None = None, stop: asyncio.Event | None = None
 ) -> SFTOutcome:
@@ -276,7 +291,9 @@ async def train(
     so a data problem never costs a run directory or a trainer."""
     config = project.config_as(SFTConfig)
     tokenizer = await _tokenizer(config)
-    data = await asyncio.to_thread(SFTData.load, config, tokenizer, config_path=project.path)
+    data = await asyncio.to_thread(
+        SFTData.load, config, tokenizer, config_path=project.path, renderer_choice=_resumed_renderer(config)
+    )
     if not len(data.train):
         raise DataError(f"no row of {config.data.train} trains: run `loops check {project.path}` to see why")
     outcome = await run_recipe(

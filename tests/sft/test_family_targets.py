@@ -195,3 +195,35 @@ def test_qwen3_through_its_renderer_trains_what_its_own_jinja_template_trains(
     assert [(e.input_ids, e.weights, e.turn_indices) for e in family.examples] == [
         (e.input_ids, e.weights, e.turn_indices) for e in jinja.examples
     ]
+
+
+def test_a_resumed_run_trains_through_the_renderer_it_recorded(
+    tmp_path: Any, family_tokenizer: Callable[[str], Any]
+) -> None:
+    """run.json keeps the renderer a run started with: a resume renders its data with it, whatever `auto`
+    would pick now (a newer `renderers` may know the model by then)."""
+    import json
+
+    from loops_nb import load
+    from loops_nb.sft.batching import SFTData
+    from loops_nb.sft.config import SFTConfig
+    from loops_nb.sft.recipe import _resumed_renderer
+
+    family_tokenizer("qwen3").save_pretrained(tmp_path / "tok")
+    (tmp_path / "train.jsonl").write_text(json.dumps(tool_row(reasoning=True)) + "\n")
+    (tmp_path / "sft.toml").write_text(
+        f'recipe = "sft"\n[model]\nbase_model = "my-org/qwen3-support"\ntokenizer = "{tmp_path / "tok"}"\n'
+        f'[data]\ntrain = "train.jsonl"\neval_fraction = 0\n[output]\noutput_dir = "{tmp_path / "runs"}"\n'
+        'run_name = "r"\n'
+    )
+    config = load(tmp_path / "sft.toml").config_as(SFTConfig)
+    assert _resumed_renderer(config) is None, "a new run resolves its renderer"
+    (tmp_path / "runs" / "r").mkdir(parents=True)
+    record = {"name": "qwen3", "why": "auto: ...", "setting": "auto", "template": None}
+    (tmp_path / "runs" / "r" / "run.json").write_text(json.dumps({"renderer": record}))
+    choice = _resumed_renderer(config)
+    assert choice is not None and choice.name == "qwen3"
+    data = SFTData.load(config, family_tokenizer("qwen3"), renderer_choice=choice)
+    assert isinstance(data.renderer, FamilyTargets) and len(data.train) == 2
+    with pytest.raises(ConfigError, match="has no chat template and no renderer was named"):
+        SFTData.load(config, family_tokenizer("qwen3"))  # resolved afresh: auto knows no such model
