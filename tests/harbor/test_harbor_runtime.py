@@ -55,14 +55,14 @@ class NotAnAgent:
 
 
 def harbor_config_toml(tmp_path: Path, model: Path, agent: str, **options: Any) -> str:
-    """One step of one group of four attempts of `agents:<agent>` on the hidden game, each in a local sandbox."""
+    """One step of one group of four attempts of `harbor_agents:<agent>` on the hidden game, each in a local sandbox."""
     return tiny_run_toml(
         "loops_nb.harbor:create_runtime",
         model,
         tmp_path / "runs",
         options={
             "tasks": HIDDEN_GAME,
-            "agent": f"agents:{agent}",
+            "agent": f"harbor_agents:{agent}",
             "provider": "sandbox",
             "keep_trials": "failed",
             **options,
@@ -76,7 +76,7 @@ def harbor_config_toml(tmp_path: Path, model: Path, agent: str, **options: Any) 
 
 
 def make(tmp_path: Path, model: Path, agent: str) -> Path:
-    (tmp_path / "agents.py").write_text(AGENTS)
+    (tmp_path / "harbor_agents.py").write_text(AGENTS)  # not `agents`: the OpenAI Agents SDK is `agents`
     config = tmp_path / f"{agent}.toml"
     config.write_text(harbor_config_toml(tmp_path, model, agent))
     return config

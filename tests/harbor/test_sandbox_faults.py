@@ -230,7 +230,7 @@ def test_remove_tree_removes_what_a_task_made_read_only(tmp_path: Path) -> None:
 async def test_a_step_trains_on_the_attempts_whose_sandboxes_lived(
     tmp_path: Path, tiny_chat_model_path: Path
 ) -> None:
-    (tmp_path / "agents.py").write_text(
+    (tmp_path / "harbor_agents.py").write_text(
         f"from {__name__} import Faulty\n\n\nclass Careful(Faulty):\n    pass\n"
     )
     config = tmp_path / "Careful.toml"

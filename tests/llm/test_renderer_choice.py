@@ -138,21 +138,27 @@ def test_a_run_keeps_the_renderer_its_run_json_recorded(qwen36_folder: Path) -> 
 
 
 def test_a_renderer_whose_package_is_missing_is_one_line_naming_it(
-    monkeypatch: pytest.MonkeyPatch, family_tokenizer: Callable[[str], Any]
+    tmp_path: Path, family_tokenizer: Callable[[str], Any]
 ) -> None:
-    """gpt-oss's renderer imports openai-harmony; without it, one line says what to add."""
+    """gpt-oss's renderer imports openai-harmony; without it, one line says what to add. In a fresh interpreter
+    where the package cannot be imported (this one may have imported it already)."""
+    import subprocess
     import sys
 
-    tokenizer = family_tokenizer("gpt-oss")
-    monkeypatch.setitem(sys.modules, "openai_harmony", None)  # what a missing package looks like to import
-    for module in [m for m in sys.modules if m == "renderers.gpt_oss"]:
-        monkeypatch.delitem(sys.modules, module)
-    with pytest.raises(ConfigError) as raised:
-        PrimeRenderer(tokenizer, "gpt-oss")
-    assert str(raised.value) == (
+    family_tokenizer("gpt-oss").save_pretrained(tmp_path)
+    script = (
+        "import sys; sys.modules['openai_harmony'] = None\n"  # what a package that is not installed looks like
+        "from transformers import AutoTokenizer\n"
+        "from loops_nb.errors import ConfigError\n"
+        "from loops_nb.llm.prime_renderer import PrimeRenderer\n"
+        f"tokenizer = AutoTokenizer.from_pretrained({str(tmp_path)!r})\n"
+        "try:\n    PrimeRenderer(tokenizer, 'gpt-oss')\nexcept ConfigError as exc:\n    print(exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert out.stdout.strip() == (
         "[model] renderer 'gpt-oss' needs the Python package 'openai-harmony', which is not installed: run "
         "`uv add openai-harmony`"
-    )
+    ), out.stderr[-2000:]
 
 
 def test_a_tokenizer_whose_package_is_missing_is_one_line_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
