@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import json
+import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -61,6 +62,7 @@ class PrimeRenderer(TokenizerText):
         self.config = config if config is not None else renderer_config(name)
         self._kept: PrimeRenderer | None = None
         self._parsed: dict[tuple[Any, ...], ParsedReply] = {}
+        self._parsed_lock = threading.Lock()
         named = tokenizer
         if hub_id and getattr(tokenizer, "name_or_path", None) != hub_id:
             # A shallow copy that answers to the Hub id; the vocabulary itself is shared, not copied.
@@ -120,7 +122,8 @@ class PrimeRenderer(TokenizerText):
             tuple(prompt_tokens) if prompt_tokens is not None else None,
             json.dumps(tools, sort_keys=True) if tools else None,
         )
-        found = self._parsed.pop(key, None)
+        with self._parsed_lock:  # attempts on other threads (the gateway's) share the renderer
+            found = self._parsed.pop(key, None)
         if found is None:
             parsed = self.prime.parse_response(
                 list(completion_tokens),
@@ -128,9 +131,10 @@ class PrimeRenderer(TokenizerText):
                 prompt_ids=list(prompt_tokens) if prompt_tokens is not None else None,
             )
             found = parsed_reply(parsed, self.decode(completion_tokens, skip_special=True))
-        self._parsed[key] = found  # most recent last
-        while len(self._parsed) > PARSES_KEPT:
-            self._parsed.pop(next(iter(self._parsed)))
+        with self._parsed_lock:
+            self._parsed[key] = found  # most recent last
+            while len(self._parsed) > PARSES_KEPT:
+                self._parsed.pop(next(iter(self._parsed)))
         return copy.deepcopy(found)
 
     # -- a turn as the family writes it --------------------------------------------------------------------
