@@ -80,3 +80,9 @@ def growing_cache(config: PretrainedConfig) -> DynamicCache:
 def is_full_attention(layer: object) -> bool:
     """A plain full-attention layer (one rows can be left-padded and merged into)."""
     return type(layer) in (DynamicLayer, GrowingLayer)
+
+
+def cache_is_full_attention(config: PretrainedConfig) -> bool:
+    """Whether every cache layer of a model with `config` is plain full attention (rows can be merged into
+    a batch, or a prompt's keys and values repeated for several rows)."""
+    return all(is_full_attention(layer) for layer in growing_cache(config).layers)

@@ -31,8 +31,23 @@ from loops_nb.local.vision import VisionInputs
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
-PLAIN_HEAD_TYPES = {"llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "smollm3", "phi3"}
-"""Families whose logits are exactly `lm_head(last_hidden_state)`, so the head can run on selected rows."""
+PLAIN_HEAD_TYPES = {
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "qwen2_moe",
+    "qwen3_moe",
+    "qwen3_5_text",
+    "qwen3_5_moe_text",
+    "smollm3",
+    "phi3",
+    "deepseek_v4",
+    "gpt_oss",
+    "gemma3_text",
+}
+"""Families whose logits are exactly `lm_head(last_hidden_state)`, so the head can run on selected rows
+(tests/local/test_plain_heads.py checks each against the full model's logits)."""
 
 TopK = tuple[torch.Tensor, torch.Tensor]
 """(logprobs, token ids) of the top-k tokens at each selected position."""

@@ -37,14 +37,14 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from loops_nb.local.batch_forward import BatchForward
 from loops_nb.local.compute_lane import COMPUTE_LANE
 from loops_nb.local.decoding import select_tokens
-from loops_nb.local.kv_cache import growing_cache
+from loops_nb.local.kv_cache import cache_is_full_attention
 from loops_nb.local.memory_budget import MIB, kv_token_budget, resolve_budget, weight_bytes
 from loops_nb.local.model_store import auto_dtype
 from loops_nb.local.prefill_plan import Prefiller
 from loops_nb.local.prefix_cache import PrefixCache
 from loops_nb.local.row_endings import RowEndings, SampleAbandoned
 from loops_nb.local.sampler_adapters import AdapterSet, read_adapter_dir
-from loops_nb.local.sampler_batch import DecodeBatch, Job, Row, cache_is_mergeable
+from loops_nb.local.sampler_batch import DecodeBatch, Job, Row
 from loops_nb.local.sampling_types import (
     DEFAULT_MAX_TOKENS,
     IMAGE_POSITION,
@@ -110,7 +110,7 @@ class SamplerEngine:
         self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
         self.max_positions: int | None = max_positions(config)
         self.eos_token_ids = self._eos_ids()
-        self._mergeable = cache_is_mergeable(growing_cache(config))
+        self._mergeable = cache_is_full_attention(config)
         prefix_bytes = (
             resolve_budget(memory_budget_mb, weight_bytes(self.model))
             if prefix_cache_mb is None

@@ -25,7 +25,6 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from loops_nb.local.decoding import RowParams, draw_uniforms, prompt_logprobs
-from loops_nb.local.kv_cache import is_full_attention
 from loops_nb.local.prefix_cache import CachedSequence, PrefixHit
 from loops_nb.local.sampling_types import PromptLogprobEntry, SampledChoice, SampleRequest, SampleResult
 
@@ -82,14 +81,8 @@ class Row:
     logprobs: list[float] = field(default_factory=list)
 
 
-def cache_is_mergeable(cache: DynamicCache) -> bool:
-    """Whether rows can join a running batch: every layer is a plain full-attention layer
-    (sliding-window or recurrent layers cannot be left-padded after the fact)."""
-    return all(is_full_attention(layer) for layer in cache.layers)
-
-
 def _layers(cache: DynamicCache) -> list[DynamicLayer]:
-    """The cache's layers, as the full-attention layers `cache_is_mergeable` checked they are."""
+    """The cache's layers, as the full-attention layers `kv_cache.cache_is_full_attention` checked they are."""
     return cast(list[DynamicLayer], cache.layers)
 
 

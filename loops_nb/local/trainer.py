@@ -51,6 +51,7 @@ from loops_nb.local.datum_wire import (
     resolve_loss_config,
     validate_top_k,
 )
+from loops_nb.local.kv_cache import cache_is_full_attention
 from loops_nb.local.lora_adapter import (
     LORA_ALPHA,
     adapter_state_dict,
@@ -126,6 +127,9 @@ class LoraTrainer:
         self._plain_head = has_plain_head(base.config)
         self.share_prefixes = True
         """Rows of a micro-batch that share a prompt run it once (`shared_prefix`); False runs every row whole."""
+        # Sharing repeats a prompt's keys and values for its rows: only plain full-attention caches can
+        # (Qwen3.5/3.6's linear attention, DeepSeek V4's compressed attention and sliding windows run whole).
+        self._can_share = cache_is_full_attention(base.config)
         self._lp_dtype = torch.float64 if dtype == torch.float64 else torch.float32
         self._model: PeftModel | None = None
         self._optimizer: torch.optim.AdamW | None = None
@@ -244,7 +248,7 @@ class LoraTrainer:
                         loss_config=cfg,
                         top_k=top_k,
                         backward=backward,
-                        share_prefixes=self.share_prefixes and not recompute,
+                        share_prefixes=self.share_prefixes and self._can_share and not recompute,
                     )
                     with self._layers_recomputed() if recompute else contextlib.nullcontext():
                         result = self._micro_batch(job)
@@ -287,7 +291,9 @@ class LoraTrainer:
         (see `activation_memory.plan_micro_batches`); where the rows' prompts will be shared, a prompt's
         rows are kept together and priced as the shared forward runs them."""
         # Only text rows under a plain head share (`LogprobModel`): pricing others as shared would understate.
-        shares = self.share_prefixes and self._plain_head and not any(d.images for d in datums)
+        shares = (
+            self.share_prefixes and self._can_share and self._plain_head and not any(d.images for d in datums)
+        )
         cfg = resolve_loss_config(loss_fn, loss_config)
         return plan_micro_batches(
             [d.length for d in datums],

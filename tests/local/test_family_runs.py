@@ -93,10 +93,18 @@ async def test_one_rl_step_on_a_two_turn_tool_episode(
     assert len(scripted.capture.sequences()) == 1
 
     datums = sequence_datums(sampled.capture.sequences(), 1.0, "sampled")
+    # The episode twice, as a group's samples share a prompt: full-attention families run it once for both
+    # rows (shared_prefix); the others decline sharing (their caches cannot repeat a prefix).
     datums += sequence_datums(scripted.capture.sequences(), -1.0, "scripted")
+    datums += sequence_datums(scripted.capture.sequences(), 0.5, "scripted again")
     future = await trainer.forward_backward_async([d.to_datum() for d in datums], "importance_sampling")
     out = await future.result_async()
-    assert out.loss == out.loss and len(out.loss_fn_outputs) == 2
+    assert out.loss == out.loss and len(out.loss_fn_outputs) == 3
+    again = [out.loss_fn_outputs[k]["logprobs"].data for k in (1, 2)]
+    assert max(abs(a - b) for a, b in zip(*again, strict=True)) < 1e-5, "the same tokens, the same logprobs"
+    metrics = out.metrics or {}
+    shared = metrics["trainer/computed_tokens"] < metrics["trainer/total_tokens"]
+    assert shared is (name in ("qwen3", "llama-3")), metrics  # the full-attention families
     # The twin: the trainer's logprobs of the sampled tokens are the sampler's.
     seq = datums[0]
     trained = out.loss_fn_outputs[0]["logprobs"].data
