@@ -173,6 +173,8 @@ def family_tokenizer_folders(folder: Path) -> dict[str, str]:
         family_tokenizer(name).save_pretrained(folder / name)
         folders[name] = str(folder / name)
     return folders
+
+
 MAX_OUTPUT_BYTES = 1_000_000
 """A saved notebook must stay small: no megabytes of widget state."""
 
