@@ -2,7 +2,10 @@
 
 uv run python -m benchmarks [trainer] [sampler] [prefix_cache] [agent_prefill] [shared_prefix]
                            [sft_check] [renderers] [orchestration] [async_vs_sync]
-                           [learning_speed] [memory]
+                           [learning_speed] [trl_grpo] [memory]
+
+`trl_grpo` needs TRL, which only the opt-in `bench` group installs:
+uv run --all-extras --group bench python -m benchmarks trl_grpo
 
 The speed rows come first, in one table of ratios; `memory` then prints the peak resident memory of whole
 runs and servers (benchmarks/peak_memory.py) in a table of its own.
@@ -28,6 +31,7 @@ ALL = (
     "orchestration",
     "async_vs_sync",
     "learning_speed",
+    "trl_grpo",
     "memory",
 )
 

@@ -1,6 +1,9 @@
 """Timed runs of the shipped quickstart on the embedded local Loops, shared by the benchmarks that need
 whole runs (async vs sync, learning speed). A `StepClock` observer stamps each finished step.
 
+Each step also gets the CPU seconds the process has used since the run started (`cpu_seconds`: user +
+system of every thread, and of any child process it has waited for), for rows that compare CPU cost.
+
 `python -m benchmarks.quickstart_runs '{"training.mode": "sync"}'` runs one in this process and prints
 its clock as JSON; `run_quickstart_isolated` does that in a child process, so each run starts from a
 fresh interpreter (and can get its own environment, e.g. OpenMP settings read at start-up).
@@ -11,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -33,17 +37,32 @@ class StepClock:
     steps: list[tuple[float, float | None]] = field(default_factory=list)
     splits: list[tuple[float, float]] = field(default_factory=list)
     """(seconds waiting for rollouts, seconds training + publishing) of each step, as the run logs them."""
+    cpu_started: float = field(default_factory=lambda: cpu_seconds())
+    cpu: list[float] = field(default_factory=list)
+    """CPU seconds (this process and its waited-for children) since the run started, at the end of each step."""
 
     def on_step(self, record: dict[str, Any]) -> None:
         now = time.perf_counter() - self.started
         if self.first_step_at is None:
             self.first_step_at = now
         self.steps.append((now, record.get("reward/mean")))
+        self.cpu.append(cpu_seconds() - self.cpu_started)
         train = float(record.get("time/train_s") or 0) + float(record.get("time/publish_s") or 0)
         self.splits.append((float(record.get("time/rollout_s") or 0), train))
 
     def seconds_to_reward(self, target: float) -> float | None:
         return next((t for t, reward in self.steps if reward is not None and reward >= target), None)
+
+    def cpu_seconds_to_reward(self, target: float) -> float | None:
+        """CPU seconds at the end of the first step whose mean reward reaches `target`."""
+        return next(
+            (
+                cpu
+                for (_, reward), cpu in zip(self.steps, self.cpu, strict=False)
+                if reward is not None and reward >= target
+            ),
+            None,
+        )
 
     def seconds_per_step_after_first(self) -> float:
         """Mean step time excluding the first step (which also pays model load and warm-up)."""
@@ -54,6 +73,12 @@ class StepClock:
         """Mean (rollout wait, train + publish) seconds per step, excluding the first step."""
         later = self.splits[1:] or self.splits
         return (sum(r for r, _ in later) / len(later), sum(t for _, t in later) / len(later))
+
+
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process (all its threads) and of its children it has waited for."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def run_quickstart(overrides: dict[str, Any]) -> StepClock:
@@ -86,9 +111,20 @@ def run_quickstart_isolated(overrides: dict[str, Any], env: dict[str, str] | Non
         first_step_at=clock["first_step_at"],
         steps=[tuple(s) for s in clock["steps"]],  # type: ignore[misc]
         splits=[tuple(s) for s in clock["splits"]],  # type: ignore[misc]
+        cpu_started=0.0,
+        cpu=list(clock.get("cpu", [])),
     )
 
 
 if __name__ == "__main__":
     result = run_quickstart(json.loads(sys.argv[1]))
-    print(json.dumps({"first_step_at": result.first_step_at, "steps": result.steps, "splits": result.splits}))
+    print(
+        json.dumps(
+            {
+                "first_step_at": result.first_step_at,
+                "steps": result.steps,
+                "splits": result.splits,
+                "cpu": result.cpu,
+            }
+        )
+    )
