@@ -153,7 +153,7 @@ def load_model_renderer(
         return text_renderer(model, tokenizer, choice)
     from loops_nb.llm.vision import VisionRenderer
 
-    text_renderer(model, tokenizer, choice)  # the same checks of the template and options
+    check_chat_template(model, tokenizer, choice)
     processor.tokenizer = tokenizer
     renderer = VisionRenderer(processor)
     renderer.why = choice.why
@@ -170,14 +170,22 @@ def text_renderer(model: ModelConfig, tokenizer: Any, choice: RendererChoice) ->
     if choice.name != CHAT_TEMPLATE:
         config = renderer_config(choice.name, model.renderer_options)
         renderer = PrimeRenderer(tokenizer, choice.name, hub_id=model.base_model, config=config)
-    elif model.renderer_options:
+    else:
+        check_chat_template(model, tokenizer, choice)
+        renderer = ChatRenderer(tokenizer)
+    renderer.why = choice.why
+    return renderer
+
+
+def check_chat_template(model: ModelConfig, tokenizer: Any, choice: RendererChoice) -> None:
+    """Refuses `[model]` where `choice` (the chat template) cannot render: `renderer_options` set (they apply
+    to a family's renderer only), or a tokenizer without a template. Its own function so that the renderers
+    built elsewhere on the template (a vision model's, SFT's target rule) get the same refusals without
+    building a `ChatRenderer` only to have them."""
+    if model.renderer_options:
         raise ConfigError(
             f"model.renderer_options apply to a family's renderer, and this model renders with its chat template "
             f"({choice.why}); remove them, or set model.renderer to the family's renderer"
         )
-    elif not getattr(tokenizer, "chat_template", None):
+    if not getattr(tokenizer, "chat_template", None):
         raise ConfigError(no_template(model.base_model, choice))
-    else:
-        renderer = ChatRenderer(tokenizer)
-    renderer.why = choice.why
-    return renderer

@@ -158,10 +158,14 @@ def sft_renderer(model: ModelConfig, tokenizer: Any, choice: RendererChoice | No
     sampling render), else the chat template's target rule. `choice`: the renderer a run recorded (a resume
     and `compare` keep it, `tokenization.run_renderer_choice`); default: what `[model]` resolves to now."""
     from loops_nb.llm.prime_renderer import PrimeRenderer
+    from loops_nb.llm.renderer import CHAT_TEMPLATE
     from loops_nb.sft.rendering import Renderer
-    from loops_nb.tokenization import model_renderer_choice, text_renderer
+    from loops_nb.tokenization import check_chat_template, model_renderer_choice, text_renderer
 
-    seam = text_renderer(model, tokenizer, choice or model_renderer_choice(model))
-    if isinstance(seam, PrimeRenderer):
-        return FamilyTargets(seam, max_seq_len=model.max_seq_len)
-    return Renderer(tokenizer, max_seq_len=model.max_seq_len)
+    choice = choice or model_renderer_choice(model)
+    if choice.name == CHAT_TEMPLATE:
+        check_chat_template(model, tokenizer, choice)
+        return Renderer(tokenizer, max_seq_len=model.max_seq_len)
+    family = text_renderer(model, tokenizer, choice)
+    assert isinstance(family, PrimeRenderer)  # any choice but the chat template is a family's renderer
+    return FamilyTargets(family, max_seq_len=model.max_seq_len)
