@@ -148,6 +148,13 @@ class PrimeRenderer(TokenizerText):
         history; the generation prompt is the same). Where prompt and turn split a token differently at the
         seam (Qwen3.6's `<think>\\n` before an empty `\\n\\n</think>`), the rest of the turn's text is
         tokenized on its own. `TurnNotAfterPrompt` when the turn cannot follow the prompt at all."""
+        return self.reply_tokens_converted(to_prime_messages(messages), tools)
+
+    def reply_tokens_converted(
+        self, converted: list[dict[str, Any]], tools: Sequence[dict[str, Any]] | None
+    ) -> list[int]:
+        """`reply_tokens` of messages already through `to_prime_messages`: SFT converts a row once and asks
+        for every trained turn of it, where converting each prefix again would redo the same work."""
         from loops_nb.llm.renderer_choice import reasoning_kept
 
         if self._kept is None:
@@ -157,7 +164,7 @@ class PrimeRenderer(TokenizerText):
                 if kept == self.config
                 else PrimeRenderer(self.tokenizer, self.name, hub_id=self.hub_id, config=kept)
             )
-        converted, spec = to_prime_messages(messages), list(tools) if tools else None
+        spec = list(tools) if tools else None
         prime = self._kept.prime
         opened = list(prime.render_ids(converted[:-1], tools=spec, add_generation_prompt=True))
         written = list(prime.render_ids(converted, tools=spec))

@@ -130,7 +130,7 @@ class FamilyTargets(RowRenderer):
         from loops_nb.llm.prime_renderer import TurnNotAfterPrompt
 
         try:
-            return self.renderer.reply_tokens(messages, tools)
+            return self.renderer.reply_tokens_converted(messages, tools)
         except TurnNotAfterPrompt as exc:
             hint = (
                 ""
