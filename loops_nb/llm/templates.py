@@ -32,17 +32,11 @@ SMOLLM2_CHAT_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
-TOOL_CAPABLE_CHATML_TEMPLATE = """\
-{%- if messages[0].role == 'system' %}
-    {%- set system = messages[0].content %}
-    {%- set rest = messages[1:] %}
-{%- else %}
-    {%- set system = 'You are a helpful AI assistant named SmolLM, trained by Hugging Face' %}
-    {%- set rest = messages %}
-{%- endif %}
-{{- '<|im_start|>system\\n' + system }}
-{%- if tools %}
-    {{- '\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n' }}
+# The Hermes tool syntax (what `parse_assistant_text` reads back) that chatml-tools and gemma share, spliced into
+# both as text, not called as a Jinja macro, so that each template's source stays byte for byte what it was: a
+# Gemma converted from GGUF saved the template's text in its tokenizer, and an older conversion's must still be
+# GEMMA_CHAT_TEMPLATE exactly. The tool list after its heading; it reads `tools`.
+_HERMES_TOOL_LIST = """\
     {{- 'You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}
     {%- for tool in tools %}
         {{- '\\n' + (tool | tojson) }}
@@ -50,12 +44,9 @@ TOOL_CAPABLE_CHATML_TEMPLATE = """\
     {{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments ' }}
     {{- 'within <tool_call></tool_call> XML tags:\\n<tool_call>\\n' }}
     {{- '{"name": <function-name>, "arguments": <args-json-object>}\\n</tool_call>' }}
-{%- endif %}
-{{- '<|im_end|>\\n' }}
-{%- for message in rest %}
-    {%- set content = message.content if message.content is string else '' %}
-    {%- if message.role == 'assistant' %}
-        {{- '<|im_start|>assistant\\n' + content }}
+"""
+# An assistant turn's calls after its text; it reads `message`, and `content` (the turn's text as rendered).
+_HERMES_TOOL_CALLS = """\
         {%- for call in message.tool_calls or [] %}
             {%- set fn = call.function if call.function is defined else call %}
             {%- if content or not loop.first %}
@@ -69,6 +60,32 @@ TOOL_CAPABLE_CHATML_TEMPLATE = """\
             {%- endif %}
             {{- '}\\n</tool_call>' }}
         {%- endfor %}
+"""
+
+TOOL_CAPABLE_CHATML_TEMPLATE = (
+    """\
+{%- if messages[0].role == 'system' %}
+    {%- set system = messages[0].content %}
+    {%- set rest = messages[1:] %}
+{%- else %}
+    {%- set system = 'You are a helpful AI assistant named SmolLM, trained by Hugging Face' %}
+    {%- set rest = messages %}
+{%- endif %}
+{{- '<|im_start|>system\\n' + system }}
+{%- if tools %}
+    {{- '\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n' }}
+"""
+    + _HERMES_TOOL_LIST
+    + """\
+{%- endif %}
+{{- '<|im_end|>\\n' }}
+{%- for message in rest %}
+    {%- set content = message.content if message.content is string else '' %}
+    {%- if message.role == 'assistant' %}
+        {{- '<|im_start|>assistant\\n' + content }}
+"""
+    + _HERMES_TOOL_CALLS
+    + """\
         {{- '<|im_end|>\\n' }}
     {%- elif message.role == 'tool' %}
         {{- '<|im_start|>tool\\n<tool_response>\\n' + content + '\\n</tool_response><|im_end|>\\n' }}
@@ -80,6 +97,7 @@ TOOL_CAPABLE_CHATML_TEMPLATE = """\
     {{- '<|im_start|>assistant\\n' }}
 {%- endif %}
 """
+)
 
 # Gemma 3's turn format (``<bos><start_of_turn>user\n...<end_of_turn>\n<start_of_turn>model\n``) for a Gemma
 # whose tokenizer has no template (the base model's GGUF, model_store). Like Google's, it folds the system prompt
@@ -87,7 +105,8 @@ TOOL_CAPABLE_CHATML_TEMPLATE = """\
 # ends in a newline would render differently once history, and break multi-turn extension and SFT targets),
 # and tools are listed and called in the Hermes style of chatml-tools, which `parse_assistant_text` reads
 # (Gemma 3 has no tool tokens of its own); a tool result is a user turn.
-GEMMA_CHAT_TEMPLATE = """\
+GEMMA_CHAT_TEMPLATE = (
+    """\
 {%- macro text(message) %}
     {%- if message.content is string %}
         {{- message.content }}
@@ -99,13 +118,9 @@ GEMMA_CHAT_TEMPLATE = """\
 {%- endmacro %}
 {%- macro tool_list() %}
     {{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n' }}
-    {{- 'You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}
-    {%- for tool in tools %}
-        {{- '\\n' + (tool | tojson) }}
-    {%- endfor %}
-    {{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments ' }}
-    {{- 'within <tool_call></tool_call> XML tags:\\n<tool_call>\\n' }}
-    {{- '{"name": <function-name>, "arguments": <args-json-object>}\\n</tool_call>' }}
+"""
+    + _HERMES_TOOL_LIST
+    + """\
 {%- endmacro %}
 {{- bos_token }}
 {%- if messages and messages[0].role == 'system' %}
@@ -125,19 +140,9 @@ GEMMA_CHAT_TEMPLATE = """\
     {%- if message.role == 'assistant' %}
         {%- set content = text(message) %}
         {{- '<start_of_turn>model\\n' + content }}
-        {%- for call in message.tool_calls or [] %}
-            {%- set fn = call.function if call.function is defined else call %}
-            {%- if content or not loop.first %}
-                {{- '\\n' }}
-            {%- endif %}
-            {{- '<tool_call>\\n{"name": ' + (fn.name | tojson) + ', "arguments": ' }}
-            {%- if fn.arguments is string %}
-                {{- fn.arguments }}
-            {%- else %}
-                {{- fn.arguments | tojson }}
-            {%- endif %}
-            {{- '}\\n</tool_call>' }}
-        {%- endfor %}
+"""
+    + _HERMES_TOOL_CALLS
+    + """\
         {{- '<end_of_turn>\\n' }}
     {%- elif message.role == 'tool' %}
         {{- '<start_of_turn>user\\n' + prefix + '<tool_response>\\n' + text(message) + '\\n</tool_response><end_of_turn>\\n' }}
@@ -149,6 +154,7 @@ GEMMA_CHAT_TEMPLATE = """\
     {{- '<start_of_turn>model\\n' }}
 {%- endif %}
 """
+)
 
 # Templates a config can name instead of giving a file ([model] chat_template).
 BUILTIN_TEMPLATES = {"chatml-tools": TOOL_CAPABLE_CHATML_TEMPLATE, "gemma": GEMMA_CHAT_TEMPLATE}
