@@ -11,7 +11,8 @@ shared prompts on, a prompt's rows together, priced as the shared forward runs t
 When a single sequence would not fit the budget even alone, `checkpointed(layers)` makes each decoder layer
 recompute its forward during the backward (`torch.utils.checkpoint`, non-reentrant), so autograd keeps only
 each layer's input plus one layer's intermediates at a time. That costs about one more forward, so it is
-used only where the budget demands it, never by default.
+used only where the budget demands it, or where it lets a group's rows run their shared prompt once
+instead of once per few rows (`RECOMPUTE_COST`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from torch.utils.checkpoint import checkpoint
 
 from loops_nb.local.losses import micro_batches
 from loops_nb.local.prefix_packing import shared_micro_batches
-from loops_nb.local.shared_prefix import PromptKey
+from loops_nb.local.shared_prefix import PromptKey, forward_size, shared_groups
 
 PROBE_TOKENS = 64
 
@@ -41,9 +42,15 @@ class ActivationCost:
     checkpointed: int
     """Each layer's input, plus one layer's intermediates (what `checkpointed` keeps)."""
     shared_kv: int
-    """Bytes per row and token of a prompt the rows share (`shared_prefix`): its keys and values are repeated
-    for every row, in the cache the rows' suffixes attend to and in attention's copy expanded to every query
-    head (sdpa's `repeat_kv`; counted even where there is none to expand, which only overstates it)."""
+    """Bytes per row and token of a prompt the rows share (`shared_prefix`): every layer's attention keeps
+    the prompt's keys and values expanded to every row, and its copy expanded to every query head (sdpa's
+    `repeat_kv`; counted even where there is none to expand, which only overstates it)."""
+    shared_kv_checkpointed: int = 0
+    """The same with layers recomputed: only the layer running holds its expansion (`shared_kv` / layers)."""
+
+    def repeated(self, *, recompute: bool) -> int:
+        """Bytes per row and shared prompt token, without or with layer recomputation."""
+        return self.shared_kv_checkpointed if recompute else self.shared_kv
 
     def tokens(self, budget_bytes: int, *, recompute: bool) -> int:
         """Padded tokens per micro-batch that fit `budget_bytes` (at least 1)."""
@@ -89,7 +96,12 @@ class ActivationCost:
         kept.clear()
         full = max(1, sum(seen.values()) // PROBE_TOKENS)
         per_layer = full // max(1, layers)
-        return cls(full=full, checkpointed=layers * hidden * element_bytes + per_layer, shared_kv=shared_kv)
+        return cls(
+            full=full,
+            checkpointed=layers * hidden * element_bytes + per_layer,
+            shared_kv=shared_kv,
+            shared_kv_checkpointed=shared_kv // max(1, layers),
+        )
 
     @classmethod
     def of_decoder(cls, lm: Any, device: torch.device) -> ActivationCost:
@@ -111,6 +123,11 @@ class ActivationCost:
         )
 
 
+RECOMPUTE_COST = 4 / 3
+"""A recomputed step's time against a kept one, per position: forward plus backward is about three forwards,
+and recomputing adds the fourth."""
+
+
 def plan_micro_batches(
     lengths: Sequence[int],
     cost: ActivationCost,
@@ -128,33 +145,44 @@ def plan_micro_batches(
     recomputation; longer ones are packed at the recomputed cost. A forward without backward keeps
     no intermediates, so it packs at the recomputed cost too (one layer's transients at a time).
 
-    `prompts` (each datum's `shared_prefix.prompt_key`) means the micro-batches that recompute no layers
-    share their rows' prompts: those are packed prompt by prompt and priced as the shared forward runs
-    them (`prefix_packing`). Without it, or for the datums that recompute, rows x longest row as before.
+    `prompts` (each datum's `shared_prefix.prompt_key`) means rows share their prompts: a prompt's rows are
+    packed together and priced as the shared forward runs them (`prefix_packing`). A prompt's rows also
+    recompute their layers when that runs fewer positions by more than recomputing costs (`RECOMPUTE_COST`):
+    at the quickstart's budget two of a group's 16 rows fit a micro-batch with every layer kept, and all 16
+    with layers recomputed, so the prompt runs once instead of eight times. Without `prompts`, rows x
+    longest row as before.
     """
     plain = min(max_tokens, cost.tokens(budget_bytes, recompute=False))
     lean = min(max_tokens, cost.tokens(budget_bytes, recompute=True))
 
-    def shared(members: list[int], per_token: int) -> list[list[int]]:
+    def shared(members: list[int], recompute: bool) -> list[list[int]]:
         assert prompts is not None
         packed = shared_micro_batches(
             [lengths[i] for i in members],
             [prompts[i] for i in members],
-            per_token=per_token,
-            per_repeated=cost.shared_kv,
+            per_token=cost.checkpointed if recompute else cost.full,
+            per_repeated=cost.repeated(recompute=recompute),
             budget_bytes=budget_bytes,
             max_tokens=max_tokens,
             group=group,
         )
         return [[members[j] for j in rows] for rows in packed]
 
+    def positions(batches: list[list[int]]) -> int:
+        assert prompts is not None
+        return sum(forward_size([lengths[i] for i in b], [prompts[i] for i in b]).positions for b in batches)
+
     count = len(lengths)
     if not backward:
         if prompts is not None:
-            return [(rows, False) for rows in shared(list(range(count)), cost.checkpointed)]
+            return [(rows, False) for rows in shared(list(range(count)), True)]
         return [(rows, False) for rows in micro_batches(lengths, lean, group)]
     units = [list(range(i, min(i + group, count))) for i in range(0, count, group)]
     long = {i for u in units if max(lengths[i] for i in u) > plain for i in u}
+    if prompts is not None:
+        for members in _prompt_members(units, prompts, long):
+            if RECOMPUTE_COST * positions(shared(members, True)) < positions(shared(members, False)):
+                long.update(members)
     batches = []
     for recompute, members in (
         (False, [i for i in range(count) if i not in long]),
@@ -162,12 +190,20 @@ def plan_micro_batches(
     ):
         if not members:
             continue
-        if prompts is not None and not recompute:
-            batches += [(rows, False) for rows in shared(members, cost.full)]
+        if prompts is not None:
+            batches += [(rows, recompute) for rows in shared(members, recompute)]
             continue
         for rows in micro_batches([lengths[i] for i in members], lean if recompute else plain, group):
             batches.append(([members[j] for j in rows], recompute))
     return batches
+
+
+def _prompt_members(units: list[list[int]], prompts: Sequence[PromptKey], taken: set[int]) -> list[list[int]]:
+    """The datums of each prompt that rows share (whole units, none of `taken`), as the forward groups them."""
+    free = [u for u in units if not taken.intersection(u)]
+    firsts = [next((prompts[i] for i in u if prompts[i] is not None), None) for u in free]
+    groups, _ = shared_groups(firsts)
+    return [[i for j in rows for i in free[j]] for rows, _ in groups]
 
 
 @contextlib.contextmanager

@@ -71,7 +71,7 @@ class MicroBatch:
     top_k: int
     backward: bool
     share_prefixes: bool = True
-    """Run a prompt its rows share once (`shared_prefix`); off while layers are recomputed in the backward."""
+    """Run a prompt its rows share once (`shared_prefix`), with or without layers recomputed."""
 
 
 @dataclass(frozen=True)

@@ -9,13 +9,16 @@ Here the units (a datum, or a dpo pair) are ordered prompt by prompt, each promp
 rows that share no prompt, longest first, and filled greedily into micro-batches whose cost fits the budget.
 The cost is what `shared_prefix.forward_size` says the forward will run, the same grouping rule included:
 
-    bytes = per_token x padded positions run (each group's prompt once, its rows' suffixes padded to the
-            group's longest, the rows that share nothing padded to theirs)
-          + per_repeated x row x prompt tokens (each group's prompt keys and values, repeated for every row:
-            the cache the suffixes attend to, and attention's copy of it)
+    bytes = per_token x positions run (each group's prompt once; a group that packs, its rows' own tokens
+            end to end; a longer group, its rows' suffixes padded to its longest; the rows that share
+            nothing padded to theirs)
+          + per_repeated x row x prompt tokens (a longer group's prompt keys and values, expanded for every
+            row in the attention)
+          + MASK_CELL_BYTES x a packed group's length squared (its attention mask)
 
-A group that does not fit whole is split over consecutive micro-batches (each part shares its prompt again
-when it has two rows or more), and the next prompt's rows fill what the last one left. Rows whose loss needs
+A group that fits a micro-batch is never split: it starts a new one when the current one has no room for it.
+A group too large for any is split over consecutive micro-batches (each part shares its prompt again when
+it has two rows or more), and fills what the last one left. Rows whose loss needs
 no position (every advantage 0) go to one micro-batch of their own, which runs no model.
 """
 
@@ -24,6 +27,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from loops_nb.local.shared_prefix import PromptKey, forward_size, shared_groups
+
+MASK_CELL_BYTES = 4
+"""A packed group's attention mask, a cell (float32; the kernels keep it once, not per layer or head)."""
 
 
 def shared_micro_batches(
@@ -59,16 +65,22 @@ def shared_micro_batches(
         return sorted(units, key=lambda u: -max(lengths[i] for i in u))
 
     def fits(rows: list[int]) -> bool:
-        positions, repeated = forward_size([lengths[i] for i in rows], [keys[i] for i in rows])
-        return positions <= max_tokens and per_token * positions + per_repeated * repeated <= budget_bytes
+        size = forward_size([lengths[i] for i in rows], [keys[i] for i in rows])
+        spent = per_token * size.positions + per_repeated * size.repeated + MASK_CELL_BYTES * size.mask_cells
+        return size.positions <= max_tokens and spent <= budget_bytes
 
     batches: list[list[int]] = []
     batch: list[int] = []
-    for unit in [u for units in by_prompt for u in longest_first(units)] + longest_first(loose):
-        if batch and not fits(batch + unit):
-            batches.append(batch)
+    for units in [longest_first(units) for units in by_prompt] + [[u] for u in longest_first(loose)]:
+        whole = [i for unit in units for i in unit]
+        if batch and not fits(batch + whole) and fits(whole):
+            batches.append(batch)  # a prompt whose rows fit a micro-batch runs once, not split over two
             batch = []
-        batch = batch + unit
+        for unit in units:
+            if batch and not fits(batch + unit):
+                batches.append(batch)
+                batch = []
+            batch = batch + unit
     if batch:
         batches.append(batch)
     if idle:

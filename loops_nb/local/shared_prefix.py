@@ -3,10 +3,16 @@
 A GRPO group's datums share their prompt (the quickstart's 16 samples share 44 tokens: about 70% of the
 trainer's tokens were that prompt again). Here the rows of a micro-batch are grouped by the tokens before
 the first position their loss needs; a group of two or more with at least `MIN_SHARED_TOKENS` shared tokens
-runs those tokens once, with grad, and its keys and values are repeated for each row (`repeat_interleave`,
-whose backward sums the rows' gradients back into the one prefix), and each row's own tokens run on top of
-them. The hidden states at every position the loss needs are the unshared forward's, within float rounding,
+runs those tokens once, with grad, and each row's own tokens run on top of its keys and values (expanded
+for the rows, whose gradients the expansion's backward sums back into the one prompt). The hidden states at every position the loss needs are the unshared forward's, within float rounding,
 and so are the gradients (`tests/local/test_shared_prefix.py` checks both against the plain forward).
+
+The prompt's keys and values are kept once ([1, heads, prompt, dim] a layer) and expanded for the rows only
+inside each layer's attention (`ExpandedPrefixLayer`), so across layers they cost what one row's would. Both
+passes may run under layer recompute (`activation_memory.checkpointed`): a recomputed layer calls its cache
+again in the backward, so neither cache accumulates. The prompt's pass records (a second call overwrites
+with the same tensors) and the rows' pass reads (its keys are the prompt's plus its own, never stored).
+With recompute a whole group's rows fit a micro-batch whose activations would otherwise hold two of them.
 
 Only the positions the loss needs are filled in the returned hidden states: a row's prompt positions before
 the split are not computed for it. Rows that share nothing run as one plain padded forward, as before.
@@ -19,9 +25,10 @@ from __future__ import annotations
 import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
+from transformers.cache_utils import DynamicCache, DynamicLayer
 
 if TYPE_CHECKING:
     from torch import nn
@@ -65,19 +72,48 @@ def prefix_groups(tokens: torch.Tensor, need: torch.Tensor) -> tuple[list[tuple[
     return shared_groups([prompt_key(tokens[row], need[row]) for row in range(tokens.shape[0])])
 
 
-def forward_size(lengths: Sequence[int], keys: Sequence[PromptKey]) -> tuple[int, int]:
-    """(padded token positions the decoder runs for rows of `lengths` whose prompts are `keys`, row x prompt
-    tokens of keys and values repeated for the rows' suffixes): what `shared_prefix_hidden` allocates, in the
-    units the planner prices. Rows that share nothing run as one plain padded forward, and a micro-batch
-    that needs no position runs no model at all (`micro_batch.run_micro_batch`)."""
+PACKED_TOKENS = 2048
+"""Longest packed group (its prompt, then every row's own tokens end to end, `packed_hidden`): the attention
+mask of one is square in its length (16 MB of float32 at this length)."""
+
+
+def packed_length(lengths: Sequence[int], rows: Sequence[int], shared: int) -> int:
+    """Tokens of a group packed as one sequence: the prompt once and each row's own tokens, unpadded."""
+    return shared + sum(lengths[r] - shared for r in rows)
+
+
+class ForwardSize(NamedTuple):
+    """What `shared_prefix_hidden` allocates for a micro-batch, in the units the planner prices."""
+
+    positions: int
+    """Token positions the decoder runs (padding included)."""
+    repeated: int
+    """Row x prompt tokens of keys and values expanded for rows' suffixes (groups too long to pack)."""
+    mask_cells: int
+    """Cells of the packed groups' attention masks (query x key tokens)."""
+
+
+def forward_size(lengths: Sequence[int], keys: Sequence[PromptKey]) -> ForwardSize:
+    """The decoder's work and memory for rows of `lengths` whose prompts are `keys`: a group that packs into
+    `PACKED_TOKENS` runs as one unpadded sequence with its mask; a longer one runs its prompt, then its rows
+    padded to the longest on the prompt's expanded keys and values. Rows that share nothing run as one
+    plain padded forward, and a micro-batch that needs no position runs no model at all
+    (`micro_batch.run_micro_batch`)."""
     if all(key is None for key in keys):
-        return 0, 0
+        return ForwardSize(0, 0, 0)
     groups, rest = shared_groups(keys)
     if not groups:
-        return len(lengths) * max(lengths), 0
-    positions = sum(shared + len(rows) * (max(lengths[r] for r in rows) - shared) for rows, shared in groups)
+        return ForwardSize(len(lengths) * max(lengths), 0, 0)
+    positions = repeated = cells = 0
+    for rows, shared in groups:
+        packed = packed_length(lengths, rows, shared)
+        if packed <= PACKED_TOKENS:
+            positions, cells = positions + packed, cells + packed * packed
+        else:
+            positions += shared + len(rows) * (max(lengths[r] for r in rows) - shared)
+            repeated += len(rows) * shared
     positions += len(rest) * max((lengths[r] for r in rest), default=0)
-    return positions, sum(len(rows) * shared for rows, shared in groups)
+    return ForwardSize(positions, repeated, cells)
 
 
 @dataclass(frozen=True)
@@ -86,6 +122,88 @@ class SharedForward:
     """The decoder's last hidden states [B, T, H], filled at every position the loss needs."""
     computed_tokens: int
     """Token positions the decoder ran (each shared prompt once): against the rows' total tokens."""
+
+
+class RecordedPrefixLayer(DynamicLayer):
+    """A prompt pass's cache layer: holds the keys and values of its one call, overwritten by a second call
+    (a recomputed layer's, in the backward), which returns the same tensors instead of doubling them."""
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.keys, self.values = key_states, value_states
+        return key_states, value_states
+
+
+class ExpandedPrefixLayer(DynamicLayer):
+    """The rows' pass's cache layer: attention sees the prompt's keys and values, expanded to every row, then
+    the rows' own; nothing is stored, so a recomputed layer sees exactly what the first call saw. The
+    expansion's backward sums the rows' gradients into the one prompt."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, rows: int) -> None:
+        super().__init__()
+        self.keys, self.values, self.rows = keys, values, rows
+        self.device, self.is_initialized = keys.device, True
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        assert self.keys is not None and self.values is not None
+        shape = (self.rows, *self.keys.shape[1:])
+        return (
+            torch.cat([self.keys.expand(shape), key_states], dim=-2),
+            torch.cat([self.values.expand(shape), value_states], dim=-2),
+        )
+
+
+def recording_cache() -> DynamicCache:
+    """An empty cache whose layers (made as the prompt's pass reaches them) are `RecordedPrefixLayer`s."""
+    cache = DynamicCache()
+    cache.layer_class_to_replicate = RecordedPrefixLayer
+    return cache
+
+
+def expanded_cache(recorded: DynamicCache, rows: int) -> DynamicCache:
+    """A cache over `recorded`'s prompt for `rows` rows' suffixes (`ExpandedPrefixLayer`)."""
+    layers: list[Any] = []
+    for layer in recorded.layers:
+        assert isinstance(layer, RecordedPrefixLayer) and layer.keys is not None and layer.values is not None
+        layers.append(ExpandedPrefixLayer(layer.keys, layer.values, rows))
+    cache = DynamicCache()
+    cache.layers = layers
+    cache.layer_class_to_replicate = None
+    return cache
+
+
+def packed_hidden(
+    decoder: nn.Module, tokens: torch.Tensor, rows: Sequence[int], shared: int, lengths: Sequence[int]
+) -> list[torch.Tensor]:
+    """Each row's hidden states from position `shared` on, from one sequence: the prompt, then every row's
+    own tokens end to end (no padding, no expanded keys), each row's positions counted on from the prompt
+    and its tokens attending to the prompt and to its own earlier tokens only (a 4D mask). No cache is
+    involved, so a recomputed layer needs nothing special."""
+    device = tokens.device
+    spans = [lengths[r] - shared for r in rows]
+    ids = torch.cat([tokens[rows[0], :shared], *(tokens[r, shared : lengths[r]] for r in rows)])
+    positions = torch.cat(
+        [torch.arange(shared, device=device)]
+        + [torch.arange(shared, shared + n, device=device) for n in spans]
+    )
+    segment = torch.cat(
+        [torch.full((shared,), -1, device=device)]
+        + [torch.full((n,), i, device=device) for i, n in enumerate(spans)]
+    )
+    size = ids.shape[0]
+    causal = torch.ones(size, size, dtype=torch.bool, device=device).tril()
+    allowed = causal & ((segment[None, :] == -1) | (segment[None, :] == segment[:, None]))
+    dtype = next(decoder.parameters()).dtype
+    mask = torch.zeros(size, size, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
+    hidden = decoder(
+        input_ids=ids[None], position_ids=positions[None], attention_mask=mask[None, None], use_cache=False
+    ).last_hidden_state[0]
+    return list(hidden[shared:].split(spans))
 
 
 def shared_prefix_hidden(
@@ -100,16 +218,22 @@ def shared_prefix_hidden(
     cache_kwarg = "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
     parts: list[tuple[list[int], int, torch.Tensor]] = []
     for rows, shared in groups:
-        prefix = decoder(input_ids=tokens[rows[0] : rows[0] + 1, :shared], use_cache=True)
-        cache = prefix.past_key_values
-        cache.batch_repeat_interleave(len(rows))  # differentiable: the rows' gradients sum into the prefix
+        computed += shared + sum(lengths[r] - shared for r in rows)
+        if packed_length(lengths, rows, shared) <= PACKED_TOKENS:
+            for row, states in zip(rows, packed_hidden(decoder, tokens, rows, shared, lengths), strict=True):
+                parts.append(([row], shared, states[None]))
+            continue
+        recorded = recording_cache()
+        decoder(input_ids=tokens[rows[0] : rows[0] + 1, :shared], use_cache=True, **{cache_kwarg: recorded})
         end = max(lengths[r] for r in rows)
         positions = torch.arange(shared, end, device=tokens.device)[None].expand(len(rows), -1)
         suffix = decoder(
-            input_ids=tokens[rows, shared:end], position_ids=positions, use_cache=True, **{cache_kwarg: cache}
+            input_ids=tokens[rows, shared:end],
+            position_ids=positions,
+            use_cache=True,
+            **{cache_kwarg: expanded_cache(recorded, len(rows))},
         ).last_hidden_state
         parts.append((rows, shared, suffix))
-        computed += shared + sum(lengths[r] - shared for r in rows)
     if rest:
         end = max(lengths[r] for r in rest)
         plain = decoder(input_ids=tokens[rest, :end], use_cache=False).last_hidden_state

@@ -248,7 +248,7 @@ class LoraTrainer:
                         loss_config=cfg,
                         top_k=top_k,
                         backward=backward,
-                        share_prefixes=self.share_prefixes and self._can_share and not recompute,
+                        share_prefixes=self.share_prefixes and self._can_share,
                     )
                     with self._layers_recomputed() if recompute else contextlib.nullcontext():
                         result = self._micro_batch(job)

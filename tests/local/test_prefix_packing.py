@@ -9,11 +9,14 @@ from __future__ import annotations
 import math
 import random
 
-from loops_nb.local.activation_memory import ActivationCost, plan_micro_batches
+from loops_nb.local.activation_memory import RECOMPUTE_COST, ActivationCost, plan_micro_batches
 from loops_nb.local.losses import micro_batches
+from loops_nb.local.prefix_packing import MASK_CELL_BYTES
 from loops_nb.local.shared_prefix import PromptKey, forward_size
 
-SMOLLM2 = ActivationCost(full=1_213_352, checkpointed=109_565, shared_kv=184_320)
+SMOLLM2 = ActivationCost(
+    full=1_213_352, checkpointed=109_565, shared_kv=184_320, shared_kv_checkpointed=6_144
+)
 DEFAULT_BUDGET = 128 * 2**20
 GROUPS, GROUP_SIZE, PROMPT, COMPLETION = 4, 16, 44, 20
 
@@ -44,17 +47,28 @@ def plan(
     )
 
 
-def cost(rows: list[int], lengths: list[int], keys: list[PromptKey]) -> int:
-    positions, repeated = forward_size([lengths[i] for i in rows], [keys[i] for i in rows])
-    return SMOLLM2.full * positions + SMOLLM2.shared_kv * repeated
+def cost(rows: list[int], lengths: list[int], keys: list[PromptKey], recompute: bool = False) -> int:
+    size = forward_size([lengths[i] for i in rows], [keys[i] for i in rows])
+    per_token = SMOLLM2.checkpointed if recompute else SMOLLM2.full
+    return (
+        per_token * size.positions
+        + SMOLLM2.repeated(recompute=recompute) * size.repeated
+        + MASK_CELL_BYTES * size.mask_cells
+    )
+
+
+def positions(batches: list[tuple[list[int], bool]], lengths: list[int], keys: list[PromptKey]) -> int:
+    return sum(forward_size([lengths[i] for i in r], [keys[i] for i in r]).positions for r, _ in batches)
 
 
 def rows_that_fit(budget: int) -> int:
-    """The most rows of one quickstart group a micro-batch can hold, by the cost model."""
+    """The most rows of one quickstart group a micro-batch can hold with every layer kept, by the cost model
+    (the group packs: its prompt, then each row's completion, end to end)."""
     fit = 1
-    while fit < GROUP_SIZE and (
-        SMOLLM2.full * (PROMPT + (fit + 1) * COMPLETION) + SMOLLM2.shared_kv * (fit + 1) * PROMPT <= budget
-    ):
+    while fit < GROUP_SIZE:
+        packed = PROMPT + (fit + 1) * COMPLETION
+        if SMOLLM2.full * packed + MASK_CELL_BYTES * packed * packed > budget:
+            break
         fit += 1
     return fit
 
@@ -63,32 +77,36 @@ def batches_of_each_group(batches: list[tuple[list[int], bool]]) -> list[int]:
     return [sum(any(i // GROUP_SIZE == g for i in rows) for rows, _ in batches) for g in range(GROUPS)]
 
 
-def test_a_group_with_room_trains_in_one_micro_batch() -> None:
+def test_a_group_with_room_trains_with_every_layer_kept() -> None:
     lengths, keys = quickstart(None)
-    budget = 640 * 2**20  # a group's shared forward is about 570 MB; two are not
+    budget = 640 * 2**20  # a group's packed forward is about 440 MB; two are not
     batches = plan(lengths, keys, budget)
-    assert batches_of_each_group(batches) == [1] * GROUPS
-    assert len(batches) == GROUPS and not any(recompute for _, recompute in batches)
+    assert not any(recompute for _, recompute in batches)
+    # The next prompt's rows fill what a group left: a group is in at most two micro-batches.
+    assert max(batches_of_each_group(batches)) <= 2 and len(batches) <= GROUPS
     assert all(cost(rows, lengths, keys) <= budget for rows, _ in batches)
-    positions = sum(forward_size([lengths[i] for i in r], [keys[i] for i in r])[0] for r, _ in batches)
-    assert positions < 0.45 * len(lengths) * max(lengths)  # each prompt once, against 64 whole rows
+    assert positions(batches, lengths, keys) < 0.45 * len(lengths) * max(lengths)
 
 
-def test_the_default_budget_packs_as_many_rows_of_a_group_as_fit() -> None:
+def test_at_the_default_budget_a_group_recomputes_its_layers_to_run_its_prompt_once() -> None:
     lengths, keys = quickstart()
     fit = rows_that_fit(DEFAULT_BUDGET)
-    assert fit == 2  # 1.2 MB a token in float32: a prompt and two completions fill 128 MiB
+    assert fit == 3  # 1.2 MB a token in float32: a prompt and three completions fill 128 MiB
     batches = plan(lengths, keys, DEFAULT_BUDGET)
-    assert all(len(rows) == fit for rows, _ in batches)
-    assert batches_of_each_group(batches) == [math.ceil(GROUP_SIZE / fit)] * GROUPS
-    assert all(cost(rows, lengths, keys) <= DEFAULT_BUDGET for rows, _ in batches)
+    assert all(recompute for _, recompute in batches)
+    assert batches_of_each_group(batches) == [1] * GROUPS
+    assert all(cost(rows, lengths, keys, recompute=True) <= DEFAULT_BUDGET for rows, _ in batches)
+    # Kept, a group's rows would run in micro-batches of `fit`, its prompt once in each of them: more
+    # positions than the recomputed group's, even counting the recomputed forward.
+    kept = sum(PROMPT + min(fit, GROUP_SIZE - i) * COMPLETION for i in range(0, GROUP_SIZE, fit))
+    assert RECOMPUTE_COST * positions(batches, lengths, keys) < GROUPS * kept
     # Today's packing holds one row per micro-batch at this budget: nothing to share.
     assert len(plan(lengths, None, DEFAULT_BUDGET)) == len(lengths)
 
 
 def test_a_budget_too_small_for_a_group_splits_it_and_stays_within_it() -> None:
     lengths, keys = quickstart(None)
-    for budget in (200 * 2**20, 300 * 2**20, 450 * 2**20):
+    for budget in (200 * 2**20, 300 * 2**20, 400 * 2**20):
         batches = plan(lengths, keys, budget)
         assert sorted(i for rows, _ in batches for i in rows) == list(range(len(lengths)))
         assert all(cost(rows, lengths, keys) <= budget for rows, _ in batches)
@@ -103,7 +121,9 @@ def test_without_shared_prompts_the_plan_is_todays() -> None:
     today = [(rows, False) for rows in micro_batches(lengths[:-2], DEFAULT_BUDGET // SMOLLM2.full)]
     assert plan(lengths[:-2], None, DEFAULT_BUDGET) == today
     shared, unshared = plan(lengths, keys, DEFAULT_BUDGET), plan(lengths, None, DEFAULT_BUDGET)
-    assert [b for b in shared if b[1]] == [b for b in unshared if b[1]] == [([64, 65], True)]
+    assert [b for b in unshared if b[1]] == [([64, 65], True)]
+    # They share a 40-token prompt, and recompute as before.
+    assert any({64, 65} <= set(rows) and recompute for rows, recompute in shared)
     # Prompts no row shares (each its own) pack as rows x longest row, as before.
     alone: list[PromptKey] = [(i,) * 30 for i in range(len(lengths))]
     assert plan(lengths, alone, DEFAULT_BUDGET) == unshared
@@ -125,6 +145,7 @@ def test_rows_that_need_nothing_get_one_micro_batch_that_runs_no_model() -> None
     lengths, keys = quickstart()
     keys[GROUP_SIZE : 2 * GROUP_SIZE] = [None] * GROUP_SIZE  # a group whose advantages are all 0
     batches = plan(lengths, keys, DEFAULT_BUDGET)
-    assert batches[-1] == (list(range(GROUP_SIZE, 2 * GROUP_SIZE)), False)
-    assert forward_size([lengths[i] for i in batches[-1][0]], [None] * GROUP_SIZE) == (0, 0)
-    assert all(keys[i] is not None for rows, _ in batches[:-1] for i in rows)
+    idle = (list(range(GROUP_SIZE, 2 * GROUP_SIZE)), False)
+    assert idle in batches
+    assert forward_size([lengths[i] for i in idle[0]], [None] * GROUP_SIZE) == (0, 0, 0)
+    assert all(keys[i] is not None for batch in batches if batch != idle for i in batch[0])

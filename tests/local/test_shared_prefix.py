@@ -38,19 +38,31 @@ def groups_of_datums() -> list[dict]:
     return data
 
 
-def trained(path: Path, share: bool, data: list[dict]) -> tuple[dict, list[torch.Tensor]]:
+def trained(
+    path: Path, share: bool, data: list[dict], recompute: bool = False
+) -> tuple[dict, list[torch.Tensor]]:
     trainer = LoraTrainer(path, dtype=torch.float32)
     trainer.init(8, seed=0)
     trainer.share_prefixes = share
+    if recompute:  # every micro-batch recomputes its layers in the backward
+        plan = trainer.plan
+        trainer.plan = lambda *a, **k: [(rows, True) for rows, _ in plan(*a, **k)]  # type: ignore[method-assign]
     out = trainer.forward_backward(data, "importance_sampling")
     return out, grads(trainer)
 
 
+@pytest.mark.parametrize("recompute", [False, True], ids=["layers kept", "layers recomputed"])
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "expanded cache"])
 def test_a_shared_prompt_gives_the_unshared_logprobs_and_gradients(
-    tiny_llama_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_llama_path: Path, monkeypatch: pytest.MonkeyPatch, packed: bool, recompute: bool
 ) -> None:
-    from loops_nb.local import micro_batch
+    """Both ways a group runs (packed end to end under a 4D mask, or its rows padded on the prompt's expanded
+    keys and values), each with layers kept and recomputed: a recomputed layer calls its cache again in the
+    backward, which must neither double the prompt's keys nor change what the rows attend to."""
+    from loops_nb.local import micro_batch, shared_prefix
 
+    if not packed:
+        monkeypatch.setattr(shared_prefix, "PACKED_TOKENS", 0)
     ran: list[bool] = []
     real = micro_batch.shared_prefix_hidden
 
@@ -60,9 +72,13 @@ def test_a_shared_prompt_gives_the_unshared_logprobs_and_gradients(
         return hidden
 
     monkeypatch.setattr(micro_batch, "shared_prefix_hidden", spy)
+    packs: list[int] = []
+    pack = shared_prefix.packed_hidden
+    monkeypatch.setattr(shared_prefix, "packed_hidden", lambda *a: packs.append(1) or pack(*a))
     data = groups_of_datums()
-    shared_out, shared_grads = trained(tiny_llama_path, True, data)
+    shared_out, shared_grads = trained(tiny_llama_path, True, data, recompute)
     assert ran and all(ran), "the shared path ran"
+    assert len(packs) == (2 if packed else 0), "each group ran the way it was meant to"
     plain_out, plain_grads = trained(tiny_llama_path, False, data)
     assert shared_out["loss"] == pytest.approx(plain_out["loss"], abs=1e-5)
     # Each group's prompt ran once: the first group's 29 shared positions for 3 rows (its row with advantage
@@ -111,10 +127,14 @@ def quickstart_shaped() -> list[dict]:
     return data
 
 
-def test_the_group_planner_gives_the_unshared_numbers_within_the_budget(tiny_llama_path: Path) -> None:
-    """A budget that holds part of a group: the planner keeps a prompt's rows together (the plain planner
-    fits one row a micro-batch), the saved activations stay within the budget, and the numbers are the
-    unshared ones."""
+@pytest.mark.parametrize("budget_tokens, recomputes", [(60, False), (45, True)])
+def test_the_group_planner_gives_the_unshared_numbers_within_the_budget(
+    tiny_llama_path: Path, budget_tokens: int, recomputes: bool
+) -> None:
+    """A budget that holds part of a group with every layer kept: the planner keeps a prompt's rows together
+    (the plain planner fits one row a micro-batch), at the smaller budget recomputing layers to run a
+    group's prompt once rather than twice; the saved activations stay within the budget, and the numbers
+    are the unshared ones."""
     from test_memory_bounds import SavedBytes
 
     data = quickstart_shaped()
@@ -123,7 +143,7 @@ def test_the_group_planner_gives_the_unshared_numbers_within_the_budget(tiny_lla
         trainer = LoraTrainer(tiny_llama_path, dtype=torch.float32)
         trainer.init(8, seed=0)
         trainer.share_prefixes = share
-        trainer.memory_budget = 60 * trainer.activation_cost().full
+        trainer.memory_budget = budget_tokens * trainer.activation_cost().full
         plan = trainer.plan(
             trainer._parsed(data, "importance_sampling"), "importance_sampling", backward=True
         )
@@ -137,9 +157,12 @@ def test_the_group_planner_gives_the_unshared_numbers_within_the_budget(tiny_lla
         results[False],
     )
     assert all(len(rows) == 1 for rows, _ in plain_plan)
-    assert not any(recompute for _, recompute in shared_plan)
+    assert any(recompute for _, recompute in shared_plan) == recomputes
     assert max(len(rows) for rows, _ in shared_plan) >= 3
-    assert all(len({i // 6 for i in rows}) <= 2 for rows, _ in shared_plan)
+    if recomputes:  # each group's rows that need a position run in one micro-batch
+        assert all(len([b for b in shared_plan if any(i // 6 == g for i in b[0])]) == 1 for g in range(2))
+    else:
+        assert all(len({i // 6 for i in rows}) <= 2 for rows, _ in shared_plan)
     metrics = shared_out["metrics"]
     assert metrics["trainer/computed_tokens"] < 0.7 * metrics["trainer/total_tokens"]
     assert metrics["trainer/total_tokens"] == plain_out["metrics"]["trainer/total_tokens"]
