@@ -2,10 +2,12 @@
 
 A 49k-token vocabulary makes the logits of one position 200 KB in fp32; a plain `log_softmax` over a
 batch of 4k positions keeps 800 MB for autograd and as much again for its gradient, more than the model.
-`target_logprobs` instead runs the head over `chunk` positions at a time: the forward keeps only each
-position's log-sum-exp, and the backward recomputes one chunk's logits to form `softmax - onehot` there.
-The memory no longer grows with the number of positions. When all positions fit one chunk (the usual
-micro-batch), the softmax is kept instead, as a fused cross-entropy does, so no head matmul is repeated.
+`target_logprobs` instead runs the head over `chunk` positions at a time and, when a gradient will be
+needed, forms each position's expected output embedding (`softmax @ W`) while the chunk's logits exist, as
+fused linear cross-entropy kernels form their gradient in the forward. The gradient of a target's logprob
+with respect to the hidden state is `W[target] - softmax @ W`, so the backward is a gather and a product:
+it never runs the head again, and what it keeps is one hidden-sized vector a position, not a logit row.
+The memory no longer grows with the vocabulary times the positions.
 
 The head weights are frozen (LoRA never targets the output head here), so only the hidden states get a
 gradient.
@@ -69,47 +71,31 @@ class _ChunkedTargetLogprobs(torch.autograd.Function):
     ) -> torch.Tensor:
         rows = targets.shape[0]
         flat = targets.reshape(rows, -1)
-        ctx.chunk, ctx.dtype, ctx.shape = chunk, dtype, targets.shape
-        if rows <= chunk:  # one chunk: keep its softmax for the backward instead of recomputing the head
-            with torch.no_grad():
-                logits = _chunk_logits(hidden, weight, bias, dtype)
-                lse = logits.logsumexp(-1, keepdim=True)
-                picked = logits.gather(-1, flat) - lse
-                probs = logits.sub_(lse).exp_()
-            ctx.save_for_backward(hidden, weight, bias, flat, probs)
-            ctx.kept = True
-            return picked.reshape(targets.shape)
-        ctx.kept = False
+        ctx.dtype = dtype
         picked = torch.empty(flat.shape, dtype=dtype, device=hidden.device)
-        lse = torch.empty(rows, dtype=dtype, device=hidden.device)
+        # d lp_k / d hidden = W[t_k] - softmax @ W: the second term, formed here while a chunk's logits
+        # exist, is all the backward needs, so it never runs the head again.
+        expected = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         with torch.no_grad():
             for start in range(0, rows, chunk):
                 end = min(rows, start + chunk)
                 logits = _chunk_logits(hidden[start:end], weight, bias, dtype)
-                lse[start:end] = logits.logsumexp(-1)
-                picked[start:end] = logits.gather(-1, flat[start:end]) - lse[start:end, None]
+                lse = logits.logsumexp(-1, keepdim=True)
+                picked[start:end] = logits.gather(-1, flat[start:end]) - lse
+                if expected is not None:
+                    probs = logits.sub_(lse).exp_()
+                    expected[start:end] = (probs.to(weight.dtype) @ weight).to(hidden.dtype)
                 del logits
-        ctx.save_for_backward(hidden, weight, bias, flat, lse)
+        ctx.save_for_backward(weight, flat, expected)
         return picked.reshape(targets.shape)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
-        hidden, weight, bias, flat, saved = ctx.saved_tensors
+        weight, flat, expected = ctx.saved_tensors
         grad = grad.reshape(flat.shape).to(ctx.dtype)
-        if ctx.kept:  # `saved` is the softmax of the one chunk
-            dlogits = saved.mul_(-grad.sum(-1, keepdim=True)).scatter_add_(-1, flat, grad)
-            return (dlogits.to(weight.dtype) @ weight).to(hidden.dtype), None, None, None, None, None
-        lse = saved
-        grad_hidden = torch.empty_like(hidden)
-        for start in range(0, flat.shape[0], ctx.chunk):
-            end = min(flat.shape[0], start + ctx.chunk)
-            g = grad[start:end]
-            # d lp_k / d logits = onehot(t_k) - softmax, summed over a row's K targets with their weights.
-            dlogits = _chunk_logits(hidden[start:end], weight, bias, ctx.dtype)
-            dlogits.sub_(lse[start:end, None]).exp_().mul_(-g.sum(-1, keepdim=True))
-            dlogits.scatter_add_(-1, flat[start:end], g)
-            grad_hidden[start:end] = (dlogits.to(weight.dtype) @ weight).to(hidden.dtype)
-            del dlogits
+        # Summed over a row's K targets with their weights: sum_k g_k W[t_k] - (sum_k g_k) softmax @ W.
+        chosen = torch.einsum("mk,mkh->mh", grad.to(weight.dtype), weight[flat])
+        grad_hidden = chosen.to(expected.dtype) - grad.sum(-1, keepdim=True).to(expected.dtype) * expected
         return grad_hidden, None, None, None, None, None
 
 

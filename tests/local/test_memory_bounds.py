@@ -114,13 +114,22 @@ def test_micro_batching_and_recomputation_change_no_number(tiny_llama_path: Path
 
 @pytest.mark.parametrize("chunk", [37, 1000])
 @pytest.mark.parametrize("shape", [(300,), (300, 3)])
-def test_the_chunked_head_equals_a_full_log_softmax(shape: tuple[int, ...], chunk: int) -> None:
+def test_the_chunked_head_equals_a_full_log_softmax(
+    shape: tuple[int, ...], chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from loops_nb.local import lm_head
+
+    heads_run: list[int] = []
+    chunk_logits = lm_head._chunk_logits
+    monkeypatch.setattr(lm_head, "_chunk_logits", lambda *a: heads_run.append(1) or chunk_logits(*a))
     torch.manual_seed(0)
     head = torch.nn.Linear(16, 500, bias=True, dtype=torch.float64).requires_grad_(False)
     hidden = torch.randn(300, 16, dtype=torch.float64, requires_grad=True)
     targets, weights = torch.randint(0, 500, shape), torch.randn(shape, dtype=torch.float64)
     picked, top = target_logprobs(hidden, head, targets, chunk=chunk, dtype=torch.float64, top_k=3)
+    heads_run.clear()
     (picked * weights).sum().backward()
+    assert not heads_run, "the backward runs no head: the forward formed softmax @ W"
     ours = hidden.grad.clone()
     hidden.grad = None
     logp = head(hidden).log_softmax(-1)
