@@ -10,9 +10,10 @@ median of `ROUNDS` rounds (2: a step at the default budget takes about half a mi
 so more rounds would take the benchmark past ten minutes). The aim (issue 35): <= 0.5x the unshared step.
 
 It runs at two budgets, each the same for both sides. At the default one (a quarter of the weights, 128 MiB,
-as the quickstart runs) the planner (`prefix_packing`) fits a prompt and two of its completions in a
-micro-batch: at 1.2 MB a token of activations a third row would not fit, so the shared side runs a prompt
-once for two rows. With room for a group (`GROUP_BUDGET_MB`) a group's 16 rows run their prompt once.
+as the quickstart runs) a token keeps 1.2 MB of activations with every layer kept, so three rows of a group
+would fit a micro-batch; the planner (`prefix_packing`, `activation_memory.RECOMPUTE_COST`) instead
+recomputes the layers of a group's micro-batch (110 KB a token) so that its 16 rows run their prompt once.
+With room for a group (`GROUP_BUDGET_MB`) a group's 16 rows run their prompt once with every layer kept.
 The tokens row is what steps.jsonl records: `trainer/computed_tokens` against `trainer/total_tokens`.
 On a CPU shared with other work, run it with `OMP_NUM_THREADS=1`: two OpenMP threads on two loaded cores
 measured the waits, not the code (docs/benchmarks.md).
@@ -34,7 +35,7 @@ from benchmarks.trainer import alternate
 GROUPS, GROUP_SIZE, PROMPT_TOKENS, COMPLETION_TOKENS = 4, 16, 44, 20
 ROUNDS = 2
 GROUP_BUDGET_MB = 640
-"""Room for one group's shared forward on SmolLM2 float32 (about 570 MB of activations), not for two."""
+"""Room for one group's shared forward on SmolLM2 float32 (about 440 MB of activations), not for two."""
 
 
 def request(vocab: int, seed: int = 0) -> list[dict]:
