@@ -18,8 +18,8 @@ The cost is what `shared_prefix.forward_size` says the forward will run, the sam
 
 A group that fits a micro-batch is never split: it starts a new one when the current one has no room for it.
 A group too large for any is split over consecutive micro-batches (each part shares its prompt again when
-it has two rows or more), and fills what the last one left. Rows whose loss needs
-no position (every advantage 0) go to one micro-batch of their own, which runs no model.
+it has two rows or more), and fills what the last one left. Rows whose loss needs no position (every
+advantage 0) go to one micro-batch of their own, which runs no model.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from collections.abc import Sequence
 from loops_nb.local.shared_prefix import PromptKey, forward_size, shared_groups
 
 MASK_CELL_BYTES = 4
-"""A packed group's attention mask, a cell (float32; the kernels keep it once, not per layer or head)."""
+"""A packed group's attention mask, a cell (in the model's dtype, at most float32; the attention kernels keep
+the one mask, not a copy per layer or head)."""
 
 
 def shared_micro_batches(
