@@ -173,11 +173,16 @@ class _Turn:
     stop_start: int
 
 
-def default_stop_tokens(tokenizer: PreTrainedTokenizerBase) -> list[str]:
-    """The tokenizer's eos token plus the known end-of-turn tokens it has as added tokens."""
+def default_stop_tokens(tokenizer: PreTrainedTokenizerBase, template: str | None = None) -> list[str]:
+    """The tokenizer's eos token plus the known end-of-turn tokens it has as added tokens and `template`
+    (the chat template's source, with and without tools) writes. A token the template never writes ends no
+    turn, and as a stop it would also refuse every row whose text holds it (Gemma's vocabulary has `</s>`,
+    which an HTML answer may well contain). Without a template, every known one the tokenizer has."""
     added = {t.content for t in tokenizer.added_tokens_decoder.values()}
     stops = [tokenizer.eos_token] if tokenizer.eos_token in added else []
-    return stops + [t for t in KNOWN_STOP_TOKENS if t in added and t not in stops]
+    return stops + [
+        t for t in KNOWN_STOP_TOKENS if t in added and t not in stops and (template is None or t in template)
+    ]
 
 
 def turn_groups(rendered: Mapping[int, Sequence[Any]]) -> list[list[int]]:
@@ -278,7 +283,7 @@ class Renderer(RowRenderer):
 
     ``chat_template`` overrides the tokenizer's own (e.g. `TOOL_CAPABLE_CHATML_TEMPLATE` for SmolLM2 tool use).
     ``stop_tokens`` are the tokens that end a generated turn; by default the eos token and the known end-of-turn
-    tokens the tokenizer has. ``template_variables`` are passed to the template (e.g. ``enable_thinking``).
+    tokens the tokenizer has and the template writes. ``template_variables`` are passed to the template (e.g. ``enable_thinking``).
     Examples longer than ``max_seq_len`` tokens are refused, never truncated.
     """
 
@@ -301,7 +306,10 @@ class Renderer(RowRenderer):
         self.max_seq_len = max_seq_len
         added = tokenizer.added_tokens_decoder
         added_by_text = {t.content: i for i, t in added.items()}
-        self.stop_tokens = list(stop_tokens) if stop_tokens is not None else default_stop_tokens(tokenizer)
+        if stop_tokens is None:
+            written = f"{self.template.source}\n{self.template.source_with_tools}"
+            stop_tokens = default_stop_tokens(tokenizer, written)
+        self.stop_tokens = list(stop_tokens)
         if not self.stop_tokens:
             raise ConfigError("the tokenizer has no eos or end-of-turn token; set the stop tokens explicitly")
         for tok in self.stop_tokens:

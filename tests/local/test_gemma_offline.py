@@ -147,7 +147,7 @@ def _chat_ids(tokenizer, text: str) -> list[int]:
 def test_dequantised_gemma_is_a_gemma3_with_its_template_and_stops(
     gemma_path: Path, model_cache_dir: Path
 ) -> None:
-    from loops_nb.sft.rendering import default_stop_tokens
+    from loops_nb.sft.rendering import Renderer
 
     config = json.loads((gemma_path / "config.json").read_text())
     assert config["architectures"] == ["Gemma3ForCausalLM"] and config["model_type"] == "gemma3_text"
@@ -163,7 +163,9 @@ def test_dequantised_gemma_is_a_gemma3_with_its_template_and_stops(
 
     tokenizer = model_store.load_tokenizer(model_store.ResolvedModel(GEMMA_MODEL, gemma_path, GEMMA.source))
     assert tokenizer.chat_template == GEMMA_CHAT_TEMPLATE
-    assert {"<eos>", "<end_of_turn>"} <= set(default_stop_tokens(tokenizer))
+    stops = Renderer(tokenizer).stop_tokens
+    assert {"<eos>", "<end_of_turn>"} <= set(stops)
+    assert "</s>" not in stops  # in the vocabulary, never written by the template
     ids = _chat_ids(tokenizer, "Hi")
     assert ids[:3] == [tokenizer.bos_token_id, 105, 2364] and ids.count(tokenizer.bos_token_id) == 1
 

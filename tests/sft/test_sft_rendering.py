@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from sft_fixtures import LLAMA3_TEMPLATE
+from sft_fixtures import LLAMA3_TEMPLATE, build_tokenizer
 
 from loops_nb.errors import ConfigError
 from loops_nb.llm.templates import parse_tool_calls
@@ -316,7 +316,7 @@ CHATML_GEN = "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['c
         (
             "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '\n' }}{% endfor %}"
             "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}",
-            "messages[1]: the rendered turn has no stop token (looked for <|im_end|>, <|endoftext|>)",
+            "messages[1]: the rendered turn has no stop token (looked for <|im_end|>)",
         ),
         (
             "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + (m['content'] if m['role'] != "
@@ -336,7 +336,22 @@ def test_template_problems_are_refused_with_the_reason(smollm2: Any, template: s
 def test_stop_tokens_must_be_added_tokens(smollm2: Any) -> None:
     with pytest.raises(ConfigError, match="stop token 'STOP' is not a special/added token"):
         Renderer(smollm2, stop_tokens=["STOP"])
-    assert Renderer(smollm2).stop_tokens == ["<|im_end|>", "<|endoftext|>"]
+    assert Renderer(smollm2).stop_tokens == ["<|im_end|>"]
+
+
+def test_a_known_end_token_the_template_never_writes_is_no_stop() -> None:
+    """Gemma's vocabulary holds `</s>`, but its template ends turns with `<end_of_turn>`: as a stop, `</s>`
+    would refuse an answer that writes an HTML strikethrough."""
+    tokenizer = build_tokenizer("smollm2")
+    tokenizer.add_tokens(["</s>"])
+    renderer = Renderer(tokenizer)
+    assert renderer.stop_tokens == ["<|im_end|>"]
+    html = {"role": "assistant", "content": "Write <s>old</s> for struck-through text."}
+    result = renderer.render(parse_row({"messages": [USER, html]}, 1))
+    assert isinstance(result, RenderedRow), result
+    [example] = result.examples
+    trained = [t for t, w in zip(example.input_ids, example.weights, strict=True) if w]
+    assert "<s>old</s>" in tokenizer.decode(trained)
 
 
 def test_segments_show_what_trains(smollm2: Any) -> None:
