@@ -53,17 +53,6 @@ class StepClock:
     def seconds_to_reward(self, target: float) -> float | None:
         return next((t for t, reward in self.steps if reward is not None and reward >= target), None)
 
-    def cpu_seconds_to_reward(self, target: float) -> float | None:
-        """CPU seconds at the end of the first step whose mean reward reaches `target`."""
-        return next(
-            (
-                cpu
-                for (_, reward), cpu in zip(self.steps, self.cpu, strict=False)
-                if reward is not None and reward >= target
-            ),
-            None,
-        )
-
     def seconds_per_step_after_first(self) -> float:
         """Mean step time excluding the first step (which also pays model load and warm-up)."""
         times = [t for t, _ in self.steps]
