@@ -127,8 +127,9 @@ class LoraTrainer:
         self._plain_head = has_plain_head(base.config)
         self.share_prefixes = True
         """Rows of a micro-batch that share a prompt run it once (`shared_prefix`); False runs every row whole."""
-        # Sharing repeats a prompt's keys and values for its rows: only plain full-attention caches can
-        # (Qwen3.5/3.6's linear attention, DeepSeek V4's compressed attention and sliding windows run whole).
+        # A shared prompt's rows attend to its keys and values (packed under a mask, or expanded): only plain
+        # full-attention caches can (Qwen3.5/3.6's linear attention, DeepSeek V4's compressed attention and
+        # sliding windows run whole).
         self._can_share = cache_is_full_attention(base.config)
         self._lp_dtype = torch.float64 if dtype == torch.float64 else torch.float32
         self._model: PeftModel | None = None
@@ -248,7 +249,7 @@ class LoraTrainer:
                         loss_config=cfg,
                         top_k=top_k,
                         backward=backward,
-                        share_prefixes=self.share_prefixes and self._can_share,
+                        share_prefixes=self._shares_prompts,
                     )
                     with self._layers_recomputed() if recompute else contextlib.nullcontext():
                         result = self._micro_batch(job)
@@ -291,9 +292,7 @@ class LoraTrainer:
         (see `activation_memory.plan_micro_batches`); where the rows' prompts will be shared, a prompt's
         rows are kept together and priced as the shared forward runs them."""
         # Only text rows under a plain head share (`LogprobModel`): pricing others as shared would understate.
-        shares = (
-            self.share_prefixes and self._can_share and self._plain_head and not any(d.images for d in datums)
-        )
+        shares = self._shares_prompts and self._plain_head and not any(d.images for d in datums)
         cfg = resolve_loss_config(loss_fn, loss_config)
         return plan_micro_batches(
             [d.length for d in datums],
@@ -304,6 +303,11 @@ class LoraTrainer:
             backward=backward,
             prompts=prompt_keys(datums, loss_fn, cfg, top_k) if shares else None,
         )
+
+    @property
+    def _shares_prompts(self) -> bool:
+        """Sharing is asked for (`share_prefixes`) and the model's cache allows it."""
+        return self.share_prefixes and self._can_share
 
     def activation_cost(self) -> ActivationCost:
         """Bytes per token a micro-batch keeps for its backward (measured once per adapter)."""
