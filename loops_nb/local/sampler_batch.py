@@ -25,6 +25,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from loops_nb.local.decoding import RowParams, draw_uniforms, prompt_logprobs
+from loops_nb.local.kv_cache import bound_growth
 from loops_nb.local.prefix_cache import CachedSequence, PrefixHit
 from loops_nb.local.sampling_types import PromptLogprobEntry, SampledChoice, SampleRequest, SampleResult
 
@@ -140,23 +141,26 @@ class DecodeBatch:
         ids, mask = ids.to(device), mask.to(device)
         positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)
         cache = new_cache()
+        bound_growth(cache, width + max(job.max_tokens for job in jobs) - 1)
         logits = forward(ids, mask, positions, cache, all_logits)
         return cls._expanded(jobs, unique, cache, mask, positions, logits, device, decode)
 
     @classmethod
     def prefill_extending(
         cls,
-        job: Job,
+        jobs: list[Job],
         hit: PrefixHit,
         forward: Forward,
         new_cache: Callable[[], DynamicCache],
         device: torch.device,
         decode: Callable[[list[int]], list[str]],
     ) -> DecodeBatch:
-        """Prefill one job whose prompt extends a kept sequence (`prefix_cache`): its shared prefix's keys and
-        values are copied into a fresh cache, and only the rest of the prompt runs through the model."""
-        prompt, shared = job.prompt, hit.length
+        """Prefill jobs with one prompt that extends a kept sequence (`prefix_cache`): the shared prefix's keys
+        and values are copied into a fresh cache, and only the rest of the prompt runs through the model,
+        once for all of them."""
+        prompt, shared = jobs[0].prompt, hit.length
         cache = new_cache()
+        bound_growth(cache, len(prompt) + max(job.max_tokens for job in jobs) - 1)
         for layer, (keys, values) in zip(_layers(cache), hit.layers(), strict=True):
             layer.update(keys.to(device), values.to(device))  # copies: the kept sequence is never written
         ids = torch.tensor([prompt[shared:]], dtype=torch.long, device=device)
@@ -164,7 +168,7 @@ class DecodeBatch:
         positions = torch.arange(shared, len(prompt), dtype=torch.long, device=device)[None]
         logits = forward(ids, mask, positions, cache, False)
         full_positions = torch.arange(len(prompt), dtype=torch.long, device=device)[None]
-        return cls._expanded([job], {tuple(prompt): 0}, cache, mask, full_positions, logits, device, decode)
+        return cls._expanded(jobs, {tuple(prompt): 0}, cache, mask, full_positions, logits, device, decode)
 
     @classmethod
     def _expanded(
@@ -230,13 +234,11 @@ class DecodeBatch:
         if self.cache_length - start != len(tokens) or not bool(self.mask[i, start:].all()):
             return None
         layers = _layers(self.cache)
-        keys = tuple(layer.keys[i : i + 1, :, start:].clone() for layer in layers if layer.keys is not None)
-        values = tuple(
-            layer.values[i : i + 1, :, start:].clone() for layer in layers if layer.values is not None
-        )
+        keys = [layer.keys[i : i + 1, :, start:] for layer in layers if layer.keys is not None]
+        values = [layer.values[i : i + 1, :, start:] for layer in layers if layer.values is not None]
         if len(keys) != len(layers) or len(values) != len(layers):
             return None
-        return CachedSequence(adapter, version, tokens, keys, values)
+        return CachedSequence.copied(adapter, version, tokens, keys, values)
 
     def merge(self, other: DecodeBatch) -> None:
         """Append `other`'s rows, left-padding whichever cache is shorter (needs `cache_is_mergeable`)."""
@@ -277,6 +279,9 @@ class DecodeBatch:
     def advance(self, tokens: Tensor, forward: Forward) -> None:
         """Feed each row's chosen token (`tokens`, one per current row) and compute the next logits."""
         self.mask = F.pad(self.mask, (0, 1), value=1)
+        # Each row feeds back every token it may still sample but its last.
+        still = max(row.job.max_tokens - len(row.tokens) - 1 for row in self.rows)
+        bound_growth(self.cache, self.mask.shape[1] + max(0, still))
         logits = forward(tokens[:, None], self.mask, self.next_position[:, None], self.cache, False)
         self.logits = logits[:, -1]
         self.next_position = self.next_position + 1
