@@ -18,8 +18,10 @@ cut at an arbitrary prefix).
 from __future__ import annotations
 
 import collections
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
 MIN_PREFIX_TOKENS = 16
@@ -35,6 +37,32 @@ class CachedSequence:
     tokens: tuple[int, ...]
     keys: tuple[Tensor, ...]
     values: tuple[Tensor, ...]
+
+    @classmethod
+    def copied(
+        cls,
+        adapter: str | None,
+        version: int | None,
+        tokens: tuple[int, ...],
+        keys: Sequence[Tensor],
+        values: Sequence[Tensor],
+    ) -> CachedSequence:
+        """A sequence holding copies of `keys` and `values` (views into a batch's cache) in one block.
+
+        One block, not a tensor per layer: a 60-token row of a 30-layer model is 60 tensors of 46 KB, which
+        the C allocator serves from its heap, where freed ones stay resident and splinter the free space the
+        trainer's activations then cannot reuse; one 2.8 MB block is a mapping of its own, returned to the
+        system whole when the sequence is evicted or its policy replaced.
+        """
+        parts = [*keys, *values]
+        block = torch.empty(sum(t.numel() for t in parts), dtype=parts[0].dtype, device=parts[0].device)
+        copies, offset = [], 0
+        for part in parts:
+            copy = block[offset : offset + part.numel()].view(part.shape)
+            copy.copy_(part)
+            copies.append(copy)
+            offset += part.numel()
+        return cls(adapter, version, tokens, tuple(copies[: len(keys)]), tuple(copies[len(keys) :]))
 
     @property
     def nbytes(self) -> int:
