@@ -1,7 +1,10 @@
 """How the sampler prefills the jobs that start (or join) a decode batch.
 
-- A job whose prompt extends a sequence the prefix cache keeps (an agent's next call: its history, then a
-  tool result) is prefilled alone from the kept keys and values: only its new tokens run.
+- Jobs whose prompt extends a sequence the prefix cache keeps (an agent's next call: its history, then a
+  tool result) are prefilled from the kept keys and values: only the new tokens run, once for all the jobs
+  with that same prompt. One prefill per prompt, not per job: the quickstart's 64 attempts of a step each
+  send the same 44-token prompt, which the previous step's kept sequences extend when the policy has not
+  changed; prefilled one job at a time they took 13 s a step to sample instead of 8.5 s.
 - The other plain jobs are prefilled together, shortest first, in groups whose padded size stays under
   `max_prefill_tokens` (one long prompt does not pad a group of short ones).
 - A job asking for prompt logprobs needs logits at every position: it is prefilled alone.
@@ -40,8 +43,8 @@ class Prefiller:
     def prefill(self, jobs: list[Job]) -> DecodeBatch:
         if not self.mergeable:
             return self._together(jobs)
-        batches = [self._extending(job, hit) for job, hit in self._hits(jobs)]
-        extended = {id(batch.rows[0].job) for batch in batches}
+        batches = [self._extending(same, hit) for same, hit in self._hits(jobs)]
+        extended = {id(row.job) for batch in batches for row in batch.rows}
         rest = [job for job in jobs if id(job) not in extended]
         groups: list[list[Job]] = []
         plain = sorted((j for j in rest if j.request.prompt_logprobs is None), key=lambda j: len(j.prompt))
@@ -72,22 +75,27 @@ class Prefiller:
         self.stats["prefill_tokens"] += sum(len(p) for p in {tuple(j.prompt) for j in jobs})
         return DecodeBatch.prefill(jobs, self.forward.text, self.forward.new_cache, self.device, self.decode)
 
-    def _extending(self, job: Job, hit: PrefixHit) -> DecodeBatch:
-        self.stats["prefill_tokens"] += len(job.prompt) - hit.length
+    def _extending(self, jobs: list[Job], hit: PrefixHit) -> DecodeBatch:
+        self.stats["prefill_tokens"] += len(jobs[0].prompt) - hit.length
         self.stats["prefix_cached_tokens"] += hit.length
         forward = self.forward
         return DecodeBatch.prefill_extending(
-            job, hit, forward.text, forward.new_cache, self.device, self.decode
+            jobs, hit, forward.text, forward.new_cache, self.device, self.decode
         )
 
-    def _hits(self, jobs: list[Job]) -> list[tuple[Job, PrefixHit]]:
+    def _hits(self, jobs: list[Job]) -> list[tuple[list[Job], PrefixHit]]:
+        """The jobs a kept sequence extends, grouped by prompt, each group with its hit."""
         cache = self.prefix_cache
         if cache is None:
             return []
-        hits = []
+        same: dict[tuple[int, ...], list[Job]] = {}
         for job in jobs:
             if job.request.prompt_logprobs is None and job.pixels is None:
-                hit = cache.lookup(job.adapter, job.adapter_version, job.prompt)
-                if hit is not None:
-                    hits.append((job, hit))
+                same.setdefault(tuple(job.prompt), []).append(job)
+        hits = []
+        for group in same.values():
+            first = group[0]
+            hit = cache.lookup(first.adapter, first.adapter_version, first.prompt)
+            if hit is not None:
+                hits.append((group, hit))
         return hits

@@ -67,6 +67,25 @@ def test_a_group_that_shares_a_prompt_reuses_it_and_samples_as_without(engines) 
         assert mine.logprobs == pytest.approx(theirs.logprobs, abs=1e-5)
 
 
+def test_attempts_that_send_one_prompt_extend_it_once_and_sample_as_without(engines) -> None:
+    """A step's attempts each send the same prompt as a request of their own (the quickstart's 64): when a
+    kept sequence extends it, the rest of the prompt runs once for all of them, not once per request."""
+    cached, plain = engines
+    prompt = [7 + (i * 3) % 70 for i in range(36)]
+    cached.sample(turn(prompt, seed=7))
+    nxt = [*prompt, 21, 22, 23]
+    before = dict(cached.stats)
+    mine = [f.result() for f in cached.submit_many([(turn(nxt, seed=10 + i), None) for i in range(4)])]
+    theirs = [plain.sample(turn(nxt, seed=10 + i)) for i in range(4)]
+    for a, b in zip(mine, theirs, strict=True):
+        assert a.choices[0].token_ids == b.choices[0].token_ids
+        assert a.choices[0].logprobs == pytest.approx(b.choices[0].logprobs, abs=1e-5)
+    served = cached.stats["prefix_cached_tokens"] - before.get("prefix_cached_tokens", 0)
+    computed = cached.stats["prefill_tokens"] - before.get("prefill_tokens", 0)
+    assert served == len(prompt), "the kept sequence served the shared prompt once"
+    assert computed == 3, "the three new tokens ran once for the four requests"
+
+
 def test_new_weights_under_an_adapter_drop_what_it_kept(engines, plain_model) -> None:
     cached, plain = engines
     config, weights, _ = lora_weights(plain_model, 4, ["q_proj", "v_proj"], seed=1)
