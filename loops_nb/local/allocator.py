@@ -15,6 +15,12 @@ Two glibc behaviours make a trainer's resident memory grow far past what its ten
   of `MMAP_THRESHOLD` or more with its own mapping, returned to the kernel on `free`, so resident memory
   follows what the tensors hold; the same forward then kept 41 MB.
 
+A third follows from the heap's free space: `release_free_heap` hands the heap's free pages back to the
+kernel after a long piece of compute work (`compute_lane`). A forward's small blocks are freed all over the
+heap, and glibc's later allocations land in free chunks all over it too, so the pages touched during one
+trainer op or sampler batch stay resident until the next one: measured on the quickstart's heap, 600 MB of
+arena with 450 MB in use.
+
 Other allocators (musl, macOS) ignore the calls.
 """
 
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 
 log = logging.getLogger(__name__)
@@ -34,19 +41,37 @@ MMAP_THRESHOLD = 1024 * 1024
 hidden states is 288 KiB, its MLP intermediate 0.75 MiB; smaller blocks reuse the heap as before."""
 
 
+@functools.cache
+def _glibc() -> ctypes.CDLL | None:
+    """The C library when it is glibc (it has both `mallopt` and `malloc_trim`), else None."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        libc = ctypes.CDLL(name)
+        libc.mallopt, libc.malloc_trim  # noqa: B018
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
 def tune_malloc(arenas: int = ARENAS, mmap_threshold: int = MMAP_THRESHOLD) -> bool:
     """Cap glibc's malloc arenas (for threads started from now on) and fix its mmap threshold.
 
     Returns whether both settings took effect (False where the C library is not glibc).
     """
-    name = ctypes.util.find_library("c")
-    if name is None:
+    libc = _glibc()
+    if libc is None:
         return False
-    try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # not glibc
-        return False
-    done = bool(mallopt(M_ARENA_MAX, arenas)) and bool(mallopt(M_MMAP_THRESHOLD, mmap_threshold))
+    done = bool(libc.mallopt(M_ARENA_MAX, arenas)) and bool(libc.mallopt(M_MMAP_THRESHOLD, mmap_threshold))
     log.debug("malloc arenas capped at %d, mmap threshold %d bytes: %s", arenas, mmap_threshold, done)
     return done
+
+
+def release_free_heap() -> bool:
+    """Give the kernel back the whole free pages inside glibc's heaps (`malloc_trim(0)`).
+
+    Returns whether glibc released anything (False where the C library is not glibc).
+    """
+    libc = _glibc()
+    return libc is not None and bool(libc.malloc_trim(0))

@@ -32,13 +32,20 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TypeVar
 
 import torch
 
+from loops_nb.local.allocator import release_free_heap
+
 T = TypeVar("T")
+
+RELEASE_AFTER_SECONDS = 0.5
+"""After a job this long (a trainer op, a sampler batch), the heap's free pages go back to the kernel
+(`allocator.release_free_heap`); shorter jobs touch too little of the heap to be worth the trim."""
 
 
 class ComputeLane:
@@ -105,10 +112,15 @@ class ComputeLane:
             fn, future = self._queue.get()
             if not future.set_running_or_notify_cancel():
                 continue
+            started = time.perf_counter()
             try:
-                future.set_result(fn())
+                result = fn()
             except BaseException as exc:  # handed to the caller, who re-raises it on its own thread
                 future.set_exception(exc)
+            else:
+                future.set_result(result)
+            if time.perf_counter() - started >= RELEASE_AFTER_SECONDS:
+                release_free_heap()
 
 
 def _own_thread_count(threads: int) -> None:
