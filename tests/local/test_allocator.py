@@ -47,3 +47,32 @@ def test_freed_tensors_leave_the_process_once_the_mmap_threshold_is_fixed() -> N
     held, kept = _held_after_free("tuned")
     assert held >= 350  # the 400 MiB were resident while alive
     assert kept <= 50, f"{kept} MiB of 400 freed MiB still resident with the threshold fixed"
+
+
+RELEASE_SCRIPT = """
+import torch
+from loops_nb.local.allocator import release_free_heap
+def rss_mib():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) // 1024
+blocks, pins = [], []
+before = rss_mib()
+for _ in range(600):
+    blocks.append(torch.ones(128 * 1024))  # 512 KiB: under glibc's threshold, so from its heap
+    pins.append(torch.ones(64))  # a small live block after each one keeps the heap from shrinking at its top
+blocks.clear()
+kept = rss_mib() - before
+released = release_free_heap()
+print(kept, rss_mib() - before, released)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
+def test_releasing_the_free_heap_hands_freed_pages_back() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", RELEASE_SCRIPT], capture_output=True, text=True, timeout=300, check=True
+    )
+    kept, after, released = out.stdout.split()
+    assert int(kept) >= 200, f"only {kept} MiB of 300 freed MiB stayed resident: the case shows nothing"
+    assert released == "True" and int(after) <= 50, f"{after} MiB still resident after the release"

@@ -8,10 +8,13 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from sampler_fixtures import sampler_model_path_fixture  # noqa: F401 - registers the fixture
 from transformers import AutoModelForCausalLM, DynamicCache
 
 from loops_nb.local import kv_cache
 from loops_nb.local.kv_cache import GrowingLayer, growing_cache, is_full_attention
+from loops_nb.local.sampler import SamplerEngine
+from loops_nb.local.sampling_types import SampleRequest
 
 STEPS = kv_cache.HEADROOM + 10  # crosses one reallocation
 
@@ -68,3 +71,23 @@ def test_only_full_attention_layers_grow() -> None:
 
     assert is_full_attention(GrowingLayer())
     assert not is_full_attention(DynamicSlidingWindowLayer(sliding_window=4))
+
+
+def test_a_decode_batch_never_makes_room_past_what_its_rows_can_feed_back(
+    sampler_model_path: Path, monkeypatch
+) -> None:
+    """A 10-token prompt with at most 4 new tokens fills 13 cache positions (the last token is never fed
+    back): every buffer the sampler allocates has room for at most that, not `HEADROOM` more."""
+    capacities: list[int] = []
+    reallocate = GrowingLayer._reallocate
+
+    def recording(self, key_states, value_states, length, capacity):
+        capacities.append(capacity)
+        return reallocate(self, key_states, value_states, length, capacity)
+
+    monkeypatch.setattr(GrowingLayer, "_reallocate", recording)
+    request = SampleRequest(prompt=list(range(3, 13)), n=3, temperature=1.0, max_tokens=4, seed=0)
+    with SamplerEngine(sampler_model_path, device="cpu", dtype=torch.float32, prefix_cache_mb=0) as engine:
+        choices = engine.sample(request).choices
+    assert capacities and max(capacities) <= 10 + 4 - 1 < 10 + kv_cache.HEADROOM
+    assert all(len(choice.token_ids) <= 4 for choice in choices)
