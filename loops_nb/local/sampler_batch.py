@@ -161,8 +161,9 @@ class DecodeBatch:
         prompt, shared = jobs[0].prompt, hit.length
         cache = new_cache()
         bound_growth(cache, len(prompt) + max(job.max_tokens for job in jobs) - 1)
-        for layer, (keys, values) in zip(_layers(cache), hit.layers(), strict=True):
-            layer.update(keys.to(device), values.to(device))  # copies: the kept sequence is never written
+        for piece_keys, piece_values in hit.pieces():  # a kept sequence's parents' tokens first
+            for layer, keys, values in zip(_layers(cache), piece_keys, piece_values, strict=True):
+                layer.update(keys.to(device), values.to(device))  # copies: kept sequences are never written
         ids = torch.tensor([prompt[shared:]], dtype=torch.long, device=device)
         mask = torch.ones(1, len(prompt), dtype=torch.long, device=device)
         positions = torch.arange(shared, len(prompt), dtype=torch.long, device=device)[None]
@@ -227,7 +228,8 @@ class DecodeBatch:
 
     def finished_sequence(self, i: int, adapter: str | None, version: int | None) -> CachedSequence | None:
         """Row `i`'s keys and values, unpadded, as a `CachedSequence` of the prompt and every sampled token
-        but the last (never fed back); None when the cache does not hold exactly those."""
+        but the last (never fed back), viewing this batch's cache (`PrefixCache.store` copies what it keeps);
+        None when the cache does not hold exactly those."""
         row = self.rows[i]
         tokens = (*row.job.prompt, *row.tokens[:-1])
         start = int(self.mask[i].argmax())  # left padding ends at the row's first real token
@@ -238,7 +240,7 @@ class DecodeBatch:
         values = [layer.values[i : i + 1, :, start:] for layer in layers if layer.values is not None]
         if len(keys) != len(layers) or len(values) != len(layers):
             return None
-        return CachedSequence.copied(adapter, version, tokens, keys, values)
+        return CachedSequence(adapter, version, tokens, tuple(keys), tuple(values))
 
     def merge(self, other: DecodeBatch) -> None:
         """Append `other`'s rows, left-padding whichever cache is shorter (needs `cache_is_mergeable`)."""

@@ -138,3 +138,56 @@ def test_the_cache_stays_in_its_budget_and_evicts_the_least_recently_used() -> N
     assert len(cache) == 1, "a new version of the adapter drops the older ones"
     cache.store(kept(3 * 32))
     assert len(cache) == 1, "a sequence larger than the budget is not kept"
+
+
+def row(tokens: list[int], seed: int, layers: int = 2) -> CachedSequence:
+    """A finished row as the sampler hands it over: per-layer keys and values of its own (random numbers)."""
+    gen = torch.Generator().manual_seed(seed)
+    shape = (1, 2, len(tokens), 4)
+    keys = tuple(torch.randn(shape, generator=gen) for _ in range(layers))
+    values = tuple(torch.randn(shape, generator=gen) for _ in range(layers))
+    return CachedSequence(None, 0, tuple(tokens), keys, values)
+
+
+def joined(pieces) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    keys = [torch.cat([piece[0][i] for piece in pieces], dim=2) for i in range(len(pieces[0][0]))]
+    values = [torch.cat([piece[1][i] for piece in pieces], dim=2) for i in range(len(pieces[0][1]))]
+    return keys, values
+
+
+def test_siblings_keep_only_what_they_add_and_a_parent_goes_with_its_children() -> None:
+    prompt = list(range(100, 140))  # 40 tokens every attempt shares
+    first, second = row([*prompt, 1, 2, 3, 4], seed=1), row([*prompt, 5, 6, 7, 8], seed=2)
+    cache = PrefixCache(budget_bytes=10 * first.nbytes)
+    cache.store(first)
+    cache.store(second)
+    per_token = first.nbytes // len(first.tokens)
+    assert cache.nbytes == first.nbytes + 4 * per_token, "the second keeps only its 4 own tokens"
+    hit = cache.lookup(None, 0, [*prompt, 5, 6, 7, 8, 9])
+    assert hit is not None and hit.length == 44 and hit.sequence.tokens == second.tokens
+    keys, values = joined(hit.pieces())
+    # The shared prompt's keys and values come from the first row (kept whole), the rest from the second.
+    for mine, parents, own in zip(keys, first.keys, second.keys, strict=True):
+        assert torch.equal(mine[:, :, :40], parents[:, :, :40]) and torch.equal(
+            mine[:, :, 40:], own[:, :, 40:]
+        )
+    for mine, parents, own in zip(values, first.values, second.values, strict=True):
+        assert torch.equal(mine[:, :, :40], parents[:, :, :40]) and torch.equal(
+            mine[:, :, 40:], own[:, :, 40:]
+        )
+    cache.store(row(prompt[:30], seed=3))
+    assert len(cache) == 2, "a sequence a kept one already holds whole adds nothing"
+    cache._drop(first.key)
+    assert len(cache) == 0 and cache.nbytes == 0, "the child went with its parent"
+
+
+def test_a_used_child_keeps_its_parent_from_eviction() -> None:
+    prompt = list(range(200, 240))
+    parent, child = row([*prompt, 1], seed=4), row([*prompt, 2, 3], seed=5)
+    other = row(list(range(300, 341)), seed=6)
+    cache = PrefixCache(budget_bytes=parent.nbytes + other.nbytes + parent.nbytes // 2)
+    cache.store(parent)
+    cache.store(child)
+    cache.lookup(None, 0, [*prompt, 2, 3, 4])  # uses the child, so its parent is refreshed too
+    cache.store(other)  # over budget: the least recently used goes, which is neither parent nor child
+    assert child.key in cache._entries and parent.key in cache._entries
