@@ -71,6 +71,10 @@ def cpu_seconds() -> float:
 
 
 def run_quickstart(overrides: dict[str, Any]) -> StepClock:
+    # Imports stay outside the clock, as TRL's do in trl_grpo: the embedded Loops imports its trainer (and
+    # with it peft) only when the first run starts, which would put that import on the clock.
+    import loops_nb.local.sampler
+    import loops_nb.local.trainer  # noqa: F401
     from loops_nb import load
 
     with tempfile.TemporaryDirectory() as tmp:

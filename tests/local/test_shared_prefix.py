@@ -94,6 +94,28 @@ def test_a_shared_prompt_gives_the_unshared_logprobs_and_gradients(
         assert torch.allclose(mine, theirs, atol=1e-5, rtol=0), float((mine - theirs).abs().max())
 
 
+def test_a_recomputed_prompt_pass_holds_its_keys_once(
+    tiny_llama_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The prompt's pass of an expanded-cache group, recomputed in the backward, calls each cache layer a
+    second time: the layer keeps the prompt's keys once (a second call overwrites) instead of appending a
+    copy. The logprob twin cannot see a doubled prompt (sdpa's top-left causal mask reads only the first
+    copy, and the rows' recompute runs before the prompt's), so this checks what the layer holds."""
+    from loops_nb.local import shared_prefix
+
+    monkeypatch.setattr(shared_prefix, "PACKED_TOKENS", 0)
+    made: list[object] = []
+    record = shared_prefix.recording_cache
+    monkeypatch.setattr(shared_prefix, "recording_cache", lambda: made.append(record()) or made[-1])
+    trained(tiny_llama_path, True, groups_of_datums(), recompute=True)
+    assert len(made) == 2, "each group's prompt ran through a recording cache"
+    for cache, shared in zip(made, (29, 24), strict=True):
+        layers = cache.layers  # type: ignore[attr-defined]
+        assert layers and all(layer.keys.shape[-2] == shared for layer in layers), [
+            layer.keys.shape[-2] for layer in layers
+        ]
+
+
 def test_rows_are_grouped_by_the_prompt_before_their_first_needed_position() -> None:
     tokens = torch.tensor(
         [[*PROMPT, 7, 8], [*PROMPT, 9, 0], [*PROMPT[:-1], 5, 6, 0], [*PROMPT, 7, 8], [*PROMPT, 7, 8]]
