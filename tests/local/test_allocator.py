@@ -50,18 +50,29 @@ def test_freed_tensors_leave_the_process_once_the_mmap_threshold_is_fixed() -> N
 
 
 RELEASE_SCRIPT = """
-import torch
-from loops_nb.local.allocator import release_free_heap
+import ctypes
+from loops_nb.local.allocator import release_free_heap, tune_malloc
 def rss_mib():
     for line in open("/proc/self/status"):
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) // 1024
+assert tune_malloc()  # as the embedded Loops runs: blocks under 1 MiB come from glibc's heap
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+size = 512 * 1024
 blocks, pins = [], []
 before = rss_mib()
 for _ in range(600):
-    blocks.append(torch.ones(128 * 1024))  # 512 KiB: under glibc's threshold, so from its heap
-    pins.append(torch.ones(64))  # a small live block after each one keeps the heap from shrinking at its top
-blocks.clear()
+    block = libc.malloc(size)
+    ctypes.memset(block, 1, size)  # touched, as a tensor's data is
+    blocks.append(block)
+    # A live block after each one keeps the freed ones apart and the heap from shrinking at its top; at a
+    # size no free chunk of the interpreter's holds, it comes from the top, right after its block.
+    pins.append(libc.malloc(size // 4))
+for block in blocks:
+    libc.free(block)
 kept = rss_mib() - before
 released = release_free_heap()
 print(kept, rss_mib() - before, released)
