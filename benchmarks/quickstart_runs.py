@@ -70,12 +70,18 @@ def cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
-def run_quickstart(overrides: dict[str, Any]) -> StepClock:
-    # Imports stay outside the clock, as TRL's do in trl_grpo: the embedded Loops imports its trainer (and
-    # with it peft) only when the first run starts, which would put that import on the clock.
+def import_embedded_loops() -> None:
+    """Import what the embedded Loops imports only when a run starts (its trainer, and with it peft and the
+    transformers modules peft pulls in; its sampler), so that a clock started afterwards counts no imports,
+    as trl_grpo's TRL side counts none."""
     import loops_nb.local.sampler
     import loops_nb.local.trainer  # noqa: F401
+
+
+def run_quickstart(overrides: dict[str, Any]) -> StepClock:
     from loops_nb import load
+
+    import_embedded_loops()
 
     with tempfile.TemporaryDirectory() as tmp:
         project = load(

@@ -12,8 +12,9 @@ fresh Python process, one after the other, never at once. Each process stamps th
 step with its wall seconds, its CPU seconds (user + system of all its threads and waited-for children,
 `quickstart_runs.cpu_seconds`) and the step's mean reward, counting from the moment training is asked for:
 the kit's clock starts when `train()` is called (starting the embedded Loops, loading the model), TRL's
-before the model is loaded. Imports are outside both clocks. Each side stops at the first step whose mean
-reward reaches 0.7 (the kit's process exits there; TRL's callback stops training), or at its step cap: 8 on
+before the model is loaded. Imports are outside both clocks (the kit's trainer and sampler modules, which
+the embedded Loops imports only when a run starts, are imported first: `import_embedded_loops`). Each
+side stops at the first step whose mean reward reaches 0.7 (the kit's process exits there; TRL's callback stops training), or at its step cap: 8 on
 both sides, the quickstart's `max_steps`. A seed that never reaches 0.7 counts as infinite, as in
 learning_speed.
 
@@ -62,7 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import Result
-from benchmarks.quickstart_runs import QUICKSTART, StepClock, cpu_seconds
+from benchmarks.quickstart_runs import QUICKSTART, StepClock, cpu_seconds, import_embedded_loops
 
 SEEDS = (0, 1, 2)
 TARGET = 0.7
@@ -191,6 +192,7 @@ def kit_run(seed: int) -> None:
 
     from loops_nb import load
 
+    import_embedded_loops()
     tmp = tempfile.mkdtemp()
 
     class StopAtTarget(StepClock):
