@@ -14,8 +14,8 @@ step with its wall seconds, its CPU seconds (user + system of all its threads an
 the kit's clock starts when `train()` is called (starting the embedded Loops, loading the model), TRL's
 before the model is loaded. Imports are outside both clocks (the kit's trainer and sampler modules, which
 the embedded Loops imports only when a run starts, are imported first: `import_embedded_loops`). Each
-side stops at the first step whose mean reward reaches 0.7 (the kit's process exits there; TRL's callback stops training), or at its step cap: 8 on
-both sides, the quickstart's `max_steps`. A seed that never reaches 0.7 counts as infinite, as in
+side stops at the first step whose mean reward reaches 0.7 (the kit's process exits there; TRL's callback
+stops training), or at its step cap: 8 on both sides, the quickstart's `max_steps`. A seed that never reaches 0.7 counts as infinite, as in
 learning_speed.
 
 TRL gets what the quickstart ships: SmolLM2-135M-Instruct in float32, a peft LoRA of rank 16 with the
