@@ -30,6 +30,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
+from loops_nb.local.packed_attention import IMPLEMENTATION as PACKED_ATTENTION
+from loops_nb.local.packed_attention import PackedRows
+
 if TYPE_CHECKING:
     from torch import nn
 
@@ -200,8 +203,19 @@ def packed_hidden(
     allowed = causal & ((segment[None, :] == -1) | (segment[None, :] == segment[:, None]))
     dtype = next(decoder.parameters()).dtype
     mask = torch.zeros(size, size, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
+    # Under `packed_attention` (the trainer's own model) attention skips what the mask hides; the mask stays
+    # for the layers it leaves to SDPA.
+    packed = (
+        {"packed_rows": PackedRows.of(shared, spans, device)}
+        if getattr(decoder.config, "_attn_implementation", None) == PACKED_ATTENTION
+        else {}
+    )
     hidden = decoder(
-        input_ids=ids[None], position_ids=positions[None], attention_mask=mask[None, None], use_cache=False
+        input_ids=ids[None],
+        position_ids=positions[None],
+        attention_mask=mask[None, None],
+        use_cache=False,
+        **packed,
     ).last_hidden_state[0]
     return list(hidden[shared:].split(spans))
 

@@ -69,6 +69,7 @@ from loops_nb.local.micro_batch import (
     run_micro_batch,
 )
 from loops_nb.local.model_store import auto_dtype
+from loops_nb.local.packed_attention import use_packed_attention
 from loops_nb.local.shared_base import BASE_MODELS
 from loops_nb.local.trainer_checkpoints import (
     load_adapter_weights,
@@ -131,6 +132,8 @@ class LoraTrainer:
         # full-attention caches can (Qwen3.5/3.6's linear attention, DeepSeek V4's compressed attention and
         # sliding windows run whole).
         self._can_share = cache_is_full_attention(base.config)
+        if self._can_share:  # a packed group's attention then computes only what its mask lets through
+            use_packed_attention(base)
         self._lp_dtype = torch.float64 if dtype == torch.float64 else torch.float32
         self._model: PeftModel | None = None
         self._optimizer: torch.optim.AdamW | None = None

@@ -59,7 +59,7 @@ def test_a_shared_prompt_gives_the_unshared_logprobs_and_gradients(
     """Both ways a group runs (packed end to end under a 4D mask, or its rows padded on the prompt's expanded
     keys and values), each with layers kept and recomputed: a recomputed layer calls its cache again in the
     backward, which must neither double the prompt's keys nor change what the rows attend to."""
-    from loops_nb.local import micro_batch, shared_prefix
+    from loops_nb.local import micro_batch, packed_attention, shared_prefix
 
     if not packed:
         monkeypatch.setattr(shared_prefix, "PACKED_TOKENS", 0)
@@ -75,10 +75,18 @@ def test_a_shared_prompt_gives_the_unshared_logprobs_and_gradients(
     packs: list[int] = []
     pack = shared_prefix.packed_hidden
     monkeypatch.setattr(shared_prefix, "packed_hidden", lambda *a: packs.append(1) or pack(*a))
+    attended: list[int] = []
+    rows_attention = packed_attention.rows_attention
+    monkeypatch.setattr(
+        packed_attention, "rows_attention", lambda *a: attended.append(1) or rows_attention(*a)
+    )
     data = groups_of_datums()
     shared_out, shared_grads = trained(tiny_llama_path, True, data, recompute)
     assert ran and all(ran), "the shared path ran"
     assert len(packs) == (2 if packed else 0), "each group ran the way it was meant to"
+    # A packed group's attention computes only what its mask allows: both groups in both layers, and again
+    # in each recomputed layer.
+    assert len(attended) == (2 * 2 * (2 if recompute else 1) if packed else 0)
     plain_out, plain_grads = trained(tiny_llama_path, False, data)
     assert shared_out["loss"] == pytest.approx(plain_out["loss"], abs=1e-5)
     # Each group's prompt ran once: the first group's 29 shared positions for 3 rows (its row with advantage
