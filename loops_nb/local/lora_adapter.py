@@ -17,6 +17,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from peft.utils import get_peft_model_state_dict
 from transformers.pytorch_utils import Conv1D
 
+from loops_nb.local.lora_in_place import add_update_in_place
 from loops_nb.local.lora_targets import choose_targets
 
 if TYPE_CHECKING:
@@ -64,6 +65,7 @@ def new_lora(base: PreTrainedModel, *, rank: int, alpha: int, targets: list[str]
         torch.manual_seed(seed)
         model: PeftModel = get_peft_model(base, config)  # type: ignore[assignment]
     model.eval()
+    add_update_in_place(model)
     return model
 
 

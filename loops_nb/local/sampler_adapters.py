@@ -27,6 +27,8 @@ import torch
 from peft import LoraConfig, LoraModel, PeftModel, get_peft_model, set_peft_model_state_dict
 from torch import Tensor, nn
 
+from loops_nb.local.lora_in_place import add_update_in_place
+
 # PEFT names a saved adapter's tensors relative to the PeftModel wrapper.
 _PEFT_PREFIX = "base_model.model."
 # "...lora_A.<adapter>.weight" -> "...lora_A.weight": the saved form carries no adapter name.
@@ -148,6 +150,7 @@ class AdapterSet:
             self._peft.delete_adapter(name)
             raise
         self._model.requires_grad_(False)
+        add_update_in_place(self._peft)  # a new adapter may wrap layers the earlier ones did not
 
     def _params_of(self, name: str) -> dict[str, Tensor]:
         assert self._peft is not None

@@ -1,0 +1,70 @@
+"""LoRA linear layers that add their update into the base layer's output in place.
+
+PEFT's LoRA `Linear.forward` computes `result + lora_B(lora_A(dropout(x))) * scaling`: three new tensors the
+size of the layer's output (B's product, its scaled copy and the sum) for each adapted linear, seven per
+decoder layer. In a trainer step every block of 1 MiB or more is a fresh mapping that the kernel faults in
+page by page (`allocator`), and these sums were a third of the step's allocations. `add_update_in_place`
+gives a model's LoRA layers a forward that computes the same `x W^T + b + scaling * (x A^T) B^T` with one
+`addmm_` into the base product (autograd is unchanged: the base product is not saved for the backward).
+
+Measured on the quickstart's second step (`forward_backward` of 64 rows sharing a prompt, 1,067 positions,
+one thread): 20.6 -> 18.4 s, of which system time 5.1 -> 3.5 s; decoding 64 rows 299 -> 289 ms a token.
+
+Only the plain case takes this path: one active adapter, no DoRA or other variant, no dropout at work, no
+LoRA bias, the input in the adapter's dtype and a base that is exactly `torch.nn.Linear`. Everything else
+(mixed-adapter batches, a bf16 product layer, a merged or disabled adapter) runs PEFT's own forward.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from peft.tuners.lora import Linear as LoraLinear
+
+
+def _plain_update(layer: LoraLinear, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float] | None:
+    """(A, B, scaling) when `layer`'s output is exactly base + scaling * x A^T B^T, else None."""
+    if layer.disable_adapters or layer.merged or layer.lora_variant or layer.fan_in_fan_out:
+        return None
+    active = layer.active_adapters
+    if len(active) != 1 or active[0] not in layer.lora_A:
+        return None
+    name = active[0]
+    dropout = layer.lora_dropout[name]
+    if not (
+        isinstance(dropout, torch.nn.Identity)
+        or (isinstance(dropout, torch.nn.Dropout) and not dropout.training)
+    ):
+        return None
+    base, lora_a, lora_b = layer.base_layer, layer.lora_A[name], layer.lora_B[name]
+    if type(base) is not torch.nn.Linear or "forward" in vars(base) or lora_b.bias is not None:
+        return None
+    if not (x.dtype == lora_a.weight.dtype == base.weight.dtype):
+        return None
+    return lora_a.weight, lora_b.weight, float(layer.scaling[name])
+
+
+def _forward(self: LoraLinear, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    update = None if args or kwargs else _plain_update(self, x)
+    if update is None:
+        return LoraLinear.forward(self, x, *args, **kwargs)
+    lora_a, lora_b, scaling = update
+    flat = x.reshape(-1, x.shape[-1])
+    out = F.linear(flat, self.base_layer.weight, self.base_layer.bias)
+    out.addmm_(flat @ lora_a.t(), lora_b.t(), alpha=scaling)
+    return out.view(*x.shape[:-1], out.shape[-1])
+
+
+def add_update_in_place(model: torch.nn.Module) -> int:
+    """Give every PEFT LoRA `Linear` in `model` the in-place forward; returns how many layers it covered.
+    Safe to call again after adapters are added (layers already covered are left as they are)."""
+    covered = 0
+    for module in model.modules():
+        if type(module) is LoraLinear:
+            if vars(module).get("forward") is None:
+                module.forward = types.MethodType(_forward, module)
+            covered += 1
+    return covered
