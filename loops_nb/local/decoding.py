@@ -153,7 +153,11 @@ def select_tokens(logits: Tensor, params: RowParams) -> tuple[Tensor, Tensor]:
     if params.greedy_rows:
         index = torch.tensor(params.greedy_rows, device=logits.device)
         tokens[index] = logits[index].argmax(dim=-1)
-    if params.plain_rows:
+    if len(params.plain_rows) == rows:
+        # Every row samples plainly (a GRPO batch): no other path reads `tempered`, so its CDF is built in
+        # place. Each [B, V] temporary is a fresh mapping the kernel faults in (`allocator`), every token.
+        tokens = _invert_cdf(tempered.exp_().cumsum_(dim=-1), u)
+    elif params.plain_rows:
         index = torch.tensor(params.plain_rows, device=logits.device)
         tokens[index] = _invert_cdf(tempered[index].exp().cumsum(dim=-1), u[index])
     if params.truncated_rows:
