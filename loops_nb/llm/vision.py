@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -185,8 +186,23 @@ def image_runs(ids: Sequence[int], image_token: int) -> list[tuple[int, int]]:
     return runs
 
 
+def _plainly_text(config_file: Path) -> bool:
+    """Whether a local model's config.json is plainly a text model's: every architecture a `...ForCausalLM`
+    and no top-level key about images (a config class may add a vision tower the file does not name)."""
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, ValueError):
+        return False
+    architectures = config.get("architectures") if isinstance(config, dict) else None
+    if not architectures or not all(str(a).endswith("ForCausalLM") for a in architectures):
+        return False
+    return not any(word in key for key in config for word in ("vision", "visual", "image", "mm_"))
+
+
 def load_processor(source: str, *, cache_dir: Path | None = None) -> Any | None:
     """The model's processor when `source` (a Hub id or a local directory) is a vision-language model."""
+    if _plainly_text(Path(source).expanduser() / "config.json"):
+        return None  # not worth importing and running transformers' auto classes to say so
     from transformers import AutoConfig, AutoProcessor
 
     try:

@@ -32,14 +32,14 @@ from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from loops_nb.local.batch_forward import BatchForward
 from loops_nb.local.compute_lane import COMPUTE_LANE
 from loops_nb.local.decoding import select_tokens
 from loops_nb.local.kv_cache import cache_is_full_attention
 from loops_nb.local.memory_budget import MIB, kv_token_budget, resolve_budget, weight_bytes
-from loops_nb.local.model_store import auto_dtype
+from loops_nb.local.model_store import auto_dtype, load_tokenizer
 from loops_nb.local.prefill_plan import Prefiller
 from loops_nb.local.prefix_cache import PrefixCache
 from loops_nb.local.row_endings import RowEndings, SampleAbandoned
@@ -97,7 +97,8 @@ class SamplerEngine:
         self.model = BASE_MODELS.instance(model_path, self.device, dtype, bf16_products=bf16_products)
         self.vision = VisionInputs.load(model_path, self.model)
         """The processor and image token of a vision-language model: image prompts then work."""
-        self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(str(model_path))
+        # The process's shared copy (`model_store.load_tokenizer`): the run's renderer usually holds it already.
+        self.tokenizer = tokenizer or load_tokenizer(model_path)
         config = self.model.config
         if max_batch_tokens is None:
             max_batch_tokens = kv_token_budget(
