@@ -71,9 +71,12 @@ def cpu_seconds() -> float:
 
 
 def import_embedded_loops() -> None:
-    """Import what the embedded Loops imports only when a run starts (its trainer, and with it peft and the
-    transformers modules peft pulls in; its sampler), so that a clock started afterwards counts no imports,
-    as trl_grpo's TRL side counts none."""
+    """Import what a run imports only when it starts (the embedded Loops' trainer, and with it peft and the
+    transformers modules peft pulls in; its sampler and server; the Loops SDK its client is, 1.6 s), so that
+    a clock started afterwards counts no imports, as trl_grpo's TRL side counts none."""
+    import baseten.loops  # noqa: F401
+
+    import loops_nb.local.embedded
     import loops_nb.local.sampler
     import loops_nb.local.trainer  # noqa: F401
 
