@@ -204,3 +204,22 @@ def test_the_counting_example_checks_its_images_and_trains(tmp_path: Path, model
     evaluated = {r["task"] for r in read_jsonl(tmp_path / "count" / "eval_attempts.jsonl")}
     trained = {r["task"] for r in read_jsonl(tmp_path / "count" / "rollouts.jsonl")}
     assert evaluated == {f"circles-s1-{i:03d}" for i in range(8)} and not evaluated & trained
+
+
+def test_a_local_text_model_has_no_processor_without_loading_its_config(
+    tiny_llama_path: Path, vlm_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A text model's config.json says so by itself; a vision model's still goes through transformers."""
+    import transformers
+
+    loaded: list[str] = []
+    real = transformers.AutoConfig.from_pretrained
+    monkeypatch.setattr(
+        transformers.AutoConfig,
+        "from_pretrained",
+        lambda source, **kw: loaded.append(source) or real(source, **kw),
+    )
+    assert load_processor(str(tiny_llama_path)) is None
+    assert loaded == []
+    assert load_processor(str(vlm_path)) is not None
+    assert str(vlm_path) in loaded
