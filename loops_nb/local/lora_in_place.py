@@ -18,7 +18,7 @@ LoRA bias, the input in the adapter's dtype and a base that is exactly `torch.nn
 from __future__ import annotations
 
 import types
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -52,8 +52,9 @@ def _forward(self: LoraLinear, x: torch.Tensor, *args: Any, **kwargs: Any) -> to
     if update is None:
         return LoraLinear.forward(self, x, *args, **kwargs)
     lora_a, lora_b, scaling = update
+    base = cast(torch.nn.Linear, self.base_layer)  # `_plain_update` checked it is exactly one
     flat = x.reshape(-1, x.shape[-1])
-    out = F.linear(flat, self.base_layer.weight, self.base_layer.bias)
+    out = F.linear(flat, base.weight, base.bias)
     out.addmm_(flat @ lora_a.t(), lora_b.t(), alpha=scaling)
     return out.view(*x.shape[:-1], out.shape[-1])
 
@@ -65,6 +66,6 @@ def add_update_in_place(model: torch.nn.Module) -> int:
     for module in model.modules():
         if type(module) is LoraLinear:
             if vars(module).get("forward") is None:
-                module.forward = types.MethodType(_forward, module)
+                module.forward = types.MethodType(_forward, module)  # type: ignore[method-assign]
             covered += 1
     return covered

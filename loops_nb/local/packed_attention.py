@@ -144,7 +144,7 @@ AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)
 def use_packed_attention(model: torch.nn.Module) -> bool:
     """Switch `model` (a trainer's own module tree) from SDPA to `packed_attention`; returns whether it did.
     Only a model on plain SDPA switches: any other implementation is the user's or the model's choice."""
-    config = model.config
+    config: Any = model.config
     if getattr(config, "_attn_implementation", None) != "sdpa":
         return False
     config._attn_implementation = IMPLEMENTATION
