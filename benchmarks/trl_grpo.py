@@ -12,11 +12,12 @@ fresh Python process, one after the other, never at once. Each process stamps th
 step with its wall seconds, its CPU seconds (user + system of all its threads and waited-for children,
 `quickstart_runs.cpu_seconds`) and the step's mean reward, counting from the moment training is asked for:
 the kit's clock starts when `train()` is called (starting the embedded Loops, loading the model), TRL's
-before the model is loaded. Imports are outside both clocks (the kit's trainer and sampler modules, which
-the embedded Loops imports only when a run starts, are imported first: `import_embedded_loops`). Each
-side stops at the first step whose mean reward reaches 0.7 (the kit's process exits there; TRL's callback
-stops training), or at its step cap: 8 on both sides, the quickstart's `max_steps`. A seed that never reaches 0.7 counts as infinite, as in
-learning_speed.
+before the model is loaded. Imports are outside both clocks (what a kit run imports only when it starts,
+the embedded Loops' trainer, sampler and server and the Loops SDK, is imported first:
+`import_embedded_loops`). Each side stops at the first step whose mean reward reaches 0.7 (the kit's
+process exits there; TRL's callback stops training), or at its step cap: 8 on both sides, the quickstart's
+`max_steps`. A seed that never reaches 0.7 counts as infinite, as in learning_speed. The kit runs the
+quickstart as shipped, its `[compute.local] memory_budget_mb` included (TRL has no such setting).
 
 TRL gets what the quickstart ships: SmolLM2-135M-Instruct in float32, a peft LoRA of rank 16 with the
 kit's alpha (32), dropout 0 and the kit's target modules (`discover_target_modules`), the pattern's prompt

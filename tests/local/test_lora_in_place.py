@@ -30,13 +30,9 @@ def twins(dropout: float = 0.0) -> tuple[torch.nn.Module, torch.nn.Module]:
     for name, param in peft.named_parameters():
         if "lora_B" in name:  # B starts at 0; a non-zero B makes the update visible
             torch.nn.init.normal_(param)
-    return peft, add_update_in_place_copy(peft)
-
-
-def add_update_in_place_copy(model: torch.nn.Module) -> torch.nn.Module:
-    twin = copy.deepcopy(model)
-    assert add_update_in_place(twin) == 2
-    return twin
+    fused = copy.deepcopy(peft)
+    assert add_update_in_place(fused) == 2
+    return peft, fused
 
 
 def outputs_and_grads(model: torch.nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
@@ -53,7 +49,7 @@ def test_the_in_place_update_gives_peft_outputs_and_gradients(monkeypatch: pytes
     monkeypatch.setattr(lora_in_place, "_plain_update", lambda *a: taken.append(1) or real(*a))
     x = torch.randn(3, 5, 12)
     theirs, mine = outputs_and_grads(peft, x), outputs_and_grads(fused, x)
-    assert len(taken) == 2 and all(isinstance(m, LoraLinear) for m in (fused.base_model.model.up,))
+    assert len(taken) == 2 and isinstance(fused.base_model.model.up, LoraLinear)
     assert len(mine) == len(theirs) == 5
     for a, b in zip(mine, theirs, strict=True):
         assert torch.allclose(a, b, atol=1e-5, rtol=0), float((a - b).abs().max())
