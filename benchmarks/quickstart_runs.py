@@ -21,7 +21,10 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from loops_nb.step_record import StepRecord
 
 QUICKSTART = (
     Path(__file__).resolve().parents[1] / "patterns/custom_runtime/in_process_direct/train_local.toml"
@@ -41,14 +44,14 @@ class StepClock:
     cpu: list[float] = field(default_factory=list)
     """CPU seconds (this process and its waited-for children) since the run started, at the end of each step."""
 
-    def on_step(self, record: dict[str, Any]) -> None:
+    def on_step(self, record: StepRecord) -> None:
         now = time.perf_counter() - self.started
         if self.first_step_at is None:
             self.first_step_at = now
-        self.steps.append((now, record.get("reward/mean")))
+        self.steps.append((now, record.number("reward/mean")))
         self.cpu.append(cpu_seconds() - self.cpu_started)
-        train = float(record.get("time/train_s") or 0) + float(record.get("time/publish_s") or 0)
-        self.splits.append((float(record.get("time/rollout_s") or 0), train))
+        train = (record.number("time/train_s") or 0) + (record.number("time/publish_s") or 0)
+        self.splits.append((record.number("time/rollout_s") or 0, train))
 
     def seconds_to_reward(self, target: float) -> float | None:
         return next((t for t, reward in self.steps if reward is not None and reward >= target), None)

@@ -61,10 +61,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from benchmarks.common import Result
 from benchmarks.quickstart_runs import QUICKSTART, StepClock, cpu_seconds, import_embedded_loops
+
+if TYPE_CHECKING:
+    from loops_nb.step_record import StepRecord
 
 SEEDS = (0, 1, 2)
 TARGET = 0.7
@@ -197,9 +200,9 @@ def kit_run(seed: int) -> None:
     tmp = tempfile.mkdtemp()
 
     class StopAtTarget(StepClock):
-        def on_step(self, record: dict[str, Any]) -> None:
+        def on_step(self, record: StepRecord) -> None:
             super().on_step(record)
-            reward = record.get("reward/mean")
+            reward = record.number("reward/mean")
             if reward is not None and reward >= TARGET:
                 self.report()
 

@@ -4,13 +4,13 @@ extra) and a rich live progress region in the terminal (`[output] console`, the 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from loops_nb.config.sections import OutputConfig
 from loops_nb.errors import UserError
 from loops_nb.observers import TerminalReporter, eta
-from loops_nb.run_events import EvalRecord, RunEnded, RunStarted
+from loops_nb.run_events import EvalRecord, ProgressTick, RunEnded, RunStarted
 from loops_nb.step_record import StepRecord
 
 if TYPE_CHECKING:
@@ -31,32 +31,30 @@ class WandbMirror:
         self._run: Run | None = None
         self.project = project
 
-    def on_start(self, started: Mapping[str, Any]) -> None:
-        name = os.path.basename(RunStarted.of(started).run_dir or "") or None
+    def on_start(self, started: RunStarted) -> None:
+        name = os.path.basename(started.run_dir or "") or None
         self._run = self._wandb.init(
             project=self.project, name=name, config=self._config, resume="allow", id=name
         )
 
-    def on_step(self, record: Mapping[str, Any]) -> None:
+    def on_step(self, record: StepRecord) -> None:
         if self._run is not None:
-            step = StepRecord.of(record)
-            numbers = {k: v for k in step.metrics if (v := step.number(k)) is not None}
-            self._run.log(numbers, step=step.step)
+            numbers = {k: v for k in record.metrics if (v := record.number(k)) is not None}
+            self._run.log(numbers, step=record.step)
 
-    def on_eval(self, evaluation: Mapping[str, Any]) -> None:
+    def on_eval(self, evaluation: EvalRecord) -> None:
         """An RL evaluation, at the steps its policy had (the final one follows the last step record)."""
         if self._run is not None:
-            line = EvalRecord.of(evaluation)
             numbers = {
-                k: float(v)
-                for k, v in line.metrics.items()
-                if k.startswith("eval/") and isinstance(v, int | float) and not isinstance(v, bool)
+                k: v
+                for k in evaluation.metrics
+                if k.startswith("eval/") and (v := evaluation.number(k)) is not None
             }
-            self._run.log(numbers, step=line.step)
+            self._run.log(numbers, step=evaluation.step)
 
-    def on_end(self, ended: Mapping[str, Any]) -> None:
+    def on_end(self, ended: RunEnded) -> None:
         if self._run is not None:
-            self._run.summary.update({k: v for k, v in ended.items() if isinstance(v, int | float | str)})
+            self._run.summary.update(ended.to_json())
             self._run.finish()
 
 
@@ -93,20 +91,20 @@ class RichConsole(TerminalReporter):
 
         return time.monotonic() - self.started
 
-    def on_start(self, started: Mapping[str, Any]) -> None:
+    def on_start(self, started: RunStarted) -> None:
         super().on_start(started)
         self._live.start()
         self._live.update(self._render("starting"))
 
-    def on_step(self, record: Mapping[str, Any]) -> None:
-        self._last = StepRecord.of(record)
+    def on_step(self, record: StepRecord) -> None:
+        self._last = record
         self._live.update(self._render())
 
-    def on_progress(self, tick: Mapping[str, Any]) -> None:
-        self._live.update(self._render(", ".join(f"{k}={v}" for k, v in tick.items())))
+    def on_progress(self, tick: ProgressTick) -> None:
+        self._live.update(self._render(", ".join(f"{k}={v}" for k, v in tick.to_json().items())))
 
-    def on_end(self, ended: Mapping[str, Any]) -> None:
-        self._live.update(self._render(RunEnded.of(ended).status))
+    def on_end(self, ended: RunEnded) -> None:
+        self._live.update(self._render(ended.status))
         self._live.stop()
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, TextIO
+from collections.abc import Sequence
+from typing import Protocol, TextIO
 
 from loops_nb.run_events import (
     AttemptFinished,
@@ -28,11 +28,8 @@ log = logging.getLogger("loops_nb.run")
 
 
 class RunObserver(Protocol):
-    """Every hook is optional: an observer defines the ones it wants. Each hook gets one typed event
-    (`loops_nb.run_events`; `on_step` a `StepRecord`), which is also a mapping of the dict the hook was given
-    before the events were typed, so an observer that reads ``summary["status"]`` keeps working. The built-in
-    observers take either and read it through the event's ``of``, so a dict (a line read back from a file, a
-    test's) replays as the live event did."""
+    """Every hook is optional: an observer defines the ones it wants. Each hook gets one typed, frozen event
+    (`loops_nb.run_events`; `on_step` a `StepRecord`) and reads its fields (``ended.status``)."""
 
     def on_start(self, started: RunStarted) -> None: ...
     def on_step(self, record: StepRecord) -> None: ...
@@ -43,21 +40,17 @@ class RunObserver(Protocol):
     def on_end(self, ended: RunEnded) -> None: ...
 
 
-Event = StepRecord | RunEvent
-"""Anything a run emits: each event type names its hook (``type(event).hook``)."""
-
-
 class ObserverSet:
     """Fans events out; an observer that raises is logged and dropped, never stopping the run."""
 
     def __init__(self, observers: Sequence[object] = ()) -> None:
         self.observers = list(observers)
 
-    def wants(self, kind: type[Event]) -> bool:
+    def wants(self, kind: type[RunEvent]) -> bool:
         """Whether any observer handles events of ``kind``: lets the run skip building events nobody reads."""
         return any(getattr(o, kind.hook, None) is not None for o in self.observers)
 
-    def emit(self, event: Event) -> None:
+    def emit(self, event: RunEvent) -> None:
         """Call each observer's hook for ``event`` (``on_end`` for a `RunEnded`, ...)."""
         hook = event.hook
         for obs in list(self.observers):
@@ -99,15 +92,13 @@ class TerminalReporter:
     def _print(self, text: str) -> None:
         print(text, file=self.stream, flush=True)
 
-    def on_start(self, started: Mapping[str, Any]) -> None:
-        run = RunStarted.of(started)
+    def on_start(self, run: RunStarted) -> None:
         self.started = time.monotonic()
         self.total = run.max_steps or 0
         resumed = f", resumed at step {run.start_step}" if run.start_step else ""
         self._print(f"run {run.run_dir}: {run.recipe} on {run.model} ({run.scope}){resumed}")
 
-    def on_step(self, record: Mapping[str, Any]) -> None:
-        taken = StepRecord.of(record)
+    def on_step(self, taken: StepRecord) -> None:
         step = taken.step
         parts = [f"step {step + 1}/{self.total}" if self.total else f"step {step + 1}"]
         for key in self.KEYS:
@@ -117,13 +108,12 @@ class TerminalReporter:
         parts.append(f"eta={eta(step + 1, self.total, time.monotonic() - self.started)}")
         self._print("  ".join(parts))
 
-    def on_progress(self, tick: Mapping[str, Any]) -> None:
-        self._print("  … " + ", ".join(f"{k}={v}" for k, v in tick.items()))
+    def on_progress(self, tick: ProgressTick) -> None:
+        self._print("  … " + ", ".join(f"{k}={v}" for k, v in tick.to_json().items()))
 
-    def on_eval(self, evaluation: Mapping[str, Any]) -> None:
+    def on_eval(self, line: EvalRecord) -> None:
         """An evaluation: the policy after ``step`` steps on the eval tasks (RL), or SFT's held-out loss before
         training (``step`` 0; later ones arrive in the step records)."""
-        line = EvalRecord.of(evaluation)
         shown = [
             f"{k.removeprefix('eval/')}={v:.4g}" if isinstance(v, float) else f"{k.removeprefix('eval/')}={v}"
             for k, v in line.metrics.items()
@@ -132,7 +122,6 @@ class TerminalReporter:
         ]
         self._print(f"eval after {line.step} steps: " + "  ".join(shown))
 
-    def on_end(self, ended: Mapping[str, Any]) -> None:
-        end = RunEnded.of(ended)
+    def on_end(self, end: RunEnded) -> None:
         reason = f"; reason: {end.reason}" if end.reason else ""
         self._print(f"done: {end.status} after {end.steps} steps in {end.seconds or 0:.0f}s{reason}")

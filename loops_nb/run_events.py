@@ -1,64 +1,83 @@
-"""Run events: what a run tells its observers besides each step (that one is a `StepRecord`).
+"""Run events: what a run tells its observers, each step included (`loops_nb.step_record.StepRecord`).
 
 One frozen dataclass per event, each named for what happened and carrying the observer hook it goes to:
 
 | event             | hook          | when                                                              |
 |-------------------|---------------|-------------------------------------------------------------------|
 | `RunStarted`      | `on_start`    | the run knows its directory and the step it starts at             |
+| `StepRecord`      | `on_step`     | a step was applied: its steps.jsonl line                          |
 | `AttemptFinished` | `on_attempt`  | RL: an attempt ended (before anyone knows whether it trains)      |
 | `StepRollouts`    | `on_rollouts` | RL: a step trained; its rollouts.jsonl rows, `trained` filled in  |
 | `ProgressTick`    | `on_progress` | RL: every `[output] progress_every_seconds` while the run goes on |
 | `EvalRecord`      | `on_eval`     | an evaluation's evals.jsonl line (SFT: the loss before training)  |
 | `RunEnded`        | `on_end`      | the run ended: completed, stopped or failed                       |
 
-Each event is also a read-only mapping of the dict observers were given before the events were typed (the
-same keys in the same order), so an observer written as ``summary["status"]`` or ``dict(payload)`` keeps
-working, and an event equals the dict it reads as. ``Event.of(mapping)`` reads such a dict (an event is
-returned as it is): ``Event.of(d) == d`` for any dict a run ever sent. Fields a run leaves out (a failed run's
-`seconds`, a completed run's `error`) are None and left out of the mapping.
+An observer reads an event's fields (``ended.status``). ``to_json`` is the event as a file line (or a dict to
+print), and ``Event.from_json(line)`` reads such a line back (a steps.jsonl or evals.jsonl line). Fields a run leaves out (a failed run's `seconds`, a completed run's `error`) are None, and
+left out of its line.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import math
+from collections.abc import Mapping
 from dataclasses import Field, dataclass, field, fields
 from typing import Any, ClassVar, Self
 
-_EVAL_TYPED = ("step", "time")
 
-
-class RunEvent(Mapping[str, Any]):
-    """What every event shares: its hook, its dict (`to_json`), and the mapping and `of` built on that dict."""
+class RunEvent:
+    """What every event shares: its hook, and its line in a file (`to_json`, `from_json`)."""
 
     hook: ClassVar[str]
     """The observer method the event is delivered to (``on_end``, ...)."""
     __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
 
     @classmethod
-    def of(cls, line: Mapping[str, Any]) -> Self:
-        """The event a dict (an observer's old payload, a line read back from a file) reads as."""
-        if isinstance(line, cls):
-            return line
-        return cls(**{f.name: line[f.name] for f in fields(cls) if f.name in line})
+    def from_json(cls, line: Mapping[str, Any]) -> Self:
+        """The event a line read back from a file holds: each field by its key; an event with ``metrics``
+        (`MetricsLine`) keeps there the keys no field names, other events drop them."""
+        names = [f.name for f in fields(cls)]
+        known = {k: v for k, v in line.items() if k in names}
+        if "metrics" in names:
+            known["metrics"] = {k: v for k, v in line.items() if k not in names}
+        return cls(**known)
 
     def to_json(self) -> dict[str, Any]:
-        """The event's dict: its fields in order, those that are None left out."""
-        return {f.name: value for f in fields(self) if (value := getattr(self, f.name)) is not None}
-
-    def __getitem__(self, key: str) -> Any:
-        return self.to_json()[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.to_json())
-
-    def __len__(self) -> int:
-        return len(self.to_json())
+        """The event's line: its fields in order, ``metrics`` spread in its place, those that are None left out."""
+        line: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "metrics":
+                line.update(value)
+            elif value is not None:
+                line[f.name] = value
+        return line
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True)
+class MetricsLine(RunEvent):
+    """A line of steps.jsonl (`StepRecord`) or evals.jsonl (`EvalRecord`): the typed fields are those every line
+    has, ``metrics`` the rest, by their keys in the file, in the order they were logged."""
+
+    step: int
+    """0-based index of the step (`StepRecord`), or the optimizer steps the evaluated policy had (`EvalRecord`)."""
+    metrics: Mapping[str, Any] = field(default_factory=dict)
+    time: float | None = None
+    """Wall-clock time (seconds since the epoch) when the line was logged."""
+
+    def number(self, key: str) -> float | None:
+        """The metric ``key`` as a finite float; None when the line has no such key, or no number there
+        (a step without rewards logs `reward/mean` as None)."""
+        value = self.metrics.get(key)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            return None
+        return float(value)
+
+
+@dataclass(frozen=True)
 class RunStarted(RunEvent):
-    """The run is set up: which run, what it trains, and from where. A hand-written dict may say only some of
-    it (a notebook driving a panel by hand), so every field may be None."""
+    """The run is set up: which run, what it trains, and from where. A notebook driving a panel by hand may say
+    only some of it (``RunStarted(recipe="rl", max_steps=3)``), so every field may be None."""
 
     hook: ClassVar[str] = "on_start"
     run_dir: str | None = None
@@ -77,18 +96,19 @@ class RunStarted(RunEvent):
     """The step it starts at: 0, or where a resumed run picks up."""
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, kw_only=True)
 class AttemptFinished(RunEvent):
     """RL: one attempt ended. Whether it trains is not known yet (its group's advantages come with the step):
-    its transcript's calls say ``trained: None``, and the step's `StepRollouts` row says what trained."""
+    its transcript's calls say ``trained: None``, and the step's `StepRollouts` row says what trained. Its
+    fields are given by name."""
 
     hook: ClassVar[str] = "on_attempt"
     attempt: str
     """The attempt's id (``s<slot>/g<group>/a<n>``-like; the `attempt` of its rollouts.jsonl row)."""
     task: str
-    reward: float | None
+    reward: float | None = None
     """None when the attempt was discarded."""
-    discarded: str | None
+    discarded: str | None = None
     """Why it was discarded (``timeout``, ``agent_error``, ...), or None when it was kept."""
     detail: str
     policy_versions: list[int]
@@ -101,12 +121,8 @@ class AttemptFinished(RunEvent):
     text: Mapping[str, Any]
     """Its transcript entry, every call decoded (``text["calls"][i]["completion"]``, ...)."""
 
-    def to_json(self) -> dict[str, Any]:
-        """Every key, None ones included, as the dict always had them."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
 
-
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True)
 class StepRollouts(RunEvent):
     """RL: a step trained. Its attempts' rollouts.jsonl rows, with what trained (``trained``), and the ``group``
     and ``step`` of each; `AttemptFinished` came earlier, one per attempt."""
@@ -118,7 +134,7 @@ class StepRollouts(RunEvent):
     """The step's rollouts.jsonl rows (step, slot, group, task, attempt, reward, trained, discarded, ...)."""
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True)
 class ProgressTick(RunEvent):
     """RL, every `[output] progress_every_seconds`: how far sampling has got, between step records."""
 
@@ -131,37 +147,16 @@ class ProgressTick(RunEvent):
     """The policy version the sampler serves."""
 
 
-@dataclass(frozen=True, eq=False)
-class EvalRecord(RunEvent):
+@dataclass(frozen=True)
+class EvalRecord(MetricsLine):
     """An evaluation, as evals.jsonl holds it: RL's policy after ``step`` steps on the eval tasks (`[eval]`:
     ``eval/reward_mean``, ``eval/pass_at_<k>``, ``eval/tasks``, ...), or SFT's held-out loss before training
-    (``step`` 0, ``eval/loss``; later ones arrive in the step records). As in `StepRecord`, the typed fields
-    are those every line has, and ``metrics`` the rest, by their evals.jsonl keys."""
+    (``step`` 0, ``eval/loss``; later ones arrive in the step records)."""
 
     hook: ClassVar[str] = "on_eval"
-    step: int
-    """Optimizer steps the evaluated policy had (0: before training)."""
-    metrics: Mapping[str, Any] = field(default_factory=dict)
-    time: float | None = None
-    """Wall-clock time (seconds since the epoch) when the evaluation was recorded."""
-
-    @classmethod
-    def of(cls, line: Mapping[str, Any]) -> Self:
-        if isinstance(line, cls):
-            return line
-        time = line.get("time")
-        metrics = {k: v for k, v in line.items() if k not in _EVAL_TYPED}
-        return cls(int(line["step"]), metrics, float(time) if isinstance(time, int | float) else None)
-
-    def to_json(self) -> dict[str, Any]:
-        """The evals.jsonl line: the step first, the metrics as recorded, the time last."""
-        line: dict[str, Any] = {"step": self.step, **self.metrics}
-        if self.time is not None:
-            line["time"] = self.time
-        return line
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True)
 class RunEnded(RunEvent):
     """The run ended, however it ended. ``completed`` and ``stopped`` say how long it took; ``failed`` says why:
     a fault (``error``, and ``resume_step``, the checkpoint to resume from) or, with ``reason``, a run that ran

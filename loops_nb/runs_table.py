@@ -196,7 +196,7 @@ def read_run(path: str | os.PathLike[str]) -> RunSummary:
     except ValueError as exc:
         raise UserError(f"{root / 'run.json'}: not valid JSON ({exc})") from None
     try:
-        records = [StepRecord.of(line) for line in run_dir.steps.records()]
+        records = [StepRecord.from_json(line) for line in run_dir.steps.records()]
     except (ValueError, KeyError) as exc:
         raise UserError(f"{root / 'steps.jsonl'}: a line is not a step record ({exc})") from None
     config = run_json.get("config")

@@ -6,6 +6,8 @@ import pytest
 
 from loops_nb.mirrors import RichConsole, WandbMirror, default_observers
 from loops_nb.observers import TerminalReporter
+from loops_nb.run_events import EvalRecord, RunEnded, RunStarted
+from loops_nb.step_record import StepRecord
 
 
 def test_wandb_mirror_logs_every_step_offline(tmp_path, monkeypatch):
@@ -13,10 +15,10 @@ def test_wandb_mirror_logs_every_step_offline(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     monkeypatch.setenv("WANDB_SILENT", "true")
     mirror = WandbMirror("loops-nb-test", {"recipe": "rl"})
-    mirror.on_start({"run_dir": str(tmp_path / "my-run")})
+    mirror.on_start(RunStarted(run_dir=str(tmp_path / "my-run")))
     for step in range(3):
-        mirror.on_step({"step": step, "reward/mean": step / 3, "trained": True, "note": "x"})
-    mirror.on_end({"status": "completed", "steps": 3})
+        mirror.on_step(StepRecord(step, {"reward/mean": step / 3, "trained": True, "note": "x"}))
+    mirror.on_end(RunEnded("completed", 3))
     history = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
     assert history, "wandb wrote no offline run"
 
@@ -31,16 +33,16 @@ def test_wandb_mirror_logs_each_evaluation_at_its_step():
 
     mirror = WandbMirror.__new__(WandbMirror)
     mirror._run = Recorder()
-    mirror.on_eval({"step": 4, "eval/reward_mean": 0.75, "eval/pass_at_1": 0.5, "eval/tasks": 3, "time": 1.0})
+    mirror.on_eval(EvalRecord(4, {"eval/reward_mean": 0.75, "eval/pass_at_1": 0.5, "eval/tasks": 3}, 1.0))
     assert mirror._run.logged == [(4, {"eval/reward_mean": 0.75, "eval/pass_at_1": 0.5, "eval/tasks": 3.0})]
 
 
 def test_rich_console_shows_the_latest_step(capsys):
     console = RichConsole()
-    console.on_start({"run_dir": "r", "recipe": "rl", "model": "m", "scope": "local", "max_steps": 2})
-    console.on_step({"step": 0, "reward/mean": 0.25})
-    console.on_step({"step": 1, "reward/mean": 0.75})
-    console.on_end({"status": "completed"})
+    console.on_start(RunStarted("r", recipe="rl", model="m", scope="local", max_steps=2))
+    console.on_step(StepRecord(0, {"reward/mean": 0.25}))
+    console.on_step(StepRecord(1, {"reward/mean": 0.75}))
+    console.on_end(RunEnded("completed"))
     out = capsys.readouterr().out
     assert "step 2/2" in out and "0.75" in out
 

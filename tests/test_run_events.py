@@ -1,5 +1,5 @@
-"""Typed run events: each is the dict observers were given before (same keys, same order), reads back from that
-dict through ``.of``, and reaches an observer written against dicts unchanged."""
+"""Typed run events: each writes its line (``to_json``: the keys in order, None left out), reads back from it
+(``from_json``), and reaches the observer hook it names."""
 
 from __future__ import annotations
 
@@ -34,8 +34,8 @@ ATTEMPT = AttemptFinished(
     text={"attempt": "s0/g1/a2", "calls": [{"completion": "hi", "trained": None}]},
 )
 
-# Each event beside the dict its hook was given before the events were typed (by the same producer).
-AS_DICTS: list[tuple[RunEvent, dict[str, Any]]] = [
+# Each event beside its line: what `to_json` writes and `from_json` reads back.
+AS_LINES: list[tuple[RunEvent, dict[str, Any]]] = [
     (
         RunStarted("runs/x", "rl.toml", "rl", "tiny", "local", 8, 0),
         {
@@ -53,7 +53,6 @@ AS_DICTS: list[tuple[RunEvent, dict[str, Any]]] = [
         {
             "attempt": "s0/g1/a2",
             "task": "q7",
-            "reward": None,  # None-valued keys stay: the dict always had every key
             "discarded": "timeout",
             "detail": "no reply in 30 s",
             "policy_versions": [3, 3],
@@ -95,65 +94,68 @@ AS_DICTS: list[tuple[RunEvent, dict[str, Any]]] = [
 ]
 
 
-@pytest.mark.parametrize(("event", "line"), AS_DICTS, ids=lambda x: type(x).__name__)
-def test_an_event_and_its_dict_read_the_same(event: RunEvent, line: dict[str, Any]) -> None:
-    assert list(event.items()) == list(line.items()), "the same keys in the same order"
-    assert event == line and dict(event) == line and event.to_json() == line
-    assert type(event).of(line) == event and type(event).of(line).to_json() == line
-    assert type(event).of(event) is event
-    assert {k: event[k] for k in line} == line and len(event) == len(line)
+@pytest.mark.parametrize(("event", "line"), AS_LINES, ids=lambda x: type(x).__name__)
+def test_an_event_is_its_line_and_reads_back_from_it(event: RunEvent, line: dict[str, Any]) -> None:
+    assert list(event.to_json().items()) == list(line.items()), "the same keys in the same order"
+    assert type(event).from_json(line) == event and type(event).from_json(line).to_json() == line
 
 
-def test_a_dict_that_says_less_reads_as_none_and_stays_as_it_was() -> None:
-    started = RunStarted.of({"recipe": "rl", "max_steps": 2})
-    assert started.recipe == "rl" and started.max_steps == 2 and started.run_dir is None
-    assert dict(started) == {"recipe": "rl", "max_steps": 2}
-    ended = RunEnded.of({"status": "completed", "steps": 3, "note": "a key no event has"})
-    assert (
-        ended.seconds is None and ended.reason is None and dict(ended) == {"status": "completed", "steps": 3}
-    )
+def test_a_line_that_says_less_reads_as_none_and_writes_back_as_it_was() -> None:
+    started = RunStarted.from_json({"recipe": "rl", "max_steps": 2})
+    assert started == RunStarted(recipe="rl", max_steps=2) and started.run_dir is None
+    assert started.to_json() == {"recipe": "rl", "max_steps": 2}
+    ended = RunEnded.from_json({"status": "completed", "steps": 3, "note": "a key no event has"})
+    assert ended == RunEnded("completed", 3) and ended.to_json() == {"status": "completed", "steps": 3}
 
 
-class DictObserver:
-    """An observer written before the events were typed: it indexes, copies and unpacks what it is given."""
+def test_keys_no_field_names_are_a_lines_metrics() -> None:
+    line = {"step": 2, "eval/loss": 1.5, "time": 3.0, "eval/examples": 4}
+    evaluation = EvalRecord.from_json(line)
+    assert evaluation == EvalRecord(2, {"eval/loss": 1.5, "eval/examples": 4}, 3.0)
+    assert evaluation.number("eval/loss") == 1.5 and evaluation.number("missing") is None
+    assert StepRecord.from_json(line).metrics == evaluation.metrics, "steps.jsonl and evals.jsonl: one shape"
+
+
+class FieldObserver:
+    """An observer of every hook, reading the fields of what it is given."""
 
     def __init__(self) -> None:
-        self.seen: list[tuple[str, dict[str, Any]]] = []
+        self.seen: list[tuple[str, object]] = []
 
-    def on_start(self, info: dict[str, Any]) -> None:
-        self.seen.append(("start", {**info}))
+    def on_start(self, started: RunStarted) -> None:
+        self.seen.append(("start", started.run_dir))
 
-    def on_attempt(self, record: dict[str, Any]) -> None:
-        self.seen.append(("attempt", {"reward": record["reward"], "calls": record["text"]["calls"]}))
+    def on_attempt(self, attempt: AttemptFinished) -> None:
+        self.seen.append(("attempt", (attempt.reward, attempt.text["calls"])))
 
-    def on_rollouts(self, payload: dict[str, Any]) -> None:
-        self.seen.append(("rollouts", {"rows": [dict(r, at=payload["step"]) for r in payload["rows"]]}))
+    def on_rollouts(self, rollouts: StepRollouts) -> None:
+        self.seen.append(("rollouts", [dict(r, at=rollouts.step) for r in rollouts.rows]))
 
-    def on_progress(self, snapshot: dict[str, Any]) -> None:
-        self.seen.append(("progress", dict(snapshot)))
+    def on_progress(self, tick: ProgressTick) -> None:
+        self.seen.append(("progress", (tick.attempts_done, tick.in_flight, tick.policy_version)))
 
-    def on_eval(self, line: dict[str, Any]) -> None:
-        self.seen.append(("eval", {k: v for k, v in line.items() if k.startswith("eval/")}))
+    def on_eval(self, evaluation: EvalRecord) -> None:
+        self.seen.append(("eval", dict(evaluation.metrics)))
 
-    def on_end(self, summary: dict[str, Any]) -> None:
-        self.seen.append(("end", {"status": summary.get("status"), "why": summary.get("reason")}))
+    def on_end(self, ended: RunEnded) -> None:
+        self.seen.append(("end", (ended.status, ended.reason)))
 
 
-def test_an_observer_written_against_dicts_still_receives_what_it_used_to() -> None:
-    old = DictObserver()
-    observers = ObserverSet([old])
-    for event, _ in AS_DICTS:
+def test_each_hook_gets_its_event() -> None:
+    watcher = FieldObserver()
+    observers = ObserverSet([watcher])
+    for event, _ in AS_LINES:
         observers.emit(event)
-    assert observers.observers == [old], "no hook raised"
-    assert old.seen[0] == ("start", AS_DICTS[0][1])
-    assert old.seen[1] == ("attempt", {"reward": None, "calls": [{"completion": "hi", "trained": None}]})
-    assert old.seen[2] == ("rollouts", {"rows": [{"step": 2, "attempt": "a", "trained": True, "at": 2}]})
-    assert old.seen[3] == ("progress", {"attempts_done": 12, "in_flight": 4, "policy_version": 3})
-    assert old.seen[4] == ("eval", {"eval/reward_mean": 0.5, "eval/tasks": 3})
-    assert [s for s in old.seen if s[0] == "end"] == [
-        ("end", {"status": "completed", "why": None}),
-        ("end", {"status": "failed", "why": "no step trained"}),
-        ("end", {"status": "failed", "why": None}),
+    assert observers.observers == [watcher], "no hook raised"
+    assert watcher.seen[0] == ("start", "runs/x")
+    assert watcher.seen[1] == ("attempt", (None, [{"completion": "hi", "trained": None}]))
+    assert watcher.seen[2] == ("rollouts", [{"step": 2, "attempt": "a", "trained": True, "at": 2}])
+    assert watcher.seen[3] == ("progress", (12, 4, 3))
+    assert watcher.seen[4] == ("eval", {"eval/reward_mean": 0.5, "eval/tasks": 3})
+    assert [s for s in watcher.seen if s[0] == "end"] == [
+        ("end", ("completed", None)),
+        ("end", ("failed", "no step trained")),
+        ("end", ("failed", None)),
     ]
 
 
@@ -182,7 +184,7 @@ def test_terminal_reporter_says_why_a_run_that_trained_nothing_failed() -> None:
     observers.emit(ProgressTick(8, 0, 0))
     reason = "no step trained: all 8 attempts were discarded (8 timeout)"
     observers.emit(RunEnded("failed", 2, 31.4, reason=reason, error=reason))
-    reporter.on_end({"status": "completed", "steps": 2, "seconds": 3.0})  # a dict reads as it did
+    reporter.on_end(RunEnded("completed", steps=2, seconds=3.0))
     assert out.getvalue().splitlines() == [
         "run runs/x: rl on tiny (local)",
         "eval after 0 steps: reward_mean=0.0625  tasks=4",

@@ -74,6 +74,7 @@ class RLRun(RecipeRun):
         self.policy = policy
         self.runtime = runtime
         self.renderer = renderer
+        self.step_log = StepLog(run_dir, observers, renderer, full_transcripts=config.output.trace == "full")
         self.loss = loss if loss is not None else TrainingLoss.of(t.loss, t.loss_config)
         self.adam = AdamSettings.of(t, t.learning_rate)
         self.defaults = SamplingDefaults(
@@ -181,7 +182,7 @@ class RLRun(RecipeRun):
         line = self.evals.recorded(step)
         if line is None:
             line = self.evals.write(await self._evaluator.evaluate(step))
-            self.observers.emit(EvalRecord.of(line))
+            self.observers.emit(EvalRecord.from_json(line))
             if self.policy.lost is not None:
                 raise self.policy.lost
         return {k: v for k, v in line.items() if k.startswith(("eval/", "time/eval"))}
@@ -231,15 +232,8 @@ class RLRun(RecipeRun):
         )
         prefill = _counted_since(counted, self.sampler_counters())
         if evaluated or prefill:
-            return StepRecord(step, {**record.metrics, **prefill, **evaluated}, record.time)
+            return record.with_metrics({**prefill, **evaluated})
         return record
-
-    @property
-    def step_log(self) -> StepLog:
-        # Built on use: the skeleton (and a test) may swap the run's observers after construction.
-        return StepLog(
-            self.run_dir, self.observers, self.renderer, full_transcripts=self.config.output.trace == "full"
-        )
 
     async def _train(self, groups: list[GroupResult], scheduler: RolloutScheduler) -> StepTraining:
         """GRPO over the step's groups, one optimizer step over the datums it keeps, and the publish."""

@@ -15,11 +15,10 @@ it) gets its buffered attempts shown at each ``flush``, which `LiveRun` calls on
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Mapping
 from html import escape
 from typing import Any
 
-from loops_nb.run_events import StepRollouts
+from loops_nb.run_events import AttemptFinished, StepRollouts
 from loops_nb.widgets.attempts_table import MONO, merge_rollout, plural, rows_html, text_table
 from loops_nb.widgets.environment import DisplayFn, DisplayHandle
 from loops_nb.widgets.svg_chart import fmt
@@ -72,7 +71,7 @@ class StepAttempts:
             f"{rows_html(shown, max_chars=self.max_chars)}{tail}</div>"
         )
 
-    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, Any]:
+    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, str]:
         return {"text/plain": self.title(), "text/html": self.to_html()}
 
 
@@ -82,7 +81,7 @@ class _Folded:
     def __init__(self, text: str) -> None:
         self.text = text
 
-    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, Any]:
+    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, str]:
         return {
             "text/plain": self.text,
             "text/html": f'<div style="font:12px system-ui,sans-serif;color:#6b7280">{escape(self.text)}</div>',
@@ -116,21 +115,19 @@ class AttemptsLog:
         self.discarded = 0
         self.steps_shown = 0
 
-    def on_attempt(self, record: Mapping[str, Any]) -> None:
+    def on_attempt(self, attempt: AttemptFinished) -> None:
         self.seen += 1
-        if record.get("discarded"):
+        if attempt.discarded:
             self.discarded += 1
-        key = str(record.get("attempt", self.seen))
-        self.pending[key] = dict(record)
+        self.pending[attempt.attempt] = attempt.to_json()
         while len(self.pending) > _PENDING_LIMIT:
             self.pending.popitem(last=False)
 
-    def on_rollouts(self, rollouts: Mapping[str, Any]) -> None:
-        """A step trained (`StepRollouts`): its attempts, with what trained, shown as one block."""
+    def on_rollouts(self, rollouts: StepRollouts) -> None:
+        """A step trained: its attempts, with what trained, shown as one block."""
         self.got_rollouts = True
-        event = StepRollouts.of(rollouts)
         rows = []
-        for rollout in event.rows:
+        for rollout in rollouts.rows:
             row = self.pending.pop(str(rollout.get("attempt")), None)
             if row is None:  # on_attempt was not sent (or was dropped): the row alone, no transcript
                 row = dict(rollout)
@@ -138,7 +135,7 @@ class AttemptsLog:
             if rollout.get("trained"):
                 self.trained += 1
             rows.append(row)
-        self._show(StepAttempts(event.step, rows, **self._limits()))
+        self._show(StepAttempts(rollouts.step, rows, **self._limits()))
 
     def flush(self, step: int | None = None) -> None:
         """Show the buffered attempts as one block (for producers that send no ``on_rollouts``)."""

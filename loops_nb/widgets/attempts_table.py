@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Unpack
 
 from loops_nb.errors import UserError
-from loops_nb.run_events import StepRollouts
+from loops_nb.run_events import AttemptFinished, StepRollouts
 from loops_nb.widgets.environment import DisplayOptions, LiveDisplay
 from loops_nb.widgets.svg_chart import fmt
 
@@ -111,7 +111,7 @@ class AttemptsTable:
         _attach_transcripts(root, shown)
         table = cls(max_rows=max(len(shown), 1), max_chars=max_chars)
         for r in shown:
-            table.on_attempt(r)
+            table.add(r)
         first = (page - 1) * page_size + 1
         order = f"sorted by {sort}" + (" (highest first)" if down else "")
         which = f" {status.replace('_', ' ')}" if status else ""
@@ -122,22 +122,23 @@ class AttemptsTable:
         )
         return table
 
-    def on_attempt(self, record: Mapping[str, Any]) -> None:
-        """Take an attempt record (an `AttemptFinished`: reward, discarded, detail, text.calls, ...; or a
-        rollouts.jsonl row)."""
-        self.rows.append(dict(record))
+    def on_attempt(self, attempt: AttemptFinished) -> None:
+        """Take an attempt as it finishes (reward, discarded, detail, text.calls, ...)."""
+        self.add(attempt.to_json())
+
+    def add(self, row: dict[str, Any]) -> None:
+        """Take an attempt's row: an `AttemptFinished`'s line, or a rollouts.jsonl row."""
+        self.rows.append(row)
         self.seen += 1
-        if record.get("discarded"):
+        if row.get("discarded"):
             self.discarded += 1
-        elif isinstance(record.get("reward"), int | float):
-            self.reward_sum += float(record["reward"])
+        elif isinstance(row.get("reward"), int | float):
+            self.reward_sum += float(row["reward"])
             self.rewarded += 1
 
-    add = on_attempt
-
-    def on_rollouts(self, rollouts: Mapping[str, Any]) -> None:
-        """Fill in ``trained``, ``step`` and ``group`` from a step's rollouts.jsonl rows (`StepRollouts`)."""
-        by_id = {r.get("attempt"): r for r in StepRollouts.of(rollouts).rows}
+    def on_rollouts(self, rollouts: StepRollouts) -> None:
+        """Fill in ``trained``, ``step`` and ``group`` from a step's rollouts.jsonl rows."""
+        by_id = {r.get("attempt"): r for r in rollouts.rows}
         for row in self.rows:
             known = by_id.get(row.get("attempt"))
             if known is not None:
@@ -180,7 +181,7 @@ class AttemptsTable:
             f"{rows_html(rows, max_chars=self.max_chars)}</div>"
         )
 
-    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, Any]:
+    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, str]:
         return {"text/plain": self.summary(), "text/html": self.to_html()}
 
     def show(self, **options: Unpack[DisplayOptions]) -> LiveDisplay:

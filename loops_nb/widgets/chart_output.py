@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from loops_nb.run_events import RunStarted
 from loops_nb.widgets.environment import DisplayFn, DisplayHandle
@@ -39,9 +39,9 @@ class ChartOutput:
     def curve(self) -> RewardCurve | LossCurve | None:
         return self.chart.curve
 
-    def on_start(self, started: Mapping[str, Any]) -> None:
+    def on_start(self, started: RunStarted) -> None:
         if self.chart.curve is None:
-            match RunStarted.of(started).recipe:
+            match started.recipe:
                 case "rl" | "sft" as recipe:
                     self.chart = RunChart(recipe)
 

@@ -23,11 +23,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import Coroutine, Mapping
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, TextIO
 
 from loops_nb.observers import TerminalReporter
-from loops_nb.run_events import EvalRecord, ProgressTick, RunEnded, RunStarted
+from loops_nb.run_events import (
+    AttemptFinished,
+    EvalRecord,
+    ProgressTick,
+    RunEnded,
+    RunStarted,
+    StepRollouts,
+)
 from loops_nb.step_record import StepRecord
 from loops_nb.widgets.attempts_log import AttemptsLog
 from loops_nb.widgets.background_run import BackgroundRun
@@ -107,7 +114,7 @@ class LiveRun:
 
     # -- observer protocol ------------------------------------------------------------------------------------
 
-    def on_start(self, started: Mapping[str, Any]) -> None:
+    def on_start(self, started: RunStarted) -> None:
         self._run.start(started)
         with contextlib.suppress(RuntimeError):  # called without a loop (a synchronous test)
             self._loop = asyncio.get_running_loop()
@@ -121,8 +128,7 @@ class LiveRun:
         self._chart.refresh(show_panel=self.show)
         self._heartbeat.start(self._loop)
 
-    def on_step(self, record: Mapping[str, Any]) -> None:
-        record = StepRecord.of(record)
+    def on_step(self, record: StepRecord) -> None:
         self._run.stepped(record.step)
         if not self.attempts.got_rollouts:  # a producer without on_rollouts: show its attempts per step
             self.attempts.flush(record.step)
@@ -134,39 +140,36 @@ class LiveRun:
             self._reporter.on_step(record)
         self._display.update()
 
-    def on_attempt(self, attempt: Mapping[str, Any]) -> None:
-        """An `AttemptFinished` (or a dict of its keys; the attempts log keeps whatever it is given)."""
+    def on_attempt(self, attempt: AttemptFinished) -> None:
         self.attempts.on_attempt(attempt)
         self.health.on_attempt(attempt)
         self._display.update()
 
-    def on_rollouts(self, rollouts: Mapping[str, Any]) -> None:
+    def on_rollouts(self, rollouts: StepRollouts) -> None:
         """A step trained (`StepRollouts`): its attempts (with what trained) go below the panel, once."""
         self.attempts.on_rollouts(rollouts)
         self._display.update()
 
-    def on_progress(self, tick: Mapping[str, Any]) -> None:
-        self._run.progress = ProgressTick.of(tick)
+    def on_progress(self, tick: ProgressTick) -> None:
+        self._run.progress = tick
         if self._reporter:
-            self._reporter.on_progress(self._run.progress)
+            self._reporter.on_progress(tick)
         self._display.update()
 
-    def on_eval(self, evaluation: Mapping[str, Any]) -> None:
-        """An `EvalRecord`: RL's eval reward (`[eval]`) or SFT's held-out loss before training joins the curve."""
-        line = EvalRecord.of(evaluation)
-        self._chart.chart.on_eval(line)
+    def on_eval(self, evaluation: EvalRecord) -> None:
+        """RL's eval reward (`[eval]`) or SFT's held-out loss before training joins the curve."""
+        self._chart.chart.on_eval(evaluation)
         self._chart.refresh(show_panel=self.show)
         if self._reporter:
-            self._reporter.on_eval(line)
+            self._reporter.on_eval(evaluation)
         self._display.update()
 
-    def on_end(self, ended: Mapping[str, Any]) -> None:
-        end = RunEnded.of(ended)
-        self._run.end(end)
+    def on_end(self, ended: RunEnded) -> None:
+        self._run.end(ended)
         if not self.attempts.got_rollouts:
             self.attempts.flush(self.step - 1 if self.step else None)
         if self._reporter:
-            self._reporter.on_end(end)
+            self._reporter.on_end(ended)
         self.finalize()
 
     # -- display and control ----------------------------------------------------------------------------------
@@ -314,5 +317,5 @@ class LiveRun:
     def to_html(self) -> str:
         return self._panel.html()
 
-    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, Any]:
+    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, str]:
         return {"text/plain": str(self), "text/html": self.to_html()}

@@ -10,10 +10,10 @@ with ``curve.show()``, which returns a throttled `LiveDisplay`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from html import escape
 from typing import Any, Literal, Unpack
 
+from loops_nb.run_events import EvalRecord
 from loops_nb.step_record import StepRecord
 from loops_nb.widgets.environment import DisplayOptions, LiveDisplay
 from loops_nb.widgets.plotly_chart import plotly_bundle, plotly_figure
@@ -127,10 +127,8 @@ class RewardCurve(_Curve):
         self.lows.append(low)
         self.highs.append(high)
 
-    def on_step(self, record: Mapping[str, Any]) -> None:
-        """Take a step record (``step``, ``reward/mean``, ``reward/std``, ``reward/min``, ``reward/max``): a
-        `StepRecord`, or a line read back from steps.jsonl."""
-        step = StepRecord.of(record)
+    def on_step(self, step: StepRecord) -> None:
+        """Take a step record (``step``, ``reward/mean``, ``reward/std``, ``reward/min``, ``reward/max``)."""
         if self.key not in step.metrics:
             return
         self.add(
@@ -152,10 +150,9 @@ class RewardCurve(_Curve):
         points[step] = mean
         self.eval_steps, self.eval_means = sorted(points), [points[s] for s in sorted(points)]
 
-    def on_eval(self, line: Mapping[str, Any]) -> None:
+    def on_eval(self, line: EvalRecord) -> None:
         """Take an RL evaluation's evals.jsonl line (``step``, ``eval/reward_mean``): the `on_eval` event."""
-        value = line.get("eval/reward_mean")
-        self.add_eval(int(line["step"]), float(value) if isinstance(value, int | float) else None)
+        self.add_eval(line.step, line.number("eval/reward_mean"))
 
     @property
     def last(self) -> float | None:
@@ -248,20 +245,19 @@ class LossCurve(_Curve):
         self.losses.insert(at, None)
         self.eval_losses.insert(at, eval_loss)
 
-    def on_eval(self, line: Mapping[str, Any]) -> None:
+    def on_eval(self, line: EvalRecord) -> None:
         """Take an SFT evaluation's evals.jsonl line (``step`` = steps applied, ``eval/loss``)."""
-        value = line.get("eval/loss")
-        if isinstance(value, int | float) and line.get("step") is not None:
-            self.add_eval(int(line["step"]), float(value))
+        value = line.number("eval/loss")
+        if value is not None:
+            self.add_eval(line.step, value)
 
     @property
     def eval_before(self) -> float | None:
         """The held-out loss before training (the eval at step 0), if there was one."""
         return self.eval_losses[0] if self.steps and self.steps[0] == 0 else None
 
-    def on_step(self, record: Mapping[str, Any]) -> None:
+    def on_step(self, step: StepRecord) -> None:
         """Take a step record (``step``, ``loss``, ``eval/loss``)."""
-        step = StepRecord.of(record)
         if "loss" in step.metrics or "eval/loss" in step.metrics:
             self.add(step.step + 1, step.number("loss"), step.number("eval/loss"))
 

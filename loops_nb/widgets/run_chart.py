@@ -18,12 +18,12 @@ Steps are numbered from 1, as in the panel; an eval at 0 is the model before tra
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass
 from html import escape
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from loops_nb.run_events import EvalRecord
 from loops_nb.runs_table import read_run
 from loops_nb.step_record import StepRecord
 from loops_nb.widgets.reward_curve import LossCurve, RewardCurve
@@ -125,15 +125,14 @@ class RunChart:
                 except json.JSONDecodeError:  # a line torn by a crash mid-write
                     continue
                 if isinstance(record, dict) and isinstance(record.get("step"), int):
-                    chart.on_eval(record)
+                    chart.on_eval(EvalRecord.from_json(record))
         for record in run.records:
             chart.on_step(record)
         return chart
 
     # -- observer ---------------------------------------------------------------------------------------------
 
-    def on_step(self, record: Mapping[str, Any]) -> None:
-        step = StepRecord.of(record)
+    def on_step(self, step: StepRecord) -> None:
         if self.curve is None:
             self.recipe = "rl" if "reward/mean" in step.metrics else "sft"
             self.curve = RewardCurve() if self.recipe == "rl" else LossCurve()
@@ -141,9 +140,9 @@ class RunChart:
         self.records = [r for r in self.records if r.step < step.step] + [step]
         self.curve.on_step(step)
 
-    def on_eval(self, line: Mapping[str, Any]) -> None:
+    def on_eval(self, line: EvalRecord) -> None:
         if self.curve is None:
-            self.recipe = "sft" if "eval/loss" in line else "rl"
+            self.recipe = "sft" if "eval/loss" in line.metrics else "rl"
             self.curve = LossCurve() if self.recipe == "sft" else RewardCurve()
         self.curve.on_eval(line)
 

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter
-from collections.abc import Mapping
 from dataclasses import dataclass
 from html import escape
-from typing import Any, Literal, Unpack
+from typing import Literal, Unpack
 
+from loops_nb.run_events import AttemptFinished
+from loops_nb.step_record import StepRecord
 from loops_nb.widgets.environment import DisplayOptions, LiveDisplay
 from loops_nb.widgets.svg_chart import fmt, sparkline
 
@@ -51,20 +52,18 @@ class RunHealth:
     def __init__(self, *, window: int = 10, attempts_anchor: str | None = None) -> None:
         self.window = window
         self.attempts_anchor = attempts_anchor
-        self.records: list[dict[str, Any]] = []
+        self.records: list[dict[str, float]] = []
         self.discard_reasons: Counter[str] = Counter()
         self.attempts_seen = 0
 
-    def on_step(self, record: Mapping[str, Any]) -> None:
+    def on_step(self, record: StepRecord) -> None:
         # Only numbers are kept: a long run's records stay small.
-        self.records.append({k: v for k, v in record.items() if isinstance(v, int | float)})
-        for key, value in record.items():
+        self.records.append({k: v for k, v in record.metrics.items() if isinstance(v, int | float)})
+        for key, value in record.metrics.items():
             if key.startswith("discarded/") and isinstance(value, int):
                 self.discard_reasons[key.removeprefix("discarded/")] += value
 
-    add_record = on_step
-
-    def on_attempt(self, record: Mapping[str, Any]) -> None:
+    def on_attempt(self, attempt: AttemptFinished) -> None:
         self.attempts_seen += 1
 
     # -- checks ------------------------------------------------------------------------------------------------
@@ -253,7 +252,7 @@ class RunHealth:
             f"{''.join(rows)}</table>"
         )
 
-    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, Any]:
+    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, str]:
         return {"text/plain": self.summary(), "text/html": self.to_html()}
 
     def show(self, **options: Unpack[DisplayOptions]) -> LiveDisplay:

@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import shlex
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
 
 from loops_nb.run_events import ProgressTick, RunEnded, RunStarted
 from loops_nb.widgets.attempts_table import plural
@@ -63,8 +61,8 @@ class RunPanelState:
     def live(self) -> bool:
         return self.state in LIVE_STATES
 
-    def start(self, started: Mapping[str, Any]) -> None:
-        self.info = RunStarted.of(started)
+    def start(self, started: RunStarted) -> None:
+        self.info = started
         if self.state is not RunState.STOPPING:  # Stop may be pressed before the run has set itself up
             self.state = RunState.RUNNING
         self.started = self.step_started = time.monotonic()
@@ -82,9 +80,8 @@ class RunPanelState:
         if self.state in (RunState.RUNNING, RunState.WAITING):
             self.state = RunState.STOPPING
 
-    def end(self, ended: Mapping[str, Any]) -> None:
+    def end(self, end: RunEnded) -> None:
         """The loop's `RunEnded`: how the run ended, after how many steps, where it can resume."""
-        end = RunEnded.of(ended)
         said = end.status or RunState.COMPLETED
         try:
             self.state, self.error = RunState(said), None

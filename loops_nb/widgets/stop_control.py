@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 from html import escape
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from loops_nb.widgets.environment import DisplayFn, DisplayHandle
 
@@ -99,7 +99,7 @@ class RetiredButton:
     def __init__(self, text: str) -> None:
         self.text = text
 
-    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, Any]:
+    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, str]:
         return {
             "text/plain": self.text,
             "text/html": f'<div style="font:12px system-ui,sans-serif;color:#57606a">{escape(self.text)}</div>',

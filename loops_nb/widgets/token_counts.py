@@ -8,9 +8,9 @@ one-line ``text/plain``, an inline-styled HTML table (recent steps plus totals) 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from html import escape
-from typing import TYPE_CHECKING, Any, Unpack
+from typing import TYPE_CHECKING, Unpack
 
 from loops_nb.step_record import StepRecord
 from loops_nb.widgets.environment import DisplayOptions, LiveDisplay
@@ -44,9 +44,8 @@ class TokenCounts:
 
     # -- input -------------------------------------------------------------------------------------------------
 
-    def on_step(self, record: Mapping[str, Any]) -> None:
+    def on_step(self, step: StepRecord) -> None:
         """Take a step record's ``tokens/*`` counts (records without any are ignored)."""
-        step = StepRecord.of(record)
         counts = {
             k: int(v) for k in step.metrics if k.startswith(PREFIX) and (v := step.number(k)) is not None
         }
@@ -61,8 +60,6 @@ class TokenCounts:
                 self.totals[key] = value
             else:
                 self.totals[key] = self.totals.get(key, 0) + value
-
-    add_record = on_step
 
     @classmethod
     def from_report(cls, report: CheckReport) -> TokenCounts:
@@ -179,7 +176,7 @@ class TokenCounts:
             f'<div style="font:11px monospace;color:#6b7280">{share:.1%} of tokens trained</div>'
         )
 
-    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, Any]:
+    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, str]:
         return {"text/plain": self.summary(), "text/html": self.to_html()}
 
     def show(self, **options: Unpack[DisplayOptions]) -> LiveDisplay:

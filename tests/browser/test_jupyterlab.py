@@ -295,21 +295,23 @@ SAVED_CELLS = [
     "# Parameters\nsteps = 3",
     # A live run fed the events RLRun sends (attempts, then the step's rollouts rows, then the step).
     "import asyncio\nfrom loops_nb.widgets import LiveRun\n"
+    "from loops_nb.run_events import AttemptFinished, RunEnded, RunStarted, StepRollouts\n"
+    "from loops_nb.step_record import StepRecord\n"
     "live = LiveRun(stop_event=asyncio.Event())\nlive.show()\n"
-    "live.on_start({'recipe': 'rl', 'model': 'tiny', 'max_steps': steps, 'start_step': 0, 'run_dir': 'runs/x'})\n"
+    "live.on_start(RunStarted('runs/x', recipe='rl', model='tiny', max_steps=steps, start_step=0))\n"
     "for step in range(steps):\n"
     "    ids = [f'hidden-monopoly/g{g}/a{a}' for g in range(2) for a in range(2 + 9 * g)]\n"
     "    for n, i in enumerate(ids):\n"
-    "        live.on_attempt({'attempt': i, 'task': 'hidden-monopoly' if n % 2 else 'q', 'reward': n / 7,\n"
-    "                         'discarded': 'timeout' if n == 3 else None, 'calls': 1, 'policy_versions': [step],\n"
-    "                         'sampled_tokens': 10 ** (n % 4), 'seconds': 0.5 * n,\n"
-    "                         'text': {'calls': [{'prompt': 'p', 'completion': f'answer {n}', 'trained': None}]}})\n"
-    "    live.on_rollouts({'step': step, 'rows': [{'step': step, 'group': int(i.split('/g')[1][0]), 'attempt': i,\n"
-    "                                               'trained': n % 2 == 0} for n, i in enumerate(ids)]})\n"
-    "    live.on_step({'step': step, 'reward/mean': 0.2 * step, 'reward/std': 0.1, 'tokens/sampled': 40,\n"
-    "                  'tokens/trained': 20, 'attempts': len(ids), 'attempts/discarded': 1})\n"
+    "        live.on_attempt(AttemptFinished(attempt=i, task='hidden-monopoly' if n % 2 else 'q', reward=n / 7,\n"
+    "                        discarded='timeout' if n == 3 else None, detail='', calls=1, policy_versions=[step],\n"
+    "                        sampled_tokens=10 ** (n % 4), sequence_breaks={}, seconds=0.5 * n,\n"
+    "                        text={'calls': [{'prompt': 'p', 'completion': f'answer {n}', 'trained': None}]}))\n"
+    "    live.on_rollouts(StepRollouts(step, [{'step': step, 'group': int(i.split('/g')[1][0]), 'attempt': i,\n"
+    "                                          'trained': n % 2 == 0} for n, i in enumerate(ids)]))\n"
+    "    live.on_step(StepRecord(step, {'reward/mean': 0.2 * step, 'reward/std': 0.1, 'tokens/sampled': 40,\n"
+    "                                   'tokens/trained': 20, 'attempts': len(ids), 'attempts/discarded': 1}))\n"
     "    await asyncio.sleep(0.01)\n"
-    "live.on_end({'status': 'completed', 'steps': steps})",
+    "live.on_end(RunEnded('completed', steps))",
     # The negative control: the old layout (columns sized in ch), which the sanitizer collapses.
     "from IPython.display import HTML\n"
     "cell = lambda t: f'<span style=\"display:inline-block;width:22ch;overflow:hidden\">{t}</span>'\n"

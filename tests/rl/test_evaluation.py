@@ -8,6 +8,7 @@ groups have reward variance and train; the trainer here also fails the test if a
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +80,7 @@ def make_run(
     chat: ChatRenderer,
     *,
     held_out_runtime: bool = True,
+    observers: Sequence[object] = (),
     training: dict[str, Any] | None = None,
     **settings: Any,
 ) -> RLRun:
@@ -101,7 +103,7 @@ def make_run(
         Policy(trainer, "scripted"),
         EpisodeRuntime(Quiz("train")),
         chat,
-        ObserverSet([]),
+        ObserverSet(observers),
         eval_runtime=EpisodeRuntime(Quiz("heldout")) if held_out_runtime else None,
     )
 
@@ -126,9 +128,8 @@ async def test_eval_attempts_never_reach_the_trainer_and_are_recorded_apart(
 ) -> None:
     sampler = ScriptedSampler()
     trainer = RecordingTrainer(sampler, chat)
-    run = make_run(tmp_path, trainer, chat)
     seen = Evals()
-    run.observers = ObserverSet([seen])
+    run = make_run(tmp_path, trainer, chat, observers=[seen])
     outcome = await run.execute(0)
     assert outcome.status == "completed"
     root = tmp_path / "run"
@@ -138,7 +139,7 @@ async def test_eval_attempts_never_reach_the_trainer_and_are_recorded_apart(
     assert [e["step"] for e in evals] == [0, 2, 4]
     assert [e["eval/policy_version"] for e in evals] == [0, 2, 4]
     assert [line.step for line in seen.lines] == [0, 2, 4]
-    assert seen.lines == evals, "each on_eval carries its evals.jsonl line"
+    assert [line.to_json() for line in seen.lines] == evals, "each on_eval carries its evals.jsonl line"
     eval_rows = read_jsonl(root / "eval_attempts.jsonl")
     assert len(eval_rows) == 3 * TASKS * 2
     assert {r["task"] for r in eval_rows} == {f"heldout-{i}" for i in range(TASKS)}
@@ -196,10 +197,9 @@ async def test_a_resumed_run_does_not_redo_a_recorded_evaluation(tmp_path: Path,
     assert [e["step"] for e in read_jsonl(root / "evals.jsonl")] == [0, 2]
     before = read_jsonl(root / "evals.jsonl")[1]
 
-    resumed = make_run(tmp_path, RecordingTrainer(sampler, chat), chat)
-    resumed.policy.load_state_with_optimizer = _no_load  # type: ignore[method-assign]
     seen = Evals()
-    resumed.observers = ObserverSet([seen])
+    resumed = make_run(tmp_path, RecordingTrainer(sampler, chat), chat, observers=[seen])
+    resumed.policy.load_state_with_optimizer = _no_load  # type: ignore[method-assign]
     start = await resumed.resume_point()
     assert start == 2
     await resumed.execute(start)

@@ -8,6 +8,7 @@ import errno
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -118,7 +119,9 @@ class ScriptedTrainer:
         return Done(SimpleNamespace(path=f"scripted://sampler/{name}"))
 
 
-def make_run(tmp_path: Path, trainer: ScriptedTrainer, **training: Any) -> RLRun:
+def make_run(
+    tmp_path: Path, trainer: ScriptedTrainer, *, observers: Sequence[object] = (), **training: Any
+) -> RLRun:
     from loops_nb.tokenization import load_model_tokenizer
 
     overrides = {
@@ -139,7 +142,7 @@ def make_run(tmp_path: Path, trainer: ScriptedTrainer, **training: Any) -> RLRun
         Policy(trainer, "scripted"),
         runtime,
         renderer,
-        ObserverSet([]),
+        ObserverSet(observers),
     )
 
 

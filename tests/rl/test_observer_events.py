@@ -17,7 +17,6 @@ from helpers import read_jsonl
 from test_faults import MONOPOLY, ScriptedSampler, ScriptedTrainer, make_run
 
 from loops_nb.errors import RunFailed
-from loops_nb.observers import ObserverSet
 from loops_nb.run_events import AttemptFinished, RunEnded, StepRollouts
 
 
@@ -48,8 +47,7 @@ class Events:
 
 async def run_with(tmp_path: Path, sampler: ScriptedSampler) -> tuple[Events, list[dict[str, Any]]]:
     events = Events()
-    run = make_run(tmp_path, ScriptedTrainer(sampler), max_steps=2)
-    run.observers = ObserverSet([events])
+    run = make_run(tmp_path, ScriptedTrainer(sampler), observers=[events], max_steps=2)
     outcome = await run.execute(0)
     assert outcome.status == "completed"
     return events, read_jsonl(tmp_path / "run" / "rollouts.jsonl")
@@ -77,12 +75,13 @@ async def test_a_failed_run_ends_for_its_observers_with_the_step_to_resume_from(
     import pytest
 
     events = Events()
-    run = make_run(tmp_path, ScriptedTrainer(ScriptedSampler(), fail_forward_at=3), max_steps=4)
-    run.observers = ObserverSet([events])
+    run = make_run(
+        tmp_path, ScriptedTrainer(ScriptedSampler(), fail_forward_at=3), observers=[events], max_steps=4
+    )
     with pytest.raises(RunFailed):
         await run.execute(0)
     [end] = events.ends
     assert end.status == "failed" and end.steps == 2 and end.resume_step == 2
     assert end.error is not None and "CUDA error" in end.error
-    # Its dict, as observers were given it before the events were typed:
-    assert end == {"status": "failed", "steps": 2, "error": end.error, "resume_step": 2}
+    # Its line, as an observer that writes it out gets it:
+    assert end.to_json() == {"status": "failed", "steps": 2, "error": end.error, "resume_step": 2}

@@ -11,7 +11,7 @@ from typing import Any
 
 from test_faults import ScriptedSampler, ScriptedTrainer, make_run
 
-from loops_nb.observers import ObserverSet
+from loops_nb.run_events import RunEnded
 from loops_nb.widgets import LiveRun
 
 
@@ -31,18 +31,17 @@ class Panel:
 
 class Ends:
     def __init__(self) -> None:
-        self.ends: list[Any] = []
+        self.ends: list[RunEnded] = []
 
-    def on_end(self, ended: Any) -> None:
+    def on_end(self, ended: RunEnded) -> None:
         self.ends.append(ended)
 
 
 async def test_every_attempt_discarded_ends_failed_with_the_reason(tmp_path: Path) -> None:
     sampler = ScriptedSampler(fail=set(range(1, 100)))
-    run = make_run(tmp_path, ScriptedTrainer(sampler), max_steps=2, save_every=0)
     panel, ends = Panel(), Ends()
     live = LiveRun(display_fn=panel)
-    run.observers = ObserverSet([ends, live])
+    run = make_run(tmp_path, ScriptedTrainer(sampler), observers=[ends, live], max_steps=2, save_every=0)
     outcome = await run.execute(0)
     assert outcome.status == "failed" and outcome.steps == 2
     assert outcome.reason is not None
@@ -52,7 +51,7 @@ async def test_every_attempt_discarded_ends_failed_with_the_reason(tmp_path: Pat
     assert "sampler returned 503" in outcome.reason
     assert f"reason: {outcome.reason}" in outcome.describe()
     (end,) = ends.ends
-    assert end["status"] == "failed" and end["reason"] == outcome.reason
+    assert end.status == "failed" and end.reason == outcome.reason
     assert "failed: no step trained" in panel.last.to_html()
     assert "failed: no step trained" in (tmp_path / "run" / "run.log").read_text()
 

@@ -117,15 +117,15 @@ async def test_sft_observers_get_each_step_as_the_record_steps_jsonl_holds(
         r.number("loss") == 1.0 for r in recorder.steps
     )
     assert outcome.last_metrics == lines[-1]
-    assert recorder.ends == [{"status": "completed", "steps": 3, "seconds": outcome.seconds}]
+    assert recorder.ends == [RunEnded("completed", 3, outcome.seconds)]
     assert [c["step"] for c in read_jsonl(tmp_path / "run" / "checkpoints.jsonl")] == [2, 3]
 
 
 def test_a_step_record_is_its_steps_jsonl_line() -> None:
     line = {"step": 4, "reward/mean": 0.5, "reward/std": None, "trained": True, "note": "x", "time": 17.0}
-    record = StepRecord.of(line)
-    assert record.step == 4 and record.time == 17.0 and dict(record) == line and record.to_json() == line
-    assert list(record) == list(line) and record["reward/mean"] == 0.5 and record.get("missing") is None
-    assert StepRecord.of(record) is record
+    record = StepRecord.from_json(line)
+    assert record.step == 4 and record.time == 17.0 and record.to_json() == line
+    assert list(record.to_json()) == list(line), "the same keys in the same order"
+    assert record.metrics["note"] == "x" and "missing" not in record.metrics and "step" not in record.metrics
     assert record.number("reward/mean") == 0.5
     assert [record.number(k) for k in ("reward/std", "trained", "note", "missing")] == [None] * 4

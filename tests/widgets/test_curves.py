@@ -8,6 +8,7 @@ import re
 import pytest
 from widget_fixtures import FakeDisplay, assert_static_html
 
+from loops_nb.step_record import StepRecord
 from loops_nb.widgets import LossCurve, RewardCurve
 from loops_nb.widgets.svg_chart import Series, dot_chart, sparkline, svg_chart
 
@@ -18,7 +19,7 @@ REWARDS = [0.1, 0.3, 0.25, 0.5, 0.6, 0.55, 0.75, 0.72]
 def reward_curve(n: int = 8) -> RewardCurve:
     curve = RewardCurve()
     for step, reward in enumerate(REWARDS[:n]):
-        curve.on_step({"step": step, "reward/mean": reward, "reward/std": 0.1})
+        curve.on_step(StepRecord(step, {"reward/mean": reward, "reward/std": 0.1}))
     return curve
 
 
@@ -52,8 +53,10 @@ def test_reward_curve_three_renderers() -> None:
 def test_reward_curve_minmax_spread_and_resume() -> None:
     curve = RewardCurve(spread="minmax")
     for step in range(5):
-        curve.on_step({"step": step, "reward/mean": step / 10, "reward/min": 0.0, "reward/max": 1.0})
-    curve.on_step({"step": 3, "reward/mean": 0.9, "reward/min": 0.5, "reward/max": 1.0})  # resumed at step 3
+        curve.on_step(StepRecord(step, {"reward/mean": step / 10, "reward/min": 0.0, "reward/max": 1.0}))
+    curve.on_step(
+        StepRecord(3, {"reward/mean": 0.9, "reward/min": 0.5, "reward/max": 1.0})
+    )  # resumed at step 3
     assert curve.steps == [1, 2, 3, 4]
     assert curve.last == 0.9
     assert "[0.5, 1]" in curve.to_svg()
@@ -69,10 +72,10 @@ def test_empty_curve_renders() -> None:
 def test_loss_curve_train_and_eval() -> None:
     curve = LossCurve()
     for step in range(10):
-        record = {"step": step, "loss": 2.0 - 0.1 * step, "learning_rate": 1e-4, "tokens/trained": 100}
+        record = {"loss": 2.0 - 0.1 * step, "learning_rate": 1e-4, "tokens/trained": 100}
         if step % 4 == 0:
             record["eval/loss"] = 2.1 - 0.05 * step
-        curve.on_step(record)
+        curve.on_step(StepRecord(step, record))
     bundle = curve._repr_mimebundle_()
     assert bundle["text/plain"] == "loss: 10 steps, last 1.1, eval 1.7 at step 9, best eval 1.7"
     html = bundle["text/html"]

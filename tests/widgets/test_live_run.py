@@ -11,6 +11,8 @@ import pytest
 from polling import until
 from widget_fixtures import FakeDisplay, assert_static_html, fake_rl_run, rl_attempt, rl_step, sft_events
 
+from loops_nb.run_events import AttemptFinished, EvalRecord, RunEnded, RunStarted, StepRollouts
+from loops_nb.step_record import StepRecord
 from loops_nb.widgets import LiveRun, LossCurve, RewardCurve
 
 
@@ -42,32 +44,32 @@ async def test_rl_events_render_one_throttled_panel(fake_display: FakeDisplay) -
     assert last.count("<details>") == 4 and "step 10: 4 attempts" in last
 
 
-def rollout_rows(step: int, attempts: list[dict]) -> dict:
-    return {
-        "step": step,
-        "rows": [
-            {"step": step, "group": n // 2, "attempt": a["attempt"], "trained": n % 2 == 0}
+def rollout_rows(step: int, attempts: list[AttemptFinished]) -> StepRollouts:
+    return StepRollouts(
+        step,
+        [
+            {"step": step, "group": n // 2, "attempt": a.attempt, "trained": n % 2 == 0}
             for n, a in enumerate(attempts)
         ],
-    }
+    )
 
 
 def test_an_open_transcript_is_never_re_rendered(fake_display: FakeDisplay) -> None:
     """The update protocol: the panel is re-rendered, a step's attempts are displayed once and then left alone
     (a re-render would replace the <details> a person had opened)."""
     live = LiveRun(display_fn=fake_display, max_hz=1000.0, attempt_steps=3)
-    live.on_start({"recipe": "rl", "model": "tiny", "max_steps": 4, "start_step": 0, "run_dir": "runs/x"})
+    live.on_start(RunStarted(recipe="rl", model="tiny", max_steps=4, start_step=0, run_dir="runs/x"))
     for step in range(4):
         attempts = [rl_attempt(step * 4 + a) for a in range(4)]
         for a in attempts:
-            a["text"]["calls"][0]["trained"] = None  # as RLRun sends it: unknown until the step trains
+            a.text["calls"][0]["trained"] = None  # as RLRun sends it: unknown until the step trains
             live.on_attempt(a)
         assert len(fake_display.handles) == 1 + step  # nothing shown before the step has trained
         live.on_rollouts(rollout_rows(step, attempts))
         live.on_step(rl_step(step))
         if step == 0:
             opened = fake_display.handles[1]
-    live.on_end({"status": "completed", "steps": 4})
+    live.on_end(RunEnded("completed", steps=4))
     panel, *blocks = fake_display.handles
     assert len(blocks) == 4
     assert opened is blocks[0] and opened.updates == 1  # left alone for the next 2 steps, folded at the 4th
@@ -96,13 +98,13 @@ def test_sft_events_use_the_loss_curve(fake_display: FakeDisplay) -> None:
 
 async def test_the_heartbeat_moves_the_clock_while_a_step_runs(fake_display: FakeDisplay) -> None:
     live = LiveRun(display_fn=fake_display, heartbeat_s=0.01, max_hz=1000.0)
-    live.on_start({"recipe": "sft", "model": "tiny", "max_steps": 3, "start_step": 0})
+    live.on_start(RunStarted(recipe="sft", model="tiny", max_steps=3, start_step=0))
     panel = fake_display.handles[0]
     before = panel.updates
     # No event at all (the first step is still training), yet the panel is redrawn.
     await until(lambda: panel.updates > before, "the heartbeat redraws the panel")
     assert "step 1 running for" in live.progress_line()
-    live.on_end({"status": "completed", "steps": 3})
+    live.on_end(RunEnded("completed", steps=3))
     settled = panel.updates
     await asyncio.sleep(0.1)
     assert panel.updates == settled, "the heartbeat stops with the run"
@@ -160,7 +162,7 @@ async def test_stop_button_sets_the_event_and_is_retired(fake_display: FakeDispl
 async def test_stop_from_another_thread_wakes_the_loop(fake_display: FakeDisplay) -> None:
     stop = asyncio.Event()
     live = LiveRun(stop_event=stop, display_fn=fake_display)
-    live.on_start({"recipe": "rl", "max_steps": 5})  # remembers the run's loop
+    live.on_start(RunStarted(recipe="rl", max_steps=5))  # remembers the run's loop
     thread = threading.Thread(target=live.stop)
     thread.start()
     await asyncio.wait_for(stop.wait(), 2)
@@ -185,7 +187,7 @@ async def test_run_in_background_reports_a_failure(fake_display: FakeDisplay) ->
     live = LiveRun(display_fn=fake_display)
 
     async def broken() -> None:
-        live.on_start({"recipe": "rl", "max_steps": 3})
+        live.on_start(RunStarted(recipe="rl", max_steps=3))
         raise RuntimeError("sampler unreachable")
 
     task = live.run_in_background(broken())
@@ -210,11 +212,9 @@ def test_stop_without_an_event_is_an_error() -> None:
 
 def test_a_failed_run_stops_the_clock_and_says_how_to_resume(fake_display: FakeDisplay) -> None:
     live = LiveRun(display_fn=fake_display)
-    live.on_start(
-        {"recipe": "rl", "model": "tiny", "max_steps": 5, "start_step": 0, "run_dir": "runs/r-0102"}
-    )
+    live.on_start(RunStarted(recipe="rl", model="tiny", max_steps=5, start_step=0, run_dir="runs/r-0102"))
     live.on_step(rl_step(0))
-    live.on_end({"status": "failed", "steps": 1, "error": "RuntimeError: CUDA error", "resume_step": 0})
+    live.on_end(RunEnded("failed", steps=1, error="RuntimeError: CUDA error", resume_step=0))
     html = fake_display.handles[0].last.to_html()
     assert_static_html(html)
     assert "failed: RuntimeError: CUDA error" in html and "ETA" not in html and "running for" not in html
@@ -229,11 +229,13 @@ def test_the_sft_chart_shows_the_held_out_loss_before_training_with_a_legend(
     fake_display: FakeDisplay,
 ) -> None:
     live = LiveRun(display_fn=fake_display)
-    live.on_start({"recipe": "sft", "model": "tiny", "max_steps": 2, "start_step": 0})
-    live.on_eval({"step": 0, "eval/loss": 2.5, "eval/examples": 4})  # what SFTRun.begin sends
+    live.on_start(RunStarted(recipe="sft", model="tiny", max_steps=2, start_step=0))
+    live.on_eval(EvalRecord(0, {"eval/loss": 2.5, "eval/examples": 4}))  # what SFTRun.begin sends
     for step in range(2):
-        live.on_step({"step": step, "loss": 2.0 - 0.1 * step, **({"eval/loss": 2.2} if step == 1 else {})})
-    live.on_end({"status": "completed", "steps": 2})
+        live.on_step(
+            StepRecord(step, {"loss": 2.0 - 0.1 * step, **({"eval/loss": 2.2} if step == 1 else {})})
+        )
+    live.on_end(RunEnded("completed", steps=2))
     assert isinstance(live.curve, LossCurve) and live.curve.eval_before == 2.5
     assert live.curve.steps == [0, 1, 2] and live.curve.eval_losses == [2.5, None, 2.2]
     html = fake_display.handles[0].last.to_html()
@@ -249,14 +251,14 @@ def test_the_resume_line_names_the_run_config(tmp_path, monkeypatch) -> None:
     (tmp_path / "my runs").mkdir()
     live = LiveRun(mode="off")
     live.on_start(
-        {
-            "recipe": "sft",
-            "max_steps": 5,
-            "start_step": 0,
-            "run_dir": str(tmp_path / "runs" / "sft-1"),
-            "config": str(tmp_path / "my runs" / "sft.toml"),
-        }
+        RunStarted(
+            recipe="sft",
+            max_steps=5,
+            start_step=0,
+            run_dir=str(tmp_path / "runs" / "sft-1"),
+            config=str(tmp_path / "my runs" / "sft.toml"),
+        )
     )
-    live.on_end({"status": "failed", "steps": 2, "error": "boom", "resume_step": 2})
+    live.on_end(RunEnded("failed", steps=2, error="boom", resume_step=2))
     hint = live.resume_hint() or ""
     assert "loops run 'my runs/sft.toml' --output.run_name sft-1" in hint and "(step 2)" in hint

@@ -27,20 +27,21 @@ live.finalize()
 """
 LIVE_RUN_CELL = """\
 import asyncio
+from loops_nb.run_events import AttemptFinished, RunEnded, RunStarted, StepRollouts
+from loops_nb.step_record import StepRecord
 from loops_nb.widgets import LiveRun
 stop = asyncio.Event()
 run = LiveRun(stop_event=stop)
-run.on_start({"recipe": "rl", "model": "tiny", "max_steps": 3, "start_step": 0})
+run.on_start(RunStarted(recipe="rl", model="tiny", max_steps=3, start_step=0))
 for step in range(3):
-    run.on_attempt({"attempt": f"a{step}", "task": "t", "reward": 1.0, "discarded": None, "calls": 1,
-                    "policy_versions": [step], "sampled_tokens": 5, "seconds": 0.1,
-                    "text": {"calls": [{"prompt": "p", "completion": f"answer {step}", "trained": None}]}})
-    run.on_rollouts({"step": step, "rows": [{"step": step, "group": 0, "attempt": f"a{step}",
-                                            "trained": step != 1}]})
-    run.on_step({"step": step, "reward/mean": 0.5 + 0.1 * step, "reward/std": 0.1, "tokens/sampled": 10,
-                 "tokens/trained": 5, "attempts": 1, "attempts/discarded": 0})
+    run.on_attempt(AttemptFinished(attempt=f"a{step}", task="t", reward=1.0, discarded=None, detail="", calls=1,
+                                   policy_versions=[step], sampled_tokens=5, sequence_breaks={}, seconds=0.1,
+                                   text={"calls": [{"prompt": "p", "completion": f"answer {step}", "trained": None}]}))
+    run.on_rollouts(StepRollouts(step, [{"step": step, "group": 0, "attempt": f"a{step}", "trained": step != 1}]))
+    run.on_step(StepRecord(step, {"reward/mean": 0.5 + 0.1 * step, "reward/std": 0.1, "tokens/sampled": 10,
+                                  "tokens/trained": 5, "attempts": 1, "attempts/discarded": 0}))
     await asyncio.sleep(0.01)
-run.on_end({"status": "completed", "steps": 3, "seconds": 0.1})
+run.on_end(RunEnded("completed", 3, 0.1))
 """
 
 

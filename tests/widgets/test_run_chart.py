@@ -11,13 +11,17 @@ import pytest
 from widget_fixtures import FakeDisplay, assert_static_html, rl_step
 
 from loops_nb.errors import UserError
+from loops_nb.run_events import EvalRecord, RunEnded, RunStarted
+from loops_nb.step_record import StepRecord
 from loops_nb.widgets import LiveRun, RunChart
 
 PLOTLY = "application/vnd.plotly.v1+json"
 
 
-def _rl_step(step: int) -> dict[str, Any]:
-    return {**rl_step(step, reward=0.2 * step), "memory/rss_gb": 1.5 + 0.01 * step, "memory/peak_gb": 1.6}
+def _rl_step(step: int) -> StepRecord:
+    return rl_step(step, reward=0.2 * step).with_metrics(
+        {"memory/rss_gb": 1.5 + 0.01 * step, "memory/peak_gb": 1.6}
+    )
 
 
 def _buttons(figure: dict[str, Any]) -> list[dict[str, Any]]:
@@ -54,19 +58,21 @@ def test_views_and_selector_show_one_view_at_a_time() -> None:
 
 def test_sft_views_and_the_eval_before_training() -> None:
     chart = RunChart()
-    chart.on_eval({"step": 0, "eval/loss": 2.5})
+    chart.on_eval(EvalRecord(0, {"eval/loss": 2.5}))
     for step in range(2):
         chart.on_step(
-            {
-                "step": step,
-                "loss": 2.0 - step,
-                "learning_rate": 1e-3,
-                "optim/grad_norm": 0.5,
-                "tokens/trained": 10,
-                "tokens/total": 40,
-                "time/step_s": 3.0,
-                "memory/rss_gb": 1.9,
-            }
+            StepRecord(
+                step,
+                {
+                    "loss": 2.0 - step,
+                    "learning_rate": 1e-3,
+                    "optim/grad_norm": 0.5,
+                    "tokens/trained": 10,
+                    "tokens/total": 40,
+                    "time/step_s": 3.0,
+                    "memory/rss_gb": 1.9,
+                },
+            )
         )
     assert chart.recipe == "sft"
     figure = chart.to_plotly()
@@ -95,7 +101,7 @@ def test_the_live_widget_keeps_its_traces_zoom_and_view_as_steps_arrive() -> Non
     for step in range(4):
         chart.on_step(_rl_step(step))
         chart.refresh(widget)
-    chart.on_eval({"step": 2, "eval/reward_mean": 0.9})
+    chart.on_eval(EvalRecord(2, {"eval/reward_mean": 0.9}))
     chart.refresh(widget)
     assert [t.name for t in widget.data] == names
     rss = widget.data[names.index("RSS (process tree)")]
@@ -117,7 +123,7 @@ def test_from_run_reads_steps_and_evals(tmp_path: Path) -> None:
     run.mkdir(parents=True)
     (run / "run.json").write_text(json.dumps({"recipe": "rl", "model": "m"}))
     (run / "steps.jsonl").write_text(
-        "".join(json.dumps(_rl_step(s)) + "\n" for s in range(3)) + '{"step": 3, "re'
+        "".join(json.dumps(_rl_step(s).to_json()) + "\n" for s in range(3)) + '{"step": 3, "re'
     )
     (run / "evals.jsonl").write_text(json.dumps({"step": 0, "eval/reward_mean": 0.1}) + "\n")
     chart = RunChart.from_run(run)
@@ -136,14 +142,14 @@ def test_from_run_reads_steps_and_evals(tmp_path: Path) -> None:
 def test_live_run_shows_the_live_chart_and_saves_the_static_figure() -> None:
     shows = FakeDisplay()
     live = LiveRun(display_fn=shows, live_chart=True, heartbeat_s=0)
-    live.on_start({"recipe": "rl", "max_steps": 2, "start_step": 0})
+    live.on_start(RunStarted(recipe="rl", max_steps=2, start_step=0))
     widget = shows.handles[-1].obj
     assert type(widget).__name__ == "FigureWidget"
     assert 'title="step' not in live.to_html(), "the panel leaves the curve to the chart"
     for step in range(2):
         live.on_step(_rl_step(step))
     assert list(next(t for t in widget.data if t.name == "reward/mean").y) == pytest.approx([0.0, 0.2])
-    live.on_end({"status": "completed", "steps": 2})
+    live.on_end(RunEnded("completed", steps=2))
     final = shows.handles[-1].last
     assert isinstance(final, RunChart), "the widget's output becomes the static figure"
     assert PLOTLY in final._repr_mimebundle_()
@@ -152,7 +158,7 @@ def test_live_run_shows_the_live_chart_and_saves_the_static_figure() -> None:
 def test_without_a_live_chart_the_panel_draws_the_curve() -> None:
     shows = FakeDisplay()
     live = LiveRun(display_fn=shows, heartbeat_s=0)  # a display_fn frontend: no widget assumed
-    live.on_start({"recipe": "rl", "max_steps": 2, "start_step": 0})
+    live.on_start(RunStarted(recipe="rl", max_steps=2, start_step=0))
     live.on_step(_rl_step(0))
     assert all(type(h.obj).__name__ != "FigureWidget" for h in shows.handles)
     assert 'title="step 1:' in live.to_html()

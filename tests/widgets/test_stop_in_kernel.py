@@ -15,6 +15,8 @@ import pytest
 
 SETUP = """\
 import asyncio, os, time
+from loops_nb.run_events import RunEnded, RunStarted
+from loops_nb.step_record import StepRecord
 from loops_nb.widgets import LiveRun
 stop = asyncio.Event()
 live = LiveRun(stop_event=stop)
@@ -25,15 +27,15 @@ RUNNING = "the cell is running"
 MAX_STEPS = 600
 """Half a minute of steps: the click, not the end of the loop, is what stops the run."""
 AWAITING_RUN = f"""\
-live.on_start({{"recipe": "rl", "max_steps": {MAX_STEPS}, "start_step": 0}})
+live.on_start(RunStarted(recipe="rl", max_steps={MAX_STEPS}, start_step=0))
 for step in range({MAX_STEPS}):
     if stop.is_set():
         break
-    live.on_step({{"step": step, "reward/mean": 0.5}})
+    live.on_step(StepRecord(step, {{"reward/mean": 0.5}}))
     if step == 0:
         print("{RUNNING}", flush=True)
     await asyncio.sleep(0.05)
-live.on_end({{"status": "stopped" if stop.is_set() else "completed", "steps": live.step}})
+live.on_end(RunEnded("stopped" if stop.is_set() else "completed", live.step))
 print("status", live.status, "step", live.step)
 """
 BLOCKING_RUN = """\

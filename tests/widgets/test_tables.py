@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from widget_fixtures import assert_static_html, rl_attempt, rl_step
 
 from loops_nb.errors import UserError
+from loops_nb.run_events import StepRollouts
+from loops_nb.step_record import StepRecord
 from loops_nb.widgets import AttemptsTable, RunHealth, TokenCounts
 
 
@@ -17,7 +20,7 @@ def test_token_counts_per_step_rl() -> None:
     counts = TokenCounts(recent=3)
     for step in range(5):
         counts.on_step(rl_step(step))
-    counts.on_step({"step": 5, "loss": 1.0})  # no tokens/*: ignored
+    counts.on_step(StepRecord(5, {"loss": 1.0}))  # no tokens/*: ignored
     assert counts.totals == {"tokens/sampled": 5010, "tokens/trained": 3010}
     bundle = counts._repr_mimebundle_()
     assert bundle["text/plain"] == "tokens over 5 steps: sampled 5,010, trained 3,010 (60.1% trained)"
@@ -35,7 +38,7 @@ def test_token_counts_per_step_rl() -> None:
 def test_token_counts_sft_and_cumulative_keys() -> None:
     counts = TokenCounts(cumulative_keys=["tokens/total"])
     for step in range(3):
-        counts.on_step({"step": step, "tokens/trained": 10, "tokens/total": 40 * (step + 1)})
+        counts.on_step(StepRecord(step, {"tokens/trained": 10, "tokens/total": 40 * (step + 1)}))
     assert counts.totals == {"tokens/trained": 30, "tokens/total": 120}
     assert counts.trained_share == 0.25
     assert TokenCounts().summary() == "tokens: no steps yet"
@@ -64,12 +67,12 @@ def test_attempts_table_is_bounded_with_transcripts_one_click_away() -> None:
 def test_attempts_table_clips_long_texts() -> None:
     table = AttemptsTable(max_chars=100)
     record = rl_attempt(1)
-    record["text"]["calls"][0]["completion"] = "x" * 1000
-    record["text"]["calls"][0]["prompt"] = "p" * 500 + "LAST"
+    record.text["calls"][0]["completion"] = "x" * 1000
+    record.text["calls"][0]["prompt"] = "p" * 500 + "LAST"
     table.on_attempt(record)
     html = table.to_html()
     assert "… 900 more characters" in html and "… 404 earlier characters …" in html and "LAST" in html
-    table.on_attempt({"attempt": "bare", "reward": 0.0})
+    table.add({"attempt": "bare", "reward": 0.0})  # a rollouts.jsonl row, with no transcript
     assert "no transcript recorded" in table.to_html()
 
 
@@ -106,9 +109,7 @@ def test_run_health_rl_reading_order_and_hints() -> None:
 def test_run_health_flat_reward_and_kl_drift() -> None:
     health = RunHealth(window=5)
     for step in range(10):
-        record = rl_step(step, reward=0.5, discarded=0)
-        record["kl/sample_train_v1"] = 0.2
-        health.on_step(record)
+        health.on_step(rl_step(step, reward=0.5, discarded=0).with_metrics({"kl/sample_train_v1": 0.2}))
     by_name = {c.name: c for c in health.checks()}
     assert by_name["reward/mean"].status == "warn" and "flat" in by_name["reward/mean"].hint
     assert by_name["kl/sample_train_v1"].status == "bad"
@@ -119,7 +120,7 @@ def test_run_health_sft_and_empty() -> None:
     assert RunHealth().checks()[0].status == "wait"
     health = RunHealth(window=4)
     for step, (loss, ev) in enumerate([(2.0, 2.1), (1.8, None), (1.6, 1.9), (1.4, None), (1.2, 2.0)]):
-        health.on_step({"step": step, "loss": loss, **({"eval/loss": ev} if ev else {})})
+        health.on_step(StepRecord(step, {"loss": loss, **({"eval/loss": ev} if ev else {})}))
     loss, eval_loss = health.checks()
     assert loss.status == "ok" and "falling" in loss.hint
     assert eval_loss.status == "warn" and "overfitting" in eval_loss.hint
@@ -132,8 +133,8 @@ def test_attempts_table_columns_survive_the_untrusted_sanitizer() -> None:
 
     table = AttemptsTable()
     long_id = "hidden-monopoly/g12/a31"
-    table.on_attempt({**rl_attempt(1), "attempt": long_id, "task": "hidden-monopoly"})
-    table.on_rollouts({"step": 4, "rows": [{"attempt": long_id, "step": 4, "group": 12, "trained": False}]})
+    table.on_attempt(replace(rl_attempt(1), attempt=long_id, task="hidden-monopoly"))
+    table.on_rollouts(StepRollouts(4, [{"attempt": long_id, "step": 4, "group": 12, "trained": False}]))
     html = table.to_html()
     assert stripped(html) == []
     widths = re.findall(r"width:([0-9.]+em)", html)
@@ -160,10 +161,10 @@ def test_attempts_table_columns_survive_the_untrusted_sanitizer() -> None:
 def test_attempts_say_pending_until_their_step_trains() -> None:
     table = AttemptsTable()
     record = rl_attempt(2)
-    record["text"]["calls"][0]["trained"] = None  # what RLRun sends: unknown when the attempt finishes
+    record.text["calls"][0]["trained"] = None  # what RLRun sends: unknown when the attempt finishes
     table.on_attempt(record)
     assert "ok · pending" in table.to_html() and "training pending" in table.to_html()
-    table.on_rollouts({"step": 0, "rows": [{"attempt": "a2", "step": 0, "group": 0, "trained": True}]})
+    table.on_rollouts(StepRollouts(0, [{"attempt": "a2", "step": 0, "group": 0, "trained": True}]))
     html = table.to_html()
     assert "ok · trained" in html and "call 1/1 · finish stop · trained" in html
 

@@ -6,6 +6,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from loops_nb.run_events import AttemptFinished, ProgressTick, RunEnded, RunStarted
+from loops_nb.step_record import StepRecord
+
 CHATML = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
     "'<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
@@ -91,12 +94,9 @@ class FakeClock:
         return self.now
 
 
-def rl_step(
-    step: int, *, reward: float = 0.5, zero_variance: float = 0.25, discarded: int = 1
-) -> dict[str, Any]:
-    """A step record shaped like `RLRun._train_and_log`'s."""
-    return {
-        "step": step,
+def rl_step(step: int, *, reward: float = 0.5, zero_variance: float = 0.25, discarded: int = 1) -> StepRecord:
+    """A step record shaped like `RLRun.train_step`'s."""
+    metrics = {
         "policy_version": step + 1,
         "reward/mean": reward,
         "reward/std": 0.2,
@@ -115,22 +115,23 @@ def rl_step(
         "entropy": 1.2,
         "time/step_s": 1.5,
     }
+    return StepRecord(step, metrics)
 
 
-def rl_attempt(n: int, *, reward: float = 1.0, discarded: str | None = None) -> dict[str, Any]:
-    """An attempt record shaped like `RLRun._on_attempt`'s, with its transcript."""
-    return {
-        "attempt": f"a{n}",
-        "task": f"task-{n % 3}",
-        "reward": reward,
-        "discarded": discarded,
-        "detail": "timed out" if discarded else None,
-        "policy_versions": [1, 2],
-        "calls": 1,
-        "sampled_tokens": 12,
-        "sequence_breaks": {},
-        "seconds": 0.25,
-        "text": {
+def rl_attempt(n: int, *, reward: float = 1.0, discarded: str | None = None) -> AttemptFinished:
+    """An attempt as `StepLog.attempt_finished` reports it, with its transcript."""
+    return AttemptFinished(
+        attempt=f"a{n}",
+        task=f"task-{n % 3}",
+        reward=reward,
+        discarded=discarded,
+        detail="timed out" if discarded else "",
+        policy_versions=[1, 2],
+        calls=1,
+        sampled_tokens=12,
+        sequence_breaks={},
+        seconds=0.25,
+        text={
             "attempt": f"a{n}",
             "calls": [
                 {
@@ -144,7 +145,7 @@ def rl_attempt(n: int, *, reward: float = 1.0, discarded: str | None = None) -> 
                 }
             ],
         },
-    }
+    )
 
 
 async def fake_rl_run(observer: Any, stop: Any = None, *, steps: int = 10, attempts_per_step: int = 4) -> str:
@@ -153,14 +154,7 @@ async def fake_rl_run(observer: Any, stop: Any = None, *, steps: int = 10, attem
     import asyncio
 
     observer.on_start(
-        {
-            "run_dir": "runs/fake",
-            "recipe": "rl",
-            "model": "tiny",
-            "scope": "local",
-            "max_steps": steps,
-            "start_step": 0,
-        }
+        RunStarted("runs/fake", recipe="rl", model="tiny", scope="local", max_steps=steps, start_step=0)
     )
     status, step = "completed", steps
     for step in range(steps):
@@ -170,30 +164,20 @@ async def fake_rl_run(observer: Any, stop: Any = None, *, steps: int = 10, attem
         for a in range(attempts_per_step):
             observer.on_attempt(rl_attempt(step * attempts_per_step + a, reward=a / attempts_per_step))
         observer.on_step(rl_step(step, reward=0.2 + 0.05 * step))
-        observer.on_progress(
-            {"attempts_done": (step + 1) * attempts_per_step, "in_flight": 2, "policy_version": step}
-        )
+        observer.on_progress(ProgressTick((step + 1) * attempts_per_step, in_flight=2, policy_version=step))
         await asyncio.sleep(0.01)
     else:
         step = steps
-    observer.on_end({"status": status, "steps": step, "seconds": 1.0})
+    observer.on_end(RunEnded(status, step, 1.0))
     return status
 
 
 def sft_events(observer: Any, steps: int = 6) -> None:
     observer.on_start(
-        {
-            "run_dir": "runs/sft",
-            "recipe": "sft",
-            "model": "tiny",
-            "scope": "local",
-            "max_steps": steps,
-            "start_step": 0,
-        }
+        RunStarted("runs/sft", recipe="sft", model="tiny", scope="local", max_steps=steps, start_step=0)
     )
     for step in range(steps):
         record = {
-            "step": step,
             "loss": 2.0 - 0.2 * step,
             "learning_rate": 1e-4,
             "tokens/trained": 100,
@@ -202,5 +186,5 @@ def sft_events(observer: Any, steps: int = 6) -> None:
         }
         if step % 2 == 1:
             record["eval/loss"] = 2.1 - 0.15 * step
-        observer.on_step(record)
-    observer.on_end({"status": "completed", "steps": steps, "seconds": 2.0})
+        observer.on_step(StepRecord(step, record))
+    observer.on_end(RunEnded("completed", steps, 2.0))
