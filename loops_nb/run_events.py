@@ -13,8 +13,8 @@ One frozen dataclass per event, each named for what happened and carrying the ob
 | `RunEnded`        | `on_end`      | the run ended: completed, stopped or failed                       |
 
 An observer reads an event's fields (``ended.status``). ``to_json`` is the event as a file line (or a dict to
-print), and ``Event.from_json(line)`` reads such a line back (a steps.jsonl or evals.jsonl line). Fields a run leaves out (a failed run's `seconds`, a completed run's `error`) are None, and
-left out of its line.
+print), and ``Event.from_json(line)`` reads such a line back (a steps.jsonl or evals.jsonl line). Fields a run
+leaves out (a failed run's `seconds`, a completed run's `error`) are None, and left out of its line.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class RunEvent:
         return cls(**known)
 
     def to_json(self) -> dict[str, Any]:
-        """The event's line: its fields in order, ``metrics`` spread in its place, those that are None left out."""
+        """The event's line: its fields in order, ``metrics`` spread in its place, None ones left out."""
         line: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
@@ -60,7 +60,7 @@ class MetricsLine(RunEvent):
     has, ``metrics`` the rest, by their keys in the file, in the order they were logged."""
 
     step: int
-    """0-based index of the step (`StepRecord`), or the optimizer steps the evaluated policy had (`EvalRecord`)."""
+    """0-based index of the step (`StepRecord`); the optimizer steps the evaluated policy had (`EvalRecord`)."""
     metrics: Mapping[str, Any] = field(default_factory=dict)
     time: float | None = None
     """Wall-clock time (seconds since the epoch) when the line was logged."""

@@ -228,7 +228,7 @@ def trained(tmp_path_factory, tiny_model):
 
 
 class EventLog:
-    """Every observer event of the run, in order (what a live panel is sent)."""
+    """Every observer event of the run, in order (what a live panel is sent), as its line."""
 
     def __init__(self) -> None:
         self.events: list[tuple[str, dict]] = []
@@ -236,7 +236,7 @@ class EventLog:
     def __getattr__(self, name: str):
         if not name.startswith("on_"):
             raise AttributeError(name)
-        return lambda payload: self.events.append((name, dict(payload)))
+        return lambda event: self.events.append((name, event.to_json()))
 
 
 def test_the_held_out_loss_before_training_reaches_observers_at_step_0(trained):
