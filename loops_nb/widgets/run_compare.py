@@ -6,9 +6,10 @@
 
 The legend names each run by what differs in its saved config (``learning_rate=0.02``), else by its name. One
 object, three renderers like the other widgets: ``text/plain`` (the table and a sparkline per curve),
-``text/html`` that JupyterLab's sanitizer keeps (an inline-styled table and positioned-``<div>`` charts, no SVG,
-no ``<style>``) and a plotly figure (the table, then one panel per metric) that live and reopened notebooks
-render with zoom and hover.
+``text/html`` that JupyterLab's sanitizer keeps (the runs table, and each metric's points as a table, for
+frontends that run no JavaScript) and a plotly figure (the table, then one panel per metric) that live and
+reopened notebooks render with zoom and hover. The curves are drawn as `RunChart` draws them
+(`loops_nb.widgets.series`).
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ from typing import Any, Unpack
 
 from loops_nb.runs_table import Runs, duration, is_eval_measure, read_runs
 from loops_nb.widgets.environment import DisplayOptions, LiveDisplay
-from loops_nb.widgets.svg_chart import FONT, Series, dot_chart, fmt, sparkline
+from loops_nb.widgets.series import CURVE_KEYS, Series, series_table, traces
+from loops_nb.widgets.style import FONT, fmt, sparkline
 
 PALETTE = ("#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#db2777", "#65a30d", "#4b5563")
-BASE_METRICS = ("reward/mean", "loss")
 _TABLE_COLUMNS = ("run", "recipe", "model", "steps", "status", "last reward", "eval", "wall")
 
 
@@ -34,7 +35,7 @@ def default_metrics(runs: Runs) -> list[str]:
     for run in runs:
         for key in run.metric_keys():
             keys.setdefault(key, None)
-    chosen = [k for k in BASE_METRICS if k in keys]
+    chosen = [k for k in CURVE_KEYS if k in keys]
     return chosen + [k for k in keys if is_eval_measure(k)]
 
 
@@ -77,7 +78,7 @@ class RunComparison:
             if not steps:
                 continue
             hover = [f"{run.name} · step {s}: {metric} {fmt(v)}" for s, v in zip(steps, values, strict=True)]
-            out.append(Series(label, steps, values, color, hover=hover, connect_gaps=True))
+            out.append(Series(label, color, steps, values, hover, evaluation=False))
         return out
 
     # -- text ---------------------------------------------------------------------------------------------
@@ -111,8 +112,8 @@ class RunComparison:
         out.append(self._legend_html())
         for metric in self.metrics:
             series = self.series(metric)
-            if any(s.points() for s in series):
-                out.append(f'<div style="margin-top:6px">{dot_chart(series, title=metric, width=560)}</div>')
+            if any(s.has_points() for s in series):
+                out.append(f'<div style="margin-top:6px">{series_table(series, title=metric)}</div>')
         out.append("</div>")
         return "".join(out)
 
@@ -160,7 +161,7 @@ class RunComparison:
     def to_plotly(self) -> dict[str, Any]:
         """The runs table on top (a plotly table: live JupyterLab shows only this figure of the bundle), then one
         panel per metric, stacked, sharing one legend entry per run."""
-        metrics = [m for m in self.metrics if any(s.points() for s in self.series(m))]
+        metrics = [m for m in self.metrics if any(s.has_points() for s in self.series(m))]
         panel, gap = 240, 60
         table_height = 60 + 40 * len(self.runs)  # a wrapped cell makes its row taller than "height"
         height = 40 + table_height + (panel + gap) * len(metrics)
@@ -177,24 +178,9 @@ class RunComparison:
         for i, metric in enumerate(metrics, 1):
             suffix = "" if i == 1 else str(i)
             for s in self.series(metric):
-                data.append(
-                    {
-                        "type": "scatter",
-                        "x": list(s.xs),
-                        "y": [y if y is not None else None for y in s.ys],
-                        "name": s.name,
-                        "legendgroup": s.name,
-                        "showlegend": s.name not in shown,
-                        "mode": "lines+markers",
-                        "line": {"color": s.color},
-                        "marker": {"size": 5},
-                        "text": [s.hover_text(j) for j in range(len(s.xs))],
-                        "hovertemplate": "%{text}<extra></extra>",
-                        "connectgaps": True,
-                        "xaxis": f"x{suffix}",
-                        "yaxis": f"y{suffix}",
-                    }
-                )
+                for trace in traces(s, marker_size=5):
+                    trace |= {"showlegend": s.name not in shown, "connectgaps": True}
+                    data.append(trace | {"xaxis": f"x{suffix}", "yaxis": f"y{suffix}"})
                 shown.add(s.name)
             domain = [max(0.0, (top - panel) / height), top / height]
             layout[f"yaxis{suffix}"] = {"title": {"text": metric}, "domain": domain, "anchor": f"x{suffix}"}

@@ -20,7 +20,7 @@ from html import escape
 from typing import Any, Literal, Unpack
 
 from loops_nb.widgets.environment import DisplayOptions, LiveDisplay
-from loops_nb.widgets.svg_chart import fmt, sparkline
+from loops_nb.widgets.style import fmt, sparkline
 
 Status = Literal["ok", "warn", "bad", "info", "wait"]
 _GLYPH: dict[str, tuple[str, str]] = {
