@@ -17,13 +17,13 @@ Steps are numbered from 1, as in the panel; an eval at 0 is the model before tra
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping
 from html import escape
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
+from loops_nb.run_dir import JsonlLog
 from loops_nb.run_events import EvalRecord, RunStarted
 from loops_nb.runs_table import read_run
 from loops_nb.step_record import StepRecord
@@ -40,6 +40,9 @@ from loops_nb.widgets.series import (
     traces,
 )
 from loops_nb.widgets.style import fmt, number, sparkline
+
+if TYPE_CHECKING:
+    from loops_nb.widgets.live_figure import LiveFigure
 
 log = logging.getLogger("loops_nb.widgets")
 _UIREVISION = "loops_nb-run-chart"  # constant: plotly keeps zoom and the chosen view across updates
@@ -65,15 +68,9 @@ class RunChart:
         """The chart of a run directory (``runs/<name>``), from steps.jsonl and evals.jsonl."""
         run = read_run(run_dir)
         chart = cls(run.recipe)
-        evals = Path(run_dir) / "evals.jsonl"
-        if evals.is_file():
-            for line in evals.read_text(encoding="utf-8").splitlines():
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:  # a line torn by a crash mid-write
-                    continue
-                if isinstance(record, dict) and isinstance(record.get("step"), int):
-                    chart.on_eval(record)
+        for line in JsonlLog(Path(run_dir) / "evals.jsonl").records():  # a torn last line is skipped
+            if isinstance(line.get("step"), int):
+                chart.on_eval(line)
         for record in run.records:
             chart.on_step(record)
         return chart
@@ -242,8 +239,8 @@ class RunChart:
             f'<div style="font:11px monospace;color:#374151;margin-top:2px">{escape(self.summary())}</div></div>'
         )
 
-    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, Any]:
-        bundle: dict[str, Any] = {"text/plain": self.summary(), "text/html": self.to_html()}
+    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, object]:
+        bundle: dict[str, object] = {"text/plain": self.summary(), "text/html": self.to_html()}
         if any(s.has_points() for _, series in self.views() for s in series):
             figure = self.to_plotly()
             bundle["application/vnd.plotly.v1+json"] = {"data": figure["data"], "layout": figure["layout"]}
@@ -292,7 +289,7 @@ class LiveChart:
             display_fn=display_fn,
         )
         self.live = self.static.output == "display" and (display_fn is None if live is None else live)
-        self.figure: Any = None  # the LiveFigure while it is shown
+        self.figure: LiveFigure | None = None  # while it is shown
         self._display_fn = display_fn or ipython_display
         self._handle: DisplayHandle | None = None
 

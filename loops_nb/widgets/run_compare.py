@@ -26,7 +26,7 @@ from loops_nb.widgets.series import CURVE_KEYS, Series, series_table, traces
 from loops_nb.widgets.style import FONT, fmt, sparkline
 
 PALETTE = ("#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#db2777", "#65a30d", "#4b5563")
-_TABLE_COLUMNS = ("run", "recipe", "model", "steps", "status", "last reward", "eval", "wall")
+_STATUS_COLOR = {"failed": "#b91c1c", "running": "#2563eb"}
 
 
 def default_metrics(runs: Runs) -> list[str]:
@@ -109,7 +109,6 @@ class RunComparison:
         out = [f'<div style="{FONT};color:#1f2328">']
         out.append(f'<div style="font-weight:600;font-size:12px;margin:2px 0">{escape(self.summary())}</div>')
         out.append(self._table_html())
-        out.append(self._legend_html())
         for metric in self.metrics:
             series = self.series(metric)
             if any(s.has_points() for s in series):
@@ -117,44 +116,50 @@ class RunComparison:
         out.append("</div>")
         return "".join(out)
 
+    def table(self) -> dict[str, list[str]]:
+        """The runs table, column by column (one value per run): what both the HTML and the plotly table show;
+        ``differs`` is each run's legend label."""
+        rows = self.runs.rows()
+        return {
+            "run": [r["name"] for r in rows],
+            "recipe": [str(r["recipe"]) for r in rows],
+            "model": [str(r["model"]) for r in rows],
+            "steps": [str(r["steps"]) for r in rows],
+            "status": [str(r["status"]) for r in rows],
+            "last reward": [fmt(r["last reward"], 4) for r in rows],
+            "eval": [
+                "-"
+                if r["eval"] is None
+                else f"{fmt(r['eval'], 4)} ({str(r['eval metric']).removeprefix('eval/')})"
+                for r in rows
+            ],
+            "wall": [duration(r["wall"]) for r in rows],
+            "differs": self.labels(),
+        }
+
     def _table_html(self) -> str:
         cell = "padding:2px 8px;border-bottom:1px solid #e5e7eb;text-align:left;white-space:nowrap"
-        head = "".join(f'<th style="{cell};color:#374151">{escape(c)}</th>' for c in _TABLE_COLUMNS)
+        table = self.table()
+        head = "".join(f'<th style="{cell};color:#374151">{escape(c)}</th>' for c in table)
         rows = []
-        for row, color in zip(self.runs.rows(), self.colors(), strict=True):
-            eval_text = "-"
-            if row["eval"] is not None:
-                eval_text = f"{fmt(row['eval'], 4)} ({str(row['eval metric']).removeprefix('eval/')})"
-            status_color = {"failed": "#b91c1c", "running": "#2563eb"}.get(row["status"], "#1f2328")
-            values = [
-                (row["name"], color),
-                (row["recipe"], None),
-                (row["model"], None),
-                (row["steps"], None),
-                (row["status"], status_color),
-                (fmt(row["last reward"], 4), None),
-                (eval_text, None),
-                (duration(row["wall"]), None),
-            ]
-            tds = "".join(
-                f'<td title="{escape(row["path"]) if i == 0 else escape(str(text))}" '
-                f'style="{cell}{f";color:{c};font-weight:600" if c else ""}">{escape(str(text))}</td>'
-                for i, (text, c) in enumerate(values)
-            )
-            rows.append(f"<tr>{tds}</tr>")
+        for i, (run, color) in enumerate(zip(self.runs, self.colors(), strict=True)):
+            tds = []
+            for column, values in table.items():
+                text = values[i]
+                c = (
+                    color
+                    if column in ("run", "differs")
+                    else _STATUS_COLOR.get(text)
+                    if column == "status"
+                    else None
+                )
+                title = str(run.path) if column == "run" else text
+                bold = f";color:{c};font-weight:600" if c else ""
+                tds.append(f'<td title="{escape(title)}" style="{cell}{bold}">{escape(text)}</td>')
+            rows.append(f"<tr>{''.join(tds)}</tr>")
         return (
             f'<table style="border-collapse:collapse;font-size:12px"><tr>{head}</tr>{"".join(rows)}</table>'
         )
-
-    def _legend_html(self) -> str:
-        items = []
-        for label, color, run in zip(self.labels(), self.colors(), self.runs, strict=True):
-            items.append(
-                f'<span title="{escape(run.name)}" style="display:inline-block;margin-right:14px">'
-                f'<span style="display:inline-block;width:10px;height:10px;border-radius:50%;'
-                f'background:{color};margin-right:4px;vertical-align:middle"></span>{escape(label)}</span>'
-            )
-        return f'<div style="margin:6px 0 2px;font-size:12px">{"".join(items)}</div>'
 
     # -- plotly -------------------------------------------------------------------------------------------
 
@@ -189,45 +194,28 @@ class RunComparison:
         return {"data": data, "layout": layout}
 
     def _plotly_table(self, bottom: float) -> dict[str, Any]:
-        rows = self.runs.rows()
-        columns = [
-            [r["name"] for r in rows],
-            [r["recipe"] for r in rows],
-            [r["steps"] for r in rows],
-            [r["status"] for r in rows],
-            [fmt(r["last reward"], 4) for r in rows],
-            [
-                "-"
-                if r["eval"] is None
-                else f"{fmt(r['eval'], 4)} ({str(r['eval metric']).removeprefix('eval/')})"
-                for r in rows
-            ],
-            [duration(r["wall"]) for r in rows],
-            self.labels(),
-        ]
+        table = self.table()
+        colors = [self.colors() if c in ("run", "differs") else ["#1f2328"] * len(self.runs) for c in table]
         return {
             "type": "table",
             "domain": {"x": [0, 1], "y": [bottom, 1]},
-            "columnwidth": [3, 1, 1, 1.4, 1.2, 2.6, 1, 3],
+            "columnwidth": [3, 1, 3, 1, 1.4, 1.2, 2.6, 1, 3],
             "header": {
-                "values": ["run", "recipe", "steps", "status", "last reward", "eval", "wall", "differs"],
+                "values": list(table),
                 "align": "left",
                 "fill": {"color": "#f3f4f6"},
                 "font": {"size": 12},
             },
             "cells": {
-                "values": columns,
+                "values": list(table.values()),
                 "align": "left",
-                "font": {
-                    "size": 12,
-                    "color": [self.colors(), *(["#1f2328"] * len(rows) for _ in columns[1:])],
-                },
+                "font": {"size": 12, "color": colors},
                 "height": 24,
             },
         }
 
-    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, Any]:
-        bundle: dict[str, Any] = {"text/plain": str(self), "text/html": self.to_html()}
+    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, object]:
+        bundle: dict[str, object] = {"text/plain": str(self), "text/html": self.to_html()}
         figure = self.to_plotly()
         if len(figure["data"]) > 1:  # a table and at least one curve
             bundle["application/vnd.plotly.v1+json"] = figure
