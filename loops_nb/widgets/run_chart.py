@@ -326,9 +326,11 @@ class LiveChart:
             log.exception("live chart update failed")
 
     def finalize(self) -> None:
-        """The output becomes the static figure (plotly, the table, text); the widget is closed."""
+        """The output becomes the static figure (plotly, the table, text); the widget is closed. Again: nothing
+        (a notebook calls ``live.finalize()`` after the run's own ``on_end`` did)."""
         if self.figure is None:
-            self.static.finalize()
+            if self._handle is None:  # the static figure, re-rendered; a retired widget's output is final
+                self.static.finalize()
             return
         try:
             if self._handle is not None:

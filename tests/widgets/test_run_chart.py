@@ -312,6 +312,9 @@ def test_live_run_shows_the_live_chart_and_saves_the_static_figure() -> None:
     final = shows.handles[-1].last
     assert final is live.chart, "the widget's output becomes the static figure"
     assert PLOTLY in final._repr_mimebundle_()
+    outputs = len(shows.handles)
+    live.finalize()  # what every notebook does after project.train(...), whose on_end finalized already
+    assert len(shows.handles) == outputs, "a second finalize shows nothing new"
 
 
 def test_without_a_live_chart_the_static_chart_is_re_rendered_under_the_panel() -> None:
