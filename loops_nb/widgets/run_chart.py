@@ -21,13 +21,13 @@ import logging
 from collections.abc import Mapping
 from html import escape
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Unpack
 
 from loops_nb.run_dir import JsonlLog
 from loops_nb.run_events import EvalRecord, RunStarted
 from loops_nb.runs_table import read_run
 from loops_nb.step_record import StepRecord
-from loops_nb.widgets.environment import DisplayFn, DisplayHandle, LiveDisplay, ipython_display
+from loops_nb.widgets.environment import DisplayHandle, DisplayOptions, LiveDisplay, ipython_display
 from loops_nb.widgets.series import (
     CURVES,
     VIEWS,
@@ -246,48 +246,24 @@ class RunChart:
             bundle["application/vnd.plotly.v1+json"] = {"data": figure["data"], "layout": figure["layout"]}
         return bundle
 
-    def show(
-        self,
-        *,
-        live: bool | None = None,
-        display_fn: DisplayFn | None = None,
-        max_hz: float = 2.0,
-        mode: str | None = None,
-        text_interval_s: float | None = 30.0,
-    ) -> LiveChart:
+    def show(self, *, live: bool | None = None, **options: Unpack[DisplayOptions]) -> LiveChart:
         """Display the chart and return its `LiveChart`: call ``.update()`` after feeding it, ``.finalize()`` at
         the end. ``live``: a `LiveFigure` (default: in a kernel, not with a ``display_fn``, whose frontend may
         have no widgets) or the static figure re-rendered at most ``max_hz`` times a second."""
-        return LiveChart(
-            self, live=live, display_fn=display_fn, max_hz=max_hz, mode=mode, text_interval_s=text_interval_s
-        ).show()
+        return LiveChart(self, live=live, **options).show()
 
 
 class LiveChart:
     """A `RunChart` on screen: a `LiveFigure` fed each update's values, or, where no widget can be shown, the
-    static figure through a throttled `LiveDisplay`. ``finalize`` leaves the static figure, which a saved
-    notebook keeps."""
+    static figure through a throttled `LiveDisplay` (``options``). ``finalize`` leaves the static figure, which
+    a saved notebook keeps."""
 
     def __init__(
-        self,
-        chart: RunChart,
-        *,
-        live: bool | None = None,
-        display_fn: DisplayFn | None = None,
-        max_hz: float = 2.0,
-        mode: str | None = None,
-        output: Literal["display", "text", "off"] | None = None,
-        text_interval_s: float | None = 30.0,
+        self, chart: RunChart, *, live: bool | None = None, **options: Unpack[DisplayOptions]
     ) -> None:
         self.chart = chart
-        self.static = LiveDisplay(
-            chart,
-            max_hz=max_hz,
-            mode=mode,
-            output=output,
-            text_interval_s=text_interval_s,
-            display_fn=display_fn,
-        )
+        self.static = LiveDisplay(chart, **options)
+        display_fn = options.get("display_fn")
         self.live = self.static.output == "display" and (display_fn is None if live is None else live)
         self.figure: LiveFigure | None = None  # while it is shown
         self._display_fn = display_fn or ipython_display
