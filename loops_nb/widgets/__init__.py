@@ -2,15 +2,16 @@
 
 Every object here renders as a one-line ``text/plain``, an inline-styled ``text/html`` snapshot (no ``<style>``,
 ``<script>``, ``data-*`` or CSS JupyterLab's sanitizer drops, so it survives untrusted notebooks and offline
-HTML export) and, for curves, plotly
+HTML export) and, for charts, plotly
 JSON. Live views go through one throttled display handle (`LiveDisplay`) whose last update is forced, so a
 notebook saved by papermill or nbconvert holds the final state. In scripts the same objects print text.
 
 - `LiveRun`: a run observer showing progress, ETA, the curve, health hints and tokens, each trained step's
   attempts below it (displayed once, so an opened transcript stays open), an optional Stop button, and how to
   resume a run that stopped early.
-- `RewardCurve`, `LossCurve`: training curves.
-- `RunChart`: every per-step metric of a run in one plotly chart with a view selector (live in `LiveRun`).
+- `RunChart`: a run's training curve (reward or loss, with the evaluations) and every other per-step metric in
+  one plotly chart with a view selector; live under `LiveRun`, or on its own (`chart.show()`), or read back
+  from a run directory (`RunChart.from_run`). The series are defined once, in `series`.
 - `TokenCounts`: sampled/trained tokens per step, or a dataset's trained/untrained totals.
 - `TargetPreview`: tokens coloured by loss weight (SFT examples, RL captures).
 - `AttemptsTable`: recent RL attempts with their transcripts; `AttemptsTable.from_run` pages through all of a
@@ -23,7 +24,6 @@ notebook saved by papermill or nbconvert holds the final state. In scripts the s
 from loops_nb.widgets.attempts_table import AttemptsTable
 from loops_nb.widgets.environment import LiveDisplay, environment, in_kernel, progress_mode
 from loops_nb.widgets.live_run import LiveRun
-from loops_nb.widgets.reward_curve import LossCurve, RewardCurve
 from loops_nb.widgets.run_chart import RunChart
 from loops_nb.widgets.run_compare import RunComparison, compare_runs
 from loops_nb.widgets.run_health import Check, RunHealth
@@ -37,8 +37,6 @@ __all__ = [
     "Check",
     "LiveDisplay",
     "LiveRun",
-    "LossCurve",
-    "RewardCurve",
     "RunChart",
     "RunComparison",
     "RunHealth",

@@ -21,7 +21,7 @@ from typing import Any
 from loops_nb.run_events import AttemptFinished, StepRollouts
 from loops_nb.widgets.attempts_table import MONO, merge_rollout, plural, rows_html, text_table
 from loops_nb.widgets.environment import DisplayFn, DisplayHandle
-from loops_nb.widgets.svg_chart import fmt
+from loops_nb.widgets.style import fmt
 
 _PENDING_LIMIT = 4096  # attempts that never reach a step (async overshoot, stale re-queues) must not pile up
 

@@ -27,7 +27,7 @@ from typing import Any, Unpack
 from loops_nb.errors import UserError
 from loops_nb.run_events import AttemptFinished, StepRollouts
 from loops_nb.widgets.environment import DisplayOptions, LiveDisplay
-from loops_nb.widgets.svg_chart import fmt
+from loops_nb.widgets.style import fmt
 
 MONO = "font:12px/1.45 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace"
 # (name, width in characters): rendered as em at 0.62em per monospace character.

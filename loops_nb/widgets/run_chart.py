@@ -1,185 +1,161 @@
-"""`RunChart`: a run's metrics per step in one interactive plotly chart, with a selector for what to show.
+"""`RunChart`: a run's metrics per step in one plotly chart, live in the notebook and saved with it.
 
-The first view is the recipe's curve (RL: mean reward with its ±std band and the eval reward; SFT: train loss and
-the held-out loss, before training too); buttons above the plot switch to KL, entropy, tokens, timings, memory
-(the process tree's RSS and the peak) and, for SFT, the gradient norm and learning rate. The buttons are plotly's
-own (``updatemenus``), so they work in a live notebook, a papermill-saved one reopened untrusted, and the HTML
-plotly exports, without a kernel.
+It opens on the run's training curve (RL: mean reward with its ±std band and the dashed eval reward; SFT: train
+loss and the held-out loss, before training too); plotly's own buttons (``updatemenus``) switch to KL, entropy,
+tokens, timings, memory and, for SFT, the gradient norm and learning rate, in a live notebook, a saved one
+reopened untrusted, and plotly's HTML export alike. The series are defined once, in `loops_nb.widgets.series`.
 
-Live: `LiveRun` shows `live_widget()` (a plotly ``FigureWidget``) under its panel and calls `refresh` after
-each step, which sends only the new x/y values: a person's zoom, pan and chosen view survive the updates. A
-FigureWidget needs a kernel with a frontend, and saves nothing, so when the run ends its output is replaced by the
-static bundle (`_repr_mimebundle_`: the plotly figure, the sanitizer-proof HTML chart for nbconvert and GitHub,
-a text summary). After the run: ``RunChart.from_run("runs/<name>")`` draws the same chart from its files.
+One object, three renderers: ``text/plain`` (a one-line summary), plotly JSON (what JupyterLab and VS Code draw,
+live or reopened, trusted or not) and, for frontends that run no JavaScript (nbconvert HTML, GitHub), an
+inline-styled table of the curve's points. ``chart.show()`` displays it live (`LiveChart`): a `LiveFigure` that
+each update sends only the new values to, so zoom and the chosen view survive, replaced by the static figure
+when it is finalized. Feed it step records (``on_step``) and evaluations (``on_eval``), as a run observer, or
+read a finished run with ``RunChart.from_run("runs/<name>")``.
 
 Steps are numbered from 1, as in the panel; an eval at 0 is the model before training.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
+import logging
+from collections.abc import Mapping
 from html import escape
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Unpack
 
-from loops_nb.run_events import EvalRecord
+from loops_nb.run_dir import JsonlLog
+from loops_nb.run_events import EvalRecord, RunStarted
 from loops_nb.runs_table import read_run
 from loops_nb.step_record import StepRecord
-from loops_nb.widgets.reward_curve import LossCurve, RewardCurve
-from loops_nb.widgets.svg_chart import Series, fmt
+from loops_nb.widgets.environment import DisplayHandle, DisplayOptions, LiveDisplay, ipython_display
+from loops_nb.widgets.series import (
+    CURVES,
+    VIEWS,
+    CurveKind,
+    Metric,
+    Series,
+    View,
+    curve_kind,
+    series_table,
+    traces,
+)
+from loops_nb.widgets.style import fmt, number, sparkline
 
 if TYPE_CHECKING:
-    from plotly.graph_objects import FigureWidget
+    from loops_nb.widgets.live_figure import LiveFigure
 
-Recipe = Literal["rl", "sft"]
-
-
-@dataclass(frozen=True)
-class Metric:
-    key: str
-    """The steps.jsonl key."""
-    name: str
-    """The legend's name."""
-    color: str
-
-
-@dataclass(frozen=True)
-class View:
-    """One button of the selector: the metrics it plots on one y axis."""
-
-    label: str
-    y_label: str
-    metrics: tuple[Metric, ...]
-    recipes: tuple[Recipe, ...] = ("rl", "sft")
-
-
-VIEWS = (
-    View(
-        "KL",
-        "KL, sampler vs trainer",
-        (
-            Metric("kl/sample_train_v1", "kl v1 (mean Δlogprob)", "#0891b2"),
-            Metric("kl/sample_train_v2", "kl v2 (mean Δ²/2)", "#7c3aed"),
-        ),
-        ("rl",),
-    ),
-    View("entropy", "nats per sampled token", (Metric("entropy", "entropy", "#ea580c"),), ("rl",)),
-    View("grad norm", "gradient norm", (Metric("optim/grad_norm", "grad norm", "#0891b2"),), ("sft",)),
-    View("learning rate", "learning rate", (Metric("learning_rate", "learning rate", "#65a30d"),), ("sft",)),
-    View(
-        "tokens",
-        "tokens per step",
-        (
-            Metric("tokens/sampled", "sampled", "#2563eb"),
-            Metric("tokens/total", "in the batch", "#2563eb"),
-            Metric("tokens/trained", "trained", "#16a34a"),
-        ),
-    ),
-    View(
-        "timings",
-        "seconds per step",
-        (
-            Metric("time/step_s", "step", "#111827"),
-            Metric("time/rollout_s", "rollouts", "#2563eb"),
-            Metric("time/train_s", "train", "#16a34a"),
-            Metric("time/publish_s", "publish", "#ea580c"),
-            Metric("time/eval_s", "eval", "#7c3aed"),
-        ),
-    ),
-    View(
-        "memory",
-        "GB resident",
-        (
-            Metric("memory/rss_gb", "RSS (process tree)", "#dc2626"),
-            Metric("memory/peak_gb", "peak (this process)", "#9ca3af"),
-        ),
-    ),
-)
+log = logging.getLogger("loops_nb.widgets")
 _UIREVISION = "loops_nb-run-chart"  # constant: plotly keeps zoom and the chosen view across updates
+_BEST = {"reward": max, "loss": min}
 
 
 class RunChart:
-    """The per-step chart of one run; a run observer (``on_step``, ``on_eval``) or read with `from_run`.
+    """The per-step chart of one run: a run observer (``on_start``, ``on_step``, ``on_eval``) or `from_run`.
 
-    ``recipe`` picks the first view (``"rl"``: reward, ``"sft"``: loss); without it the first record decides.
+    ``recipe`` (``"rl"`` or ``"sft"``) picks the curve; without it the run's first event decides. ``spread`` is
+    the reward's band: ±std, or the ``reward/min``..``reward/max`` range.
     """
 
-    def __init__(self, recipe: Recipe | None = None) -> None:
-        self.recipe: Recipe | None = recipe
-        self.curve: RewardCurve | LossCurve | None = None
-        if recipe is not None:
-            self.curve = RewardCurve() if recipe == "rl" else LossCurve()
+    def __init__(self, recipe: str | None = None, *, spread: Literal["std", "minmax"] = "std") -> None:
+        self.kind: CurveKind | None = curve_kind(recipe)
+        self.spread = spread
         self.records: list[StepRecord] = []
+        self.evals: dict[int, Mapping[str, Any]] = {}
+        """Each evaluation's metrics, by the steps applied before it (0: the base model)."""
 
     @classmethod
     def from_run(cls, run_dir: str | Path) -> RunChart:
         """The chart of a run directory (``runs/<name>``), from steps.jsonl and evals.jsonl."""
         run = read_run(run_dir)
-        chart = cls("sft" if run.recipe == "sft" else "rl" if run.recipe == "rl" else None)
-        evals = Path(run_dir) / "evals.jsonl"
-        if evals.is_file():
-            for line in evals.read_text(encoding="utf-8").splitlines():
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:  # a line torn by a crash mid-write
-                    continue
-                if isinstance(record, dict) and isinstance(record.get("step"), int):
-                    chart.on_eval(EvalRecord.from_json(record))
+        chart = cls(run.recipe)
+        for line in JsonlLog(Path(run_dir) / "evals.jsonl").records():  # a torn last line is skipped
+            if isinstance(line.get("step"), int):
+                chart.on_eval(EvalRecord.from_json(line))
         for record in run.records:
             chart.on_step(record)
         return chart
 
     # -- observer ---------------------------------------------------------------------------------------------
 
+    def on_start(self, started: RunStarted) -> None:
+        self.kind = self.kind or curve_kind(started.recipe)
+
     def on_step(self, step: StepRecord) -> None:
-        if self.curve is None:
-            self.recipe = "rl" if "reward/mean" in step.metrics else "sft"
-            self.curve = RewardCurve() if self.recipe == "rl" else LossCurve()
+        self.kind = self.kind or curve_kind(keys=step.metrics)
         # A resumed run re-logs the steps after its checkpoint: the later ones go.
         self.records = [r for r in self.records if r.step < step.step] + [step]
-        self.curve.on_step(step)
 
-    def on_eval(self, line: EvalRecord) -> None:
-        if self.curve is None:
-            self.recipe = "sft" if "eval/loss" in line.metrics else "rl"
-            self.curve = LossCurve() if self.recipe == "sft" else RewardCurve()
-        self.curve.on_eval(line)
+    def on_eval(self, evaluation: EvalRecord) -> None:
+        self.kind = self.kind or curve_kind(keys=evaluation.metrics)
+        self.evals[evaluation.step] = evaluation.metrics
 
-    # -- the figure -------------------------------------------------------------------------------------------
+    # -- series -----------------------------------------------------------------------------------------------
+
+    def points(self, metric: Metric) -> dict[int, float | None]:
+        """``metric``'s value by step (numbered from 1; an evaluation at the steps applied before it)."""
+        out: dict[int, float | None] = {}
+        for record in self.records:
+            if metric.key in record.metrics:
+                out[record.step + (0 if metric.before_step else 1)] = record.number(metric.key)
+        if metric.evaluation:  # the same evaluation may come as an event and in a step record: one point
+            out |= {step: number(m[metric.key]) for step, m in self.evals.items() if metric.key in m}
+        return dict(sorted(out.items()))
+
+    def series(self, metric: Metric, *, band: bool = False) -> Series:
+        """``metric`` as a `Series`; ``band`` gives a spread metric its band even before it has values."""
+        points = self.points(metric)
+        xs, ys = list(points), list(points.values())
+        hover = [_hover(metric, x, y) for x, y in points.items()]
+        spread = None
+        if metric.spread:
+            prefix = metric.key.rsplit("/", 1)[0]
+            if self.spread == "std":
+                stds = self.points(Metric(f"{prefix}/std", "", ""))
+                std = [stds.get(x) for x in xs]
+                lows = [None if y is None or s is None else y - s for y, s in zip(ys, std, strict=True)]
+                highs = [None if y is None or s is None else y + s for y, s in zip(ys, std, strict=True)]
+                hover = [h if s is None else f"{h} ± {fmt(s, 3)}" for h, s in zip(hover, std, strict=True)]
+            else:
+                lo, hi = (
+                    self.points(Metric(f"{prefix}/min", "", "")),
+                    self.points(Metric(f"{prefix}/max", "", "")),
+                )
+                lows, highs = [lo.get(x) for x in xs], [hi.get(x) for x in xs]
+                hover = [
+                    h if a is None or b is None else f"{h} [{fmt(a, 3)}, {fmt(b, 3)}]"
+                    for h, a, b in zip(hover, lows, highs, strict=True)
+                ]
+            if band or any(v is not None for v in lows):
+                spread = (lows, highs)
+        return Series(metric.name, metric.color, xs, ys, hover, spread, metric.evaluation)
 
     def views(self, *, every: bool = False) -> list[tuple[View, list[Series]]]:
-        """The selector's views with their series: those with data, or (``every``) all of the recipe's, so a
+        """The chart's views with their series: those with points, or (``every``) all of the curve kind's, so a
         live figure has the same traces from its first step to its last."""
+        candidates = [CURVES[self.kind], *VIEWS] if self.kind is not None else list(VIEWS)
         out: list[tuple[View, list[Series]]] = []
-        if self.curve is not None:
-            curve_view = View(self.curve.title, self.curve.y_label, ())
-            out.append((curve_view, self._curve_series(every)))
-        for view in VIEWS:
-            if self.recipe is not None and self.recipe not in view.recipes:
+        for view in candidates:
+            if self.kind is not None and self.kind not in view.kinds:
                 continue
-            series = [self._series(m) for m in view.metrics]
+            series = [self.series(m, band=every) for m in view.metrics]
             if not every:
-                series = [s for s in series if s.points()]
+                series = [s for s in series if s.has_points()]
             if series:
                 out.append((view, series))
         return out
 
+    # -- renderers --------------------------------------------------------------------------------------------
+
     def to_plotly(self, *, every: bool = False) -> dict[str, Any]:
         """A JSON-ready plotly figure: one button per view, the first shown."""
-        import plotly.graph_objects as go
-
-        from loops_nb.widgets.plotly_chart import plotly_figure
-
         views = self.views(every=every)
         data: list[dict[str, Any]] = []
         owner: list[int] = []  # the view each trace belongs to
         for index, (_view, series) in enumerate(views):
-            traces = plotly_figure(series)["data"]
-            data += traces
-            owner += [index] * len(traces)
-        for trace, index in zip(data, owner, strict=True):
-            trace["visible"] = index == 0
+            for s in series:
+                for trace in traces(s):
+                    data.append({**trace, "visible": index == 0})
+                    owner.append(index)
         buttons = [
             {
                 "label": view.label,
@@ -188,17 +164,20 @@ class RunChart:
             }
             for index, (view, _) in enumerate(views)
         ]
-        fig = go.Figure(data=data)
-        fig.update_layout(
-            template="plotly_white",
-            height=340,
-            uirevision=_UIREVISION,
-            margin={"l": 60, "r": 20, "t": 60, "b": 45},
-            xaxis={"title": {"text": "step"}, "rangemode": "tozero", "dtick": self._dtick()},
-            yaxis={"title": {"text": views[0][0].y_label if views else ""}},
-            legend={"orientation": "h", "x": 1, "xanchor": "right", "y": 1.0, "yanchor": "bottom"},
-            hovermode="closest",
-            updatemenus=[
+        last = self.records[-1].step + 1 if self.records else 0
+        layout: dict[str, Any] = {
+            "template": "plotly_white",
+            "height": 340,
+            "uirevision": _UIREVISION,
+            "margin": {"l": 60, "r": 20, "t": 60, "b": 45},
+            # Whole steps while they are few (plotly would mark half steps); plotly's choice after.
+            "xaxis": {"title": {"text": "step"}, "rangemode": "tozero", "dtick": 1 if last <= 12 else None},
+            "yaxis": {"title": {"text": views[0][0].y_label if views else ""}},
+            "legend": {"orientation": "h", "x": 1, "xanchor": "right", "y": 1.0, "yanchor": "bottom"},
+            "hovermode": "closest",
+        }
+        if len(buttons) > 1:
+            layout["updatemenus"] = [
                 {
                     "type": "buttons",
                     "direction": "right",
@@ -212,104 +191,135 @@ class RunChart:
                     "buttons": buttons,
                 }
             ]
-            if len(buttons) > 1
-            else [],
-        )
-        return json.loads(json.dumps(fig.to_dict()))
+        return {"data": data, "layout": layout}
 
-    # -- live -------------------------------------------------------------------------------------------------
-
-    def live_widget(self) -> FigureWidget | None:
-        """A plotly FigureWidget of every view of the recipe (refresh it with `refresh`); None when plotly's
-        widget cannot be built here."""
-        try:
-            import plotly.graph_objects as go
-
-            return go.FigureWidget(self.to_plotly(every=True))
-        except Exception:  # no anywidget, an old plotly: the panel goes on without a live chart
-            return None
-
-    def refresh(self, widget: FigureWidget) -> None:
-        """Send the new values to ``widget`` (from `live_widget`): x, y and hover text only, so its zoom and
-        chosen view stay."""
-        fresh = {t.get("name"): t for t in self.to_plotly(every=True)["data"]}
-        with widget.batch_update():
-            widget.layout.xaxis.dtick = self._dtick()
-            for trace in widget.data:
-                new = fresh.get(trace.name)
-                if new is not None:
-                    trace.x, trace.y, trace.text = new.get("x"), new.get("y"), new.get("text")
-
-    # -- static renderers -------------------------------------------------------------------------------------
+    def curve(self) -> list[Series]:
+        """The training curve's series that have points (none while the curve kind is unknown)."""
+        if self.kind is None:
+            return []
+        return [s for m in CURVES[self.kind].metrics if (s := self.series(m)).has_points()]
 
     def summary(self) -> str:
-        parts = [self.curve.summary()] if self.curve is not None else ["no steps yet"]
-        last = self.records[-1] if self.records else None
-        if last is not None:
-            if (rss := last.number("memory/rss_gb")) is not None:
-                parts.append(f"memory {fmt(rss, 3)} GB")
-            if (seconds := last.number("time/step_s")) is not None:
-                parts.append(f"last step {fmt(seconds, 3)} s")
+        """One line: the curve's numbers (last, best, evaluations), the memory and the last step's time."""
+        if self.kind is None:
+            return "no steps yet"
+        main, evaluation = (self.points(m) for m in CURVES[self.kind].metrics)
+        values = [v for v in main.values() if v is not None]
+        last = values[-1] if values else None
+        text = f"{self.kind}: {_steps(len(values))}, last {fmt(last, 3)}"
+        if self.kind == "reward":
+            text += f", best {fmt(max(values) if values else None, 3)}"
+        if evaluation.get(0) is not None:
+            text += f", eval before training {fmt(evaluation[0], 3)}"
+        later = [(x, v) for x, v in evaluation.items() if x > 0 and v is not None]
+        if later:
+            best = _BEST[self.kind](v for _, v in later)
+            text += f", eval {fmt(later[-1][1], 3)} at step {later[-1][0]}, best eval {fmt(best, 3)}"
+        parts = [text]
+        record = self.records[-1] if self.records else None
+        if record is not None and (rss := record.number("memory/rss_gb")) is not None:
+            parts.append(f"memory {fmt(rss, 3)} GB")
+        if record is not None and (seconds := record.number("time/step_s")) is not None:
+            parts.append(f"last step {fmt(seconds, 3)} s")
         return " · ".join(parts)
 
     def __repr__(self) -> str:
         return f"<RunChart: {self.summary()}>"
 
+    def __str__(self) -> str:
+        main = self.points(CURVES[self.kind].metrics[0]) if self.kind is not None else {}
+        return f"{self.summary()} {sparkline(list(main.values()))}".rstrip()
+
     def to_html(self) -> str:
-        """The sanitizer-proof chart (positioned divs) and the summary: what nbconvert and GitHub show."""
-        chart = self.curve.to_dot_chart(width=520) if self.curve is not None else ""
+        """The curve's points as a table and the summary: what a frontend without JavaScript shows."""
         return (
-            f'<div style="display:inline-block">{chart}'
+            f'<div style="display:inline-block">{series_table(self.curve())}'
             f'<div style="font:11px monospace;color:#374151;margin-top:2px">{escape(self.summary())}</div></div>'
         )
 
-    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, Any]:
-        from loops_nb.widgets.plotly_chart import plotly_bundle
-
-        bundle: dict[str, Any] = {"text/plain": self.summary(), "text/html": self.to_html()}
-        if any(s.points() for _, series in self.views() for s in series):
-            bundle.update(plotly_bundle(self.to_plotly()))
+    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, object]:
+        bundle: dict[str, object] = {"text/plain": self.summary(), "text/html": self.to_html()}
+        if any(s.has_points() for _, series in self.views() for s in series):
+            figure = self.to_plotly()
+            bundle["application/vnd.plotly.v1+json"] = {"data": figure["data"], "layout": figure["layout"]}
         return bundle
 
-    # -- internals --------------------------------------------------------------------------------------------
+    def show(self, *, live: bool | None = None, **options: Unpack[DisplayOptions]) -> LiveChart:
+        """Display the chart and return its `LiveChart`: call ``.update()`` after feeding it, ``.finalize()`` at
+        the end. ``live``: a `LiveFigure` (default: in a kernel, not with a ``display_fn``, whose frontend may
+        have no widgets) or the static figure re-rendered at most ``max_hz`` times a second."""
+        return LiveChart(self, live=live, **options).show()
 
-    def _dtick(self) -> int | None:
-        """Whole steps on the x axis while they are few (plotly would mark 0.5 steps); plotly's choice after."""
-        last = self.records[-1].step + 1 if self.records else 0
-        return 1 if last <= 12 else None
 
-    def _series(self, metric: Metric) -> Series:
-        xs, ys = [], []
-        for record in self.records:
-            if metric.key in record.metrics:
-                xs.append(record.step + 1)
-                ys.append(record.number(metric.key))
-        return Series(
-            metric.name,
-            xs,
-            ys,
-            metric.color,
-            hover=[f"step {x}: {metric.name} {fmt(y)}" for x, y in zip(xs, ys, strict=True)],
-        )
+class LiveChart:
+    """A `RunChart` on screen: a `LiveFigure` fed each update's values, or, where no widget can be shown, the
+    static figure through a throttled `LiveDisplay` (``options``). ``finalize`` leaves the static figure, which
+    a saved notebook keeps."""
 
-    def _curve_series(self, every: bool) -> list[Series]:
-        """The curve's series; with ``every`` its band and eval too, empty until they have values."""
-        assert self.curve is not None
-        series = self.curve.series()
-        if not every:
-            return series
-        names = {s.name for s in series}
-        main = series[0]
-        if isinstance(self.curve, RewardCurve) and main.band is None:
-            series[0] = Series(
-                main.name,
-                main.xs,
-                main.ys,
-                main.color,
-                band=([None] * len(main.xs), [None] * len(main.xs)),
-                hover=main.hover,
-            )
-        eval_name = "eval reward" if isinstance(self.curve, RewardCurve) else "eval loss"
-        if eval_name not in names:
-            series.append(Series(eval_name, [], [], "#7c3aed", dash=True, connect_gaps=True, hover=[]))
-        return series
+    def __init__(
+        self, chart: RunChart, *, live: bool | None = None, **options: Unpack[DisplayOptions]
+    ) -> None:
+        self.chart = chart
+        self.static = LiveDisplay(chart, **options)
+        display_fn = options.get("display_fn")
+        self.live = self.static.output == "display" and (display_fn is None if live is None else live)
+        self.figure: LiveFigure | None = None  # while it is shown
+        self._display_fn = display_fn or ipython_display
+        self._handle: DisplayHandle | None = None
+
+    @property
+    def shown(self) -> bool:
+        return self._handle is not None or self.static.shown
+
+    def show(self) -> LiveChart:
+        """Display the chart (once; later calls do nothing)."""
+        if self.shown:
+            return self
+        if self.live:
+            try:
+                from loops_nb.widgets.live_figure import LiveFigure
+
+                self.figure = LiveFigure(self.chart.to_plotly(every=True))
+            except Exception:  # no anywidget, no plotly.js: the static figure instead
+                log.info("no live chart here; showing the static figure", exc_info=True)
+                self.live = False
+            else:
+                self._handle = self._display_fn(self.figure, display_id=True)
+                return self
+        self.static.show()
+        return self
+
+    def update(self, *, force: bool = False) -> None:
+        """Send the chart's new values to the screen."""
+        try:
+            if self.figure is not None:
+                self.figure.figure = self.chart.to_plotly(every=True)
+            else:
+                self.static.update(force=force)
+        except Exception:  # a chart glitch must never surface in the training loop
+            log.exception("live chart update failed")
+
+    def finalize(self) -> None:
+        """The output becomes the static figure (plotly, the table, text); the widget is closed. Again: nothing
+        (a notebook calls ``live.finalize()`` after the run's own ``on_end`` did)."""
+        if self.figure is None:
+            if self._handle is None:  # the static figure, re-rendered; a retired widget's output is final
+                self.static.finalize()
+            return
+        try:
+            if self._handle is not None:
+                self._handle.update(self.chart)
+        finally:
+            self.figure.retire()
+            self.figure = None
+
+
+def _hover(metric: Metric, x: int, y: float | None) -> str:
+    if not metric.evaluation:
+        return f"step {x}: {metric.name} {fmt(y)}"
+    what = metric.name.removeprefix("eval ")
+    return f"eval {'before training' if x == 0 else f'after {x} steps'}: {what} {fmt(y)}"
+
+
+def _steps(n: int) -> str:
+    return "1 step" if n == 1 else f"{n} steps"

@@ -6,9 +6,10 @@
 
 The legend names each run by what differs in its saved config (``learning_rate=0.02``), else by its name. One
 object, three renderers like the other widgets: ``text/plain`` (the table and a sparkline per curve),
-``text/html`` that JupyterLab's sanitizer keeps (an inline-styled table and positioned-``<div>`` charts, no SVG,
-no ``<style>``) and a plotly figure (the table, then one panel per metric) that live and reopened notebooks
-render with zoom and hover.
+``text/html`` that JupyterLab's sanitizer keeps (the runs table, and each metric's points as a table, for
+frontends that run no JavaScript) and a plotly figure (the table, then one panel per metric) that live and
+reopened notebooks render with zoom and hover. The curves are drawn as `RunChart` draws them
+(`loops_nb.widgets.series`).
 """
 
 from __future__ import annotations
@@ -21,11 +22,11 @@ from typing import Any, Unpack
 
 from loops_nb.runs_table import Runs, duration, is_eval_measure, read_runs
 from loops_nb.widgets.environment import DisplayOptions, LiveDisplay
-from loops_nb.widgets.svg_chart import FONT, Series, dot_chart, fmt, sparkline
+from loops_nb.widgets.series import CURVE_KEYS, Series, series_table, traces
+from loops_nb.widgets.style import FONT, fmt, sparkline
 
 PALETTE = ("#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#db2777", "#65a30d", "#4b5563")
-BASE_METRICS = ("reward/mean", "loss")
-_TABLE_COLUMNS = ("run", "recipe", "model", "steps", "status", "last reward", "eval", "wall")
+_STATUS_COLOR = {"failed": "#b91c1c", "running": "#2563eb"}
 
 
 def default_metrics(runs: Runs) -> list[str]:
@@ -34,7 +35,7 @@ def default_metrics(runs: Runs) -> list[str]:
     for run in runs:
         for key in run.metric_keys():
             keys.setdefault(key, None)
-    chosen = [k for k in BASE_METRICS if k in keys]
+    chosen = [k for k in CURVE_KEYS if k in keys]
     return chosen + [k for k in keys if is_eval_measure(k)]
 
 
@@ -77,7 +78,7 @@ class RunComparison:
             if not steps:
                 continue
             hover = [f"{run.name} · step {s}: {metric} {fmt(v)}" for s, v in zip(steps, values, strict=True)]
-            out.append(Series(label, steps, values, color, hover=hover, connect_gaps=True))
+            out.append(Series(label, color, steps, values, hover, evaluation=False))
         return out
 
     # -- text ---------------------------------------------------------------------------------------------
@@ -108,59 +109,64 @@ class RunComparison:
         out = [f'<div style="{FONT};color:#1f2328">']
         out.append(f'<div style="font-weight:600;font-size:12px;margin:2px 0">{escape(self.summary())}</div>')
         out.append(self._table_html())
-        out.append(self._legend_html())
         for metric in self.metrics:
             series = self.series(metric)
-            if any(s.points() for s in series):
-                out.append(f'<div style="margin-top:6px">{dot_chart(series, title=metric, width=560)}</div>')
+            if any(s.has_points() for s in series):
+                out.append(f'<div style="margin-top:6px">{series_table(series, title=metric)}</div>')
         out.append("</div>")
         return "".join(out)
 
+    def table(self) -> dict[str, list[str]]:
+        """The runs table, column by column (one value per run): what both the HTML and the plotly table show;
+        ``differs`` is each run's legend label."""
+        rows = self.runs.rows()
+        return {
+            "run": [r["name"] for r in rows],
+            "recipe": [str(r["recipe"]) for r in rows],
+            "model": [str(r["model"]) for r in rows],
+            "steps": [str(r["steps"]) for r in rows],
+            "status": [str(r["status"]) for r in rows],
+            "last reward": [fmt(r["last reward"], 4) for r in rows],
+            "eval": [
+                "-"
+                if r["eval"] is None
+                else f"{fmt(r['eval'], 4)} ({str(r['eval metric']).removeprefix('eval/')})"
+                for r in rows
+            ],
+            "wall": [duration(r["wall"]) for r in rows],
+            "differs": self.labels(),
+        }
+
     def _table_html(self) -> str:
         cell = "padding:2px 8px;border-bottom:1px solid #e5e7eb;text-align:left;white-space:nowrap"
-        head = "".join(f'<th style="{cell};color:#374151">{escape(c)}</th>' for c in _TABLE_COLUMNS)
+        table = self.table()
+        head = "".join(f'<th style="{cell};color:#374151">{escape(c)}</th>' for c in table)
         rows = []
-        for row, color in zip(self.runs.rows(), self.colors(), strict=True):
-            eval_text = "-"
-            if row["eval"] is not None:
-                eval_text = f"{fmt(row['eval'], 4)} ({str(row['eval metric']).removeprefix('eval/')})"
-            status_color = {"failed": "#b91c1c", "running": "#2563eb"}.get(row["status"], "#1f2328")
-            values = [
-                (row["name"], color),
-                (row["recipe"], None),
-                (row["model"], None),
-                (row["steps"], None),
-                (row["status"], status_color),
-                (fmt(row["last reward"], 4), None),
-                (eval_text, None),
-                (duration(row["wall"]), None),
-            ]
-            tds = "".join(
-                f'<td title="{escape(row["path"]) if i == 0 else escape(str(text))}" '
-                f'style="{cell}{f";color:{c};font-weight:600" if c else ""}">{escape(str(text))}</td>'
-                for i, (text, c) in enumerate(values)
-            )
-            rows.append(f"<tr>{tds}</tr>")
+        for i, (run, color) in enumerate(zip(self.runs, self.colors(), strict=True)):
+            tds = []
+            for column, values in table.items():
+                text = values[i]
+                c = (
+                    color
+                    if column in ("run", "differs")
+                    else _STATUS_COLOR.get(text)
+                    if column == "status"
+                    else None
+                )
+                title = str(run.path) if column == "run" else text
+                bold = f";color:{c};font-weight:600" if c else ""
+                tds.append(f'<td title="{escape(title)}" style="{cell}{bold}">{escape(text)}</td>')
+            rows.append(f"<tr>{''.join(tds)}</tr>")
         return (
             f'<table style="border-collapse:collapse;font-size:12px"><tr>{head}</tr>{"".join(rows)}</table>'
         )
-
-    def _legend_html(self) -> str:
-        items = []
-        for label, color, run in zip(self.labels(), self.colors(), self.runs, strict=True):
-            items.append(
-                f'<span title="{escape(run.name)}" style="display:inline-block;margin-right:14px">'
-                f'<span style="display:inline-block;width:10px;height:10px;border-radius:50%;'
-                f'background:{color};margin-right:4px;vertical-align:middle"></span>{escape(label)}</span>'
-            )
-        return f'<div style="margin:6px 0 2px;font-size:12px">{"".join(items)}</div>'
 
     # -- plotly -------------------------------------------------------------------------------------------
 
     def to_plotly(self) -> dict[str, Any]:
         """The runs table on top (a plotly table: live JupyterLab shows only this figure of the bundle), then one
         panel per metric, stacked, sharing one legend entry per run."""
-        metrics = [m for m in self.metrics if any(s.points() for s in self.series(m))]
+        metrics = [m for m in self.metrics if any(s.has_points() for s in self.series(m))]
         panel, gap = 240, 60
         table_height = 60 + 40 * len(self.runs)  # a wrapped cell makes its row taller than "height"
         height = 40 + table_height + (panel + gap) * len(metrics)
@@ -177,24 +183,9 @@ class RunComparison:
         for i, metric in enumerate(metrics, 1):
             suffix = "" if i == 1 else str(i)
             for s in self.series(metric):
-                data.append(
-                    {
-                        "type": "scatter",
-                        "x": list(s.xs),
-                        "y": [y if y is not None else None for y in s.ys],
-                        "name": s.name,
-                        "legendgroup": s.name,
-                        "showlegend": s.name not in shown,
-                        "mode": "lines+markers",
-                        "line": {"color": s.color},
-                        "marker": {"size": 5},
-                        "text": [s.hover_text(j) for j in range(len(s.xs))],
-                        "hovertemplate": "%{text}<extra></extra>",
-                        "connectgaps": True,
-                        "xaxis": f"x{suffix}",
-                        "yaxis": f"y{suffix}",
-                    }
-                )
+                for trace in traces(s, marker_size=5):
+                    trace |= {"showlegend": s.name not in shown, "connectgaps": True}
+                    data.append(trace | {"xaxis": f"x{suffix}", "yaxis": f"y{suffix}"})
                 shown.add(s.name)
             domain = [max(0.0, (top - panel) / height), top / height]
             layout[f"yaxis{suffix}"] = {"title": {"text": metric}, "domain": domain, "anchor": f"x{suffix}"}
@@ -203,45 +194,28 @@ class RunComparison:
         return {"data": data, "layout": layout}
 
     def _plotly_table(self, bottom: float) -> dict[str, Any]:
-        rows = self.runs.rows()
-        columns = [
-            [r["name"] for r in rows],
-            [r["recipe"] for r in rows],
-            [r["steps"] for r in rows],
-            [r["status"] for r in rows],
-            [fmt(r["last reward"], 4) for r in rows],
-            [
-                "-"
-                if r["eval"] is None
-                else f"{fmt(r['eval'], 4)} ({str(r['eval metric']).removeprefix('eval/')})"
-                for r in rows
-            ],
-            [duration(r["wall"]) for r in rows],
-            self.labels(),
-        ]
+        table = self.table()
+        colors = [self.colors() if c in ("run", "differs") else ["#1f2328"] * len(self.runs) for c in table]
         return {
             "type": "table",
             "domain": {"x": [0, 1], "y": [bottom, 1]},
-            "columnwidth": [3, 1, 1, 1.4, 1.2, 2.6, 1, 3],
+            "columnwidth": [3, 1, 3, 1, 1.4, 1.2, 2.6, 1, 3],
             "header": {
-                "values": ["run", "recipe", "steps", "status", "last reward", "eval", "wall", "differs"],
+                "values": list(table),
                 "align": "left",
                 "fill": {"color": "#f3f4f6"},
                 "font": {"size": 12},
             },
             "cells": {
-                "values": columns,
+                "values": list(table.values()),
                 "align": "left",
-                "font": {
-                    "size": 12,
-                    "color": [self.colors(), *(["#1f2328"] * len(rows) for _ in columns[1:])],
-                },
+                "font": {"size": 12, "color": colors},
                 "height": 24,
             },
         }
 
-    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, Any]:
-        bundle: dict[str, Any] = {"text/plain": str(self), "text/html": self.to_html()}
+    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, object]:
+        bundle: dict[str, object] = {"text/plain": str(self), "text/html": self.to_html()}
         figure = self.to_plotly()
         if len(figure["data"]) > 1:  # a table and at least one curve
             bundle["application/vnd.plotly.v1+json"] = figure

@@ -21,7 +21,7 @@ from typing import Literal, Unpack
 from loops_nb.run_events import AttemptFinished
 from loops_nb.step_record import StepRecord
 from loops_nb.widgets.environment import DisplayOptions, LiveDisplay
-from loops_nb.widgets.svg_chart import fmt, sparkline
+from loops_nb.widgets.style import fmt, sparkline
 
 Status = Literal["ok", "warn", "bad", "info", "wait"]
 _GLYPH: dict[str, tuple[str, str]] = {

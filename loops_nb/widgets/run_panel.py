@@ -1,10 +1,10 @@
 """`RunPanel`: what the live panel shows, as one progress line, plain text and HTML.
 
 The progress line carries the step counter, elapsed time, ETA, what the current step is doing and the state; under
-it come the curve (or only its numbers in words, when the chart has an output of its own), the token counts, the
-run health and, for a run that stopped early, how to resume it. The HTML is inline-styled and uses only what
-JupyterLab's sanitizer keeps, so it reads the same live, in papermill output, offline HTML and on reopen; the
-curve is drawn with positioned ``<div>``s for the same reason. Steps are numbered from 1 everywhere in the panel.
+it come the chart's numbers in words (the chart itself is an output of its own, under the panel), the token
+counts, the run health and, for a run that stopped early, how to resume it. The HTML is inline-styled and uses
+only what JupyterLab's sanitizer keeps, so it reads the same live, in papermill output, offline HTML and on
+reopen. Steps are numbered from 1 everywhere in the panel.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from html import escape
 from loops_nb.observers import eta
 from loops_nb.widgets.attempts_log import AttemptsLog
 from loops_nb.widgets.attempts_table import plural
-from loops_nb.widgets.chart_output import ChartOutput
+from loops_nb.widgets.run_chart import RunChart
 from loops_nb.widgets.run_health import RunHealth
 from loops_nb.widgets.run_state import RunPanelState, RunState
 from loops_nb.widgets.token_counts import TokenCounts
@@ -38,7 +38,7 @@ class RunPanel:
         self,
         state: RunPanelState,
         *,
-        chart: ChartOutput,
+        chart: RunChart,
         tokens: TokenCounts,
         health: RunHealth,
         attempts: AttemptsLog,
@@ -79,8 +79,8 @@ class RunPanel:
 
     def text(self) -> str:
         lines = [self.progress_line()]
-        if self.chart.curve is not None:
-            lines.append(str(self.chart.curve))
+        if self.chart.kind is not None:
+            lines.append(str(self.chart))
         lines += [str(self.health), self.tokens.summary()]
         if self.attempts.seen:
             lines.append(self.attempts.summary())
@@ -99,14 +99,10 @@ class RunPanel:
             run_dir = escape(self.state.info.run_dir)
             head += f'<div style="font:11px monospace;color:#6b7280;margin-bottom:6px">{run_dir}</div>'
         chart = ""
-        curve = self.chart.curve
-        if curve is not None:  # the chart (unless it has an output of its own), its numbers in words
-            drawn = "" if self.chart.live else curve.to_dot_chart(width=440)
-            chart = (
-                f"{drawn}"
-                f'<div style="font:11px monospace;color:#374151;margin-top:2px">{escape(curve.summary())}</div>'
-            )
-        # The chart and the token table side by side (they wrap on a narrow page); health hints are long lines.
+        if self.chart.kind is not None:  # the chart has an output of its own: its numbers in words
+            chart = f'<div style="font:11px monospace;color:#374151">{escape(self.chart.summary())}</div>'
+
+        # The numbers and the token table side by side (they wrap on a narrow page); health hints are long lines.
         top = (
             f'<div style="display:flex;flex-wrap:wrap;gap:18px;align-items:flex-start">'
             f"<div>{chart}</div><div>{self.tokens.to_html()}</div></div>"

@@ -20,7 +20,7 @@ from html import escape
 from typing import Any, Protocol, Unpack
 
 from loops_nb.widgets.environment import DisplayOptions, LiveDisplay
-from loops_nb.widgets.svg_chart import FONT, fmt
+from loops_nb.widgets.style import FONT, fmt
 
 _MONO = "font:12px/1.5 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace"
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from html import escape
 from typing import Any
 
-from loops_nb.widgets.svg_chart import fmt
+from loops_nb.widgets.style import fmt
 from loops_nb.widgets.token_sequence import Tokenizer, TokenSequence, as_sequences
 
 Decode = Callable[[list[int]], str]

@@ -51,7 +51,7 @@ BAD_OUTPUT_TEXT = (
     "Failed to load",
     "Model not found",
     "Button(",
-    "FigureWidget(",
+    "LiveFigure(",
     "Traceback (most recent call last)",
     "Cell In[",
 )
@@ -261,7 +261,7 @@ _FACTS_JS = r"""
   return {
     text: areas.map(a => a.textContent).join('\n'),
     reward_points: dots(/^step \d+: reward\/mean /),
-    loss_points: dots(/^step \d+: (eval )?loss /),
+    loss_points: dots(/^step \d+: train loss /),
     plotly_points: inAreas('.js-plotly-plot .scatterlayer .point').filter(drawn).length,
     tokens,
     widget_buttons: inAreas('button.jupyter-button').filter(drawn).map(b => b.textContent.trim()),
@@ -280,9 +280,11 @@ class Expect:
     """What a healthy page shows once every cell has run."""
 
     texts: tuple[str, ...] = ()  # in the output areas' text
-    reward_points: int = 0  # at least this many RewardCurve points drawn (LiveRun's chart or a curve's own)
-    loss_points: int = 0  # likewise for LossCurve
-    plotly_points: int = 0  # at least this many points drawn by plotly (a curve's plotly JSON)
+    reward_points: int = (
+        0  # at least this many reward points in a RunChart's table (its HTML without JavaScript)
+    )
+    loss_points: int = 0  # likewise for the train loss
+    plotly_points: int = 0  # at least this many points drawn by plotly (a chart's plotly JSON or live figure)
     target_preview: bool = False  # TargetPreview tokens: trained (green) and masked (plain) both drawn
     widget_buttons: tuple[str, ...] = ()  # ipywidgets buttons that must have rendered (now or mid-run)
 

@@ -197,16 +197,89 @@ def test_sft_notebook_previews_trained_and_masked_tokens_and_its_panel_moves_bef
     assert any("step 1 running for" in h for h in before), before
 
 
+# -- the live chart: zoom and the chosen view survive updates -------------------------------------------------
+
+LIVE_CHART_CELLS = [
+    "# Parameters\nwait_s = 20",
+    "import asyncio\nfrom loops_nb.widgets import RunChart\n"
+    "chart = RunChart('rl')\nlive = chart.show()\n"
+    "def feed(steps):\n"
+    "    for step in steps:\n"
+    "        chart.on_step({'step': step, 'reward/mean': 0.1 * step, 'reward/std': 0.05, 'tokens/sampled': 10 + step})\n"
+    "        live.update()\n"
+    "feed(range(3))",
+    # Meanwhile the page zooms and picks the tokens view (`during`); then three more steps arrive.
+    "await asyncio.sleep(wait_s)\nfeed(range(3, 6))\nawait asyncio.sleep(2)\nprint('fed: 6 steps')",
+]
+
+_LIVE_PLOT_JS = r"""
+(act) => {
+  const gd = document.querySelector('.jp-OutputArea .js-plotly-plot');
+  if (!gd || !gd.data) return null;
+  if (act && !window.__zoomed) {
+    window.__zoomed = true;
+    window.Plotly.relayout(gd, {'xaxis.range': [1.5, 5.5]});
+  }
+  const shown = gd.data.filter(t => t.visible === true && (t.x || []).length > 0);
+  return {zoomed: !!window.__zoomed, range: gd.layout.xaxis.range, views: shown.map(t => t.name),
+          xs: shown.map(t => (t.x || []).length), ytitle: (gd.querySelector('.ytitle') || {}).textContent};
+}
+"""
+
+
+@pytest.mark.timeout(300)
+def test_the_live_chart_keeps_zoom_and_view_across_updates(
+    lab_page: tuple[Any, Console], lab_server: LabServer, lab_root: Path, artifacts_dir: Path
+) -> None:
+    page, console = lab_page
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["language_info"] = {"name": "python"}
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in LIVE_CHART_CELLS]
+    nb.cells[0].metadata["tags"] = ["parameters"]
+    source = lab_root / "_live_chart.ipynb"
+    nbformat.write(nb, source)
+    name = write_notebook(source, lab_root / "live_chart.ipynb", {})
+    before: list[Any] = []
+
+    def during(p: Any) -> None:
+        facts = p.evaluate(_LIVE_PLOT_JS, False)
+        if facts and facts["xs"] and facts["xs"][-1] >= 3 and not before:  # drawn with its first 3 steps
+            p.locator(".js-plotly-plot .updatemenu-button", has_text="tokens").first.click(force=True)
+            p.wait_for_timeout(300)
+            before.append(p.evaluate(_LIVE_PLOT_JS, True))
+
+    expect = Expect(texts=("fed: 6 steps",), plotly_points=3)
+    problems = run_and_check(
+        page,
+        console,
+        lab_server,
+        name,
+        expect,
+        artifacts_dir,
+        label="live_chart",
+        timeout_s=120,
+        during=during,
+    )
+    after = page.evaluate(_LIVE_PLOT_JS, False)
+    assert not problems, "\n".join(problems)
+    assert before and before[0]["views"] == ["sampled"], f"the tokens view was not chosen mid-run: {before}"
+    assert after["views"] == ["sampled"] and after["ytitle"] == "tokens per step", after
+    assert after["xs"] == [6], f"the updates did not reach the live figure: {after}"
+    assert after["range"] == [1.5, 5.5], f"the zoom was lost: {after}"
+
+
 # -- the checker can fail -----------------------------------------------------------------------------------
 
 GALLERY_CELLS = [
     "# Parameters\npoints = 3\ntrained = True\nshow_button = True",
     "import ipywidgets\nfrom IPython.display import HTML, display\n"
-    "from loops_nb.widgets import RewardCurve, TargetPreview, TokenSequence",
-    # The curve's own bundle: plotly JSON in Lab (jupyterlab-plotly), SVG elsewhere.
-    "curve = RewardCurve()\nfor step in range(points):\n    curve.add(step, 0.2 * step, std=0.05)\ncurve",
-    # The same curve as LiveRun draws it (positioned dots).
-    "HTML(curve.to_dot_chart())",
+    "from loops_nb.widgets import RunChart, TargetPreview, TokenSequence",
+    # The chart live, as LiveRun shows it: a LiveFigure widget, fed step by step (plotly draws its points).
+    "chart = RunChart('rl')\nlive = chart.show()\nfor step in range(points):\n"
+    "    chart.on_step({'step': step, 'reward/mean': 0.2 * step, 'reward/std': 0.05})\n    live.update()",
+    # What the saved chart shows where no JavaScript runs: its table, a hover text per point.
+    "HTML(chart.to_html())",
     "class CharTokenizer:\n"
     "    def decode(self, ids, skip_special_tokens=False):\n"
     "        return ''.join(map(chr, ids))\n\n"

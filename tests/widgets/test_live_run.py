@@ -13,13 +13,14 @@ from widget_fixtures import FakeDisplay, assert_static_html, fake_rl_run, rl_att
 
 from loops_nb.run_events import AttemptFinished, EvalRecord, RunEnded, RunStarted, StepRollouts
 from loops_nb.step_record import StepRecord
-from loops_nb.widgets import LiveRun, LossCurve, RewardCurve
+from loops_nb.widgets import LiveRun
 
 
 async def test_rl_events_render_one_throttled_panel(fake_display: FakeDisplay) -> None:
     live = LiveRun(display_fn=fake_display, max_hz=2.0)
     assert await fake_rl_run(live, steps=10) == "completed"
-    panel, *blocks = fake_display.handles  # no stop event: no button; the panel, then one output per step
+    # No stop event: no button; the panel, its chart, then one output per step.
+    panel, chart, *blocks = fake_display.handles
     # 10 steps x (4 attempts + step + progress) = 60 events in ~0.1 s: throttled, plus the final update.
     assert 1 <= panel.updates <= 4
     bundle = panel.last._repr_mimebundle_()
@@ -29,13 +30,17 @@ async def test_rl_events_render_one_throttled_panel(fake_display: FakeDisplay) -
     assert "LiveRun(" not in bundle["text/plain"]
     html = bundle["text/html"]
     assert_static_html(html)
-    assert "<svg" not in html  # the panel's chart is sanitizer-proof divs
-    assert len(re.findall(r'title="step \d+: reward/mean', html)) == 10
-    assert 'title="step 10: reward/mean' in html and 'title="step 0:' not in html  # numbered from 1
+    chart_html = chart.last.to_html()  # the chart's output: its table where no JavaScript runs
+    assert_static_html(chart_html)
+    assert len(re.findall(r'title="step \d+: reward/mean', chart_html)) == 10
+    assert (
+        'title="step 10: reward/mean' in chart_html and 'title="step 0:' not in chart_html
+    )  # numbered from 1
+    assert "reward: 10 steps, last 0.65" in html  # the panel says the curve's numbers in words
     assert "reward/group_std_mean" in html and "kl/sample_train_v1" in html  # run health
     assert ">10,045<" in html  # sampled tokens total
     assert "<details>" not in html  # transcripts live in the step outputs, which are never re-rendered
-    assert isinstance(live.curve, RewardCurve) and live.curve.last == pytest.approx(0.65)
+    assert live.chart.kind == "reward" and str(live.chart).startswith("reward: 10 steps, last 0.65")
     # fake_rl_run sends no on_rollouts: each step's attempts are flushed as one block when the step ends.
     assert len(blocks) == 10 and all(b.updates == 0 for b in blocks[-4:])  # the last 4 keep their rows
     assert all(b.updates == 1 for b in blocks[:-4])  # older ones folded to a line, once
@@ -64,13 +69,13 @@ def test_an_open_transcript_is_never_re_rendered(fake_display: FakeDisplay) -> N
         for a in attempts:
             a.text["calls"][0]["trained"] = None  # as RLRun sends it: unknown until the step trains
             live.on_attempt(a)
-        assert len(fake_display.handles) == 1 + step  # nothing shown before the step has trained
+        assert len(fake_display.handles) == 2 + step  # panel, chart; nothing before the step has trained
         live.on_rollouts(rollout_rows(step, attempts))
         live.on_step(rl_step(step))
         if step == 0:
-            opened = fake_display.handles[1]
-    live.on_end(RunEnded("completed", steps=4))
-    panel, *blocks = fake_display.handles
+            opened = fake_display.handles[2]
+    live.on_end(RunEnded(status="completed", steps=4))
+    panel, _chart, *blocks = fake_display.handles
     assert len(blocks) == 4
     assert opened is blocks[0] and opened.updates == 1  # left alone for the next 2 steps, folded at the 4th
     assert [b.updates for b in blocks[1:]] == [0, 0, 0]
@@ -84,13 +89,15 @@ def test_an_open_transcript_is_never_re_rendered(fake_display: FakeDisplay) -> N
 def test_sft_events_use_the_loss_curve(fake_display: FakeDisplay) -> None:
     live = LiveRun(display_fn=fake_display)
     sft_events(live)
-    assert isinstance(live.curve, LossCurve)
-    assert len(fake_display.handles) == 1  # SFT has no attempts: no step outputs
+    assert live.chart.kind == "loss"
+    assert len(fake_display.handles) == 2  # SFT has no attempts: the panel and its chart, no step outputs
     html = fake_display.handles[0].last.to_html()
     assert_static_html(html)
     assert "SFT · tiny · 6/6 steps" in html and "completed" in html
-    assert len(re.findall(r'title="step \d+: loss', html)) == 6
-    assert len(re.findall(r'title="eval after \d+ steps: loss', html)) == 3
+    chart_html = fake_display.handles[1].last.to_html()
+    assert_static_html(chart_html)
+    assert len(re.findall(r'title="step \d+: train loss', chart_html)) == 6
+    assert len(re.findall(r'title="eval after \d+ steps: loss', chart_html)) == 3
     assert ">600<" in html and ">2,400<" in html  # trained and total tokens
     assert "attempts" not in html
     assert str(live).splitlines()[1].startswith("loss: 6 steps")
@@ -103,12 +110,12 @@ async def test_the_heartbeat_moves_the_clock_while_a_step_runs(fake_display: Fak
     before = panel.updates
     # No event at all (the first step is still training), yet the panel is redrawn.
     await until(lambda: panel.updates > before, "the heartbeat redraws the panel")
-    assert "step 1 running for" in live.progress_line()
-    live.on_end(RunEnded("completed", steps=3))
+    assert "step 1 running for" in live.panel.progress_line()
+    live.on_end(RunEnded(status="completed", steps=3))
     settled = panel.updates
     await asyncio.sleep(0.1)
     assert panel.updates == settled, "the heartbeat stops with the run"
-    assert "running for" not in live.progress_line()
+    assert "running for" not in live.panel.progress_line()
 
 
 async def test_script_mode_prints_one_line_per_step() -> None:
@@ -128,7 +135,7 @@ async def test_off_mode_collects_without_output(fake_display: FakeDisplay) -> No
     live = LiveRun(mode="off", stream=out, display_fn=fake_display)
     await fake_rl_run(live, steps=2)
     assert out.getvalue() == "" and fake_display.handles == []
-    assert live.status == "completed" and live.curve is not None and len(live.curve.steps) == 2
+    assert live.run.status == "completed" and len(live.chart.records) == 2
 
 
 async def test_stop_button_sets_the_event_and_is_retired(fake_display: FakeDisplay) -> None:
@@ -136,24 +143,25 @@ async def test_stop_button_sets_the_event_and_is_retired(fake_display: FakeDispl
     live = LiveRun(stop_event=stop, display_fn=fake_display)
     live.show()
     button_handle, panel = fake_display.handles
-    assert type(live.button).__name__ == "Button" and button_handle.obj is live.button
+    button = live.stop_control.button
+    assert type(button).__name__ == "Button" and button_handle.obj is button
 
     async def click_after_two_steps() -> None:
-        while (live.step or 0) < 2:
+        while (live.run.step or 0) < 2:
             await asyncio.sleep(0.005)
-        live.button.click()  # what a click in the frontend does once the kernel dispatches the comm message
+        button.click()  # what a click in the frontend does once the kernel dispatches the comm message
 
     clicker = asyncio.create_task(click_after_two_steps())
     status = await fake_rl_run(live, stop, steps=10)
     await clicker
-    assert status == "stopped" and live.status == "stopped" and live.step == 2
+    assert status == "stopped" and live.run.status == "stopped" and live.run.step == 2
     assert stop.is_set()
     final = button_handle.last._repr_mimebundle_()
     # The saved notebook holds no dead widget, and says how to go on.
     assert final["text/plain"].startswith("run stopped after 2 steps. To resume from its last checkpoint")
     assert 'set run_name = "fake"' in final["text/plain"] and "--output.run_name fake" in final["text/plain"]
     assert_static_html(final["text/html"])
-    assert live.button is None
+    assert live.stop_control.button is None
     text = panel.last._repr_mimebundle_()["text/plain"]
     assert text.splitlines()[0].endswith("· stopped") and "loops run <config> --output.run_name fake" in text
     assert "--output.run_name fake" in panel.last.to_html()
@@ -167,8 +175,8 @@ async def test_stop_from_another_thread_wakes_the_loop(fake_display: FakeDisplay
     thread.start()
     await asyncio.wait_for(stop.wait(), 2)
     thread.join()
-    assert live.status == "stopping"
-    line = live.progress_line()
+    assert live.run.status == "stopping"
+    line = live.panel.progress_line()
     assert "ETA" not in line and line.endswith("stopping at the end of this step")
 
 
@@ -177,10 +185,10 @@ async def test_run_in_background_returns_at_once(fake_display: FakeDisplay) -> N
     live = LiveRun(stop_event=stop, display_fn=fake_display)
     task = live.run_in_background(fake_rl_run(live, stop, steps=50))
     assert not task.done() and len(fake_display.handles) == 2  # button and panel shown before the run starts
-    await until(lambda: (live.step or 0) > 0, "the run in the background has taken a step")
+    await until(lambda: (live.run.step or 0) > 0, "the run in the background has taken a step")
     live.stop()
     assert await asyncio.wait_for(task, 5) == "stopped"
-    assert live.status == "stopped" and 0 < (live.step or 0) < 50
+    assert live.run.status == "stopped" and 0 < (live.run.step or 0) < 50
 
 
 async def test_run_in_background_reports_a_failure(fake_display: FakeDisplay) -> None:
@@ -194,8 +202,8 @@ async def test_run_in_background_reports_a_failure(fake_display: FakeDisplay) ->
     with pytest.raises(RuntimeError):
         await task
     await asyncio.sleep(0)  # done callbacks run on the next loop iteration
-    assert live.status == "failed: RuntimeError: sampler unreachable"
-    assert "sampler unreachable" in fake_display.handles[-1].last.to_html()
+    assert live.run.status == "failed: RuntimeError: sampler unreachable"
+    assert "sampler unreachable" in fake_display.handles[0].last.to_html()
 
 
 def test_run_in_background_needs_a_loop() -> None:
@@ -214,7 +222,7 @@ def test_a_failed_run_stops_the_clock_and_says_how_to_resume(fake_display: FakeD
     live = LiveRun(display_fn=fake_display)
     live.on_start(RunStarted(recipe="rl", model="tiny", max_steps=5, start_step=0, run_dir="runs/r-0102"))
     live.on_step(rl_step(0))
-    live.on_end(RunEnded("failed", steps=1, error="RuntimeError: CUDA error", resume_step=0))
+    live.on_end(RunEnded(status="failed", steps=1, error="RuntimeError: CUDA error", resume_step=0))
     html = fake_display.handles[0].last.to_html()
     assert_static_html(html)
     assert "failed: RuntimeError: CUDA error" in html and "ETA" not in html and "running for" not in html
@@ -235,15 +243,15 @@ def test_the_sft_chart_shows_the_held_out_loss_before_training_with_a_legend(
         live.on_step(
             StepRecord(step, {"loss": 2.0 - 0.1 * step, **({"eval/loss": 2.2} if step == 1 else {})})
         )
-    live.on_end(RunEnded("completed", steps=2))
-    assert isinstance(live.curve, LossCurve) and live.curve.eval_before == 2.5
-    assert live.curve.steps == [0, 1, 2] and live.curve.eval_losses == [2.5, None, 2.2]
-    html = fake_display.handles[0].last.to_html()
+    live.on_end(RunEnded(status="completed", steps=2))
+    assert live.chart.kind == "loss"
+    html = fake_display.handles[1].last.to_html()  # the chart's output
     assert_static_html(html)
     assert 'title="eval before training: loss 2.5"' in html and 'title="eval after 2 steps: loss 2.2"' in html
-    assert ">train loss</span>" in html and ">eval loss</span>" in html  # the legend
-    assert "eval before training 2.5" in live.curve.summary() and "eval before training 2.5" in html
-    assert "loss: 2 steps" in live.curve.summary()
+    assert ">train loss</th>" in html and ">eval loss</th>" in html  # the columns name the series
+    panel = fake_display.handles[0].last.to_html()
+    assert "eval before training 2.5" in live.chart.summary() and "eval before training 2.5" in panel
+    assert "loss: 2 steps" in live.chart.summary()
 
 
 def test_the_resume_line_names_the_run_config(tmp_path, monkeypatch) -> None:
@@ -259,6 +267,6 @@ def test_the_resume_line_names_the_run_config(tmp_path, monkeypatch) -> None:
             config=str(tmp_path / "my runs" / "sft.toml"),
         )
     )
-    live.on_end(RunEnded("failed", steps=2, error="boom", resume_step=2))
-    hint = live.resume_hint() or ""
+    live.on_end(RunEnded(status="failed", steps=2, error="boom", resume_step=2))
+    hint = live.run.resume_hint() or ""
     assert "loops run 'my runs/sft.toml' --output.run_name sft-1" in hint and "(step 2)" in hint

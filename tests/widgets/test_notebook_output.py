@@ -1,4 +1,4 @@
-"""Saved notebooks hold the final state: a curve and a LiveRun updated through display handles, run by papermill.
+"""Saved notebooks hold the final state: a chart and a LiveRun updated live, run by papermill.
 
 A kernel is started for real (papermill -> nbclient -> ipykernel), so this is the one slow-ish widget test
 (a few seconds). Widget state is not stored: the static renderers must carry everything on their own.
@@ -16,13 +16,13 @@ PLOTLY = "application/vnd.plotly.v1+json"
 WIDGET = "application/vnd.jupyter.widget-view+json"
 
 CURVE_CELL = """\
-from loops_nb.widgets import RewardCurve, in_kernel
+from loops_nb.widgets import RunChart, in_kernel
 assert in_kernel()
-curve = RewardCurve()
-live = curve.show()
+chart = RunChart()
+live = chart.show()  # a live widget in a kernel
 for step in range(n):
-    curve.add(step, 0.1 * step, std=0.05)
-    live.update()  # throttled: most of these are dropped
+    chart.on_step({"step": step, "reward/mean": 0.1 * step, "reward/std": 0.05})
+    live.update()
 live.finalize()
 """
 LIVE_RUN_CELL = """\
@@ -75,10 +75,11 @@ def test_saved_curve_holds_the_final_state(executed: nbformat.NotebookNode) -> N
     assert [o.output_type for o in outputs] == ["display_data"]
     data = outputs[0].data
     assert data["text/plain"] == "reward: 5 steps, last 0.4, best 0.4"
-    assert data["text/html"].count("<circle") == 5
+    assert WIDGET not in data, "the live widget's output became the static figure"
+    assert data["text/html"].count('title="step ') == 5
     figure = data[PLOTLY] if isinstance(data[PLOTLY], dict) else json.loads(data[PLOTLY])
     mean = next(t for t in figure["data"] if t["name"] == "reward/mean")
-    assert mean["x"] == [0, 1, 2, 3, 4]  # add() takes the step as given
+    assert mean["x"] == [1, 2, 3, 4, 5]  # records count from 0, the chart from 1
     assert mean["y"] == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.4])
 
 
@@ -89,7 +90,7 @@ def test_saved_live_run_holds_the_final_panel_and_no_dead_widget(executed: nbfor
     assert len(displays) == 3 + 3  # the button's line, the panel, the chart, one output per trained step
     button, panel, chart, *steps = (o.data for o in displays)
     assert WIDGET not in button and button["text/plain"] == "run completed after 3 steps"
-    # The live chart was a plotly FigureWidget; the saved output is its static figure, with every step.
+    # The live chart was a widget; the saved output is its static figure, with every step.
     assert WIDGET not in chart and chart["text/plain"].startswith("reward: 3 steps, last 0.7")
     figure = chart[PLOTLY] if isinstance(chart[PLOTLY], dict) else json.loads(chart[PLOTLY])
     mean = next(t for t in figure["data"] if t["name"] == "reward/mean")
@@ -106,7 +107,7 @@ def test_saved_live_run_holds_the_final_panel_and_no_dead_widget(executed: nbfor
     assert ">ok · not trained<" in steps[1]["text/html"] and ">ok · trained<" in steps[0]["text/html"]
     for data in (button, panel, chart, *steps):  # reopened untrusted, nothing of it is lost
         assert stripped(data["text/html"]) == []
-    # The closed widgets' states stay in the file (nbclient keeps them), but small: the FigureWidget's plotly.js
-    # bundle (5 MB) is dropped before it closes.
+    # The closed widgets' states stay in the file (nbclient keeps them), but small: the live charts' plotly.js
+    # bundle (5 MB) is dropped before they close.
     states = executed.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {})
     assert len(json.dumps(states)) < 100_000, len(json.dumps(states))

@@ -35,8 +35,8 @@ for step in range({MAX_STEPS}):
     if step == 0:
         print("{RUNNING}", flush=True)
     await asyncio.sleep(0.05)
-live.on_end(RunEnded("stopped" if stop.is_set() else "completed", live.step))
-print("status", live.status, "step", live.step)
+live.on_end(RunEnded(status="stopped" if stop.is_set() else "completed", steps=live.run.step))
+print("status", live.run.status, "step", live.run.step)
 """
 BLOCKING_RUN = """\
 print("{running}", flush=True)
@@ -104,8 +104,9 @@ def test_stop_button_click_during_await(tmp_path: Path) -> None:
         # A blocking cell: the click is queued until the cell ends.
         run_cell(
             kc,
-            "stop.clear(); live.stop_event = stop; live.button = live._make_button(); "
-            "h = display(live.button, display_id=True); mid = live.button.model_id",
+            "stop.clear(); live.stop_control.stop_event = stop; "
+            "button = live.stop_control.button = live.stop_control.make_button(live.stop); "
+            "h = display(button, display_id=True); mid = button.model_id",
         )
         model_id = stdout(run_cell(kc, "print(mid)")).strip()
         clicked = tmp_path / "clicked"

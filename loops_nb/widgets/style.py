@@ -1,0 +1,35 @@
+"""How the widgets write what they show: the font, a short number, a sparkline."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+FONT = "font-family:system-ui,-apple-system,'Segoe UI',sans-serif;font-size:11px"
+_BLOCKS = "▁▂▃▄▅▆▇█"
+
+
+def number(value: object) -> float | None:
+    """``value`` as a finite float; None for a gap (missing, not a number, NaN, infinite; a bool is no number)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def fmt(value: object, digits: int = 4) -> str:
+    """A short number: 0.7213, 1.2e+04, 12; '-' for missing."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, int) or (isinstance(value, float) and value.is_integer() and abs(value) < 1e6):
+        return str(int(value))
+    return f"{value:.{digits}g}"
+
+
+def sparkline(values: Sequence[float | None], width: int = 24) -> str:
+    """Unicode blocks for a script's one-line view of a curve (the last ``width`` values)."""
+    vals = [v for v in values[-width:] if v is not None and math.isfinite(v)]
+    if not vals:
+        return ""
+    lo, hi = min(vals), max(vals)
+    span = hi - lo or 1.0
+    return "".join(_BLOCKS[min(7, int((v - lo) / span * 7.999))] for v in vals)
