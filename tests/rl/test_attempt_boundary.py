@@ -1,10 +1,9 @@
 """The attempt boundary: whatever an attempt returns or raises is discarded with a reason or trained on,
-never a crash of the run; GRPO's arithmetic is safe for any finite reward."""
+never a crash of the run; rewards outside the cap are discarded before GRPO's arithmetic."""
 
 from __future__ import annotations
 
 import math
-import sys
 from typing import Any
 
 import numpy as np
@@ -170,17 +169,6 @@ def test_reading_the_evidence_never_raises() -> None:
 
     evidence = checked_evidence(Exploding(reward=1.0), made_model_calls=True)
     assert evidence.discarded == "error" and "verifier state is gone" in evidence.detail
-
-
-@pytest.mark.parametrize(
-    "rewards",
-    [[1e200, 0.0], [1e308, -1e308], [sys.float_info.max, -sys.float_info.max, 0.0], [1e308] * 3 + [0.0]],
-)
-def test_grpo_advantages_are_finite_for_any_finite_rewards(rewards: list[float]) -> None:
-    adv = group_advantages(rewards)
-    assert all(math.isfinite(a) for a in adv.advantages)
-    assert math.isfinite(adv.mean) and math.isfinite(adv.std) and adv.std > 0
-    assert adv.advantages[0] > 0 > adv.advantages[-1] or adv.advantages[0] > adv.advantages[-1]
 
 
 def test_grpo_advantages_of_ordinary_rewards_are_the_plain_formulas() -> None:
