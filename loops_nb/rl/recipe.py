@@ -30,8 +30,8 @@ from loops_nb.rl.outcome import RLOutcome
 from loops_nb.rl.policy import Policy
 from loops_nb.rl.runtimes import RolloutRuntimes
 from loops_nb.run.check_report import RecipeCheckReport
-from loops_nb.run.outcome import Outcome
 from loops_nb.run.recipe_run import RecipeRun
+from loops_nb.run.run_outcome import Outcome
 from loops_nb.run.setup import Recipe, run_recipe
 from loops_nb.run_dir import Checkpoint, RunDirectory, atomic_write_json
 from loops_nb.runtime import CheckWarning, ModelAccessMode

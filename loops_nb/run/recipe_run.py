@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from loops_nb.errors import RunFailed, UserError, describe_cause
 from loops_nb.observers import ObserverSet
 from loops_nb.process_memory import process_memory
-from loops_nb.run.outcome import Outcome
+from loops_nb.run.run_outcome import Outcome
 from loops_nb.run_dir import Checkpoint, RunDirectory
 from loops_nb.run_events import RunEnded
 from loops_nb.step_record import StepRecord

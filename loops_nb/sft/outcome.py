@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from loops_nb.run.outcome import Outcome
+from loops_nb.run.run_outcome import Outcome
 
 
 @dataclass
