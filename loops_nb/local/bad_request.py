@@ -8,9 +8,14 @@ deactivated); handlers catch the family, never a member.
 
 from __future__ import annotations
 
+from loops_nb.errors import TrainerError
 
-class BadRequest(ValueError):
-    """A request the embedded Loops refuses; its message names the thing at fault and what to do."""
+
+class BadRequest(TrainerError, ValueError):
+    """A request the embedded Loops refuses; its message names the thing at fault and what to do.
+
+    Also a ValueError: `datum_wire` reads values inside `except ValueError` (re-raising a BadRequest as it is),
+    and pydantic turns only a ValueError raised in a validator into a field error."""
 
 
 class SampleRequestError(BadRequest):

@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from loops_nb.errors import LoopsNbError
 from loops_nb.llm.capture import TokenCapture
 from loops_nb.llm.client import ContextTooLong, LoopsLLM
 from loops_nb.rl.attempt_boundary import checked_evidence
@@ -301,7 +302,7 @@ class RolloutScheduler:
         await asyncio.gather(*jobs, return_exceptions=True)
 
 
-class AttemptExited(Exception):
+class AttemptExited(LoopsNbError):
     """Agent code called `sys.exit()`: in the training process that would end the run, not the attempt."""
 
 
