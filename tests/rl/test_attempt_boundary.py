@@ -3,12 +3,14 @@ never a crash of the run; rewards outside the cap are discarded before GRPO's ar
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
 import numpy as np
 import pytest
 
+from loops_nb.discard_reason import DiscardReason
 from loops_nb.episodes import Episode, EpisodeRuntime
 from loops_nb.llm.capture import ModelCall
 from loops_nb.llm.client import llm
@@ -185,3 +187,11 @@ def test_a_model_call_cut_off_in_flight_is_a_timeout_and_completed_calls_still_t
     assert checked_evidence(Evidence(reward=1.0), made_model_calls=False).discarded == "no_model_calls"
     kept = checked_evidence(Evidence(reward=1.0), made_model_calls=True, cut_off_calls=1)
     assert kept.discarded is None and kept.reward == 1.0
+
+
+def test_discard_reasons_are_written_as_their_plain_names() -> None:
+    """rollouts.jsonl and steps.jsonl keep the names they always had: an enum member is written as its value."""
+    names = {"error", "timeout", "no_model_calls", "no_reward", "invalid_reward", "blocked_loop"}
+    assert {str(r) for r in DiscardReason} == names | {"verifier_error", "truncated"}
+    assert json.dumps({"discarded": DiscardReason.BLOCKED_LOOP}) == '{"discarded": "blocked_loop"}'
+    assert f"discarded/{DiscardReason.NO_REWARD}" == "discarded/no_reward"
