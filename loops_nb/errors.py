@@ -1,16 +1,8 @@
-"""loops_nb's exceptions: one root, `LoopsNbError`, and a subclass per boundary a fault crosses.
+"""loops_nb's exceptions: one root, `LoopsNbError`, and a class per boundary a fault crosses.
 
-- `UserError` (and `ConfigError`, `DataError`, `CredentialsError`): the user's to fix. The CLI prints it as
-  one clear line (never a traceback): it names the file, row or key at fault and what would be valid.
-- `SandboxError`: a sandbox, its commands or its verifier failed; the attempt is discarded, never graded.
-- `ModelAccessError`: an attempt's request to the policy model (the gateway, or `LoopsLLM` in process) was
-  refused or could not be answered.
-- `TrainerError`: the embedded Loops (trainer and sampler) refused a request or lost what it served.
-- `RenderingError`: a conversation a model's renderer cannot write as asked.
-- `RunFailed`: a fault the run could not survive stopped it between steps.
-
-Each module defines its own classes on one of these (`SandboxDied(SandboxError)`), so `except LoopsNbError`
-catches every error loops_nb raises on purpose. Anything else that escapes is a bug in loops_nb.
+A `UserError` is the user's to fix: the CLI prints it as one line (never a traceback) naming the file, row or
+key at fault and what would be valid. Each module's own classes derive from one of these
+(`SandboxDied(SandboxError)`); anything else that escapes is a bug in loops_nb.
 """
 
 from __future__ import annotations

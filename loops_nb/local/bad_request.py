@@ -12,10 +12,8 @@ from loops_nb.errors import TrainerError
 
 
 class BadRequest(TrainerError, ValueError):
-    """A request the embedded Loops refuses; its message names the thing at fault and what to do.
-
-    Also a ValueError: `datum_wire` reads values inside `except ValueError` (re-raising a BadRequest as it is),
-    and pydantic turns only a ValueError raised in a validator into a field error."""
+    """A request the embedded Loops refuses; its message names the thing at fault and what to do. Also a
+    ValueError: `datum_wire` reads values inside `except ValueError`, and pydantic reports only those."""
 
 
 class SampleRequestError(BadRequest):
