@@ -3,7 +3,7 @@ after (`rl/outcome.py` is the RL recipe's)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +18,7 @@ class SFTOutcome(Outcome):
     eval_loss: float | None = None
 
     @staticmethod
-    def eval_fields(lines: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    def eval_fields(lines: Iterable[Mapping[str, Any]]) -> dict[str, float | None]:
         """The outcome's held-out losses from a run's evals.jsonl lines (the one at step 0, and the last)."""
         evals = list(lines)
         return {

@@ -259,7 +259,7 @@ class SFTRecipe(Recipe):
         # Its steps must still be the plan's, as on a resume: a changed plan is refused, not reported as this run.
         check_plan(run_dir, self.data.plan)
         evals = JsonlLog(run_dir.root / "evals.jsonl").records()
-        return SFTOutcome(**vars(super().finished(run_dir, checkpoint)), **SFTOutcome.eval_fields(evals))
+        return SFTOutcome(**{**vars(super().finished(run_dir, checkpoint)), **SFTOutcome.eval_fields(evals)})
 
     async def start(self, run: RunStart) -> SFTRun:
         return SFTRun(self.sft, run.run_dir, run.training_client, self.data, run.observers, stop=run.stop)
