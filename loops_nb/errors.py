@@ -1,13 +1,18 @@
-"""Errors that are the user's to fix.
+"""loops_nb's exceptions: one root, `LoopsNbError`, and a class per boundary a fault crosses.
 
-A `UserError` is printed by the CLI as one clear line (never a traceback): it names the file, row or key
-at fault and what would be valid. Anything else that escapes is a bug in loops_nb.
+A `UserError` is the user's to fix: the CLI prints it as one line (never a traceback) naming the file, row or
+key at fault and what would be valid. Each module's own classes derive from one of these
+(`SandboxDied(SandboxError)`); anything else that escapes is a bug in loops_nb.
 """
 
 from __future__ import annotations
 
 
-class UserError(Exception):
+class LoopsNbError(Exception):
+    """The root of every exception loops_nb raises on purpose."""
+
+
+class UserError(LoopsNbError):
     """Something the user can fix: bad config, bad data, missing credentials, a wrong path."""
 
 
@@ -23,7 +28,23 @@ class CredentialsError(UserError):
     """A scope or provider that needs credentials the environment does not hold."""
 
 
-class RunFailed(RuntimeError):
+class SandboxError(LoopsNbError):
+    """A sandbox, a command in it or its verifier failed (not the model's answer): the attempt is discarded."""
+
+
+class ModelAccessError(LoopsNbError):
+    """An attempt's request to the policy model was refused or could not be answered."""
+
+
+class TrainerError(LoopsNbError):
+    """The embedded Loops (its trainer or sampler) refused a request or lost what it was serving."""
+
+
+class RenderingError(LoopsNbError):
+    """A conversation a model's renderer cannot write as asked (a row that cannot train, a turn it parts from)."""
+
+
+class RunFailed(LoopsNbError):
     """A fault the run could not survive (a trainer error, a full disk) stopped it between steps.
 
     Nothing is lost: every finished step is logged and the run resumes from its last checkpoint. The

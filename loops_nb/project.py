@@ -25,7 +25,7 @@ from loops_nb.config import RECIPES, ConfigSource, RecipeConfig, load_config
 
 if TYPE_CHECKING:
     from loops_nb.policy_sampler import PolicySampler
-    from loops_nb.run.outcome import Outcome
+    from loops_nb.run.run_outcome import Outcome
 
 
 class Report(Protocol):

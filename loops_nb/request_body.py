@@ -14,8 +14,10 @@ from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 
+from loops_nb.errors import LoopsNbError
 
-class BodyRefused(ValueError):
+
+class BodyRefused(LoopsNbError):
     """The body cannot be accepted; the message says why, for the client."""
 
     def __init__(self, message: str, *, too_large: bool = False) -> None:

@@ -12,7 +12,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from loops_nb.discard_reason import DiscardReason
 
 if TYPE_CHECKING:
     from loops_nb.llm.capture import TokenCapture
@@ -68,34 +70,21 @@ class Attempt:
         return f"{self.task.id}/g{self.group}/a{self.index}"
 
 
-DiscardReason = Literal[
-    "error",
-    "timeout",
-    "no_model_calls",
-    "no_reward",
-    "invalid_reward",
-    "blocked_loop",
-    "stale",
-    "verifier_error",
-    "truncated",
-]
-
-
 @dataclass
 class Evidence:
     """What an attempt produced: its reward, or why it must not train."""
 
     reward: float | None
     metrics: dict[str, float] = field(default_factory=dict)
-    discarded: str | None = None
-    """A reason (see DiscardReason) when the attempt must not train; its group still counts it."""
+    discarded: DiscardReason | str | None = None
+    """Why the attempt must not train (a `DiscardReason`, or a runtime's own name); its group still counts it."""
     detail: str = ""
     """Human detail for a discard: the exception, the missing reward file, ..."""
     transcript: list[dict[str, Any]] = field(default_factory=list)
     """The conversation as the agent saw it (messages, tool calls, tool results)."""
 
     @classmethod
-    def discard(cls, reason: str, detail: str = "", **metrics: float) -> Evidence:
+    def discard(cls, reason: DiscardReason | str, detail: str = "", **metrics: float) -> Evidence:
         return cls(reward=None, discarded=reason, detail=detail, metrics=dict(metrics))
 
 
@@ -109,7 +98,7 @@ class RunContext:
     state_dir: Path
     """The run's state directory (or check's preflight directory): the resource journal lives here."""
     providers: Mapping[str, Any] = field(default_factory=dict)
-    """`[providers.<name>]` tables (loops_nb.providers.config models), by name."""
+    """`[providers.<name>]` tables (loops_nb.providers.provider_config models), by name."""
     resources: ResourceRegistry | None = None
     """The run's resource registry, journalled under `state_dir`."""
     checking: bool = False

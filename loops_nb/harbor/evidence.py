@@ -13,24 +13,25 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from loops_nb.discard_reason import DiscardReason
 from loops_nb.runtime import Evidence
 
 if TYPE_CHECKING:
     from harbor.models.trial.result import ExceptionInfo, TimingInfo, TrialResult
 
 # Harbor exception type -> loops_nb discard reason (anything else is `error`).
-DISCARD_REASONS = {
-    "ContextTooLong": "truncated",
-    "AgentTimeoutError": "timeout",  # only when Harbor's policy is overridden not to grade it
-    "AgentSetupTimeoutError": "timeout",
-    "EnvironmentStartTimeoutError": "timeout",
-    "VerifierTimeoutError": "verifier_error",
-    "VerifierCannotRun": "verifier_error",  # the local sandbox: a verifier that broke, not failed tests
-    "VerifierOutputParseError": "verifier_error",
-    "DownloadVerifierDirError": "verifier_error",
-    "AddTestsDirError": "verifier_error",
-    "RewardFileNotFoundError": "no_reward",
-    "RewardFileEmptyError": "no_reward",
+DISCARD_REASONS: dict[str, DiscardReason] = {
+    "ContextTooLong": DiscardReason.TRUNCATED,
+    "AgentTimeoutError": DiscardReason.TIMEOUT,  # only when Harbor's policy is overridden not to grade it
+    "AgentSetupTimeoutError": DiscardReason.TIMEOUT,
+    "EnvironmentStartTimeoutError": DiscardReason.TIMEOUT,
+    "VerifierTimeoutError": DiscardReason.VERIFIER_ERROR,
+    "VerifierCannotRun": DiscardReason.VERIFIER_ERROR,  # the local sandbox: a verifier that broke, not failed tests
+    "VerifierOutputParseError": DiscardReason.VERIFIER_ERROR,
+    "DownloadVerifierDirError": DiscardReason.VERIFIER_ERROR,
+    "AddTestsDirError": DiscardReason.VERIFIER_ERROR,
+    "RewardFileNotFoundError": DiscardReason.NO_REWARD,
+    "RewardFileEmptyError": DiscardReason.NO_REWARD,
 }
 
 
@@ -108,9 +109,9 @@ def evidence_from_trial(
     problems = [e for e in result.recorded_exceptions() if not _graded(e)]
     if problems:
         first = problems[0]
-        reason = DISCARD_REASONS.get(first.exception_type, "error")
+        reason = DISCARD_REASONS.get(first.exception_type, DiscardReason.ERROR)
         detail = f"{first.exception_type}: {first.exception_message}".strip()
-        if reason == "error" and first.exception_type not in REFUSED_BY_THE_SANDBOX:
+        if reason == DiscardReason.ERROR and first.exception_type not in REFUSED_BY_THE_SANDBOX:
             # The user's agent raised: the last lines of the traceback say where.
             detail += "\n" + _where(first.exception_traceback, first.exception_message)
         evidence = Evidence.discard(reason, detail, **metrics)
@@ -118,7 +119,9 @@ def evidence_from_trial(
         return evidence
     if not rewards:
         evidence = Evidence.discard(
-            "no_reward", "the verifier wrote no /logs/verifier/reward.txt or reward.json", **metrics
+            DiscardReason.NO_REWARD,
+            "the verifier wrote no /logs/verifier/reward.txt or reward.json",
+            **metrics,
         )
         evidence.transcript = transcript
         return evidence
@@ -128,7 +131,7 @@ def evidence_from_trial(
         reward = rewards.pop(next(iter(rewards)))
     else:
         evidence = Evidence.discard(
-            "verifier_error",
+            DiscardReason.VERIFIER_ERROR,
             f"reward.json has {sorted(rewards)} but no {reward_key!r}: name one entry {reward_key!r}, "
             "or set [runtime.options] reward_key",
             **metrics,
@@ -137,7 +140,7 @@ def evidence_from_trial(
         return evidence
     reward = float(reward)
     if not math.isfinite(reward):
-        return Evidence.discard("verifier_error", f"the verifier's reward is {reward}", **metrics)
+        return Evidence.discard(DiscardReason.VERIFIER_ERROR, f"the verifier's reward is {reward}", **metrics)
     metrics.update({f"harbor/{name}": float(value) for name, value in rewards.items()})
     metrics.update(agent_metrics(result))
     for exc in result.recorded_exceptions():  # graded anyway (an agent timeout): keep, but say so

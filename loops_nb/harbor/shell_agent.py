@@ -33,6 +33,7 @@ from harbor.environments.base import BaseEnvironment
 from harbor.models.agent.context import AgentContext
 from pydantic import Field
 
+from loops_nb.errors import SandboxError
 from loops_nb.harbor.agent import LoopsAgent
 
 if TYPE_CHECKING:
@@ -90,7 +91,7 @@ WRITE_CHUNK_CHARS = 32_000
 """`write_file` sends content in pieces of this size: one shell argument must stay under Linux's 128 KiB."""
 
 
-class CommandTimeout(Exception):
+class CommandTimeout(SandboxError):
     """A command ran past its timeout (the model's doing, so it is answered as a tool result)."""
 
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from loops_nb.errors import ModelAccessError
 from loops_nb.llm.breaks import classify_break
 from loops_nb.llm.capture import ModelCall, TokenCapture
 from loops_nb.llm.renderer import Renderer
@@ -62,7 +63,7 @@ class SamplingDefaults:
     max_seq_len: int | None = None
 
 
-class ContextTooLong(RuntimeError):
+class ContextTooLong(ModelAccessError):
     """The conversation no longer fits `max_seq_len`; the attempt is discarded as truncated."""
 
 

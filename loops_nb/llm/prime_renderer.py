@@ -21,7 +21,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from loops_nb.errors import ConfigError, UserError
+from loops_nb.errors import ConfigError, RenderingError, UserError
 from loops_nb.llm.breaks import continuation_start
 from loops_nb.llm.renderer import ParsedReply, TokenizerText
 
@@ -187,7 +187,7 @@ class PrimeRenderer(TokenizerText):
         return continuation_start(self, messages, tools, previous)
 
 
-class TurnNotAfterPrompt(ValueError):
+class TurnNotAfterPrompt(RenderingError):
     """An assistant turn the family writes unlike the generation prompt it follows (a gpt-oss prompt opens the
     analysis channel; a turn without reasoning starts in another): what each has where they part."""
 

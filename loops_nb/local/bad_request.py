@@ -8,9 +8,12 @@ deactivated); handlers catch the family, never a member.
 
 from __future__ import annotations
 
+from loops_nb.errors import TrainerError
 
-class BadRequest(ValueError):
-    """A request the embedded Loops refuses; its message names the thing at fault and what to do."""
+
+class BadRequest(TrainerError, ValueError):
+    """A request the embedded Loops refuses; its message names the thing at fault and what to do. Also a
+    ValueError: `datum_wire` reads values inside `except ValueError`, and pydantic reports only those."""
 
 
 class SampleRequestError(BadRequest):

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from loops_nb.errors import TrainerError
 from loops_nb.local.bad_request import BadRequest
 
 URL_LIFETIME_SECONDS = 3600
@@ -65,7 +66,7 @@ class CheckpointFileLinks:
             raise LinkRefused("the link has expired; ask get_checkpoint_archive_url for a new one")
 
 
-class LinkRefused(ValueError):
+class LinkRefused(TrainerError):
     """A file link that is not valid (answered 403, as S3 answers a bad presigned URL)."""
 
 

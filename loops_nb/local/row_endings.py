@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 from typing import TYPE_CHECKING
 
+from loops_nb.errors import TrainerError
 from loops_nb.local.sampler_batch import Row
 from loops_nb.local.sampling_types import SampledChoice
 
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 
-class SampleAbandoned(RuntimeError):
+class SampleAbandoned(TrainerError):
     """The request's caller gave up before its answer was ready; it was stopped, not finished."""
 
 

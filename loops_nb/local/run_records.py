@@ -19,6 +19,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from loops_nb.errors import TrainerError
 from loops_nb.run_dir import atomic_write_json
 
 RUN_ID = re.compile(r"^run-[0-9a-f]{12}$")
@@ -28,7 +29,7 @@ BASE_SAMPLER_ID = re.compile(r"^smp-base-[0-9a-f]{12}$")
 RUN_RECORD = "run.json"
 
 
-class RunLost(ValueError):
+class RunLost(TrainerError):
     """A run this server's state directory knows, whose live trainer state died with an earlier process.
 
     Answered 410 Gone: the SDK retries only 400, 404, 408 and 502 (and 503 on /sample), so a 410

@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedTokenizerBase
 
+from loops_nb.errors import TrainerError
 from loops_nb.local.batch_forward import BatchForward
 from loops_nb.local.compute_lane import COMPUTE_LANE
 from loops_nb.local.decoding import select_tokens
@@ -69,7 +70,7 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class SamplerClosedError(RuntimeError):
+class SamplerClosedError(TrainerError):
     """The engine was closed before the request could finish."""
 
 

@@ -18,6 +18,7 @@ import asyncio
 import hashlib
 from typing import TYPE_CHECKING
 
+from loops_nb.errors import TrainerError
 from loops_nb.local.bad_request import BadRequest
 from loops_nb.local.run_records import RunLost
 
@@ -30,7 +31,7 @@ PUBLISH_WAIT_SECONDS = 20.0
 """How long `/sample` waits for a policy version it was asked for before answering 408."""
 
 
-class PolicyNotPublished(Exception):
+class PolicyNotPublished(TrainerError):
     """The run has not published the policy version a `/sample` asked for within the wait (a 408)."""
 
 

@@ -13,11 +13,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from loops_nb.errors import ModelAccessError
+
 ROLES = {"system", "developer", "user", "assistant", "tool"}
 MAX_CHOICES = 16
 
 
-class InvalidAgentRequest(ValueError):
+class InvalidAgentRequest(ModelAccessError):
     """A request the gateway refuses with 400; `param` names the field, as OpenAI's errors do."""
 
     def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:

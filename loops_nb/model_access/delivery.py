@@ -29,6 +29,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from loops_nb.connection_guard import CLIENT_CONNECTED
+from loops_nb.errors import ModelAccessError
 from loops_nb.model_access.leases import AttemptLease
 
 DELIVERY_TIMEOUT = 30.0
@@ -36,11 +37,11 @@ DELIVERY_TIMEOUT = 30.0
 reply counts as undelivered. Sending a reply of a few kilobytes to a loopback client takes far less."""
 
 
-class LeaseEnded(RuntimeError):
+class LeaseEnded(ModelAccessError):
     """The attempt of the lease ended (or its loop was shut down) before the request was answered."""
 
 
-class ClientGone(Exception):
+class ClientGone(ModelAccessError):
     """The client disconnected before its reply was ready; its sampling was cancelled."""
 
 

@@ -28,6 +28,7 @@ from harbor.environments.options import EnvironmentOptions
 from harbor.models.trial.paths import EnvironmentPaths
 from pydantic import Field
 
+from loops_nb.errors import SandboxError
 from loops_nb.providers.bubblewrap import BubblewrapSandbox, SandboxDied, bwrap_path
 from loops_nb.providers.dockerfile_plan import read_dockerfile
 from loops_nb.providers.journalled import JournalledSandbox
@@ -59,7 +60,7 @@ class LocalSandboxOptions(EnvironmentOptions):
     """Leave sandbox directories behind (still journalled) for debugging."""
 
 
-class TaskNeedsImage(RuntimeError):
+class TaskNeedsImage(SandboxError):
     """The task needs an image build, which the local sandbox cannot do."""
 
 

@@ -21,6 +21,7 @@ import re
 import sys
 from pathlib import Path, PurePosixPath
 
+from loops_nb.errors import SandboxError
 from loops_nb.providers.bubblewrap import DEFAULT_PATH
 from loops_nb.providers.verifier_toolbox import toolbox
 
@@ -29,7 +30,7 @@ PROBLEMS_FILE = "loops_verifier_problems.txt"
 LOG_TAIL = 2000
 
 
-class VerifierCannotRun(RuntimeError):
+class VerifierCannotRun(SandboxError):
     """The verifier failed for a reason other than the tests: the attempt is discarded, never scored."""
 
 

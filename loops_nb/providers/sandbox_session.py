@@ -26,17 +26,19 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import IO
 
+from loops_nb.errors import SandboxError
+
 START_TIMEOUT = 60.0
 """Seconds for bwrap to set its mounts up and the supervisor to say it is ready."""
 KILL_GRACE = 10.0
 """Seconds a timed-out command's process group gets to be reaped after its SIGKILL."""
 
 
-class SandboxUnavailable(RuntimeError):
+class SandboxUnavailable(SandboxError):
     """bubblewrap is missing or cannot create namespaces here."""
 
 
-class SandboxDied(RuntimeError):
+class SandboxDied(SandboxError):
     """The sandbox died under a running trial: its `bwrap` was killed, or its host directory was removed.
 
     Not the task's doing and not the model's: the attempt must be discarded, never graded. The message

@@ -18,6 +18,7 @@ import numbers
 from collections.abc import Mapping
 from typing import Any
 
+from loops_nb.discard_reason import DiscardReason
 from loops_nb.runtime import Evidence
 
 REWARD_LIMIT = 1e6
@@ -41,7 +42,7 @@ def checked_evidence(
         return _checked(result, made_model_calls, reward_range, cut_off_calls)
     except Exception as exc:  # a property or __float__ of user code that raises
         return Evidence.discard(
-            "error", f"the attempt's result could not be read: {type(exc).__name__}: {exc}"
+            DiscardReason.ERROR, f"the attempt's result could not be read: {type(exc).__name__}: {exc}"
         )
 
 
@@ -50,7 +51,7 @@ def _checked(
 ) -> Evidence:
     if not isinstance(result, Evidence):
         return Evidence.discard(
-            "error",
+            DiscardReason.ERROR,
             f"run_attempt returned {type(result).__name__}, not Evidence: return Evidence(reward=...)",
         )
     detail = result.detail if isinstance(result.detail, str) else repr(result.detail)
@@ -59,25 +60,25 @@ def _checked(
     if result.discarded is not None:
         if not (isinstance(result.discarded, str) and result.discarded):
             return Evidence.discard(
-                "error", f"discarded with reason {result.discarded!r}, not a name: {detail}"
+                DiscardReason.ERROR, f"discarded with reason {result.discarded!r}, not a name: {detail}"
             )
         # A discarded attempt records no reward (rollouts.jsonl says `reward: null`), whatever came with it.
         return Evidence(None, metrics, result.discarded, detail, transcript)
     if problem or metrics_problem:
-        return Evidence.discard("error", problem or metrics_problem)
+        return Evidence.discard(DiscardReason.ERROR, problem or metrics_problem)
     if not made_model_calls and cut_off_calls:
         return Evidence.discard(
-            "timeout",
+            DiscardReason.TIMEOUT,
             f"the attempt ended with {cut_off_calls} model call(s) cut off in flight (the agent's own "
             "timeout, or a client that gave up before the reply) and none completed: nothing to train",
         )
     if not made_model_calls:
-        return Evidence.discard("no_model_calls", "the attempt never called the model")
+        return Evidence.discard(DiscardReason.NO_MODEL_CALLS, "the attempt never called the model")
     if result.reward is None:
-        return Evidence.discard("no_reward", "the attempt returned no reward (None)")
+        return Evidence.discard(DiscardReason.NO_REWARD, "the attempt returned no reward (None)")
     reward, problem = _reward(result.reward, reward_range)
     if problem:
-        return Evidence(None, metrics, "invalid_reward", problem, transcript)
+        return Evidence(None, metrics, DiscardReason.INVALID_REWARD, problem, transcript)
     return Evidence(reward, metrics, None, detail, transcript)
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -35,32 +34,16 @@ class GroupAdvantages:
 
 
 def group_advantages(rewards: Sequence[float]) -> GroupAdvantages:
-    """Advantages of one group's (kept) attempts; finite for any finite rewards, never an OverflowError."""
+    """Advantages of one group's (kept) attempts: each reward minus the group mean."""
     if not rewards:
         return GroupAdvantages([], 0.0, 0.0)
     # Exact equality, not a tolerance: 0.1 + 0.2 and 0.3 are different rewards to the trainer too.
     if all(r == rewards[0] for r in rewards):
         return GroupAdvantages([0.0] * len(rewards), float(rewards[0]), 0.0)
-    # Sums and squares of rewards near the float range overflow (1e200 ** 2, 1e308 + 1e308). Scaled by a
-    # power of two into [-1, 1], every intermediate is small and the scaling itself is exact, so ordinary
-    # rewards get bit-for-bit the mean and std of the unscaled formulas.
-    exponent = math.frexp(max(abs(r) for r in rewards))[1]
-    scaled = [math.ldexp(r, -exponent) for r in rewards]
-    mean = math.fsum(scaled) / len(scaled)
-    std = math.sqrt(math.fsum((r - mean) ** 2 for r in scaled) / len(scaled))
-    return GroupAdvantages(
-        [_unscaled(r - mean, exponent) for r in scaled],
-        _unscaled(mean, exponent),
-        _unscaled(std, exponent),
-    )
-
-
-def _unscaled(x: float, exponent: int) -> float:
-    """`x * 2**exponent`; a difference of two rewards near the float range's ends is clamped to it."""
-    try:
-        return math.ldexp(x, exponent)
-    except OverflowError:
-        return math.copysign(sys.float_info.max, x)
+    # Rewards are capped at +-REWARD_LIMIT (1e6) by the attempt boundary, so these sums never overflow.
+    mean = math.fsum(rewards) / len(rewards)
+    std = math.sqrt(math.fsum((r - mean) ** 2 for r in rewards) / len(rewards))
+    return GroupAdvantages([r - mean for r in rewards], mean, std)
 
 
 def step_datums(groups: Sequence[GroupResult]) -> tuple[list[SequenceDatum], dict[str, Any]]:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from loops_nb.run.outcome import Outcome
+from loops_nb.run.run_outcome import Outcome
 
 
 @dataclass

@@ -19,7 +19,6 @@ from loops_nb.llm.renderer import Renderer
 from loops_nb.llm.template_check import template_report
 from loops_nb.local.memory_budget import check_lines
 from loops_nb.model_access import open_file_problem
-from loops_nb.observers import ObserverSet
 from loops_nb.resources import ResourceJournal, ResourceRegistry
 from loops_nb.rl.agent_time_check import agent_time_warnings
 from loops_nb.rl.config import RLConfig
@@ -30,16 +29,14 @@ from loops_nb.rl.outcome import RLOutcome
 from loops_nb.rl.policy import Policy
 from loops_nb.rl.runtimes import RolloutRuntimes
 from loops_nb.run.check_report import RecipeCheckReport
-from loops_nb.run.outcome import Outcome
 from loops_nb.run.recipe_run import RecipeRun
-from loops_nb.run.setup import Recipe, run_recipe
+from loops_nb.run.run_outcome import Outcome
+from loops_nb.run.setup import Recipe, RunStart, run_recipe
 from loops_nb.run_dir import Checkpoint, RunDirectory, atomic_write_json
 from loops_nb.runtime import CheckWarning, ModelAccessMode
 from loops_nb.tokenization import load_model_renderer, model_renderer_choice, run_renderer_choice
 
 if TYPE_CHECKING:
-    from baseten.loops import TrainingClient
-
     from loops_nb.project import Project
 
 log = logging.getLogger(__name__)
@@ -227,13 +224,7 @@ class RLRecipe(Recipe):
         self.resources = ResourceRegistry(ResourceJournal.at(run_dir.state / "journal.jsonl"))
         self.runtimes.bind(run_dir.state, self.resources)
 
-    async def start(
-        self,
-        run_dir: RunDirectory,
-        training_client: TrainingClient,
-        observers: ObserverSet,
-        stop: asyncio.Event | None,
-    ) -> RecipeRun:
+    async def start(self, run: RunStart) -> RecipeRun:
         config = self.rl
         await self.runtimes.lease_model_access()
         renderer = await asyncio.to_thread(
@@ -241,17 +232,17 @@ class RLRecipe(Recipe):
             config.model,
             config.compute.scope,
             cache_dir=config.compute.local.cache_dir,
-            choice=run_renderer_choice(config.model, run_dir.read_run_json()),
+            choice=run_renderer_choice(config.model, run.run_dir.read_run_json()),
         )
-        policy = Policy(training_client, config.model.base_model)
+        policy = Policy(run.training_client, config.model.base_model)
         return RLRun(
             config,
-            run_dir,
+            run.run_dir,
             policy,
             self.runtimes.training,
             renderer,
-            observers,
-            stop=stop,
+            run.observers,
+            stop=run.stop,
             resources=self.resources,
             loss=self.loss,
             eval_runtime=self.runtimes.held_out if config.eval.enabled else None,

@@ -24,6 +24,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from loops_nb.discard_reason import DiscardReason
+from loops_nb.errors import LoopsNbError
 from loops_nb.llm.capture import TokenCapture
 from loops_nb.llm.client import ContextTooLong, LoopsLLM
 from loops_nb.rl.attempt_boundary import checked_evidence
@@ -171,7 +173,10 @@ class RolloutScheduler:
             for place in attempt.services.evidence_kept:
                 if place not in evidence.detail:
                     evidence.detail += f"\n({place})"
-            if evidence.discarded == "invalid_reward" and "invalid_reward" not in self.stats.discarded:
+            if (
+                evidence.discarded == DiscardReason.INVALID_REWARD
+                and DiscardReason.INVALID_REWARD not in self.stats.discarded
+            ):
                 log.warning("attempt %s is discarded: %s", attempt.id, evidence.detail)  # the first one
             self.stats.discarded[evidence.discarded] += 1
             self.stats.first_detail.setdefault(evidence.discarded, evidence.detail)
@@ -206,20 +211,22 @@ class RolloutScheduler:
             now = time.monotonic()
             worst = max(blocks, key=lambda b: b.seconds(now))
             return Evidence.discard(
-                "blocked_loop",
+                DiscardReason.BLOCKED_LOOP,
                 f"ran past its {self.attempt_timeout:g} s timeout, {worst.seconds(now):.1f} s of it blocking "
                 f"the event loop (freezing every other attempt) in {worst.where}: run blocking code with "
                 "`await asyncio.to_thread(...)` (loops_nb.episodes.run_blocking)",
             )
         if timed_out:
-            return Evidence.discard("timeout", f"no result within {self.attempt_timeout:g} s")
+            return Evidence.discard(DiscardReason.TIMEOUT, f"no result within {self.attempt_timeout:g} s")
         if job.cancelled():
-            return Evidence.discard("error", "CancelledError: the attempt was cancelled from inside it")
+            return Evidence.discard(
+                DiscardReason.ERROR, "CancelledError: the attempt was cancelled from inside it"
+            )
         exc = job.exception()
         if isinstance(exc, ContextTooLong):
-            return Evidence.discard("truncated", str(exc))
+            return Evidence.discard(DiscardReason.TRUNCATED, str(exc))
         if exc is not None:
-            return Evidence.discard("error", f"{type(exc).__name__}: {exc}")
+            return Evidence.discard(DiscardReason.ERROR, f"{type(exc).__name__}: {exc}")
         return checked_evidence(
             job.result(),
             made_model_calls=bool(attempt.services.capture.calls),
@@ -301,7 +308,7 @@ class RolloutScheduler:
         await asyncio.gather(*jobs, return_exceptions=True)
 
 
-class AttemptExited(Exception):
+class AttemptExited(LoopsNbError):
     """Agent code called `sys.exit()`: in the training process that would end the run, not the attempt."""
 
 

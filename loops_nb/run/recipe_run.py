@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from loops_nb.errors import RunFailed, UserError, describe_cause
 from loops_nb.observers import ObserverSet
 from loops_nb.process_memory import process_memory
-from loops_nb.run.outcome import Outcome
+from loops_nb.run.run_outcome import Outcome
 from loops_nb.run_dir import Checkpoint, RunDirectory
 from loops_nb.run_events import RunEnded
 from loops_nb.step_record import StepRecord
@@ -43,7 +43,7 @@ class RecipeRun(ABC):
     def __init__(
         self,
         run_dir: RunDirectory,
-        training_client: TrainingClient | None,
+        training_client: TrainingClient,
         observers: ObserverSet,
         *,
         total_steps: int,
@@ -51,8 +51,8 @@ class RecipeRun(ABC):
         stop: asyncio.Event | None = None,
     ) -> None:
         self.run_dir = run_dir
-        self.training_client = training_client
-        """None only for a run answered from its files (a finished one), which never reaches the trainer."""
+        self.trainer = training_client
+        """The Loops training client."""
         self.observers = observers
         self.total_steps = total_steps
         self.save_every = save_every
@@ -60,13 +60,6 @@ class RecipeRun(ABC):
         self.sampler_counters: Callable[[], Mapping[str, int] | None] = lambda: None
         """The Loops' sampler counters when it reports them (the embedded one): RL records their change
         per step (`sampler/prefill_tokens`, `sampler/prefix_cached_tokens`)."""
-
-    @property
-    def trainer(self) -> TrainingClient:
-        """The Loops training client."""
-        if self.training_client is None:
-            raise RuntimeError(f"{self.run_dir.root} was read from its files: it has no training client")
-        return self.training_client
 
     @abstractmethod
     async def train_step(self, step: int) -> StepRecord:
@@ -152,14 +145,9 @@ class RecipeRun(ABC):
         return checkpoint.step
 
     async def execute(self, start: int) -> Outcome:
-        """Run steps ``start..total_steps-1`` (or until `stop` is set) and save the final checkpoint."""
+        """Run steps ``start..total_steps-1`` (or until `stop` is set) and save the final checkpoint. A finished
+        run never gets here: `run_recipe` answers it from its files (`Recipe.finished`)."""
         started = time.monotonic()
-        last = self.run_dir.last_checkpoint()
-        if start >= self.total_steps and last is not None and last.step == start and last.sampler_path:
-            # Resumed at its end (a finished run): nothing to train, and nothing to save again.
-            outcome = self.outcome("completed", start, start, last, 0.0, self.run_dir.last_step_record())
-            self.observers.emit(RunEnded("completed", start, 0.0))
-            return outcome
         try:
             await self.begin(start)
         except UserError:

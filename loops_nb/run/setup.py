@@ -17,6 +17,7 @@ import json
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,8 +28,8 @@ from loops_nb.errors import UserError
 from loops_nb.mirrors import run_observers
 from loops_nb.observers import ObserverSet
 from loops_nb.resources import RunLock
-from loops_nb.run.outcome import Outcome
 from loops_nb.run.recipe_run import RecipeRun
+from loops_nb.run.run_outcome import Outcome
 from loops_nb.run_dir import Checkpoint, RunDirectory
 from loops_nb.run_events import RunEnded, RunStarted
 from loops_nb.tokenization import renderer_record
@@ -37,6 +38,16 @@ if TYPE_CHECKING:
     from baseten.loops import TrainingClient
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunStart:
+    """What a recipe builds its `RecipeRun` from, once the lock is held and the training client is open."""
+
+    run_dir: RunDirectory
+    training_client: TrainingClient
+    observers: ObserverSet
+    stop: asyncio.Event | None
 
 
 class Recipe(ABC):
@@ -60,14 +71,8 @@ class Recipe(ABC):
         """Optimizer steps the run makes in all."""
 
     @abstractmethod
-    async def start(
-        self,
-        run_dir: RunDirectory,
-        training_client: TrainingClient,
-        observers: ObserverSet,
-        stop: asyncio.Event | None,
-    ) -> RecipeRun:
-        """Build the recipe's `RecipeRun` (called with the lock held and the training client open)."""
+    async def start(self, run: RunStart) -> RecipeRun:
+        """Build the recipe's `RecipeRun`."""
 
     async def prepare(self, run_dir: RunDirectory) -> None:
         """With the lock held, before the Loops connection (RL binds its runtime to the run's state)."""
@@ -90,7 +95,9 @@ class Recipe(ABC):
         return {}
 
     def finished(self, run_dir: RunDirectory, checkpoint: Checkpoint) -> Outcome:
-        """The outcome of a run whose files show it complete, read from them."""
+        """The outcome of a run whose files show it complete, read from them: nothing is trained, evaluated or
+        saved, and no Loops client exists. A recipe adds its own fields, or refuses the rerun (SFT: a changed
+        plan), before any event."""
         return Outcome(
             run_dir=str(run_dir.root),
             status="completed",
@@ -164,7 +171,7 @@ async def run_recipe(
                     **recipe.run_record(),
                 },
             )
-            run = await recipe.start(run_dir, training_client, observer_set, stop)
+            run = await recipe.start(RunStart(run_dir, training_client, observer_set, stop))
             run.sampler_counters = connection.sampler_counters
             start = await run.resume_point()
             _emit_start(observer_set, recipe, run_dir, start)

@@ -43,7 +43,7 @@ from loops_nb.compute import LoopsConnection
 from loops_nb.errors import UserError
 from loops_nb.llm.renderer import ParsedReply
 from loops_nb.llm.templates import AssistantReply, parse_assistant_text
-from loops_nb.run.outcome import Outcome
+from loops_nb.run.run_outcome import Outcome
 from loops_nb.run_checkpoints import checkpoint_sampling_client, find_checkpoint
 from loops_nb.run_dir import RunDirectory
 from loops_nb.sft.batching import is_held_out, missing_data_message

@@ -26,7 +26,7 @@ from loops_nb.run.optimizer import AdamSettings
 from loops_nb.run.recipe_run import RecipeRun
 from loops_nb.run_dir import Checkpoint, JsonlLog, RunDirectory
 from loops_nb.run_events import EvalRecord
-from loops_nb.sft.batching import SFTData, batch_id
+from loops_nb.sft.batching import BatchPlan, SFTData, batch_id
 from loops_nb.sft.config import SFTConfig
 from loops_nb.sft.evaluation import EvalResult, example_datum, held_out_loss, weighted_nll
 from loops_nb.sft.outcome import SFTOutcome
@@ -49,7 +49,7 @@ class SFTRun(RecipeRun):
         self,
         config: SFTConfig,
         run_dir: RunDirectory,
-        training_client: TrainingClient | None,
+        training_client: TrainingClient,
         data: SFTData,
         observers: ObserverSet,
         *,
@@ -69,7 +69,6 @@ class SFTRun(RecipeRun):
         self.adam = AdamSettings.of(t, t.learning_rate)
         self.evals = JsonlLog(run_dir.root / "evals.jsonl")
         self._eval_examples: list[Example] = []
-        self._eval_before: float | None = None
 
     def lr(self, step: int) -> float:
         t = self.config.training
@@ -91,14 +90,13 @@ class SFTRun(RecipeRun):
 
     async def load_checkpoint(self, checkpoint: Checkpoint) -> None:
         await super().load_checkpoint(checkpoint)
-        self._check_plan(up_to=checkpoint.step)
+        check_plan(self.run_dir, self.data.plan, up_to=checkpoint.step)
 
     async def begin(self, start: int) -> None:
         self._eval_examples = await asyncio.to_thread(self.data.eval_examples)
-        self._eval_before = self._logged_eval_before()
-        if self._eval_before is None and start == 0 and self._eval_examples:
+        logged_before = any(r.get("step") == 0 for r in self.evals.records())
+        if not logged_before and start == 0 and self._eval_examples:
             before = await self._evaluate(0)
-            self._eval_before = before.loss
             # No step record carries it: observers (a live loss chart's first eval point) get it here.
             self.observers.emit(EvalRecord(0, before.record()))
 
@@ -108,40 +106,8 @@ class SFTRun(RecipeRun):
             return metrics
         return {**metrics, **(await self._evaluate(step)).record()}
 
-    def _logged_eval_before(self) -> float | None:
-        return next((r["eval/loss"] for r in self.evals.records() if r.get("step") == 0), None)
-
-    def _check_plan(self, up_to: int | None = None) -> None:
-        """Refuse a run whose logged steps trained other batches than the plan gives them now."""
-        plan = self.data.plan
-        for record in self.run_dir.steps.records():
-            step = record["step"]
-            if up_to is not None and step >= up_to:
-                continue  # past the checkpoint: cut by the rewind, redone from the plan
-            if record.get("batch") != plan.batch_id(step):
-                raise UserError(
-                    f"{self.run_dir.root}: step {step} trained batch {record.get('batch')}, but the data and "
-                    f"config now plan batch {plan.batch_id(step)} for it (the data files, data.*, batch_tokens or "
-                    "epochs changed); resuming would replay or skip examples. Use a new output.run_name."
-                )
-
-    def finished(self, checkpoint: Checkpoint) -> SFTOutcome:
-        """The outcome of a run whose files show it complete (``checkpoint``: its final one), read from them:
-        nothing is trained, evaluated or saved, and no training client is needed. Its steps must still be the
-        plan's, as on a resume: a changed plan is refused, not reported as this run."""
-        self._check_plan()
-        self._eval_before = self._logged_eval_before()
-        step = checkpoint.step
-        outcome = self.outcome("completed", step, step, checkpoint, 0.0, self.run_dir.last_step_record())
-        assert isinstance(outcome, SFTOutcome)
-        return outcome
-
     def outcome_fields(self) -> dict[str, Any]:
-        last_eval = next(iter(reversed(list(self.evals.records()))), None)
-        return {
-            "eval_loss_before": self._eval_before,
-            "eval_loss": last_eval["eval/loss"] if last_eval else None,
-        }
+        return SFTOutcome.eval_fields(self.evals.records())
 
     async def train_step(self, step: int) -> StepRecord:
         step_started = time.perf_counter()
@@ -186,3 +152,18 @@ class SFTRun(RecipeRun):
             }
         )
         return result
+
+
+def check_plan(run_dir: RunDirectory, plan: BatchPlan, up_to: int | None = None) -> None:
+    """Refuse a run whose logged steps (those before ``up_to``) trained other batches than the plan gives them
+    now: resuming it, or reporting it as complete, would be another run's."""
+    for record in run_dir.steps.records():
+        step = record["step"]
+        if up_to is not None and step >= up_to:
+            continue  # past the checkpoint: cut by the rewind, redone from the plan
+        if record.get("batch") != plan.batch_id(step):
+            raise UserError(
+                f"{run_dir.root}: step {step} trained batch {record.get('batch')}, but the data and "
+                f"config now plan batch {plan.batch_id(step)} for it (the data files, data.*, batch_tokens or "
+                "epochs changed); resuming would replay or skip examples. Use a new output.run_name."
+            )

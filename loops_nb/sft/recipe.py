@@ -20,13 +20,12 @@ from loops_nb.errors import DataError, UserError
 from loops_nb.llm.renderer import CHAT_TEMPLATE, ChatRenderer
 from loops_nb.llm.template_check import template_report
 from loops_nb.local.memory_budget import check_lines
-from loops_nb.observers import ObserverSet
 from loops_nb.run.check_report import RecipeCheckReport
-from loops_nb.run.setup import Recipe, run_recipe
-from loops_nb.run_dir import Checkpoint, RunDirectory
+from loops_nb.run.setup import Recipe, RunStart, run_recipe
+from loops_nb.run_dir import Checkpoint, JsonlLog, RunDirectory
 from loops_nb.sft.batching import SFTData
 from loops_nb.sft.config import SFTConfig
-from loops_nb.sft.loop import SFTRun
+from loops_nb.sft.loop import SFTRun, check_plan
 from loops_nb.sft.outcome import SFTOutcome
 from loops_nb.sft.refusal_file import RefusalFile
 from loops_nb.sft.report import CheckReport, refusal_lines
@@ -34,8 +33,6 @@ from loops_nb.sft.schedule import describe_schedule
 from loops_nb.tokenization import load_model_tokenizer, model_renderer_choice, run_renderer_choice
 
 if TYPE_CHECKING:
-    from baseten.loops import TrainingClient
-
     from loops_nb.llm.renderer_choice import RendererChoice
     from loops_nb.project import Project
 
@@ -259,16 +256,13 @@ class SFTRecipe(Recipe):
         return {"data": _data_summary(self.data)}
 
     def finished(self, run_dir: RunDirectory, checkpoint: Checkpoint) -> SFTOutcome:
-        return SFTRun(self.sft, run_dir, None, self.data, ObserverSet()).finished(checkpoint)
+        # Its steps must still be the plan's, as on a resume: a changed plan is refused, not reported as this run.
+        check_plan(run_dir, self.data.plan)
+        evals = JsonlLog(run_dir.root / "evals.jsonl").records()
+        return SFTOutcome(**{**vars(super().finished(run_dir, checkpoint)), **SFTOutcome.eval_fields(evals)})
 
-    async def start(
-        self,
-        run_dir: RunDirectory,
-        training_client: TrainingClient,
-        observers: ObserverSet,
-        stop: asyncio.Event | None,
-    ) -> SFTRun:
-        return SFTRun(self.sft, run_dir, training_client, self.data, observers, stop=stop)
+    async def start(self, run: RunStart) -> SFTRun:
+        return SFTRun(self.sft, run.run_dir, run.training_client, self.data, run.observers, stop=run.stop)
 
 
 def _resumed_renderer(config: SFTConfig) -> RendererChoice | None:

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import jinja2
 
-from loops_nb.errors import ConfigError
+from loops_nb.errors import ConfigError, RenderingError
 from loops_nb.llm.templates import ChatTemplate
 from loops_nb.sft.data import ChatRow, RefusedRow, Row, RowResult, TokenizedRow
 from loops_nb.sft.refusal_wording import LENGTH_FIX
@@ -69,7 +69,7 @@ def split_reason(who: str) -> str:
     )
 
 
-class Refusal(Exception):
+class Refusal(RenderingError):
     """A row that cannot train, and why (becomes its `RefusedRow`)."""
 
 

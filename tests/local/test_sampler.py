@@ -24,7 +24,7 @@ from sampler_fixtures import (  # noqa: F401 - the *_fixture imports register th
     teacher_forced,
 )
 
-from loops_nb.local.sampler import SamplerEngine, SampleRequest, SampleRequestError
+from loops_nb.local.sampler import SamplerClosedError, SamplerEngine, SampleRequest, SampleRequestError
 from loops_nb.local.sampling_types import SampleResult
 
 # The reference PEFT models trip a transformers deprecation inside PEFT; not ours to fix.
@@ -331,7 +331,7 @@ def test_close_fails_pending_and_later_requests(sampler_model_path):
     assert eng.sample(greedy(PROMPTS[0], 2)).choices[0].finish_reason in {"stop", "length"}
     eng.close()
     assert not eng._worker.is_alive()
-    with pytest.raises(RuntimeError, match="closed"):
+    with pytest.raises(SamplerClosedError, match="closed"):
         eng.submit(greedy(PROMPTS[0], 2))
 
 

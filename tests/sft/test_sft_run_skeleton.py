@@ -16,13 +16,13 @@ import pytest
 from helpers import Done, read_jsonl
 from sft_fixtures import write_jsonl
 
-from loops_nb.errors import RunFailed
+from loops_nb.errors import RunFailed, UserError
 from loops_nb.observers import ObserverSet
 from loops_nb.run_dir import RunDirectory
 from loops_nb.run_events import RunEnded
 from loops_nb.sft.batching import SFTData
 from loops_nb.sft.config import SFTConfig
-from loops_nb.sft.loop import SFTRun
+from loops_nb.sft.loop import SFTRun, check_plan
 from loops_nb.sft.outcome import SFTOutcome
 from loops_nb.step_record import StepRecord
 
@@ -129,3 +129,13 @@ def test_a_step_record_is_its_steps_jsonl_line() -> None:
     assert record.metrics["note"] == "x" and "missing" not in record.metrics and "step" not in record.metrics
     assert record.number("reward/mean") == 0.5
     assert [record.number(k) for k in ("reward/std", "trained", "note", "missing")] == [None] * 4
+
+
+def test_steps_that_trained_other_batches_than_the_plan_gives_are_refused(tmp_path: Path) -> None:
+    """On a resume (the steps before its checkpoint) and on a finished run's rerun (all of them) alike."""
+    run_dir = RunDirectory(tmp_path / "run")
+    run_dir.steps.extend([{"step": 0, "batch": "a"}, {"step": 1, "batch": "b"}])
+    plan = SimpleNamespace(batch_id=lambda step: "a" if step == 0 else "c")
+    check_plan(run_dir, plan, up_to=1)  # type: ignore[arg-type]  # step 1 is redone from the plan
+    with pytest.raises(UserError, match="step 1 trained batch b, but the data and config now plan batch c"):
+        check_plan(run_dir, plan)  # type: ignore[arg-type]
