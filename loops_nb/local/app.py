@@ -25,7 +25,9 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from pydantic import ValidationError
+from baseten.loops import ServerCapabilities, SupportedModel
+from baseten.loops.models import CheckpointSourceResponse, S3CheckpointSource
+from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -66,6 +68,11 @@ TRAINER_OPS = tuple(OP_REQUESTS)
 
 def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"detail": message}, status_code=status)
+
+
+def _answer(body: BaseModel) -> JSONResponse:
+    """One of the SDK's response models as the JSON the SDK reads back into it."""
+    return JSONResponse(body.model_dump(mode="json"))
 
 
 class ApiKeyMiddleware:
@@ -199,14 +206,14 @@ class LoopsRoutes:
         except ValueError:
             raise BadRequest("page_size and page_token must be whole numbers") from None
         directory = self.state.checkpoint_by_id(checkpoint_id)
-        return JSONResponse(
+        return _answer(
             files_page(self.links, _origin(request), checkpoint_id, directory, page_size, page_token)
         )
 
     async def checkpoint_source(self, request: Request) -> Response:
         self.state.checkpoint_by_id(request.path_params["checkpoint_id"])
         # "s3": the SDK then downloads through the /files links, which is what this server offers.
-        return JSONResponse({"source": {"kind": "s3"}})
+        return _answer(CheckpointSourceResponse(source=S3CheckpointSource()))
 
     async def checkpoint_file(self, request: Request) -> Response:
         checkpoint_id = request.path_params["checkpoint_id"]
@@ -246,13 +253,12 @@ class LoopsRoutes:
         offline = {name for name, spec in OFFLINE_MODELS.items() if spec.installed()}
         models = sorted(offline | {r.base_model for r in self.state.runs.values()})
         supported = [
-            {
-                "model_name": m,
-                "max_context_length": await asyncio.to_thread(self.state.known_context_length, m),
-            }
+            SupportedModel(
+                model_name=m, max_context_length=await asyncio.to_thread(self.state.known_context_length, m)
+            )
             for m in models
         ]
-        return JSONResponse({"supported_models": supported})
+        return _answer(ServerCapabilities(supported_models=supported))
 
     # -- trainer ------------------------------------------------------------------------------
     async def trainer_submit(self, request: Request) -> Response:
