@@ -330,15 +330,8 @@ class LoraTrainer:
         parsed = [d for d in data if isinstance(d, ParsedDatum)]
         if not data or len(parsed) < len(data):
             datums = [d for d in data if isinstance(d, Datum)]
-            if len(datums) < len(data):
-                raise TypeError("data must be all SDK Datums, or all ParsedDatums from parse_datums")
-            return parse_datums(
-                datums,
-                loss_fn,
-                vocab_size=self.vocab_size,
-                max_length=self.max_length,
-                allow_images=self.vision is not None,
-            )
+            limits = {"vocab_size": self.vocab_size, "max_length": self.max_length}
+            return parse_datums(datums, loss_fn, **limits, allow_images=self.vision is not None)
         if loss_fn == "dpo" and len(parsed) % 2:
             raise BadRequest(f"dpo needs an even number of datums, got {len(parsed)}")
         for i, datum in enumerate(parsed):

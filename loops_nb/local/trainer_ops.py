@@ -49,11 +49,9 @@ def _trainer(state: LocalLoopsState, run: LocalRun) -> LoraTrainer:
 
 
 def prepare(state: LocalLoopsState, run: LocalRun, op: str, body: object) -> OpFn:
-    """Validate a submit cheaply (so a bad request is answered 422 at once) and return its work.
+    """Validate a submit of `op` (one of `OP_REQUESTS`, which the app checked) cheaply and return its work.
 
-    A body that does not validate raises pydantic's `ValidationError` (the app answers it 422)."""
-    if op not in OP_REQUESTS:
-        raise BadRequest(f"unknown trainer operation {op!r}; valid: {', '.join(OP_REQUESTS)}")
+    A bad body raises `ValidationError` or `BadRequest`, which the app answers 422 at once."""
     request = OP_REQUESTS[op].model_validate(body)
     model = request.model or request.base_model
     if model is not None and model != run.base_model:
