@@ -358,7 +358,8 @@ async def _too_deep(request: Request, exc: Exception) -> Response:
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:
-    # Starlette re-raises the exception after this answer, so the server logs its traceback.
+    # Starlette re-raises the exception after this answer, so uvicorn logs its traceback after this line.
+    log.error("embedded Loops: %s %s failed: %r", request.method, request.url.path, exc)
     return _error(500, "internal error in the embedded Loops; see its log")
 
 
