@@ -28,6 +28,7 @@ import random
 from collections.abc import Callable
 
 import torch
+from baseten.loops import Datum
 
 from benchmarks.common import Result, model_path
 from benchmarks.trainer import alternate
@@ -38,7 +39,7 @@ GROUP_BUDGET_MB = 640
 """Room for one group's shared forward on SmolLM2 float32 (about 440 MB of activations), not for two."""
 
 
-def request(vocab: int, seed: int = 0) -> list[dict]:
+def request(vocab: int, seed: int = 0) -> list[Datum]:
     rng = random.Random(seed)
     data = []
     for _ in range(GROUPS):
@@ -53,15 +54,17 @@ def request(vocab: int, seed: int = 0) -> list[dict]:
 
             mask = [0.0] * (PROMPT_TOKENS - 1) + [1.0] * length
             data.append(
-                {
-                    "model_input": {"chunks": [{"type": "encoded_text", "tokens": seq[:-1]}]},
-                    "loss_fn_inputs": {
-                        "target_tokens": td(seq[1:], "int64"),
-                        "logprobs": td([-3.0] * n),
-                        "advantages": td([rng.choice([-1.0, 1.0])] * n),
-                        "mask": td(mask),
-                    },
-                }
+                Datum.model_validate(
+                    {
+                        "model_input": {"chunks": [{"type": "encoded_text", "tokens": seq[:-1]}]},
+                        "loss_fn_inputs": {
+                            "target_tokens": td(seq[1:], "int64"),
+                            "logprobs": td([-3.0] * n),
+                            "advantages": td([rng.choice([-1.0, 1.0])] * n),
+                            "mask": td(mask),
+                        },
+                    }
+                )
             )
     return data
 
@@ -84,7 +87,7 @@ def run() -> list[Result]:
 
                 def step() -> None:
                     out = COMPUTE_LANE.run(lambda: trainer.forward_backward(data, "importance_sampling"))
-                    metrics[share] = out["metrics"]
+                    metrics[share] = out.metrics
                     trainer.model.zero_grad(set_to_none=True)
 
                 return step

@@ -23,6 +23,7 @@ from loops_nb.config.sections import ComputeConfig, ModelConfig
 from loops_nb.errors import UserError
 from loops_nb.run_checkpoints import RunCheckpoint, find_checkpoint, run_checkpoints
 from loops_nb.run_dir import RunDirectory
+from loops_nb.validation_message import validation_message
 
 if TYPE_CHECKING:
     from loops_nb.compute import LoopsConnection
@@ -56,7 +57,9 @@ class SavedRun:
             model = ModelConfig.model_validate(config["model"])
             compute = ComputeConfig.model_validate(config.get("compute") or {})
         except ValidationError as exc:
-            raise UserError(f"{run_dir.run_json}: its saved config does not validate: {exc}") from None
+            raise UserError(
+                f"{run_dir.run_json}: its saved config does not validate: {validation_message(exc, top='config')}"
+            ) from None
         return cls(run_dir, run_json, model, compute)
 
     @property

@@ -30,6 +30,7 @@ from loops_nb.config.schema import RECIPES
 from loops_nb.config.sections import CONFIG_RELATIVE, CWD_RELATIVE, RecipeConfig
 from loops_nb.errors import ConfigError
 from loops_nb.shipped import find_shipped
+from loops_nb.validation_message import problems
 
 SHIPPED_NOTE = "the copy shipped with loops_nb: there is none at that path here, and one there would win"
 
@@ -255,10 +256,6 @@ def load_env_file(path: Path) -> bool:
     return True
 
 
-def _format_loc(loc: tuple[Any, ...]) -> str:
-    return ".".join(str(p) for p in loc if not (isinstance(p, str) and p in RECIPES))
-
-
 def _valid_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     current: type[BaseModel] | None = model
     for part in loc[:-1]:
@@ -273,24 +270,22 @@ def format_validation_error(
 ) -> str:
     """One line per problem: the file, the key path, what is wrong and what would be valid."""
     lines = []
-    for err in exc.errors():
-        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p in RECIPES))
-        key = _format_loc(loc) or "(top level)"
+    for problem in problems(exc, skip=RECIPES):
+        key = problem.path or "(top level)"
         origin = f"override --{key}" if key in overrides else str(source)
-        if err["type"] == "extra_forbidden":
-            valid = _valid_keys(model, loc)
-            hint = difflib.get_close_matches(str(loc[-1]), valid, n=1)
+        if problem.kind == "extra_forbidden":
+            valid = _valid_keys(model, problem.loc)
+            hint = difflib.get_close_matches(str(problem.loc[-1]), valid, n=1)
             suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
             lines.append(f"{origin}: unknown key {key}{suggestion} (valid here: {', '.join(valid)})")
-        elif err["type"] == "missing":
+        elif problem.kind == "missing":
             lines.append(f"{origin}: {key} is required")
         else:
-            msg = err["msg"].removeprefix("Value error, ")
-            given = err.get("input")
+            given = problem.given
             shown = (
-                f" (got {given!r})" if err["type"] != "value_error" and not isinstance(given, dict) else ""
+                f" (got {given!r})" if problem.kind != "value_error" and not isinstance(given, dict) else ""
             )
-            lines.append(f"{origin}: {key}: {msg}{shown}")
+            lines.append(f"{origin}: {key}: {problem.message}{shown}")
     return "\n".join(lines)
 
 

@@ -79,6 +79,8 @@ def renderer_config(name: str, options: Mapping[str, Any] | None = None) -> Base
     set; an option the family does not have, or a value it refuses, is a `ConfigError` naming the key."""
     from pydantic import ValidationError
 
+    from loops_nb.validation_message import problems
+
     cls = _configs()[name]
     if not options:
         return cls()
@@ -91,9 +93,9 @@ def renderer_config(name: str, options: Mapping[str, Any] | None = None) -> Base
     try:
         return cls(**options)
     except ValidationError as exc:
-        error = exc.errors()[0]
-        where = ".".join(str(p) for p in error["loc"]) or next(iter(options))
-        raise ConfigError(f"model.renderer_options.{where}: {error['msg']} (renderer {name})") from None
+        problem = problems(exc)[0]
+        where = problem.path or next(iter(options))
+        raise ConfigError(f"model.renderer_options.{where}: {problem.message} (renderer {name})") from None
 
 
 def reasoning_kept(config: BaseRendererConfig) -> BaseRendererConfig:

@@ -7,8 +7,10 @@ Routes follow baseten-loops 0.32.0 (see ../shared/reference/loops_local_protocol
 - samplers under `/samplers/{sampler_id}/` (`/sample`, `/v1/models`, `/trainers_policy_version`); which
   sampler an id names and which adapter serves a `/sample` is `sampler_routing`'s.
 
-Validation errors are answered 422 with a `detail` that names the problem: the SDK retries 400, 404,
-408 and 502 for up to an hour, so those statuses are never used for a caller's mistake. A run whose
+Request bodies are validated into pydantic models: the SDK's own where it has them (`Datum`, `AdamParams`,
+via `op_requests`), ours where it builds plain dicts. Errors are answered by Starlette's exception handlers
+(`EXCEPTION_HANDLERS`): a caller's mistake is a 422 with a `detail` that names the problem, since the SDK
+retries 400, 404, 408 and 502 for up to an hour, so those statuses are never used for a caller's mistake. A run whose
 live state died with an earlier server process is answered 410 Gone (`RunLost`, see run_records):
 the SDK raises that at once too, so a run stops instead of hanging or training on a fresh adapter.
 """
@@ -20,9 +22,12 @@ import hashlib
 import hmac
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from pydantic import ValidationError
+from baseten.loops import ServerCapabilities, SupportedModel
+from baseten.loops.models import CheckpointSourceResponse, S3CheckpointSource
+from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -42,11 +47,13 @@ from loops_nb.local.checkpoint_files import (
     file_in_checkpoint,
     files_page,
 )
+from loops_nb.local.op_requests import OP_REQUESTS, CreateTrainer
 from loops_nb.local.run_records import RunLost
 from loops_nb.local.sampler_routing import PolicyNotPublished, SamplerRouting
 from loops_nb.local.state import LocalLoopsState
 from loops_nb.local.unserved_routes import not_served
 from loops_nb.request_body import BodyRefused, parse_json, read_limited
+from loops_nb.validation_message import validation_message
 
 log = logging.getLogger(__name__)
 
@@ -56,23 +63,16 @@ POLL_HOLD_SECONDS = 25.0
 """Long-poll hold for `/operations/{id}`; the SDK's read timeout per poll is 35 s."""
 DISCONNECT_POLL_SECONDS = 0.5
 """How often a `/sample` waiting on the engine checks that its client is still connected."""
-TRAINER_OPS = (
-    "init_trainer_server",
-    "forward",
-    "forward_backward",
-    "optim_step",
-    "save_state",
-    "load_state",
-    "load_state_with_optimizer",
-    "save_weights_for_sampler",
-)
-
-
-ANY_METHOD = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+TRAINER_OPS = tuple(OP_REQUESTS)
 
 
 def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"detail": message}, status_code=status)
+
+
+def _answer(body: BaseModel) -> JSONResponse:
+    """One of the SDK's response models as the JSON the SDK reads back into it."""
+    return JSONResponse(body.model_dump(mode="json"))
 
 
 class ApiKeyMiddleware:
@@ -124,26 +124,16 @@ class LoopsRoutes:
         return JSONResponse({"session": {"id": "sess-local"}})
 
     async def create_trainer(self, request: Request) -> Response:
-        body = await _body(request)
-        base_model = body.get("base_model")
-        if not isinstance(base_model, str) or not base_model:
-            raise BadRequest("base_model is required")
-        rank = body.get("lora_rank", 32)
-        if not isinstance(rank, int) or not 1 <= rank <= 1024:
-            raise BadRequest(f"lora_rank must be an integer in 1..1024, got {rank!r}")
-        if body.get("base_checkpoint"):
+        asked = CreateTrainer.model_validate(await _body(request))
+        base_model = asked.base_model
+        if asked.base_checkpoint:
             raise BadRequest("base_checkpoint is not supported by the embedded Loops")
-        max_seq_len = body.get("max_seq_len")
-        if max_seq_len is not None and (
-            isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 1
-        ):
-            raise BadRequest(f"max_seq_len must be a positive integer, got {max_seq_len!r}")
         await asyncio.to_thread(self.state.model_path, base_model)  # fail now if the model is unknown
         run = self.state.create_run(
-            base_model, rank, seed=body.get("seed"), name=body.get("name"), max_seq_len=max_seq_len
+            base_model, asked.lora_rank, seed=asked.seed, name=asked.name, max_seq_len=asked.max_seq_len
         )
         self.samplers.pair(run)
-        log.info("created run %s for %s (rank %d)", run.id, base_model, rank)
+        log.info("created run %s for %s (rank %d)", run.id, base_model, asked.lora_rank)
         return JSONResponse(
             {
                 "run": {
@@ -166,7 +156,7 @@ class LoopsRoutes:
     async def create_sampler(self, request: Request) -> Response:
         body = await _body(request)
         run_id = body.get("run_id")
-        base_model: Any
+        base_model: object
         if run_id:
             run = self.state.run(str(run_id))
             sampler_id, base_model = self.samplers.pair(run), run.base_model
@@ -216,14 +206,14 @@ class LoopsRoutes:
         except ValueError:
             raise BadRequest("page_size and page_token must be whole numbers") from None
         directory = self.state.checkpoint_by_id(checkpoint_id)
-        return JSONResponse(
+        return _answer(
             files_page(self.links, _origin(request), checkpoint_id, directory, page_size, page_token)
         )
 
     async def checkpoint_source(self, request: Request) -> Response:
         self.state.checkpoint_by_id(request.path_params["checkpoint_id"])
         # "s3": the SDK then downloads through the /files links, which is what this server offers.
-        return JSONResponse({"source": {"kind": "s3"}})
+        return _answer(CheckpointSourceResponse(source=S3CheckpointSource()))
 
     async def checkpoint_file(self, request: Request) -> Response:
         checkpoint_id = request.path_params["checkpoint_id"]
@@ -263,13 +253,12 @@ class LoopsRoutes:
         offline = {name for name, spec in OFFLINE_MODELS.items() if spec.installed()}
         models = sorted(offline | {r.base_model for r in self.state.runs.values()})
         supported = [
-            {
-                "model_name": m,
-                "max_context_length": await asyncio.to_thread(self.state.known_context_length, m),
-            }
+            SupportedModel(
+                model_name=m, max_context_length=await asyncio.to_thread(self.state.known_context_length, m)
+            )
             for m in models
         ]
-        return JSONResponse({"supported_models": supported})
+        return _answer(ServerCapabilities(supported_models=supported))
 
     # -- trainer ------------------------------------------------------------------------------
     async def trainer_submit(self, request: Request) -> Response:
@@ -315,14 +304,7 @@ class LoopsRoutes:
         from loops_nb.local.sampler import SampleRequest
 
         base_model, paired_run = self._sampler(request)
-        body = await _body(request)
-        try:
-            sample_request = SampleRequest.model_validate(body)
-        except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors()
-            )
-            raise BadRequest(problems) from None
+        sample_request = SampleRequest.model_validate(await _body(request))
         run_id = request.headers.get("x-run-id") or paired_run
         min_version = request.headers.get("x-min-policy-version")
         checkpoint = request.headers.get("x-checkpoint-path")
@@ -358,25 +340,44 @@ class LoopsRoutes:
         return JSONResponse({"policy_version": version})
 
 
-def _guard(handler: Any) -> Any:
-    """Turn a caller's mistake into a 422 that the SDK raises at once, and never leak a traceback."""
+def _refused(status: int) -> Callable[[Request, Exception], Awaitable[Response]]:
+    async def answer(request: Request, exc: Exception) -> Response:
+        return _error(status, str(exc))
 
-    async def wrapped(request: Request) -> Response:
-        try:
-            return await handler(request)
-        except RunLost as exc:
-            return _error(410, str(exc))
-        except (BadRequest, UserError) as exc:
-            # UserError: an unknown or unreachable base model, a bad checkpoint path -- the caller's to fix.
-            return _error(422, str(exc))
-        except RecursionError:
-            # Parseable JSON can still be too deep for the code that walks it (validation, hashing).
-            return _error(422, "the request is nested too deeply")
-        except Exception:
-            log.exception("embedded Loops: %s %s failed", request.method, request.url.path)
-            return _error(500, "internal error in the embedded Loops; see its log")
+    return answer
 
-    return wrapped
+
+async def _invalid_body(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ValidationError)
+    return _error(422, validation_message(exc))
+
+
+async def _too_deep(request: Request, exc: Exception) -> Response:
+    # Parseable JSON can still be too deep for the code that walks it (validation, hashing).
+    return _error(422, "the request is nested too deeply")
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    # Starlette re-raises the exception after this answer, so uvicorn logs its traceback after this line.
+    log.error("embedded Loops: %s %s failed: %r", request.method, request.url.path, exc)
+    return _error(500, "internal error in the embedded Loops; see its log")
+
+
+EXCEPTION_HANDLERS: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
+    # A caller's mistake is a 422, which the SDK raises at once (never 400/404: those it retries for an hour).
+    BadRequest: _refused(422),
+    UserError: _refused(
+        422
+    ),  # an unknown or unreachable base model, a bad checkpoint path: the caller's to fix
+    ValidationError: _invalid_body,
+    RecursionError: _too_deep,
+    RunLost: _refused(410),
+    # No route for the path (404), or not for the method (405): say so, in the SDK's error shape.
+    404: not_served,
+    405: not_served,
+    Exception: _internal_error,
+}
+"""Starlette's answers to what a handler raises; none leaks a traceback to the client."""
 
 
 def build_app(state: LocalLoopsState, api_key: str | None) -> Starlette:
@@ -403,9 +404,10 @@ def build_app(state: LocalLoopsState, api_key: str | None) -> Starlette:
         ("GET", "/samplers/{sampler_id}/v1/models", r.sampler_models),
         ("GET", "/samplers/{sampler_id}/trainers_policy_version", r.sampler_policy_version),
     ]
-    routes = [Route(path, _guard(handler), methods=[method]) for method, path, handler in table]
-    # Last: every other path or method gets a JSON "not served" error, never Starlette's bare 404/405.
-    routes.append(Route("/{path:path}", not_served, methods=list(ANY_METHOD)))
-    app = Starlette(routes=routes, middleware=[Middleware(ApiKeyMiddleware, api_key=api_key)])
+    app = Starlette(
+        routes=[Route(path, handler, methods=[method]) for method, path, handler in table],
+        middleware=[Middleware(ApiKeyMiddleware, api_key=api_key)],
+        exception_handlers=EXCEPTION_HANDLERS,
+    )
     app.state.authorizes = api_key_authorizes(api_key)  # proves a connection to the LoopbackServer's guard
     return app

@@ -20,8 +20,9 @@ import secrets
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 from urllib.parse import quote
+
+from baseten.loops import CheckpointFile, CheckpointFilesResponse
 
 from loops_nb.errors import TrainerError
 from loops_nb.local.bad_request import BadRequest
@@ -86,8 +87,8 @@ def files_page(
     directory: Path,
     page_size: int,
     page_token: int,
-) -> dict[str, Any]:
-    """One page of `CheckpointFilesResponse` (bl/models.py): the files' links, size and mtime."""
+) -> CheckpointFilesResponse:
+    """One page of the files' links, size and mtime."""
     if page_size < 1 or page_token < 0:
         raise BadRequest(f"page_size must be >= 1 and page_token >= 0, got {page_size} and {page_token}")
     files = checkpoint_files(directory)
@@ -96,20 +97,19 @@ def files_page(
     for relative in page:
         stat = (directory / relative).stat()
         entries.append(
-            {
-                "url": links.url(origin, checkpoint_id, relative.as_posix()),
-                "relative_file_name": relative.as_posix(),
-                "node_rank": 0,
-                "size_bytes": stat.st_size,
-                "last_modified": datetime.fromtimestamp(stat.st_mtime, UTC).isoformat(),
-            }
+            CheckpointFile(
+                url=links.url(origin, checkpoint_id, relative.as_posix()),
+                relative_file_name=relative.as_posix(),
+                size_bytes=stat.st_size,
+                last_modified=datetime.fromtimestamp(stat.st_mtime, UTC),
+            )
         )
     following = page_token + page_size
-    return {
-        "presigned_urls": entries,
-        "next_page_token": following if following < len(files) else None,
-        "total_count": len(files),
-    }
+    return CheckpointFilesResponse(
+        presigned_urls=entries,
+        next_page_token=following if following < len(files) else None,
+        total_count=len(files),
+    )
 
 
 def file_in_checkpoint(directory: Path, relative_path: str) -> Path:

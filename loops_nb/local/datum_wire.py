@@ -1,9 +1,10 @@
-"""Parse and validate the `Datum` JSON that `baseten-loops` sends to `/forward` and `/forward_backward`.
+"""Turn the SDK's `Datum`s, as `/forward` and `/forward_backward` receive them, into the trainer's tensors.
 
-The SDK serialises each `Datum` with `model_dump(mode="json")` (protocol notes §5.1-5.4): a `model_input`
-of chunks plus `loss_fn_inputs`, a dict of `TensorData` (`{"data", "dtype", "shape"}`) whose `data` is
-normally flat but may be nested, with JSON `null` for masked float positions. This module turns that into
-tensors and rejects what the trainer cannot use, naming the datum and key at fault.
+The body is validated into the SDK's own `Datum` model first (`op_requests`), so the structure is settled:
+a `model_input` of chunks plus `loss_fn_inputs`, a dict of `TensorData` whose `data` is normally flat but
+may be nested, with JSON `null` for masked float positions (protocol notes §5.1-5.4). This module checks
+what the model alone cannot (lengths, shapes, token ranges, the inputs each loss needs) and rejects what
+the trainer cannot use, naming the datum and key at fault.
 
 It is deliberately cheap (no model, only torch tensor construction) because the HTTP layer runs it at
 submit time: a 422 there fails the client at once, whereas an error found later only surfaces when the
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from baseten.loops import Datum, EncodedTextChunk, ImageChunk, ModelInput, TensorData
 
 from loops_nb.local.bad_request import BadRequest
 
@@ -47,9 +49,6 @@ _REQUIRED: dict[str, tuple[str, ...]] = {
     "dpo": ("weights", "ref_logprobs"),
 }
 
-MAX_TOP_K_LOGPROBS = 20
-"""The SDK documents `top_k_logprobs` as 0 through 20 (bl/training_client.py:834-836)."""
-
 _FLOAT_DTYPES = {"float32", "float16", "bfloat16", "float64"}
 _INT_DTYPES = {"int64", "int32", "int8"}
 
@@ -75,22 +74,26 @@ class ParsedDatum:
     ref_logprobs: torch.Tensor | None = None
     """float32 [N]: the reference policy's logprobs (dpo)."""
     images: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
-    """(token offset, raw chunk) for image chunks, kept for a vision extension."""
+    """(token offset, the chunk as JSON) for image chunks, as `vision.decode_image_chunk` reads them."""
 
     @property
     def length(self) -> int:
         return int(self.tokens.shape[0])
 
 
-def resolve_loss_config(loss_fn: str, loss_fn_config: Mapping[str, Any] | None) -> dict[str, float | bool]:
-    """Validate `loss_fn` and merge `loss_fn_config` over its defaults; unknown keys are refused."""
-    if not isinstance(loss_fn, str) or loss_fn not in LOSS_CONFIG_DEFAULTS:
+def check_loss_fn(loss_fn: str) -> None:
+    if loss_fn not in LOSS_CONFIG_DEFAULTS:
         raise BadRequest(f"loss_fn {loss_fn!r} is not one of: {', '.join(LOSS_FNS)}")
+
+
+def resolve_loss_config(
+    loss_fn: str, loss_fn_config: Mapping[str, float | bool] | None
+) -> dict[str, float | bool]:
+    """Validate `loss_fn` and merge `loss_fn_config` over its defaults; unknown keys are refused."""
+    check_loss_fn(loss_fn)
     defaults = LOSS_CONFIG_DEFAULTS[loss_fn]
     if loss_fn_config is None:
         return dict(defaults)
-    if not isinstance(loss_fn_config, Mapping):
-        raise BadRequest(f"loss_fn_config must be an object or null, got {type(loss_fn_config).__name__}")
     unknown = sorted(set(loss_fn_config) - set(defaults))
     if unknown:
         valid = ", ".join(defaults) or "none"
@@ -111,16 +114,8 @@ def resolve_loss_config(loss_fn: str, loss_fn_config: Mapping[str, Any] | None) 
     return out
 
 
-def validate_top_k(top_k_logprobs: Any) -> int:
-    if isinstance(top_k_logprobs, bool) or not isinstance(top_k_logprobs, int):
-        raise BadRequest(f"top_k_logprobs must be an integer, got {top_k_logprobs!r}")
-    if not 0 <= top_k_logprobs <= MAX_TOP_K_LOGPROBS:
-        raise BadRequest(f"top_k_logprobs must be between 0 and {MAX_TOP_K_LOGPROBS}, got {top_k_logprobs}")
-    return top_k_logprobs
-
-
 def parse_datums(
-    data: Sequence[Mapping[str, Any]],
+    data: Sequence[Datum],
     loss_fn: str,
     *,
     vocab_size: int | None = None,
@@ -132,10 +127,7 @@ def parse_datums(
     Raises `BadRequest` with the datum index and key, for example
     "data[3].loss_fn_inputs['weights']: length 7 does not match model_input length 9".
     """
-    if not isinstance(loss_fn, str) or loss_fn not in LOSS_CONFIG_DEFAULTS:
-        raise BadRequest(f"loss_fn {loss_fn!r} is not one of: {', '.join(LOSS_FNS)}")
-    if not isinstance(data, Sequence) or isinstance(data, str | bytes):
-        raise BadRequest(f"data must be a list of datums, got {type(data).__name__}")
+    check_loss_fn(loss_fn)
     if not data:
         raise BadRequest("data is empty: send at least one datum")
     if loss_fn == "dpo" and len(data) % 2:
@@ -157,21 +149,19 @@ def parse_datums(
     return parsed
 
 
-def tensor_data(values: torch.Tensor) -> dict[str, Any]:
-    """Encode a tensor as `TensorData` JSON: flat row-major data, NaN written as `null` (JSON has no NaN)."""
+def tensor_data(values: torch.Tensor) -> TensorData:
+    """`values` as the SDK's `TensorData`: flat row-major data, NaN as `None` (JSON has no NaN).
+
+    Unlike `TensorData.from_torch`, floats narrower than float64 are sent as float32 values and NaN as null."""
     values = values.detach().cpu()
     dtype = str(values.dtype).removeprefix("torch.")
     flat = values.reshape(-1)
-    if values.is_floating_point():
-        nan = torch.isnan(flat)
-        if values.dtype != torch.float64:
-            flat = flat.float()
-        data = flat.tolist()
-        if bool(nan.any()):
-            data = [None if x != x else x for x in data]
-    else:
-        data = flat.tolist()
-    return {"data": data, "dtype": dtype, "shape": list(values.shape)}
+    if values.is_floating_point() and values.dtype != torch.float64:
+        flat = flat.float()
+    data = flat.tolist()
+    if values.is_floating_point() and bool(torch.isnan(flat).any()):
+        data = [None if x != x else x for x in data]
+    return TensorData(data=data, dtype=dtype, shape=list(values.shape))
 
 
 # --------------------------------------------------------------------------------------------- internals
@@ -188,7 +178,7 @@ def datum_too_long(where: str, length: int, limit: int) -> BadRequest:
 
 def _parse_datum(
     i: int,
-    datum: Mapping[str, Any],
+    datum: Datum,
     loss_fn: str,
     *,
     vocab_size: int | None,
@@ -196,9 +186,7 @@ def _parse_datum(
     allow_images: bool,
 ) -> ParsedDatum:
     where = f"data[{i}]"
-    if not isinstance(datum, Mapping):
-        raise BadRequest(f"{where}: expected an object, got {type(datum).__name__}")
-    tokens, images = _parse_model_input(where, datum.get("model_input"), allow_images)
+    tokens, images = _parse_model_input(where, datum.model_input, allow_images)
     n = len(tokens)
     if n == 0:
         raise BadRequest(f"{where}.model_input: empty; a datum needs at least one token")
@@ -220,10 +208,8 @@ def _parse_datum(
             f"{where}.model_input: token {tokens[j]} at position {j} is outside the vocabulary {vocab}"
         )
 
-    inputs = datum.get("loss_fn_inputs") or {}
-    if not isinstance(inputs, Mapping):
-        raise BadRequest(f"{where}.loss_fn_inputs: expected an object, got {type(inputs).__name__}")
-    missing = [k for k in ("target_tokens", *_REQUIRED[loss_fn]) if inputs.get(k) is None]
+    inputs = datum.loss_fn_inputs
+    missing = [k for k in ("target_tokens", *_REQUIRED[loss_fn]) if k not in inputs]
     if missing:
         raise BadRequest(f"{where}.loss_fn_inputs: {loss_fn} needs {missing[0]!r}, which is missing")
 
@@ -283,62 +269,40 @@ def _parse_datum(
 
 
 def _parse_model_input(
-    where: str, model_input: Any, allow_images: bool
+    where: str, model_input: ModelInput, allow_images: bool
 ) -> tuple[list[int], list[tuple[int, dict[str, Any]]]]:
-    if not isinstance(model_input, Mapping) or not isinstance(model_input.get("chunks"), list):
-        raise BadRequest(f"{where}.model_input: expected an object with a 'chunks' list")
     tokens: list[int] = []
     images: list[tuple[int, dict[str, Any]]] = []
-    for c, chunk in enumerate(model_input["chunks"]):
-        kind = chunk.get("type", "encoded_text") if isinstance(chunk, Mapping) else None
-        if kind == "encoded_text":
-            toks = chunk.get("tokens")
-            if not isinstance(toks, list):
-                raise BadRequest(f"{where}.model_input.chunks[{c}].tokens: expected a list of integers")
-            tokens.extend(toks)
-        elif kind == "image":
-            if not allow_images:
-                raise BadRequest(
-                    f"{where}.model_input.chunks[{c}]: image chunks need a vision model; this trainer is text-only"
-                )
-            count = chunk.get("expected_tokens")
-            if type(count) is not int or count <= 0:
-                raise BadRequest(
-                    f"{where}.model_input.chunks[{c}].expected_tokens: expected a positive integer"
-                )
-            images.append((len(tokens), dict(chunk)))
-            tokens.extend([-1] * count)
+    for c, chunk in enumerate(model_input.chunks):
+        if isinstance(chunk, EncodedTextChunk):
+            tokens.extend(chunk.tokens)
+        elif isinstance(chunk, ImageChunk) and allow_images:
+            images.append((len(tokens), chunk.model_dump(mode="json")))
+            tokens.extend([-1] * chunk.expected_tokens)
         else:
-            raise BadRequest(f"{where}.model_input.chunks[{c}]: unsupported chunk type {kind!r}")
+            raise BadRequest(
+                f"{where}.model_input.chunks[{c}]: image chunks need a vision model; this trainer is text-only"
+            )
     return tokens, images
 
 
-def _tensor(where: str, td: Any, *, integer: bool = False) -> torch.Tensor:
+def _tensor(where: str, td: TensorData, *, integer: bool = False) -> torch.Tensor:
     """Decode one `TensorData` (flat or nested `data`, nulls → NaN) into an int64 or float32 tensor."""
-    if not isinstance(td, Mapping) or "data" not in td:
-        raise BadRequest(f"{where}: expected TensorData {{'data', 'dtype', 'shape'}}")
-    data = td["data"]
-    if not isinstance(data, list):
-        raise BadRequest(f"{where}: 'data' must be a list")
-    if data and isinstance(data[0], list):
-        data = _flatten(where, data)
-    shape = td.get("shape")
-    if shape is None:
-        shape = [len(data)]
-    if not isinstance(shape, list) or not all(type(s) is int and s >= 0 for s in shape) or len(shape) > 2:
+    data = _flatten(td.data) if td.data and isinstance(td.data[0], list) else td.data
+    shape = td.shape
+    if any(s < 0 for s in shape) or len(shape) > 2:
         raise BadRequest(f"{where}: shape {shape!r} must be [N] or [N, K]")
     if math.prod(shape) != len(data):
         raise BadRequest(f"{where}: {len(data)} values do not fill shape {shape}")
-    dtype = td.get("dtype", "int64" if integer else "float32")
     try:
         if integer:
             # `TensorData.from_list` labels data float32 by default, so judge the values, not the label.
             t = torch.tensor(data) if data else torch.zeros(0, dtype=torch.int64)
             if t.dtype == torch.bool or (t.is_floating_point() and not bool((t == t.round()).all())):
-                raise BadRequest(f"{where}: expected integer token ids, got dtype {dtype!r}")
+                raise BadRequest(f"{where}: expected integer token ids, got dtype {td.dtype!r}")
             return t.to(torch.int64).reshape(shape)
-        if not isinstance(dtype, str) or dtype not in _FLOAT_DTYPES | _INT_DTYPES | {"bool"}:
-            raise BadRequest(f"{where}: unsupported dtype {dtype!r}")
+        if td.dtype not in _FLOAT_DTYPES | _INT_DTYPES | {"bool"}:
+            raise BadRequest(f"{where}: unsupported dtype {td.dtype!r}")
         try:
             t = torch.tensor(data, dtype=torch.float32)
         except TypeError:  # nulls (masked positions) → NaN, as TensorData.to_torch does
@@ -355,11 +319,11 @@ def _null_to_zero(t: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isnan(t), torch.zeros_like(t), t)
 
 
-def _flatten(where: str, nested: list[Any]) -> list[Any]:
+def _flatten(nested: list[Any]) -> list[Any]:
     flat: list[Any] = []
     for row in nested:
         if isinstance(row, list):
-            flat.extend(_flatten(where, row))
+            flat.extend(_flatten(row))
         else:
             flat.append(row)
     return flat

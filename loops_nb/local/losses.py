@@ -12,7 +12,7 @@ target is -100, dpo where a position is ignored; the RL losses put 0.0 where the
 what `bl/rl_metrics.py` expects.
 
 The RL formulas are the Tinker/prime-rl ones quoted in the protocol notes (§5.4); `sg` is stop-gradient.
-Validation of names and config keys lives in `wire.py` so it can run at submit time without torch maths.
+Validation of names and config keys lives in `datum_wire.py` so it can run at submit time without torch maths.
 
 The batch plumbing the trainer needs around them lives here too, so it can be tested without a model:
 `collate` (right-padding parsed datums), `micro_batches` (packing by a padded-token budget),

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
+from baseten.loops import TensorData
 
 from loops_nb.local import lm_head
 from loops_nb.local.datum_wire import ParsedDatum, tensor_data
@@ -80,7 +81,7 @@ class MicroBatchResult:
     """The loss summed over the micro-batch (detached)."""
     count: int
     """What the loss is normalised by, later, over the whole optimizer step: active tokens (dpo: pairs)."""
-    outputs: list[dict[str, Any]]
+    outputs: list[dict[str, TensorData]]
     """Each row's `loss_fn_outputs` entry (logprobs, and the top-k when asked), in row order."""
     computed_tokens: int = 0
     """Token positions the model ran: each shared prompt once (`shared_prefix`), none when nothing was needed."""
@@ -199,13 +200,15 @@ def run_micro_batch(model: LogprobModel, job: MicroBatch) -> MicroBatchResult:
     )
 
 
-def _row_outputs(logprobs: torch.Tensor, top: TopK | None, rows: list[ParsedDatum]) -> list[dict[str, Any]]:
+def _row_outputs(
+    logprobs: torch.Tensor, top: TopK | None, rows: list[ParsedDatum]
+) -> list[dict[str, TensorData]]:
     lengths = [d.length for d in rows]
     lp_cpu = logprobs.float().cpu()
     top_cpu = (top[0].float().cpu(), top[1].cpu()) if top is not None else None
     outputs = []
     for j, n in enumerate(lengths):
-        entry = {"logprobs": tensor_data(lp_cpu[j, :n])}
+        entry: dict[str, TensorData] = {"logprobs": tensor_data(lp_cpu[j, :n])}
         if top_cpu is not None:  # every real position was selected, so row j's are a contiguous run
             start = sum(lengths[:j])
             entry["top_k_token_ids"] = tensor_data(top_cpu[1][start : start + n])

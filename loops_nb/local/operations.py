@@ -20,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import BaseModel
+
 from loops_nb.local.bad_request import BadRequest
 from loops_nb.local.compute_lane import COMPUTE_LANE
 
@@ -34,8 +36,9 @@ MAX_KEPT_RESULTS = 4096
 class Operation:
     id: str
     name: str
-    fn: Callable[[], dict[str, Any]]
-    future: concurrent.futures.Future[dict[str, Any]] = field(default_factory=concurrent.futures.Future)
+    fn: Callable[[], object]
+    """A trainer op answers one of the SDK's response models; `run_quietly`'s work anything."""
+    future: concurrent.futures.Future[object] = field(default_factory=concurrent.futures.Future)
     finished_at: float | None = None
 
     def poll_body(self) -> dict[str, Any] | None:
@@ -49,7 +52,9 @@ class Operation:
                 "error": str(exc) or type(exc).__name__,
                 "error_class": type(exc).__name__,
             }
-        return {"status": "done", "result": self.future.result()}
+        result = self.future.result()
+        assert isinstance(result, BaseModel)
+        return {"status": "done", "result": result.model_dump(mode="json")}
 
 
 class OperationQueue:
@@ -66,7 +71,7 @@ class OperationQueue:
         self._worker = threading.Thread(target=self._run, name=f"loops-ops-{name}", daemon=True)
         self._worker.start()
 
-    def submit(self, op_id: str, name: str, fn: Callable[[], dict[str, Any]]) -> Operation:
+    def submit(self, op_id: str, name: str, fn: Callable[[], BaseModel]) -> Operation:
         """Enqueue `fn` under `op_id`; a retried submit with a known id returns the existing op."""
         with self._lock:
             existing = self._ops.get(op_id)
@@ -87,9 +92,9 @@ class OperationQueue:
 
     def run_quietly(self, fn: Callable[[], Any]) -> Any:
         """Run `fn` on the worker, in order with the ops, without recording an op or activity."""
-        op = Operation(id="", name="internal", fn=lambda: {"value": fn()})
+        op = Operation(id="", name="internal", fn=fn)
         self._queue.put(op)
-        return op.future.result()["value"]
+        return op.future.result()
 
     def get(self, op_id: str) -> Operation | None:
         with self._lock:

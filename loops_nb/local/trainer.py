@@ -2,8 +2,9 @@
 
 `LoraTrainer` implements the semantics of the Loops trainer ops (protocol notes §3.2, §5.4-5.6) with no
 HTTP: `init` (= `/init_trainer_server`), `forward`, `forward_backward`, `optim_step`, `save_state`,
-`load_state` and `save_adapter` (for `/save_weights_for_sampler`). The HTTP layer validates requests
-with `datum_wire.parse_datums` at submit time and may hand the parsed datums straight to these methods.
+`load_state` and `save_adapter` (for `/save_weights_for_sampler`). They take and answer the SDK's own
+models (`Datum`, `AdamParams`, `ForwardBackwardOutput`, ...). The HTTP layer validates requests with
+`datum_wire.parse_datums` at submit time and may hand the parsed datums straight to these methods.
 
 It holds the run's state (adapter, optimizer, step, pending gradients) and sequences the work of the
 modules beside it: `lora_adapter` (which layers get LoRA, a fresh adapter, its weights out),
@@ -38,19 +39,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from baseten.loops import (
+    AdamParams,
+    Datum,
+    ForwardBackwardOutput,
+    InitTrainerServerResponse,
+    OptimStepResponse,
+    TensorData,
+)
 from peft import PeftModel
 
 from loops_nb.local import lm_head
 from loops_nb.local.activation_memory import ActivationCost, checkpointed, plan_micro_batches
 from loops_nb.local.adam_params import adam_hyperparameters, new_adamw, set_hyperparameters
 from loops_nb.local.bad_request import BadRequest
-from loops_nb.local.datum_wire import (
-    ParsedDatum,
-    datum_too_long,
-    parse_datums,
-    resolve_loss_config,
-    validate_top_k,
-)
+from loops_nb.local.datum_wire import ParsedDatum, datum_too_long, parse_datums, resolve_loss_config
 from loops_nb.local.kv_cache import cache_is_full_attention
 from loops_nb.local.lora_adapter import (
     LORA_ALPHA,
@@ -171,14 +174,14 @@ class LoraTrainer:
     def lora_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
 
-    def init(self, lora_rank: int, *, seed: int | None = None) -> dict[str, int]:
-        """Start over with a fresh LoRA of `lora_rank` (B = 0, so it equals the base), fresh AdamW, step 0."""
-        if isinstance(lora_rank, bool) or not isinstance(lora_rank, int) or lora_rank < 1:
-            raise BadRequest(f"lora_rank must be a positive integer, got {lora_rank!r}")
+    def init(self, lora_rank: int, *, seed: int | None = None) -> InitTrainerServerResponse:
+        """Start over with a fresh LoRA of `lora_rank` (B = 0, so it equals the base), fresh AdamW, step 0.
+
+        The rank was checked where it arrived (`op_requests.LoraRank`)."""
         self._new_adapter(
             lora_rank, self.lora_alpha, self.target_modules, self.seed if seed is None else seed
         )
-        return {"step": 0, "lora_rank": lora_rank}
+        return InitTrainerServerResponse(step=0, lora_rank=lora_rank)
 
     def _new_adapter(self, rank: int, alpha: int, targets: list[str], seed: int) -> None:
         if self._model is not None:  # unload, so a new rank replaces the adapter instead of stacking wrappers
@@ -195,35 +198,34 @@ class LoraTrainer:
 
     def forward(
         self,
-        data: Sequence[Mapping[str, Any] | ParsedDatum],
+        data: Sequence[Datum] | Sequence[ParsedDatum],
         loss_fn: str = "cross_entropy",
-        loss_fn_config: Mapping[str, Any] | None = None,
+        loss_fn_config: Mapping[str, float | bool] | None = None,
         top_k_logprobs: int = 0,
-    ) -> dict[str, Any]:
-        """Loss and logprobs without touching the gradient buffer; returns `ForwardBackwardOutput` JSON."""
+    ) -> ForwardBackwardOutput:
+        """Loss and logprobs without touching the gradient buffer."""
         return self._run(data, loss_fn, loss_fn_config, top_k_logprobs, backward=False)
 
     def forward_backward(
         self,
-        data: Sequence[Mapping[str, Any] | ParsedDatum],
+        data: Sequence[Datum] | Sequence[ParsedDatum],
         loss_fn: str = "cross_entropy",
-        loss_fn_config: Mapping[str, Any] | None = None,
+        loss_fn_config: Mapping[str, float | bool] | None = None,
         top_k_logprobs: int = 0,
-    ) -> dict[str, Any]:
+    ) -> ForwardBackwardOutput:
         """Like `forward`, and accumulate the gradient of the summed loss for the next `optim_step`."""
         return self._run(data, loss_fn, loss_fn_config, top_k_logprobs, backward=True)
 
     def _run(
         self,
-        data: Sequence[Any],
+        data: Sequence[Datum] | Sequence[ParsedDatum],
         loss_fn: str,
-        loss_fn_config: Mapping[str, Any] | None,
+        loss_fn_config: Mapping[str, float | bool] | None,
         top_k: int,
         *,
         backward: bool,
-    ) -> dict[str, Any]:
+    ) -> ForwardBackwardOutput:
         cfg = resolve_loss_config(loss_fn, loss_fn_config)
-        top_k = validate_top_k(top_k)
         datums = self._parsed(data, loss_fn)
         normalized = not cfg.get("skip_token_normalization", False)
         if backward and self._normalized is not None and self._normalized != normalized:
@@ -231,7 +233,7 @@ class LoraTrainer:
                 "token-normalized losses cannot share an optimizer step with skip_token_normalization "
                 "gradients; call optim_step first"
             )
-        outputs: list[dict[str, Any] | None] = [None] * len(datums)
+        outputs: list[dict[str, TensorData]] = [{} for _ in datums]
         total, count = torch.zeros((), dtype=self._lp_dtype, device=self.device), 0
         computed = tokens = 0
         # Gradients of this request go to fresh buffers and are added to the pending ones only on success,
@@ -280,7 +282,9 @@ class LoraTrainer:
         }
         if not normalized:
             metrics["skip_token_normalization"] = 1.0
-        return {"loss": mean, "loss_fn_output_type": loss_fn, "loss_fn_outputs": outputs, "metrics": metrics}
+        return ForwardBackwardOutput(
+            loss=mean, loss_fn_output_type=loss_fn, loss_fn_outputs=outputs, metrics=metrics
+        )
 
     def plan(
         self,
@@ -322,21 +326,18 @@ class LoraTrainer:
         lm: Any = self.model.get_base_model()
         return checkpointed(list(lm.get_decoder().layers))
 
-    def _parsed(self, data: Sequence[Any], loss_fn: str) -> list[ParsedDatum]:
-        if data and all(isinstance(d, ParsedDatum) for d in data):
-            if loss_fn == "dpo" and len(data) % 2:
-                raise BadRequest(f"dpo needs an even number of datums, got {len(data)}")
-            for i, datum in enumerate(data):
-                if self.max_length is not None and datum.length > self.max_length:
-                    raise datum_too_long(f"data[{i}]", datum.length, self.max_length)
-            return list(data)
-        return parse_datums(
-            data,
-            loss_fn,
-            vocab_size=self.vocab_size,
-            max_length=self.max_length,
-            allow_images=self.vision is not None,
-        )
+    def _parsed(self, data: Sequence[Datum] | Sequence[ParsedDatum], loss_fn: str) -> list[ParsedDatum]:
+        parsed = [d for d in data if isinstance(d, ParsedDatum)]
+        if not data or len(parsed) < len(data):
+            datums = [d for d in data if isinstance(d, Datum)]
+            limits = {"vocab_size": self.vocab_size, "max_length": self.max_length}
+            return parse_datums(datums, loss_fn, **limits, allow_images=self.vision is not None)
+        if loss_fn == "dpo" and len(parsed) % 2:
+            raise BadRequest(f"dpo needs an even number of datums, got {len(parsed)}")
+        for i, datum in enumerate(parsed):
+            if self.max_length is not None and datum.length > self.max_length:
+                raise datum_too_long(f"data[{i}]", datum.length, self.max_length)
+        return parsed
 
     def _micro_batch(self, job: MicroBatch) -> MicroBatchResult:
         """One micro-batch on the adapter as it is now (the budget and model may change between calls)."""
@@ -352,9 +353,9 @@ class LoraTrainer:
 
     # ---------------------------------------------------------------------------------- optimisation
 
-    def optim_step(self, adam_params: Mapping[str, Any] | None = None) -> dict[str, dict[str, float]]:
+    def optim_step(self, adam_params: AdamParams | None = None) -> OptimStepResponse:
         """Normalise the accumulated gradients, clip, take one AdamW step, zero them; `step += 1`."""
-        hp = adam_hyperparameters(adam_params)
+        hp = adam_hyperparameters(adam_params or AdamParams())
         params = self.lora_parameters()
         assert self._optimizer is not None
         tokens = self._tokens
@@ -362,7 +363,7 @@ class LoraTrainer:
             for p in params:
                 if p.grad is not None:
                     p.grad.div_(tokens)
-        max_norm = float(hp["grad_clip_norm"]) or math.inf  # 0 disables clipping
+        max_norm = hp.grad_clip_norm or math.inf  # 0 disables clipping
         grads = [p for p in params if p.grad is not None]
         norm = float(torch.nn.utils.clip_grad_norm_(grads, max_norm)) if grads else 0.0
         if not math.isfinite(norm):
@@ -376,11 +377,11 @@ class LoraTrainer:
         self._tokens, self._normalized = 0, None
         metrics = {
             "grad_norm": norm,
-            "learning_rate": float(hp["learning_rate"]),
+            "learning_rate": hp.learning_rate,
             "step": float(self._step),
             "tokens": float(tokens),
         }
-        return {"metrics": metrics}
+        return OptimStepResponse(metrics=metrics)
 
     # ------------------------------------------------------------------------------------ checkpoints
 

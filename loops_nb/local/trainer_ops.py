@@ -1,25 +1,43 @@
 """The trainer's operations: what each `POST /<op>` body does to a run's LoRA trainer.
 
-Each function runs on the run's op-queue worker (FIFO, one at a time) and returns the result JSON
-the SDK validates (`InitTrainerServerResponse`, `ForwardBackwardOutput`, ...). Raising turns into a
+`prepare` validates a submit's body into its `op_requests` model (a bad one is answered 422 at once) and
+returns the work, which runs on the run's op-queue worker (FIFO, one at a time) and answers the SDK's own
+response model (`InitTrainerServerResponse`, `ForwardBackwardOutput`, ...). Raising there turns into a
 `{"status": "error"}` poll body, which the SDK raises as `RemoteOpError` with the message.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from baseten.loops import (
+    ForwardBackwardOutput,
+    InitTrainerServerResponse,
+    LoadWeightsResponse,
+    SaveWeightsForSamplerResponse,
+    SaveWeightsResponse,
+)
+from pydantic import BaseModel
 
 from loops_nb.local.bad_request import BadRequest
 from loops_nb.local.datum_wire import parse_datums, resolve_loss_config
 from loops_nb.local.idle_runs import unpark
 from loops_nb.local.local_run import LocalRun
+from loops_nb.local.op_requests import (
+    OP_REQUESTS,
+    Forward,
+    InitTrainerServer,
+    LoadWeights,
+    OptimStep,
+    SaveWeights,
+)
 from loops_nb.local.state import LocalLoopsState, checkpoint_name
 
 if TYPE_CHECKING:
     from loops_nb.local.trainer import LoraTrainer
 
-OpFn = Callable[[], dict[str, Any]]
+OpFn = Callable[[], BaseModel]
 
 
 def _trainer(state: LocalLoopsState, run: LocalRun) -> LoraTrainer:
@@ -30,67 +48,54 @@ def _trainer(state: LocalLoopsState, run: LocalRun) -> LoraTrainer:
     return run.trainer
 
 
-def _check_model(run: LocalRun, body: dict[str, Any]) -> None:
-    model = body.get("model") or body.get("base_model")
+def prepare(state: LocalLoopsState, run: LocalRun, op: str, body: object) -> OpFn:
+    """Validate a submit of `op` (one of `OP_REQUESTS`, which the app checked) cheaply and return its work.
+
+    A bad body raises `ValidationError` or `BadRequest`, which the app answers 422 at once."""
+    request = OP_REQUESTS[op].model_validate(body)
+    model = request.model or request.base_model
     if model is not None and model != run.base_model:
         raise BadRequest(f"run {run.id} trains {run.base_model!r}, not {model!r}")
-
-
-def prepare(state: LocalLoopsState, run: LocalRun, op: str, body: dict[str, Any]) -> OpFn:
-    """Validate a submit cheaply (so a bad request is answered 422 at once) and return its work."""
-    _check_model(run, body)
-    if op == "init_trainer_server":
-        rank = body.get("lora_rank")
-        if not isinstance(rank, int) or not 1 <= rank <= 1024:
-            raise BadRequest(f"lora_rank must be an integer in 1..1024, got {rank!r}")
+    if isinstance(request, InitTrainerServer):
+        rank = request.lora_rank
         return lambda: _init(state, run, rank)
-    if op in ("forward", "forward_backward"):
-        data = body.get("data")
-        loss_fn = body.get("loss_fn", "cross_entropy")
-        if not isinstance(data, list) or not data:
-            raise BadRequest("data must be a non-empty list of Datum objects")
-        config = body.get("loss_fn_config")
+    if isinstance(request, Forward):
+        loss_fn, config, top_k = request.loss_fn, request.loss_fn_config, request.top_k_logprobs or 0
         resolve_loss_config(loss_fn, config)
         # Parsed once here so a bad datum is answered 422 at submit; the worker reuses the parse.
         data = parse_datums(
-            data,
+            request.data,
             loss_fn,
             vocab_size=state.vocab_size(run.base_model),
             max_length=state.max_datum_length(run),
             allow_images=state.is_vision(run.base_model),
         )
-        top_k = body.get("top_k_logprobs") or 0
-        if not isinstance(top_k, int) or not 0 <= top_k <= 20:
-            raise BadRequest(f"top_k_logprobs must be an integer in 0..20, got {top_k!r}")
-        if op == "forward":
-            return lambda: _trainer(state, run).forward(data, loss_fn, config, top_k_logprobs=top_k)
-        return lambda: _trainer(state, run).forward_backward(data, loss_fn, config, top_k_logprobs=top_k)
-    if op == "optim_step":
-        params = body.get("adam_params")
-        if not isinstance(params, dict) or not isinstance(params.get("learning_rate"), int | float):
-            raise BadRequest("adam_params must be an object with a numeric learning_rate")
-        return lambda: _trainer(state, run).optim_step(params)
-    if op == "save_state":
-        name = checkpoint_name(str(body.get("name", "")))
-        return lambda: _save_state(state, run, name)
-    if op in ("load_state", "load_state_with_optimizer"):
-        path = body.get("path")
-        if not isinstance(path, str) or not path:
-            raise BadRequest("path must be the path save_state returned")
-        with_optimizer = op == "load_state_with_optimizer"
-        return lambda: {
-            "step": _trainer(state, run).load_state(
+        backward = op == "forward_backward"
+
+        def forward() -> ForwardBackwardOutput:
+            trainer = _trainer(state, run)
+            run_pass = trainer.forward_backward if backward else trainer.forward
+            return run_pass(data, loss_fn, config, top_k_logprobs=top_k)
+
+        return forward
+    if isinstance(request, OptimStep):
+        adam = request.adam_params
+        return lambda: _trainer(state, run).optim_step(adam)
+    if isinstance(request, LoadWeights):
+        path, with_optimizer = request.path, op == "load_state_with_optimizer"
+        return lambda: LoadWeightsResponse(
+            step=_trainer(state, run).load_state(
                 state.resolve_checkpoint(path), with_optimizer=with_optimizer
             )
-        }
-    if op == "save_weights_for_sampler":
-        name = checkpoint_name(str(body.get("name", "")))
-        bump = bool(body.get("bump_version", False))
-        return lambda: _save_for_sampler(state, run, name, bump)
-    raise BadRequest(f"unknown trainer operation {op!r}")
+        )
+    assert isinstance(request, SaveWeights)
+    name, bump = checkpoint_name(request.name), request.bump_version
+    if op == "save_state":
+        return lambda: _save_state(state, run, name)
+    return lambda: _save_for_sampler(state, run, name, bump)
 
 
-def _init(state: LocalLoopsState, run: LocalRun, rank: int) -> dict[str, Any]:
+def _init(state: LocalLoopsState, run: LocalRun, rank: int) -> InitTrainerServerResponse:
     run.parked_step = None  # a fresh adapter replaces whatever was parked
     if run.trainer is None:
         run.trainer = state.new_trainer(run)
@@ -98,12 +103,14 @@ def _init(state: LocalLoopsState, run: LocalRun, rank: int) -> dict[str, Any]:
     return run.trainer.init(rank, seed=run.seed)
 
 
-def _save_state(state: LocalLoopsState, run: LocalRun, name: str) -> dict[str, Any]:
+def _save_state(state: LocalLoopsState, run: LocalRun, name: str) -> SaveWeightsResponse:
     _trainer(state, run).save_state(state.checkpoint_dir(run.id, "weights", name))
-    return {"mode": "local", "path": state.record_checkpoint(run, "weights", name)}
+    return SaveWeightsResponse(mode="local", path=state.record_checkpoint(run, "weights", name))
 
 
-def _save_for_sampler(state: LocalLoopsState, run: LocalRun, name: str, bump: bool) -> dict[str, Any]:
+def _save_for_sampler(
+    state: LocalLoopsState, run: LocalRun, name: str, bump: bool
+) -> SaveWeightsForSamplerResponse:
     trainer = _trainer(state, run)
     trainer.save_adapter(state.checkpoint_dir(run.id, "sampler_weights", name))
     path = state.record_checkpoint(run, "sampler_weights", name)
@@ -115,4 +122,4 @@ def _save_for_sampler(state: LocalLoopsState, run: LocalRun, name: str, bump: bo
         engine.set_adapter(run.id, trainer.lora_config_dict(), trainer.adapter_state_dict(), version)
         state.publish(run, version)
         state.prune_published(run, keep=name)
-    return {"version": version, "path": path}
+    return SaveWeightsForSamplerResponse(version=version, path=path)

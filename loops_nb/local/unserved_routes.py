@@ -42,8 +42,8 @@ def unserved_reason(path: str) -> str:
     return "no such route in the Loops API this server implements (baseten-loops 0.32); see docs/reference/local_loops.md"
 
 
-async def not_served(request: Request) -> Response:
-    """The answer to every route the app has no handler for."""
+async def not_served(request: Request, exc: Exception) -> Response:
+    """The app's handler of Starlette's 404 and 405: the answer to every path or method it does not serve."""
     route = f"{request.method} {request.url.path}"
     return JSONResponse(
         {"detail": f"{route} is not served by the local Loops: {unserved_reason(request.url.path)}"},

@@ -12,6 +12,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from loops_nb.validation_message import extend_path, json_type, problems, show
+
 # Deeper rows are refused before validation. Without a bound, JSON nested a few thousand levels deep raises
 # RecursionError in json.loads, and a few hundred levels inside tool arguments passes validation but makes pydantic's
 # serializer (and Jinja's tojson) fail mid-render. 100 levels leaves ample room for real tool argument schemas.
@@ -31,22 +33,16 @@ _TYPE_WORDS = {
 
 def validation_reason(exc: ValidationError) -> str:
     """One line naming the first field at fault, e.g. ``messages[2].weight: must be 0 or 1, got 2``."""
-    err = exc.errors(include_url=False)[0]
-    path = ""
-    for part in err["loc"]:
-        path = _path(path, part)
-    path = _cut(path)
-    kind = err["type"]
-    if kind == "value_error":
-        msg = str(err["ctx"]["error"])
-    elif kind == "missing":
+    problem = problems(exc)[0]
+    path = _cut(problem.path)
+    if problem.kind == "missing":
         msg = "required field missing"
-    elif kind == "extra_forbidden":
+    elif problem.kind == "extra_forbidden":
         msg = "unknown field"
-    elif kind in _TYPE_WORDS:
-        msg = f"must be {_TYPE_WORDS[kind]}, got {json_type(err['input'])}"
+    elif problem.kind in _TYPE_WORDS:
+        msg = f"must be {_TYPE_WORDS[problem.kind]}, got {json_type(problem.given)}"
     else:
-        msg = err["msg"]
+        msg = problem.message
     # Model-level checks already name their field in the message.
     if not path:
         return msg
@@ -82,49 +78,12 @@ def unreadable(obj: object, root: str = "the row") -> str | None:
             for key, item in items:
                 if isinstance(key, str):
                     stack.append((key, f"the key {show(key)} of {path or root}", depth + 1))
-                stack.append((item, _path(path, key), depth + 1))
+                stack.append((item, extend_path(path, key), depth + 1))
     return None
 
 
 def _cut(path: str, limit: int = 80) -> str:
     return path if len(path) <= limit else f"{path[:limit]}..."
-
-
-def _path(path: str, key: object) -> str:
-    """``path`` extended by a list index or an object key; odd keys (not identifiers) are quoted and cut."""
-    if isinstance(key, int):
-        return f"{path}[{key}]"
-    if isinstance(key, str) and key.isidentifier() and len(key) <= 40:
-        return f"{path}.{key}" if path else key
-    return f"{path}[{show(key)}]"
-
-
-def show(value: object, limit: int = 40) -> str:
-    """A value as it may appear in a refusal: ``repr`` cut to ``limit`` characters, so one line stays one short
-    line (repr escapes newlines and surrogates) however long the value the row holds."""
-    if isinstance(value, str) and len(value) > limit:
-        return f"{value[:limit]!r}... ({len(value):,} characters)"
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**limit:
-        # repr of a huge int is long, and past 4300 digits raises ValueError
-        return f"an integer of about {int(value.bit_length() * 0.30103):,} digits"
-    text = repr(value) if isinstance(value, str | int | float | bool) or value is None else json_type(value)
-    return text if len(text) <= limit + 2 else f"{text[:limit]}..."
-
-
-def json_type(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return f"the number {show(value)}"
-    if isinstance(value, str):
-        return f"the string {show(value)}"
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, dict):
-        return "an object"
-    return type(value).__name__
 
 
 LENGTH_FIX = (

@@ -1,4 +1,4 @@
-"""Wire parsing (`wire.py`) and the loss maths (`losses.py`), on hand-made tensors: no model needed."""
+"""Wire parsing (`datum_wire.py`) and the loss maths (`losses.py`), on hand-made tensors: no model needed."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from baseten.loops import Datum
 
 from loops_nb.local.bad_request import BadRequest
 from loops_nb.local.datum_wire import parse_datums, resolve_loss_config, tensor_data
@@ -26,6 +27,11 @@ def datum(tokens: list[int], targets: list[int] | None = None, **inputs: dict) -
     }
 
 
+def parse(data: list[dict], loss_fn: str, **limits: int) -> list:
+    """`parse_datums` of wire datums, validated into the SDK's `Datum` first as the server does."""
+    return parse_datums([Datum.model_validate(d) for d in data], loss_fn, **limits)
+
+
 # ------------------------------------------------------------------------------------------ wire
 
 
@@ -33,19 +39,19 @@ def test_missing_target_tokens_names_datum_and_key() -> None:
     bad = datum([1, 2, 3])
     del bad["loss_fn_inputs"]["target_tokens"]
     with pytest.raises(BadRequest, match=r"data\[1\]\.loss_fn_inputs: cross_entropy needs 'target_tokens'"):
-        parse_datums([datum([1, 2]), bad], "cross_entropy")
+        parse([datum([1, 2]), bad], "cross_entropy")
 
 
 def test_weights_length_mismatch_message() -> None:
     d = datum(list(range(9)), weights=td([1.0] * 7))
     with pytest.raises(BadRequest) as err:
-        parse_datums([datum([1]), datum([2]), datum([3]), d], "cross_entropy")
+        parse([datum([1]), datum([2]), datum([3]), d], "cross_entropy")
     assert str(err.value) == "data[3].loss_fn_inputs['weights']: length 7 does not match model_input length 9"
 
 
 def test_unknown_loss_lists_valid_ones() -> None:
     with pytest.raises(BadRequest, match="cross_entropy, importance_sampling, ppo, cispo, dro, dppo, dpo"):
-        parse_datums([datum([1])], "grpo")
+        parse([datum([1])], "grpo")
 
 
 def test_unknown_config_key_and_defaults() -> None:
@@ -67,38 +73,38 @@ def test_nested_tensor_data_and_nulls() -> None:
     )
     d["loss_fn_inputs"]["target_tokens"] = td([[2, 5], [3, 6], [4, -100]], "float32", [3, 2])
     d["loss_fn_inputs"]["mask"] = td([1, 1, 1])  # unknown for CE: tolerated and ignored
-    (p,) = parse_datums([d], "cross_entropy", vocab_size=10)
+    (p,) = parse([d], "cross_entropy", vocab_size=10)
     assert p.target_tokens.tolist() == [[2, 5], [3, 6], [4, -100]]
     assert p.weights.tolist() == [[1.0, 0.0], [0.5, 0.5], [0.0, 2.0]]
 
 
 def test_shape_and_range_errors() -> None:
     with pytest.raises(BadRequest, match=r"3 values do not fill shape \[2\]"):
-        parse_datums([datum([1, 2], weights=td([1.0, 1.0, 1.0], shape=[2]))], "cross_entropy")
+        parse([datum([1, 2], weights=td([1.0, 1.0, 1.0], shape=[2]))], "cross_entropy")
     with pytest.raises(BadRequest, match=r"data\[0\]\.model_input: empty"):
-        parse_datums([datum([], [])], "cross_entropy")
+        parse([datum([], [])], "cross_entropy")
     with pytest.raises(BadRequest, match=r"token 200 at position 1 is outside the vocabulary \[0, 128\)"):
-        parse_datums([datum([1, 200])], "cross_entropy", vocab_size=128)
+        parse([datum([1, 200])], "cross_entropy", vocab_size=128)
     with pytest.raises(BadRequest, match=r"target_tokens'\]: token 128 must be \[0, 128\) or -100"):
-        parse_datums([datum([1, 127])], "cross_entropy", vocab_size=128)
+        parse([datum([1, 127])], "cross_entropy", vocab_size=128)
     with pytest.raises(BadRequest, match="image chunks need a vision model"):
-        parse_datums([{"model_input": {"chunks": [{"type": "image", "data": "", "format": "png",
+        parse([{"model_input": {"chunks": [{"type": "image", "data": "", "format": "png",
                                                    "expected_tokens": 4}]}}], "cross_entropy")  # fmt: skip
     with pytest.raises(BadRequest, match="even number of datums"):
-        parse_datums([datum([1])] * 3, "dpo")
+        parse([datum([1])] * 3, "dpo")
     with pytest.raises(BadRequest, match="only supported by cross_entropy"):
         rl = datum([1], logprobs=td([0.0]), advantages=td([1.0]))
         rl["loss_fn_inputs"]["target_tokens"] = td([[2, 3]], "int64", [1, 2])
-        parse_datums([rl], "ppo")
+        parse([rl], "ppo")
     with pytest.raises(BadRequest, match=r"data\[0\]\.loss_fn_inputs: ppo needs 'logprobs'"):
-        parse_datums([datum([1, 2], advantages=td([1.0]))], "ppo")
+        parse([datum([1, 2], advantages=td([1.0]))], "ppo")
     with pytest.raises(BadRequest, match="null or non-finite value at active position 1"):
-        parse_datums([datum([1, 2], logprobs=td([None, None]), advantages=td([0.0, 1.0]))], "ppo")
+        parse([datum([1, 2], logprobs=td([None, None]), advantages=td([0.0, 1.0]))], "ppo")
 
 
 def test_advantage_scalar_broadcasts_and_null_q_where_inactive() -> None:
     d = datum([1, 2, 3], logprobs=td([None, -1.0, -2.0]), advantages=td([0.5]), mask=td([0.0, 1.0, 1.0]))
-    (p,) = parse_datums([d], "importance_sampling")
+    (p,) = parse([d], "importance_sampling")
     assert p.advantages is not None and p.logprobs is not None
     assert p.advantages.tolist() == [0.5, 0.5, 0.5]
     assert p.logprobs.tolist() == [0.0, -1.0, -2.0]
@@ -106,10 +112,10 @@ def test_advantage_scalar_broadcasts_and_null_q_where_inactive() -> None:
 
 
 def test_tensor_data_writes_null_for_nan() -> None:
-    out = tensor_data(torch.tensor([[1.5, math.nan], [0.0, -2.0]]))
+    out = tensor_data(torch.tensor([[1.5, math.nan], [0.0, -2.0]])).model_dump(mode="json")
     assert out == {"data": [1.5, None, 0.0, -2.0], "dtype": "float32", "shape": [2, 2]}
     json.dumps(out, allow_nan=False)
-    assert tensor_data(torch.tensor([3, 4]))["dtype"] == "int64"
+    assert tensor_data(torch.tensor([3, 4])).dtype == "int64"
 
 
 # ----------------------------------------------------------------------------------------- losses
@@ -166,7 +172,7 @@ def test_advantage_shape_one_through_parse() -> None:
         datum([1, 2], logprobs=td([-1.0, -1.0]), advantages=td([2.0])),
         datum([3, 4, 5], logprobs=td([-1.0, -1.0, -1.0]), advantages=td([0.0])),
     ]
-    batch = collate(parse_datums(data, "importance_sampling"), torch.device("cpu"), torch.float64)
+    batch = collate(parse(data, "importance_sampling"), torch.device("cpu"), torch.float64)
     batch.lp = torch.full(batch.lp.shape, -0.5, dtype=torch.float64)
     out = compute_loss("importance_sampling", batch, None)
     assert float(out.loss) == pytest.approx(2 * -math.exp(0.5) * 2.0)

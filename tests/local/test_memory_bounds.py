@@ -34,9 +34,9 @@ def sdk_datum(seq: list[int]) -> Datum:
     )
 
 
-def rows(count: int, length: int, seed: int = 0) -> list[dict]:
+def rows(count: int, length: int, seed: int = 0) -> list[Datum]:
     g = torch.Generator().manual_seed(seed)
-    return [wire_datum(r) for r in torch.randint(1, 127, (count, length + 1), generator=g).tolist()]
+    return [sdk_datum(r) for r in torch.randint(1, 127, (count, length + 1), generator=g).tolist()]
 
 
 class SavedBytes:
@@ -103,11 +103,9 @@ def test_micro_batching_and_recomputation_change_no_number(tiny_llama_path: Path
         grads = [p.grad.clone() for p in t.lora_parameters()]
         results.append((out, grads))
     (a, ga), (b, gb) = results
-    assert a["loss"] == pytest.approx(b["loss"], rel=1e-12)
-    for x, y in zip(a["loss_fn_outputs"], b["loss_fn_outputs"], strict=True):
-        assert torch.allclose(
-            torch.tensor(x["logprobs"]["data"]), torch.tensor(y["logprobs"]["data"]), atol=1e-10
-        )
+    assert a.loss == pytest.approx(b.loss, rel=1e-12)
+    for x, y in zip(a.loss_fn_outputs, b.loss_fn_outputs, strict=True):
+        assert torch.allclose(torch.tensor(x["logprobs"].data), torch.tensor(y["logprobs"].data), atol=1e-10)
     for x, y in zip(ga, gb, strict=True):
         assert torch.allclose(x, y, atol=1e-10)
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from baseten.loops import AdamParams, Datum
 
 from loops_nb.local import model_store
 from loops_nb.local.lora_targets import DEFAULT_TARGETS
@@ -55,17 +56,19 @@ def test_a_mixed_trainer_trains_float32_lora_on_bf16_products(tiny_chat_model: P
     assert isinstance(q_proj.base_layer, Bf16ProductLinear)
     assert all(p.dtype == torch.float32 for p in trainer.lora_parameters())
     tokens = list(range(3, 40))
-    datum = {
-        "model_input": {"chunks": [{"type": "encoded_text", "tokens": tokens[:-1]}]},
-        "loss_fn_inputs": {
-            "target_tokens": {"data": tokens[1:], "dtype": "int64", "shape": [len(tokens) - 1]}
-        },
-    }
-    before = trainer.forward([datum])["loss_fn_outputs"][0]["logprobs"]["data"]
+    datum = Datum.model_validate(
+        {
+            "model_input": {"chunks": [{"type": "encoded_text", "tokens": tokens[:-1]}]},
+            "loss_fn_inputs": {
+                "target_tokens": {"data": tokens[1:], "dtype": "int64", "shape": [len(tokens) - 1]}
+            },
+        }
+    )
+    before = trainer.forward([datum]).loss_fn_outputs[0]["logprobs"].data
     for _ in range(3):
         trainer.forward_backward([datum])
-        trainer.optim_step({"learning_rate": 1e-2})
-    after = trainer.forward([datum])["loss_fn_outputs"][0]["logprobs"]["data"]
+        trainer.optim_step(AdamParams(learning_rate=1e-2))
+    after = trainer.forward([datum]).loss_fn_outputs[0]["logprobs"].data
     assert sum(after) > sum(before)  # the LoRA weights moved, and in the direction of the targets
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from baseten.loops import AdamParams, Datum, ModelInput, TensorData
 
 from loops_nb.local.sampler import SamplerEngine
 from loops_nb.local.sampling_types import SampleRequest
@@ -34,13 +35,11 @@ PRECISIONS = {
 """Test id -> (base dtype, bf16 linear products), as `device_and_dtype` and `bf16_products` give them."""
 
 
-def datum(tokens: list[int]) -> dict:
-    return {
-        "model_input": {"chunks": [{"type": "encoded_text", "tokens": tokens[:-1]}]},
-        "loss_fn_inputs": {
-            "target_tokens": {"data": tokens[1:], "dtype": "int64", "shape": [len(tokens) - 1]}
-        },
-    }
+def datum(tokens: list[int]) -> Datum:
+    return Datum(
+        model_input=ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={"target_tokens": TensorData(data=tokens[1:], dtype="int64", shape=[len(tokens) - 1])},
+    )
 
 
 @pytest.mark.parametrize("precision", list(PRECISIONS))
@@ -61,7 +60,7 @@ def test_sampler_and_trainer_logprobs_agree_at_temperature_1(smollm2_path: Path,
     trainer.init(8, seed=0)
     # One step on the prompt itself, so the adapter is not zero and the sampler serves a real policy.
     trainer.forward_backward([datum(prompt)])
-    trainer.optim_step({"learning_rate": 1e-3})
+    trainer.optim_step(AdamParams(learning_rate=1e-3))
     lora = trainer.lora_parameters()
     assert lora and all(p.dtype == torch.float32 for p in lora)
     assert trainer.model.get_base_model().get_output_embeddings().weight.dtype == dtype
@@ -79,8 +78,8 @@ def test_sampler_and_trainer_logprobs_agree_at_temperature_1(smollm2_path: Path,
     sequences = [(prompt + list(c.token_ids), list(c.logprobs)) for c in result.choices]
     out = trainer.forward([datum(tokens) for tokens, _ in sequences])
     deltas = []
-    for (_, sampled), entry in zip(sequences, out["loss_fn_outputs"], strict=True):
-        trained = entry["logprobs"]["data"][len(prompt) - 1 :]
+    for (_, sampled), entry in zip(sequences, out.loss_fn_outputs, strict=True):
+        trained = entry["logprobs"].data[len(prompt) - 1 :]
         assert len(trained) == len(sampled)
         deltas += [abs(a - b) for a, b in zip(trained, sampled, strict=True)]
     mean = sum(deltas) / len(deltas)

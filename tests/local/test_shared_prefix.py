@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from baseten.loops import Datum, ForwardBackwardOutput
 from test_trainer import datum, grads, td, values
 
 from loops_nb.local.shared_prefix import MIN_SHARED_TOKENS, prefix_groups
@@ -18,7 +19,7 @@ from loops_nb.local.trainer import LoraTrainer
 PROMPT = [1, *range(10, 10 + 29)]  # 30 tokens every row of a group shares
 
 
-def rl_datum(prompt: list[int], completion: list[int], advantage: float) -> dict:
+def rl_datum(prompt: list[int], completion: list[int], advantage: float) -> Datum:
     seq = prompt + completion
     mask = [0.0] * (len(prompt) - 1) + [1.0] * len(completion)
     return datum(
@@ -29,7 +30,7 @@ def rl_datum(prompt: list[int], completion: list[int], advantage: float) -> dict
     )
 
 
-def groups_of_datums() -> list[dict]:
+def groups_of_datums() -> list[Datum]:
     """Two GRPO groups (their own prompts), completions of different lengths, and one lone datum."""
     other = [2, *range(60, 60 + 24)]
     data = [rl_datum(PROMPT, [40 + i, 41 + i, 42][: 2 + i % 2], 1.0 - 0.5 * i) for i in range(4)]
@@ -39,8 +40,8 @@ def groups_of_datums() -> list[dict]:
 
 
 def trained(
-    path: Path, share: bool, data: list[dict], recompute: bool = False
-) -> tuple[dict, list[torch.Tensor]]:
+    path: Path, share: bool, data: list[Datum], recompute: bool = False
+) -> tuple[ForwardBackwardOutput, list[torch.Tensor]]:
     trainer = LoraTrainer(path, dtype=torch.float32)
     trainer.init(8, seed=0)
     trainer.share_prefixes = share
@@ -88,13 +89,13 @@ def test_a_shared_prompt_gives_the_unshared_logprobs_and_gradients(
     # in each recomputed layer.
     assert len(attended) == (2 * 2 * (2 if recompute else 1) if packed else 0)
     plain_out, plain_grads = trained(tiny_llama_path, False, data)
-    assert shared_out["loss"] == pytest.approx(plain_out["loss"], abs=1e-5)
+    assert shared_out.loss == pytest.approx(plain_out.loss, abs=1e-5)
     # Each group's prompt ran once: the first group's 29 shared positions for 3 rows (its row with advantage
     # 0 needs nothing and runs not at all: 31 tokens), the second group's 24 for 3 rows.
-    tokens = plain_out["metrics"]["trainer/total_tokens"]
-    assert plain_out["metrics"]["trainer/computed_tokens"] == tokens
-    assert shared_out["metrics"]["trainer/total_tokens"] == tokens
-    assert shared_out["metrics"]["trainer/computed_tokens"] == tokens - 2 * 29 - 31 - 2 * 24
+    tokens = plain_out.metrics["trainer/total_tokens"]
+    assert plain_out.metrics["trainer/computed_tokens"] == tokens
+    assert shared_out.metrics["trainer/total_tokens"] == tokens
+    assert shared_out.metrics["trainer/computed_tokens"] == tokens - 2 * 29 - 31 - 2 * 24
     for i in range(len(data)):
         assert values(shared_out, i) == pytest.approx(values(plain_out, i), abs=1e-5)
     assert any(float(g.abs().max()) > 0 for g in plain_grads)
@@ -144,7 +145,7 @@ def test_rows_are_grouped_by_the_prompt_before_their_first_needed_position() -> 
     )
 
 
-def quickstart_shaped() -> list[dict]:
+def quickstart_shaped() -> list[Datum]:
     """3 groups of 6 rows, each group its own 30-token prompt, completions of 2 to 5 tokens, one group all
     advantage 0 but one row (its other rows need nothing), and a lone datum."""
     data = []
@@ -193,12 +194,12 @@ def test_the_group_planner_gives_the_unshared_numbers_within_the_budget(
         assert all(len([b for b in shared_plan if any(i // 6 == g for i in b[0])]) == 1 for g in range(2))
     else:
         assert all(len({i // 6 for i in rows}) <= 2 for rows, _ in shared_plan)
-    metrics = shared_out["metrics"]
+    metrics = shared_out.metrics
     assert metrics["trainer/computed_tokens"] < 0.7 * metrics["trainer/total_tokens"]
-    assert metrics["trainer/total_tokens"] == plain_out["metrics"]["trainer/total_tokens"]
-    assert metrics["trainer/computed_tokens"] < 0.8 * plain_out["metrics"]["trainer/computed_tokens"]
-    assert shared_out["loss"] == pytest.approx(plain_out["loss"], abs=1e-5)
-    assert shared_fwd["loss"] == pytest.approx(plain_fwd["loss"], abs=1e-5)
+    assert metrics["trainer/total_tokens"] == plain_out.metrics["trainer/total_tokens"]
+    assert metrics["trainer/computed_tokens"] < 0.8 * plain_out.metrics["trainer/computed_tokens"]
+    assert shared_out.loss == pytest.approx(plain_out.loss, abs=1e-5)
+    assert shared_fwd.loss == pytest.approx(plain_fwd.loss, abs=1e-5)
     for i in range(len(data)):
         assert values(shared_out, i) == pytest.approx(values(plain_out, i), abs=1e-5)
         assert values(shared_fwd, i) == pytest.approx(values(plain_fwd, i), abs=1e-5)
