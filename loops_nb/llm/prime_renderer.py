@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from renderers.configs import BaseRendererConfig
 
     from loops_nb.llm.capture import ModelCall
+    from loops_nb.llm.target_rule import SupervisedExamples, TargetChecks
 
 
 PARSES_KEPT = 64
@@ -175,6 +176,89 @@ class PrimeRenderer(TokenizerText):
         if turn_text.startswith(prompt_text):
             return self.encode(turn_text[len(prompt_text) :])
         raise TurnNotAfterPrompt(prompt_text, turn_text)
+
+    # -- supervised targets ---------------------------------------------------------------------------------
+
+    def supervised_examples(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        trained_turns: Sequence[int],
+        checks: TargetChecks,
+    ) -> SupervisedExamples:
+        """The target rule (target_rule.py) in token ids: trained turn ``j``'s context is the family's
+        generation prompt after ``messages[:j]``, its own tokens `reply_tokens` through the first stop token.
+        A reasoning the family does not write in the configured mode (DeepSeek V4 chat mode) fails the caller's
+        checks. (`renderers`' own `build_training_sample` marks what its renderer calls sampled over one render
+        of the whole conversation: on Qwen3.6 that includes the ``<think>\\n`` the prompt already holds, on
+        gpt-oss it leaves out the channel headers the model writes, and earlier turns train in the history the
+        last one sees; this rule trains what the sampler's prompt is followed by.)"""
+        from loops_nb.llm.target_rule import (
+            Refusal,
+            SupervisedExample,
+            SupervisedExamples,
+            split_reason,
+            turn_groups,
+        )
+
+        converted = to_prime_messages(messages)
+        turns = {j: self._target_turn(converted, tools, j, checks) for j in trained_turns}
+        groups = turn_groups({j: ids for j, (ids, _) in turns.items()})
+        examples = []
+        for members in groups:
+            ids = turns[members[-1]][0]
+            reason = checks.context(members[-1], set(members), self.decode(ids))
+            if reason:
+                raise Refusal(reason)
+            weights, token_turns = [0.0] * len(ids), [-1] * len(ids)
+            for j in members:
+                end, start = len(turns[j][0]), turns[j][1]
+                weights[start:end] = [1.0] * (end - start)
+                token_turns[start:end] = [j] * (end - start)
+            examples.append(SupervisedExample(ids, weights, token_turns, tuple(members)))
+        why = split_reason(f"the {self.name} renderer") if len(groups) > 1 else None
+        return SupervisedExamples(examples, why)
+
+    def target_stop_tokens(self) -> list[str]:
+        return [str(self.tokenizer.convert_ids_to_tokens(i)) for i in self.stop_token_ids]
+
+    def _target_turn(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, j: int, checks: TargetChecks
+    ) -> tuple[list[int], int]:
+        """Turn `j` as (its context and own tokens through the stop token, where its own tokens start)."""
+        from loops_nb.llm.target_rule import Refusal, opening_turn, render_failed
+
+        opening_turn(j)
+        who = f"the {self.name} renderer"
+        try:
+            context = list(self.prime.render_ids(messages[:j], tools=tools, add_generation_prompt=True))
+        except Exception as exc:  # the family's renderer raises whatever its format refuses
+            raise render_failed(who, exc, j, f"messages[:{j}] with the generation prompt") from None
+        try:
+            own = self.reply_tokens_converted(messages[: j + 1], tools)
+        except TurnNotAfterPrompt as exc:
+            hint = (
+                ""
+                if messages[j].get("reasoning_content")
+                else "; the prompt opens the turn's reasoning: give the turn a reasoning_content"
+            )
+            raise Refusal(
+                f"messages[{j}]: {who} writes this turn unlike its generation prompt ({exc}), so the generated "
+                f"tokens cannot be located{hint}"
+            ) from None
+        except Exception as exc:
+            raise render_failed(who, exc, j, f"messages[:{j + 1}]") from None
+        stop = next((k for k, t in enumerate(own) if t in self.stop_token_ids), None)
+        if stop is None:
+            raise Refusal(
+                f"messages[{j}]: {who} ends this turn with no stop token (looked for "
+                f"{', '.join(self.target_stop_tokens())}); the model could never learn to end it"
+            )
+        own = own[: stop + 1]
+        reason = checks.turn(j, self.decode(own))
+        if reason:
+            raise Refusal(reason)
+        return context + own, len(context)
 
     # -- bridging -----------------------------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from loops_nb.llm.capture import ModelCall
+    from loops_nb.llm.target_rule import ChatTemplateTargets, SupervisedExamples, TargetChecks
 
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>")
 """Tokens that end an assistant turn in common chat templates; those in the vocabulary stop sampling."""
@@ -53,7 +54,8 @@ class ParsedReply:
 
 
 class Renderer(Protocol):
-    """Messages in, prompt tokens out; sampled tokens in, reply out. What every model call goes through."""
+    """Messages in, prompt tokens out; sampled tokens in, reply out; a conversation in, its supervised targets
+    out. What every model call and every SFT example goes through."""
 
     name: str
     """`chat_template`, or the `renderers` name of a family's renderer (`qwen3`, `gpt-oss`, ...)."""
@@ -75,7 +77,7 @@ class Renderer(Protocol):
         previous: ModelCall | None = None,
     ) -> tuple[list[int], tuple[Any, ...]]:
         """The prompt's token ids (continuing `previous`, the attempt's latest call, exactly where it can)
-        and its images (`vision.PromptImage`; none for a text model)."""
+        and its images (`model_input.PromptImage`; none for a text model)."""
         ...
 
     def prompt_tokens(
@@ -96,6 +98,22 @@ class Renderer(Protocol):
     ) -> ParsedReply:
         """The reply in `completion_tokens`. `prompt_tokens` (the prompt it was sampled for) tells a renderer
         whether the prompt opened a reasoning block; `tools` (the request's) types XML tool arguments."""
+        ...
+
+    def supervised_examples(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        trained_turns: Sequence[int],
+        checks: TargetChecks,
+    ) -> SupervisedExamples:
+        """The training examples of a conversation whose `trained_turns` (assistant message indices) train, by
+        the target rule (target_rule.py): each turn's own tokens through its stop token, after the prompt this
+        renderer samples it from. `Refusal` says why the conversation cannot train."""
+        ...
+
+    def target_stop_tokens(self) -> list[str]:
+        """The tokens that end a trained turn (a row's text may not hold them)."""
         ...
 
     def encode(self, text: str) -> list[int]: ...
@@ -135,15 +153,30 @@ class TokenizerText:
 
 
 class ChatRenderer(TokenizerText):
-    """A tokenizer plus chat template: messages in, prompt tokens out; sampled tokens in, reply out."""
+    """A tokenizer plus chat template: messages in, prompt tokens out; sampled tokens in, reply out; a
+    conversation in, its targets out (`ChatTemplateTargets`).
+
+    ``chat_template`` overrides the tokenizer's own (e.g. `TOOL_CAPABLE_CHATML_TEMPLATE` for SmolLM2 tool use);
+    ``template_variables`` are passed to the template (e.g. ``enable_thinking``); ``stop_tokens`` end a trained
+    turn (default: the eos token and the known end-of-turn tokens the tokenizer has and the template writes).
+    """
 
     name = CHAT_TEMPLATE
     extends_by_text = True
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, chat_template: str | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        chat_template: str | None = None,
+        *,
+        template_variables: Mapping[str, Any] | None = None,
+        stop_tokens: Sequence[str] | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.why = ""
-        self.template = ChatTemplate(tokenizer, chat_template)
+        self.template = ChatTemplate(tokenizer, chat_template, template_variables)
+        self._stop_tokens = stop_tokens
+        self._targets: ChatTemplateTargets | None = None
         vocab = tokenizer.get_vocab()
         stops = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
         stops |= {vocab[t] for t in END_OF_TURN_TOKENS if t in vocab}
@@ -178,7 +211,7 @@ class ChatRenderer(TokenizerText):
         tools: Sequence[dict[str, Any]] | None = None,
         previous: ModelCall | None = None,
     ) -> tuple[list[int], tuple[Any, ...]]:
-        """The prompt's token ids and its images (`vision.PromptImage`; none for a text model)."""
+        """The prompt's token ids and its images (`model_input.PromptImage`; none for a text model)."""
         return self.prompt_tokens(messages, tools, previous), ()
 
     def parse(
@@ -199,3 +232,24 @@ class ChatRenderer(TokenizerText):
             tool_call_errors=list(reply.errors),
             reasoning=reply.reasoning,
         )
+
+    def targets(self) -> ChatTemplateTargets:
+        """The target rule on this template, built on first use (it needs a fast tokenizer, which sampling
+        does not): `ConfigError` when the tokenizer cannot train."""
+        if self._targets is None:
+            from loops_nb.llm.target_rule import ChatTemplateTargets
+
+            self._targets = ChatTemplateTargets(self.tokenizer, self.template, self._stop_tokens)
+        return self._targets
+
+    def supervised_examples(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        trained_turns: Sequence[int],
+        checks: TargetChecks,
+    ) -> SupervisedExamples:
+        return self.targets().examples(messages, tools, trained_turns, checks)
+
+    def target_stop_tokens(self) -> list[str]:
+        return self.targets().stop_tokens

@@ -201,7 +201,7 @@ def parse_assistant_text(
     before ``</tool_call>``, is reported in ``errors`` rather than raised: a model under training writes such
     blocks, and evaluation has to score them, not crash.
     """
-    reasoning, text = split_reasoning(text, reasoning_open=reasoning_open)
+    reasoning, text = split_generated_reasoning(text, reasoning_open=reasoning_open)
     calls: list[dict[str, Any]] = []
     errors: list[str] = []
     for i, match in enumerate(_TOOL_CALL_RE.finditer(text)):
@@ -218,7 +218,7 @@ def parse_assistant_text(
     return AssistantReply(content=content, tool_calls=calls, errors=errors, reasoning=reasoning)
 
 
-def split_reasoning(text: str, *, reasoning_open: bool = False) -> tuple[str, str]:
+def split_generated_reasoning(text: str, *, reasoning_open: bool = False) -> tuple[str, str]:
     """``(reasoning, the rest)`` of generated text: see `parse_assistant_text`."""
     start, end = text.find(THINK_OPEN), text.find(THINK_CLOSE)
     if end != -1 and (start == -1 or start < end):

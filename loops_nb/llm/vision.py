@@ -22,11 +22,11 @@ import io
 import json
 import urllib.request
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from loops_nb.errors import UserError
+from loops_nb.llm.model_input import PromptImage
 from loops_nb.llm.renderer import ChatRenderer, Renderer
 
 if TYPE_CHECKING:
@@ -36,24 +36,6 @@ if TYPE_CHECKING:
     from loops_nb.llm.capture import ModelCall
 
 URL_TIMEOUT_SECONDS = 30
-
-
-@dataclass(frozen=True)
-class PromptImage:
-    """One image of a prompt: where its image tokens sit in the (expanded) ids, and its encoded bytes."""
-
-    offset: int
-    length: int
-    data: bytes
-    format: str = "png"
-
-    def chunk(self) -> Any:
-        from baseten.loops import ImageChunk
-
-        return ImageChunk(data=self.data, format=self.format, expected_tokens=self.length)  # type: ignore[arg-type]
-
-    def shifted(self, by: int) -> PromptImage:
-        return PromptImage(self.offset + by, self.length, self.data, self.format)
 
 
 def is_image_part(part: object) -> bool:
@@ -128,12 +110,6 @@ def split_images(messages: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any
             message = {**message, "content": parts}
         out.append(message)
     return out, sources
-
-
-def count_images(messages: Sequence[dict[str, Any]]) -> int:
-    return sum(
-        1 for m in messages if isinstance(m.get("content"), list) for p in m["content"] if is_image_part(p)
-    )
 
 
 class VisionRenderer(ChatRenderer):

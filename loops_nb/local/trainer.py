@@ -51,6 +51,7 @@ from loops_nb.local.datum_wire import (
     resolve_loss_config,
     validate_top_k,
 )
+from loops_nb.local.image_chunks import VisionInputs, max_positions
 from loops_nb.local.kv_cache import cache_is_full_attention
 from loops_nb.local.lora_adapter import (
     LORA_ALPHA,
@@ -77,7 +78,6 @@ from loops_nb.local.trainer_checkpoints import (
     write_adapter,
     write_trainer_state,
 )
-from loops_nb.local.vision import VisionInputs, max_positions
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
