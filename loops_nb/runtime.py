@@ -109,7 +109,7 @@ class RunContext:
     state_dir: Path
     """The run's state directory (or check's preflight directory): the resource journal lives here."""
     providers: Mapping[str, Any] = field(default_factory=dict)
-    """`[providers.<name>]` tables (loops_nb.providers.config models), by name."""
+    """`[providers.<name>]` tables (loops_nb.providers.provider_tables models), by name."""
     resources: ResourceRegistry | None = None
     """The run's resource registry, journalled under `state_dir`."""
     checking: bool = False

@@ -149,13 +149,6 @@ class PrimeRenderer(TokenizerText):
         history; the generation prompt is the same). Where prompt and turn split a token differently at the
         seam (Qwen3.6's `<think>\\n` before an empty `\\n\\n</think>`), the rest of the turn's text is
         tokenized on its own. `TurnNotAfterPrompt` when the turn cannot follow the prompt at all."""
-        return self.reply_tokens_converted(to_prime_messages(messages), tools)
-
-    def reply_tokens_converted(
-        self, converted: list[dict[str, Any]], tools: Sequence[dict[str, Any]] | None
-    ) -> list[int]:
-        """`reply_tokens` of messages already through `to_prime_messages`: SFT converts a row once and asks
-        for every trained turn of it, where converting each prefix again would redo the same work."""
         from loops_nb.llm.renderer_choice import reasoning_kept
 
         if self._kept is None:
@@ -165,7 +158,7 @@ class PrimeRenderer(TokenizerText):
                 if kept == self.config
                 else PrimeRenderer(self.tokenizer, self.name, hub_id=self.hub_id, config=kept)
             )
-        spec = list(tools) if tools else None
+        spec, converted = (list(tools) if tools else None), to_prime_messages(messages)
         prime = self._kept.prime
         opened = list(prime.render_ids(converted[:-1], tools=spec, add_generation_prompt=True))
         written = list(prime.render_ids(converted, tools=spec))
@@ -235,7 +228,7 @@ class PrimeRenderer(TokenizerText):
         except Exception as exc:  # the family's renderer raises whatever its format refuses
             raise render_failed(who, exc, j, f"messages[:{j}] with the generation prompt") from None
         try:
-            own = self.reply_tokens_converted(messages[: j + 1], tools)
+            own = self.reply_tokens(messages[: j + 1], tools)
         except TurnNotAfterPrompt as exc:
             hint = (
                 ""

@@ -159,6 +159,9 @@ class ChatRenderer(TokenizerText):
     ``chat_template`` overrides the tokenizer's own (e.g. `TOOL_CAPABLE_CHATML_TEMPLATE` for SmolLM2 tool use);
     ``template_variables`` are passed to the template (e.g. ``enable_thinking``); ``stop_tokens`` end a trained
     turn (default: the eos token and the known end-of-turn tokens the tokenizer has and the template writes).
+    ``parser``: the family's renderer (`PrimeRenderer`) where `renderers` covers the model's family: replies are
+    parsed by it (the model writes its family's tool-call and reasoning syntax whatever renders the prompt);
+    without one, by the hand parser of templates.py (SmolLM2's `chatml-tools`, Gemma 3, an unknown model).
     """
 
     name = CHAT_TEMPLATE
@@ -171,8 +174,10 @@ class ChatRenderer(TokenizerText):
         *,
         template_variables: Mapping[str, Any] | None = None,
         stop_tokens: Sequence[str] | None = None,
+        parser: Renderer | None = None,
     ) -> None:
         self.tokenizer = tokenizer
+        self.parser = parser
         self.why = ""
         self.template = ChatTemplate(tokenizer, chat_template, template_variables)
         self._stop_tokens = stop_tokens
@@ -221,6 +226,8 @@ class ChatRenderer(TokenizerText):
         prompt_tokens: Sequence[int] | None = None,
         tools: Sequence[dict[str, Any]] | None = None,
     ) -> ParsedReply:
+        if self.parser is not None:
+            return self.parser.parse(completion_tokens, prompt_tokens=prompt_tokens, tools=tools)
         text = self.decode(completion_tokens, skip_special=True)
         # A template that opens the think block in the prompt (Qwen3.5/3.6) leaves only its end in the reply.
         opened = prompt_tokens is not None and self.decode(prompt_tokens[-4:]).rstrip().endswith("<think>")

@@ -115,8 +115,10 @@ def split_images(messages: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any
 class VisionRenderer(ChatRenderer):
     """A `ChatRenderer` for a vision-language model: image parts go through the model's processor."""
 
-    def __init__(self, processor: ProcessorMixin, chat_template: str | None = None) -> None:
-        super().__init__(processor.tokenizer, chat_template)
+    def __init__(
+        self, processor: ProcessorMixin, chat_template: str | None = None, parser: Renderer | None = None
+    ) -> None:
+        super().__init__(processor.tokenizer, chat_template, parser=parser)
         self.processor = processor
         token = getattr(processor, "image_token_id", None)
         if token is None:

@@ -6,7 +6,7 @@ backend's SDK, so import them only when used).
 """
 
 from loops_nb.providers.adapters import ProviderAdapter, provider_adapter
-from loops_nb.providers.config import (
+from loops_nb.providers.provider_tables import (
     BlaxelProviderConfig,
     DaytonaProviderConfig,
     DockerProviderConfig,

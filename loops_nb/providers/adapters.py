@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from loops_nb.errors import ConfigError
 from loops_nb.providers.bubblewrap import SandboxUnavailable, bwrap_path, remove_tree
-from loops_nb.providers.config import (
+from loops_nb.providers.provider_tables import (
     BlaxelProviderConfig,
     DaytonaProviderConfig,
     DockerProviderConfig,
@@ -252,7 +252,7 @@ def provider_adapter(name: str, providers: dict[str, Any]) -> ProviderAdapter:
         if name not in ADAPTERS:
             known = sorted({*providers, *ADAPTERS})
             raise ConfigError(f"no [providers.{name}] table: add one, or use one of {known}")
-        from loops_nb.providers import config as models
+        from loops_nb.providers import provider_tables as models
 
         default = {
             "local": models.LocalProviderConfig,

@@ -7,7 +7,7 @@ from typing import Any, Callable, Literal  # noqa: UP035 (typing.Callable reads 
 from pydantic import Field, field_serializer, field_validator, model_validator
 
 from loops_nb.config.sections import RecipeConfig, Section
-from loops_nb.providers.config import ProviderConfig
+from loops_nb.providers.provider_tables import ProviderConfig
 from loops_nb.rl.attempt_boundary import REWARD_LIMIT
 from loops_nb.run.optimizer import OptimizerSettings
 

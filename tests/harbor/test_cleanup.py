@@ -13,7 +13,7 @@ from rl_config import tiny_run_toml
 
 from loops_nb.cleanup import cleanup
 from loops_nb.cli import main
-from loops_nb.providers.config import BlaxelProviderConfig
+from loops_nb.providers.provider_tables import BlaxelProviderConfig
 from loops_nb.resources import ResourceJournal
 
 REPO = Path(__file__).resolve().parents[2]

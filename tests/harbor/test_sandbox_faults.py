@@ -28,7 +28,7 @@ from loops_nb.harbor import LoopsAgent
 from loops_nb.harbor.evidence import evidence_from_trial
 from loops_nb.providers.adapters import LocalProvider
 from loops_nb.providers.bubblewrap import BubblewrapSandbox, remove_tree
-from loops_nb.providers.config import LocalProviderConfig
+from loops_nb.providers.provider_tables import LocalProviderConfig
 from loops_nb.resources import ResourceJournal
 
 pytestmark = pytest.mark.bwrap

@@ -19,7 +19,7 @@ import loops_nb
 from loops_nb.harbor.harbor_runtime import HarborRuntime
 from loops_nb.llm.capture import ModelCall, TokenCapture
 from loops_nb.llm.client import Reply
-from loops_nb.providers.config import LocalProviderConfig
+from loops_nb.providers.provider_tables import LocalProviderConfig
 from loops_nb.runtime import Attempt, AttemptServices, RunContext
 
 pytestmark = pytest.mark.bwrap
