@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from loops_nb.llm.chat_messages import ChatMessage, ToolCall
     from loops_nb.llm.model_input import PromptImage
 
 # Why a call started a new sequence (breaks.py tells them apart; kept here so grpo's import stays light).
@@ -54,10 +55,10 @@ class ModelCall:
     policy_version: int
     finish_reason: str
     text: str = ""
-    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    tool_calls: list[ToolCall] = field(default_factory=list)
     images: tuple[Any, ...] = ()
     """The prompt's images (`model_input.PromptImage`: offset and length of its image tokens, PNG bytes)."""
-    messages: list[dict[str, Any]] = field(default_factory=list)
+    messages: list[ChatMessage] = field(default_factory=list)
     """The conversation the prompt was rendered from, as the renderer got it: a renderer that bridges on
     token ids (`PrimeRenderer`) continues this call only in a conversation that starts with it."""
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from loops_nb.errors import ConfigError, UserError
 from loops_nb.llm.breaks import continuation_start
+from loops_nb.llm.chat_messages import ChatMessage, ToolCall, ToolSpec
 from loops_nb.llm.renderer import ParsedReply, TokenizerText
 
 if TYPE_CHECKING:
@@ -79,8 +80,8 @@ class PrimeRenderer(TokenizerText):
 
     def render_prompt(
         self,
-        messages: Sequence[dict[str, Any]],
-        tools: Sequence[dict[str, Any]] | None = None,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec] | None = None,
         previous: ModelCall | None = None,
     ) -> tuple[list[int], tuple[Any, ...]]:
         """The prompt: `previous`'s prompt + completion, exactly, then the new turns, when the conversation
@@ -103,8 +104,8 @@ class PrimeRenderer(TokenizerText):
 
     def prompt_tokens(
         self,
-        messages: Sequence[dict[str, Any]],
-        tools: Sequence[dict[str, Any]] | None = None,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec] | None = None,
         previous: ModelCall | None = None,
     ) -> list[int]:
         return self.render_prompt(messages, tools, previous)[0]
@@ -114,7 +115,7 @@ class PrimeRenderer(TokenizerText):
         completion_tokens: Sequence[int],
         *,
         prompt_tokens: Sequence[int] | None = None,
-        tools: Sequence[dict[str, Any]] | None = None,
+        tools: Sequence[ToolSpec] | None = None,
     ) -> ParsedReply:
         # An attempt's next call parses the previous reply again to prove the conversation continues it
         # (breaks.continuation_start): the same tokens, so the same answer, kept for a few calls.
@@ -140,9 +141,7 @@ class PrimeRenderer(TokenizerText):
 
     # -- a turn as the family writes it --------------------------------------------------------------------
 
-    def reply_tokens(
-        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None
-    ) -> list[int]:
+    def reply_tokens(self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec] | None) -> list[int]:
         """How the family writes the last of `messages` (an assistant turn) after its generation prompt for the
         ones before: the tokens a model of the family samples there (SFT trains them; the preflight plays
         them). Rendered with the turn's reasoning kept (gpt-oss drops a final answer's analysis from any
@@ -174,8 +173,8 @@ class PrimeRenderer(TokenizerText):
 
     def supervised_examples(
         self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None,
+        messages: list[ChatMessage],
+        tools: list[ToolSpec] | None,
         trained_turns: Sequence[int],
         checks: TargetChecks,
     ) -> SupervisedExamples:
@@ -216,7 +215,7 @@ class PrimeRenderer(TokenizerText):
         return [str(self.tokenizer.convert_ids_to_tokens(i)) for i in self.stop_token_ids]
 
     def _target_turn(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, j: int, checks: TargetChecks
+        self, messages: list[ChatMessage], tools: list[ToolSpec] | None, j: int, checks: TargetChecks
     ) -> tuple[list[int], int]:
         """Turn `j` as (its context and own tokens through the stop token, where its own tokens start)."""
         from loops_nb.llm.target_rule import Refusal, opening_turn, render_failed
@@ -256,7 +255,7 @@ class PrimeRenderer(TokenizerText):
     # -- bridging -----------------------------------------------------------------------------------------
 
     def _continuation(
-        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None, previous: ModelCall
+        self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec] | None, previous: ModelCall
     ) -> int | None:
         """Where the new turns start in `messages` when they continue `previous` (breaks.continuation_start);
         None otherwise: another conversation, or an edited history, is rendered afresh (and the capture starts
@@ -279,7 +278,7 @@ def parsed_reply(parsed: ParsedResponse, text: str) -> ParsedReply:
     reported with their status and what the model wrote."""
     from renderers import ToolCallParseStatus
 
-    calls: list[dict[str, Any]] = []
+    calls: list[ToolCall] = []
     errors: list[str] = []
     for i, call in enumerate(parsed.tool_calls):
         if call.status == ToolCallParseStatus.OK and call.name and isinstance(call.arguments, dict):
@@ -317,12 +316,12 @@ _STATUS_TEXT = {
 }
 
 
-def to_prime_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def to_prime_messages(messages: Sequence[Mapping[str, Any]]) -> list[ChatMessage]:
     """OpenAI-shaped messages as `renderers` takes them: content a string, tool-call arguments an object
     where they decode to one, and each tool result named after its call (gpt-oss writes the name)."""
     from renderers import extract_message_tool_names
 
-    out: list[dict[str, Any]] = []
+    out: list[ChatMessage] = []
     for message in messages:
         msg = dict(message)
         if msg.get("content") is None:
@@ -336,7 +335,7 @@ def to_prime_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, A
     return out
 
 
-def _decoded_arguments(call: Mapping[str, Any]) -> dict[str, Any]:
+def _decoded_arguments(call: Mapping[str, Any]) -> ToolCall:
     fn = dict(call.get("function") or {})
     args = fn.get("arguments")
     if isinstance(args, str):

@@ -1,9 +1,12 @@
-"""The renderer seam: what turns a conversation into prompt tokens and sampled tokens back into a reply,
-and its first implementation, the model's own chat template (`ChatRenderer`).
+"""The renderer seam: what turns a conversation into prompt tokens, sampled tokens back into a reply, and a
+training conversation into its supervised targets; and its first implementation, the model's own chat template
+(`ChatRenderer`).
 
 `Renderer` is what every model call goes through (`llm().chat`, the gateway, evaluation, the policy
-sampler). Two implementations: `ChatRenderer` here, and `PrimeRenderer` (prime_renderer.py), Prime
-Intellect's hand-written renderer of the model's family. `renderer_choice.py` says which one a config gets.
+sampler, the preflight) and what SFT trains through (`supervised_examples`, target_rule.py): one object per
+model, so what trains is what samples. Two implementations: `ChatRenderer` here, and `PrimeRenderer`
+(prime_renderer.py), Prime Intellect's hand-written renderer of the model's family. `renderer_choice.py` says
+which one a config gets.
 
 `ChatRenderer`: for turn n+1 the conversation is rendered to text. When that text starts with the decoded text of
 turn n's prompt + sampled completion, the new prompt is those exact tokens followed by the tokens of
@@ -20,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from loops_nb.llm.chat_messages import ChatMessage, ToolCall, ToolSpec
 from loops_nb.llm.templates import ChatTemplate, parse_assistant_text
 
 if TYPE_CHECKING:
@@ -42,7 +46,7 @@ class ParsedReply:
     """The completion's text, special tokens removed."""
     content: str
     """The prose, with reasoning and tool-call blocks removed."""
-    tool_calls: list[dict[str, Any]]
+    tool_calls: list[ToolCall]
     """The well-formed calls, OpenAI-shaped (`{"id", "type": "function", "function": {"name", "arguments"}}`,
     `arguments` a JSON string)."""
     tool_call_errors: list[str]
@@ -72,8 +76,8 @@ class Renderer(Protocol):
 
     def render_prompt(
         self,
-        messages: Sequence[dict[str, Any]],
-        tools: Sequence[dict[str, Any]] | None = None,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec] | None = None,
         previous: ModelCall | None = None,
     ) -> tuple[list[int], tuple[Any, ...]]:
         """The prompt's token ids (continuing `previous`, the attempt's latest call, exactly where it can)
@@ -82,8 +86,8 @@ class Renderer(Protocol):
 
     def prompt_tokens(
         self,
-        messages: Sequence[dict[str, Any]],
-        tools: Sequence[dict[str, Any]] | None = None,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec] | None = None,
         previous: ModelCall | None = None,
     ) -> list[int]:
         """`render_prompt`'s token ids."""
@@ -94,7 +98,7 @@ class Renderer(Protocol):
         completion_tokens: Sequence[int],
         *,
         prompt_tokens: Sequence[int] | None = None,
-        tools: Sequence[dict[str, Any]] | None = None,
+        tools: Sequence[ToolSpec] | None = None,
     ) -> ParsedReply:
         """The reply in `completion_tokens`. `prompt_tokens` (the prompt it was sampled for) tells a renderer
         whether the prompt opened a reasoning block; `tools` (the request's) types XML tool arguments."""
@@ -102,8 +106,8 @@ class Renderer(Protocol):
 
     def supervised_examples(
         self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None,
+        messages: list[ChatMessage],
+        tools: list[ToolSpec] | None,
         trained_turns: Sequence[int],
         checks: TargetChecks,
     ) -> SupervisedExamples:
@@ -187,17 +191,15 @@ class ChatRenderer(TokenizerText):
         stops |= {vocab[t] for t in END_OF_TURN_TOKENS if t in vocab}
         self.stop_token_ids: list[int] = sorted(stops)
 
-    def render_text(
-        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
-    ) -> str:
+    def render_text(self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec] | None = None) -> str:
         return self.template.render(
             list(messages), list(tools) if tools else None, add_generation_prompt=True
         )
 
     def prompt_tokens(
         self,
-        messages: Sequence[dict[str, Any]],
-        tools: Sequence[dict[str, Any]] | None = None,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec] | None = None,
         previous: ModelCall | None = None,
     ) -> list[int]:
         """The prompt for the next call; extends `previous`'s prompt + completion (exact tokens) whenever the
@@ -212,8 +214,8 @@ class ChatRenderer(TokenizerText):
 
     def render_prompt(
         self,
-        messages: Sequence[dict[str, Any]],
-        tools: Sequence[dict[str, Any]] | None = None,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec] | None = None,
         previous: ModelCall | None = None,
     ) -> tuple[list[int], tuple[Any, ...]]:
         """The prompt's token ids and its images (`model_input.PromptImage`; none for a text model)."""
@@ -224,7 +226,7 @@ class ChatRenderer(TokenizerText):
         completion_tokens: Sequence[int],
         *,
         prompt_tokens: Sequence[int] | None = None,
-        tools: Sequence[dict[str, Any]] | None = None,
+        tools: Sequence[ToolSpec] | None = None,
     ) -> ParsedReply:
         if self.parser is not None:
             return self.parser.parse(completion_tokens, prompt_tokens=prompt_tokens, tools=tools)
@@ -251,8 +253,8 @@ class ChatRenderer(TokenizerText):
 
     def supervised_examples(
         self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None,
+        messages: list[ChatMessage],
+        tools: list[ToolSpec] | None,
         trained_turns: Sequence[int],
         checks: TargetChecks,
     ) -> SupervisedExamples:

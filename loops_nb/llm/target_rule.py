@@ -29,6 +29,7 @@ import jinja2
 
 from loops_nb.errors import ConfigError
 from loops_nb.llm.added_token_encoder import AddedTokenEncoder
+from loops_nb.llm.chat_messages import ChatMessage, ToolSpec
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -195,8 +196,8 @@ class ChatTemplateTargets:
 
     def examples(
         self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None,
+        messages: list[ChatMessage],
+        tools: list[ToolSpec] | None,
         trained_turns: Sequence[int],
         checks: TargetChecks,
     ) -> SupervisedExamples:
@@ -230,7 +231,7 @@ class ChatTemplateTargets:
         )
 
     def _render(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, j: int, *, prompt: bool
+        self, messages: list[ChatMessage], tools: list[ToolSpec] | None, j: int, *, prompt: bool
     ) -> str:
         try:
             return self.template.render(messages, tools, add_generation_prompt=prompt)
@@ -240,8 +241,8 @@ class ChatTemplateTargets:
 
     def _locate_turn(
         self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None,
+        messages: list[ChatMessage],
+        tools: list[ToolSpec] | None,
         j: int,
         checks: TargetChecks,
     ) -> _Turn:

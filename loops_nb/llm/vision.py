@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from loops_nb.errors import UserError
+from loops_nb.llm.chat_messages import ChatMessage, ToolSpec
 from loops_nb.llm.model_input import PromptImage
 from loops_nb.llm.renderer import ChatRenderer, Renderer
 
@@ -94,7 +95,7 @@ def encode_png(image: PILImage) -> bytes:
     return buffer.getvalue()
 
 
-def split_images(messages: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[Any]]:
+def split_images(messages: Sequence[ChatMessage]) -> tuple[list[dict[str, Any]], list[Any]]:
     """Messages for the chat template (each image part becomes `{"type": "image"}`) and the images' sources."""
     out, sources = [], []
     for message in messages:
@@ -128,8 +129,8 @@ class VisionRenderer(ChatRenderer):
 
     def render_prompt(
         self,
-        messages: Sequence[dict[str, Any]],
-        tools: Sequence[dict[str, Any]] | None = None,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec] | None = None,
         previous: ModelCall | None = None,
     ) -> tuple[list[int], tuple[PromptImage, ...]]:
         template_messages, sources = split_images(messages)
