@@ -90,7 +90,9 @@ class PrimeRenderer(TokenizerText):
         spec = list(tools) if tools else None
         converted = to_prime_messages(messages)
         if previous is not None:
-            start = self._continuation(messages, tools, previous)
+            # Where the new turns start when they continue `previous`; None for another conversation or an
+            # edited history, rendered afresh (the capture starts a new sequence, counted as `history_edited`).
+            start = continuation_start(self, messages, tools, previous)
             if start is not None:
                 bridged = self.prime.bridge_to_next_turn(
                     list(previous.prompt_tokens),
@@ -251,16 +253,6 @@ class PrimeRenderer(TokenizerText):
         if reason:
             raise Refusal(reason)
         return context + own, len(context)
-
-    # -- bridging -----------------------------------------------------------------------------------------
-
-    def _continuation(
-        self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec] | None, previous: ModelCall
-    ) -> int | None:
-        """Where the new turns start in `messages` when they continue `previous` (breaks.continuation_start);
-        None otherwise: another conversation, or an edited history, is rendered afresh (and the capture starts
-        a new sequence, counted as `history_edited`)."""
-        return continuation_start(self, messages, tools, previous)
 
 
 class TurnNotAfterPrompt(ValueError):
