@@ -27,6 +27,8 @@ from loops_nb.llm.templates import BUILTIN_TEMPLATES as BUILTIN_TEMPLATES
 from loops_nb.missing_package import install_line, missing_package
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from loops_nb.llm.renderer import Renderer
 
 # BUILTIN_TEMPLATES (re-exported): the chat templates `[model] chat_template` can name.
@@ -184,7 +186,7 @@ def text_renderer(model: ModelConfig, tokenizer: Any, choice: RendererChoice) ->
     return renderer
 
 
-def family_parser(model: ModelConfig, tokenizer: Any) -> Renderer | None:
+def family_parser(model: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> Renderer | None:
     """The family's renderer that parses a chat template's replies, where `renderers` has one for `[model]
     base_model` (`[model] renderer = "chat_template"`, a template override, a vision model): the model writes
     its family's tool calls and reasoning whatever renders its prompt. None where it has none, or cannot build
