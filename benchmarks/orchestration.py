@@ -61,11 +61,11 @@ async def instant_pipeline_seconds() -> tuple[float, int]:
     from loops_nb import load
     from loops_nb.episodes import load_runtime
     from loops_nb.llm.renderer import ChatRenderer
+    from loops_nb.model_renderer import load_model_tokenizer
     from loops_nb.observers import ObserverSet
     from loops_nb.rl.loop import RLRun
     from loops_nb.rl.policy import Policy
     from loops_nb.run_dir import RunDirectory
-    from loops_nb.tokenization import load_model_tokenizer
 
     with tempfile.TemporaryDirectory() as tmp:
         project = load(

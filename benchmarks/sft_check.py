@@ -73,11 +73,11 @@ def _measure(path: str, out) -> None:
 
     torch.set_num_threads(1)
     from loops_nb.local.model_store import load_tokenizer
-    from loops_nb.sft.rendering import Renderer
+    from loops_nb.model_renderer import BUILTIN_TEMPLATES
     from loops_nb.sft.report import CheckReport
-    from loops_nb.tokenization import BUILTIN_TEMPLATES
+    from loops_nb.sft.targets import chat_targets
 
-    renderer = Renderer(
+    renderer = chat_targets(
         load_tokenizer(MODEL), chat_template=BUILTIN_TEMPLATES["chatml-tools"], max_seq_len=2048
     )
     started = time.process_time()

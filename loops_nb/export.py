@@ -127,7 +127,7 @@ def _write_merged(run: SavedRun, adapter: Path, out: Path, dtype: str) -> None:
 
 
 def _write_tokenizer(run: SavedRun, out: Path) -> None:
-    from loops_nb.tokenization import load_model_tokenizer
+    from loops_nb.model_renderer import load_model_tokenizer
 
     tokenizer = load_model_tokenizer(run.model, run.compute.scope, cache_dir=run.compute.local.cache_dir)
     tokenizer.save_pretrained(str(out))

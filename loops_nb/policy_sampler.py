@@ -238,7 +238,7 @@ class PolicySampler:
             owner._open_lock = asyncio.Lock()
         async with owner._open_lock:
             if owner._connection is None:
-                from loops_nb.tokenization import load_model_renderer, run_renderer_choice
+                from loops_nb.model_renderer import load_model_renderer, run_renderer_choice
 
                 run = self.run
                 owner._renderer = await asyncio.to_thread(

@@ -25,7 +25,7 @@ where `PrimeRenderer` decides whether it may bridge) and by what of the sampled 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from loops_nb.llm.capture import (
     CAUSES,
@@ -38,6 +38,7 @@ from loops_nb.llm.capture import (
     SequenceBreak,
     first_difference,
 )
+from loops_nb.llm.chat_messages import ChatMessage, ToolSpec
 from loops_nb.llm.renderer import call_keys
 
 if TYPE_CHECKING:
@@ -58,8 +59,8 @@ __all__ = [
 
 def continuation_start(
     renderer: Renderer,
-    messages: Sequence[dict[str, Any]],
-    tools: Sequence[dict[str, Any]] | None,
+    messages: Sequence[ChatMessage],
+    tools: Sequence[ToolSpec] | None,
     previous: ModelCall,
 ) -> int | None:
     """Where the new turns start in `messages` when they continue `previous`: its conversation unchanged, then
@@ -80,8 +81,8 @@ def continuation_start(
 
 def classify_break(
     renderer: Renderer,
-    messages: Sequence[dict[str, Any]],
-    tools: Sequence[dict[str, Any]] | None,
+    messages: Sequence[ChatMessage],
+    tools: Sequence[ToolSpec] | None,
     previous: ModelCall,
     prompt: Sequence[int],
 ) -> SequenceBreak:
@@ -94,8 +95,8 @@ def classify_break(
 
 def _cause(
     renderer: Renderer,
-    messages: Sequence[dict[str, Any]],
-    tools: Sequence[dict[str, Any]] | None,
+    messages: Sequence[ChatMessage],
+    tools: Sequence[ToolSpec] | None,
     previous: ModelCall,
     prompt: Sequence[int],
 ) -> str:

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from loops_nb.llm.vision import PromptImage
+    from loops_nb.llm.chat_messages import ChatMessage, ToolCall
+    from loops_nb.llm.model_input import PromptImage
 
 # Why a call started a new sequence (breaks.py tells them apart; kept here so grpo's import stays light).
 TEMPLATE_REWROTE_HISTORY = "template_rewrote_history"
@@ -54,10 +55,10 @@ class ModelCall:
     policy_version: int
     finish_reason: str
     text: str = ""
-    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    tool_calls: list[ToolCall] = field(default_factory=list)
     images: tuple[Any, ...] = ()
-    """The prompt's images (`vision.PromptImage`: offset and length of its image tokens, PNG bytes)."""
-    messages: list[dict[str, Any]] = field(default_factory=list)
+    """The prompt's images (`model_input.PromptImage`: offset and length of its image tokens, PNG bytes)."""
+    messages: list[ChatMessage] = field(default_factory=list)
     """The conversation the prompt was rendered from, as the renderer got it: a renderer that bridges on
     token ids (`PrimeRenderer`) continues this call only in a conversation that starts with it."""
 
@@ -76,7 +77,7 @@ class CapturedSequence:
     policy_versions: list[int] = field(default_factory=list)
     calls: int = 0
     images: list[Any] = field(default_factory=list)
-    """Images in the sequence (`vision.PromptImage`, offsets into `tokens`)."""
+    """Images in the sequence (`model_input.PromptImage`, offsets into `tokens`)."""
 
     def extend(self, call: ModelCall) -> None:
         self.images += [im for im in call.images if im.offset >= len(self.tokens)]
@@ -118,13 +119,6 @@ class TokenCapture:
     def last_call(self) -> ModelCall | None:
         """The latest call: the one a next turn should extend."""
         return self.calls[-1] if self.calls else None
-
-    def last_tokens(self) -> list[int] | None:
-        """Prompt + completion of the latest call: the prefix a next turn should extend."""
-        if not self.calls:
-            return None
-        last = self.calls[-1]
-        return last.prompt_tokens + last.completion_tokens
 
     def record(self, call: ModelCall, explain: Callable[[ModelCall], SequenceBreak] | None = None) -> None:
         """Add `call`; when it does not extend the latest call, `explain(latest)` says why (the renderer

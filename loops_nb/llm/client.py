@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from loops_nb.errors import ModelAccessError
 from loops_nb.llm.breaks import classify_break
 from loops_nb.llm.capture import ModelCall, TokenCapture
+from loops_nb.llm.chat_messages import ChatMessage, ToolCall, ToolSpec
 from loops_nb.llm.renderer import Renderer
 
 
@@ -35,7 +36,7 @@ class Reply:
     """One model reply: the assistant message to append, and what was sampled."""
 
     content: str
-    tool_calls: list[dict[str, Any]]
+    tool_calls: list[ToolCall]
     text: str
     finish_reason: str
     tokens: int
@@ -44,10 +45,10 @@ class Reply:
     """What the model reasoned before answering (a `<think>` block, an analysis channel); empty when none."""
 
     @property
-    def message(self) -> dict[str, Any]:
+    def message(self) -> ChatMessage:
         """The assistant message in OpenAI shape, to append to the conversation (its reasoning as
         `reasoning_content`, which the family's template keeps or drops as it does in training)."""
-        msg: dict[str, Any] = {"role": "assistant", "content": self.content}
+        msg: ChatMessage = {"role": "assistant", "content": self.content}
         if self.reasoning:
             msg["reasoning_content"] = self.reasoning
         if self.tool_calls:
@@ -89,9 +90,9 @@ class LoopsLLM:
 
     async def chat(
         self,
-        messages: Sequence[dict[str, Any]],
+        messages: Sequence[ChatMessage],
         *,
-        tools: Sequence[dict[str, Any]] | None = None,
+        tools: Sequence[ToolSpec] | None = None,
         max_tokens: int | None = None,
         temperature: float | None = None,
         top_p: float | None = None,
@@ -111,9 +112,9 @@ class LoopsLLM:
 
     async def sample(
         self,
-        messages: Sequence[dict[str, Any]],
+        messages: Sequence[ChatMessage],
         *,
-        tools: Sequence[dict[str, Any]] | None = None,
+        tools: Sequence[ToolSpec] | None = None,
         n: int = 1,
         max_tokens: int | None = None,
         temperature: float | None = None,

@@ -1,16 +1,34 @@
-"""`model_input`: a sequence of tokens (and the images among them) as the SDK's `ModelInput`.
+"""`model_input`: a sequence of tokens (and the images among them) as the SDK's `ModelInput`, and
+`PromptImage`, one image of a prompt.
 
 Text-only calls, the common case, never import the vision code: an image travels as the `PromptImage` the
-vision renderer made, which knows its own chunk.
+vision renderer made, which knows its own chunk. It lives here, not in vision.py, so that capture.py can name it
+without importing the renderers (which import capture.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
-if TYPE_CHECKING:
-    from loops_nb.llm.vision import PromptImage
+
+@dataclass(frozen=True)
+class PromptImage:
+    """One image of a prompt: where its image tokens sit in the (expanded) ids, and its encoded bytes."""
+
+    offset: int
+    length: int
+    data: bytes
+    format: str = "png"
+
+    def chunk(self) -> Any:
+        from baseten.loops import ImageChunk
+
+        return ImageChunk(data=self.data, format=self.format, expected_tokens=self.length)  # type: ignore[arg-type]
+
+    def shifted(self, by: int) -> PromptImage:
+        return PromptImage(self.offset + by, self.length, self.data, self.format)
 
 
 def model_input(tokens: Sequence[int], images: Sequence[PromptImage] = ()) -> Any:

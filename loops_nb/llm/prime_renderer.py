@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from loops_nb.errors import ConfigError, RenderingError, UserError
 from loops_nb.llm.breaks import continuation_start
+from loops_nb.llm.chat_messages import ChatMessage, ToolCall, ToolSpec
 from loops_nb.llm.renderer import ParsedReply, TokenizerText
 
 if TYPE_CHECKING:
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from renderers.configs import BaseRendererConfig
 
     from loops_nb.llm.capture import ModelCall
+    from loops_nb.llm.target_rule import SupervisedExamples, TargetChecks
 
 
 PARSES_KEPT = 64
@@ -78,8 +80,8 @@ class PrimeRenderer(TokenizerText):
 
     def render_prompt(
         self,
-        messages: Sequence[dict[str, Any]],
-        tools: Sequence[dict[str, Any]] | None = None,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec] | None = None,
         previous: ModelCall | None = None,
     ) -> tuple[list[int], tuple[Any, ...]]:
         """The prompt: `previous`'s prompt + completion, exactly, then the new turns, when the conversation
@@ -88,7 +90,9 @@ class PrimeRenderer(TokenizerText):
         spec = list(tools) if tools else None
         converted = to_prime_messages(messages)
         if previous is not None:
-            start = self._continuation(messages, tools, previous)
+            # Where the new turns start when they continue `previous`; None for another conversation or an
+            # edited history, rendered afresh (the capture starts a new sequence, counted as `history_edited`).
+            start = continuation_start(self, messages, tools, previous)
             if start is not None:
                 bridged = self.prime.bridge_to_next_turn(
                     list(previous.prompt_tokens),
@@ -102,8 +106,8 @@ class PrimeRenderer(TokenizerText):
 
     def prompt_tokens(
         self,
-        messages: Sequence[dict[str, Any]],
-        tools: Sequence[dict[str, Any]] | None = None,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec] | None = None,
         previous: ModelCall | None = None,
     ) -> list[int]:
         return self.render_prompt(messages, tools, previous)[0]
@@ -113,7 +117,7 @@ class PrimeRenderer(TokenizerText):
         completion_tokens: Sequence[int],
         *,
         prompt_tokens: Sequence[int] | None = None,
-        tools: Sequence[dict[str, Any]] | None = None,
+        tools: Sequence[ToolSpec] | None = None,
     ) -> ParsedReply:
         # An attempt's next call parses the previous reply again to prove the conversation continues it
         # (breaks.continuation_start): the same tokens, so the same answer, kept for a few calls.
@@ -139,22 +143,13 @@ class PrimeRenderer(TokenizerText):
 
     # -- a turn as the family writes it --------------------------------------------------------------------
 
-    def reply_tokens(
-        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None
-    ) -> list[int]:
+    def reply_tokens(self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec] | None) -> list[int]:
         """How the family writes the last of `messages` (an assistant turn) after its generation prompt for the
         ones before: the tokens a model of the family samples there (SFT trains them; the preflight plays
         them). Rendered with the turn's reasoning kept (gpt-oss drops a final answer's analysis from any
         history; the generation prompt is the same). Where prompt and turn split a token differently at the
         seam (Qwen3.6's `<think>\\n` before an empty `\\n\\n</think>`), the rest of the turn's text is
         tokenized on its own. `TurnNotAfterPrompt` when the turn cannot follow the prompt at all."""
-        return self.reply_tokens_converted(to_prime_messages(messages), tools)
-
-    def reply_tokens_converted(
-        self, converted: list[dict[str, Any]], tools: Sequence[dict[str, Any]] | None
-    ) -> list[int]:
-        """`reply_tokens` of messages already through `to_prime_messages`: SFT converts a row once and asks
-        for every trained turn of it, where converting each prefix again would redo the same work."""
         from loops_nb.llm.renderer_choice import reasoning_kept
 
         if self._kept is None:
@@ -164,7 +159,7 @@ class PrimeRenderer(TokenizerText):
                 if kept == self.config
                 else PrimeRenderer(self.tokenizer, self.name, hub_id=self.hub_id, config=kept)
             )
-        spec = list(tools) if tools else None
+        spec, converted = (list(tools) if tools else None), to_prime_messages(messages)
         prime = self._kept.prime
         opened = list(prime.render_ids(converted[:-1], tools=spec, add_generation_prompt=True))
         written = list(prime.render_ids(converted, tools=spec))
@@ -176,15 +171,88 @@ class PrimeRenderer(TokenizerText):
             return self.encode(turn_text[len(prompt_text) :])
         raise TurnNotAfterPrompt(prompt_text, turn_text)
 
-    # -- bridging -----------------------------------------------------------------------------------------
+    # -- supervised targets ---------------------------------------------------------------------------------
 
-    def _continuation(
-        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None, previous: ModelCall
-    ) -> int | None:
-        """Where the new turns start in `messages` when they continue `previous` (breaks.continuation_start);
-        None otherwise: another conversation, or an edited history, is rendered afresh (and the capture starts
-        a new sequence, counted as `history_edited`)."""
-        return continuation_start(self, messages, tools, previous)
+    def supervised_examples(
+        self,
+        messages: list[ChatMessage],
+        tools: list[ToolSpec] | None,
+        trained_turns: Sequence[int],
+        checks: TargetChecks,
+    ) -> SupervisedExamples:
+        """The target rule (target_rule.py) in token ids: trained turn ``j``'s context is the family's
+        generation prompt after ``messages[:j]``, its own tokens `reply_tokens` through the first stop token.
+        A reasoning the family does not write in the configured mode (DeepSeek V4 chat mode) fails the caller's
+        checks. (`renderers`' own `build_training_sample` marks what its renderer calls sampled over one render
+        of the whole conversation: on Qwen3.6 that includes the ``<think>\\n`` the prompt already holds, on
+        gpt-oss it leaves out the channel headers the model writes, and earlier turns train in the history the
+        last one sees; this rule trains what the sampler's prompt is followed by.)"""
+        from loops_nb.llm.target_rule import (
+            Refusal,
+            SupervisedExample,
+            SupervisedExamples,
+            split_reason,
+            turn_groups,
+        )
+
+        converted = to_prime_messages(messages)
+        turns = {j: self._target_turn(converted, tools, j, checks) for j in trained_turns}
+        groups = turn_groups({j: ids for j, (ids, _) in turns.items()})
+        examples = []
+        for members in groups:
+            ids = turns[members[-1]][0]
+            reason = checks.context(members[-1], set(members), self.decode(ids))
+            if reason:
+                raise Refusal(reason)
+            weights, token_turns = [0.0] * len(ids), [-1] * len(ids)
+            for j in members:
+                end, start = len(turns[j][0]), turns[j][1]
+                weights[start:end] = [1.0] * (end - start)
+                token_turns[start:end] = [j] * (end - start)
+            examples.append(SupervisedExample(ids, weights, token_turns, tuple(members)))
+        why = split_reason(f"the {self.name} renderer") if len(groups) > 1 else None
+        return SupervisedExamples(examples, why)
+
+    def target_stop_tokens(self) -> list[str]:
+        return [str(self.tokenizer.convert_ids_to_tokens(i)) for i in self.stop_token_ids]
+
+    def _target_turn(
+        self, messages: list[ChatMessage], tools: list[ToolSpec] | None, j: int, checks: TargetChecks
+    ) -> tuple[list[int], int]:
+        """Turn `j` as (its context and own tokens through the stop token, where its own tokens start)."""
+        from loops_nb.llm.target_rule import Refusal, opening_turn, render_failed
+
+        opening_turn(j)
+        who = f"the {self.name} renderer"
+        try:
+            context = list(self.prime.render_ids(messages[:j], tools=tools, add_generation_prompt=True))
+        except Exception as exc:  # the family's renderer raises whatever its format refuses
+            raise render_failed(who, exc, j, f"messages[:{j}] with the generation prompt") from None
+        try:
+            own = self.reply_tokens(messages[: j + 1], tools)
+        except TurnNotAfterPrompt as exc:
+            hint = (
+                ""
+                if messages[j].get("reasoning_content")
+                else "; the prompt opens the turn's reasoning: give the turn a reasoning_content"
+            )
+            raise Refusal(
+                f"messages[{j}]: {who} writes this turn unlike its generation prompt ({exc}), so the generated "
+                f"tokens cannot be located{hint}"
+            ) from None
+        except Exception as exc:
+            raise render_failed(who, exc, j, f"messages[:{j + 1}]") from None
+        stop = next((k for k, t in enumerate(own) if t in self.stop_token_ids), None)
+        if stop is None:
+            raise Refusal(
+                f"messages[{j}]: {who} ends this turn with no stop token (looked for "
+                f"{', '.join(self.target_stop_tokens())}); the model could never learn to end it"
+            )
+        own = own[: stop + 1]
+        reason = checks.turn(j, self.decode(own))
+        if reason:
+            raise Refusal(reason)
+        return context + own, len(context)
 
 
 class TurnNotAfterPrompt(RenderingError):
@@ -202,7 +270,7 @@ def parsed_reply(parsed: ParsedResponse, text: str) -> ParsedReply:
     reported with their status and what the model wrote."""
     from renderers import ToolCallParseStatus
 
-    calls: list[dict[str, Any]] = []
+    calls: list[ToolCall] = []
     errors: list[str] = []
     for i, call in enumerate(parsed.tool_calls):
         if call.status == ToolCallParseStatus.OK and call.name and isinstance(call.arguments, dict):
@@ -240,12 +308,12 @@ _STATUS_TEXT = {
 }
 
 
-def to_prime_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def to_prime_messages(messages: Sequence[Mapping[str, Any]]) -> list[ChatMessage]:
     """OpenAI-shaped messages as `renderers` takes them: content a string, tool-call arguments an object
     where they decode to one, and each tool result named after its call (gpt-oss writes the name)."""
     from renderers import extract_message_tool_names
 
-    out: list[dict[str, Any]] = []
+    out: list[ChatMessage] = []
     for message in messages:
         msg = dict(message)
         if msg.get("content") is None:
@@ -259,7 +327,7 @@ def to_prime_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, A
     return out
 
 
-def _decoded_arguments(call: Mapping[str, Any]) -> dict[str, Any]:
+def _decoded_arguments(call: Mapping[str, Any]) -> ToolCall:
     fn = dict(call.get("function") or {})
     args = fn.get("arguments")
     if isinstance(args, str):

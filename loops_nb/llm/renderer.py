@@ -1,9 +1,12 @@
-"""The renderer seam: what turns a conversation into prompt tokens and sampled tokens back into a reply,
-and its first implementation, the model's own chat template (`ChatRenderer`).
+"""The renderer seam: what turns a conversation into prompt tokens, sampled tokens back into a reply, and a
+training conversation into its supervised targets; and its first implementation, the model's own chat template
+(`ChatRenderer`).
 
 `Renderer` is what every model call goes through (`llm().chat`, the gateway, evaluation, the policy
-sampler). Two implementations: `ChatRenderer` here, and `PrimeRenderer` (prime_renderer.py), Prime
-Intellect's hand-written renderer of the model's family. `renderer_choice.py` says which one a config gets.
+sampler, the preflight) and what SFT trains through (`supervised_examples`, target_rule.py): one object per
+model, so what trains is what samples. Two implementations: `ChatRenderer` here, and `PrimeRenderer`
+(prime_renderer.py), Prime Intellect's hand-written renderer of the model's family. `renderer_choice.py` says
+which one a config gets.
 
 `ChatRenderer`: for turn n+1 the conversation is rendered to text. When that text starts with the decoded text of
 turn n's prompt + sampled completion, the new prompt is those exact tokens followed by the tokens of
@@ -20,12 +23,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from loops_nb.llm.chat_messages import ChatMessage, ToolCall, ToolSpec
 from loops_nb.llm.templates import ChatTemplate, parse_assistant_text
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from loops_nb.llm.capture import ModelCall
+    from loops_nb.llm.target_rule import ChatTemplateTargets, SupervisedExamples, TargetChecks
 
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>")
 """Tokens that end an assistant turn in common chat templates; those in the vocabulary stop sampling."""
@@ -41,7 +46,7 @@ class ParsedReply:
     """The completion's text, special tokens removed."""
     content: str
     """The prose, with reasoning and tool-call blocks removed."""
-    tool_calls: list[dict[str, Any]]
+    tool_calls: list[ToolCall]
     """The well-formed calls, OpenAI-shaped (`{"id", "type": "function", "function": {"name", "arguments"}}`,
     `arguments` a JSON string)."""
     tool_call_errors: list[str]
@@ -53,7 +58,8 @@ class ParsedReply:
 
 
 class Renderer(Protocol):
-    """Messages in, prompt tokens out; sampled tokens in, reply out. What every model call goes through."""
+    """Messages in, prompt tokens out; sampled tokens in, reply out; a conversation in, its supervised targets
+    out. What every model call and every SFT example goes through."""
 
     name: str
     """`chat_template`, or the `renderers` name of a family's renderer (`qwen3`, `gpt-oss`, ...)."""
@@ -70,18 +76,18 @@ class Renderer(Protocol):
 
     def render_prompt(
         self,
-        messages: Sequence[dict[str, Any]],
-        tools: Sequence[dict[str, Any]] | None = None,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec] | None = None,
         previous: ModelCall | None = None,
     ) -> tuple[list[int], tuple[Any, ...]]:
         """The prompt's token ids (continuing `previous`, the attempt's latest call, exactly where it can)
-        and its images (`vision.PromptImage`; none for a text model)."""
+        and its images (`model_input.PromptImage`; none for a text model)."""
         ...
 
     def prompt_tokens(
         self,
-        messages: Sequence[dict[str, Any]],
-        tools: Sequence[dict[str, Any]] | None = None,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec] | None = None,
         previous: ModelCall | None = None,
     ) -> list[int]:
         """`render_prompt`'s token ids."""
@@ -92,10 +98,26 @@ class Renderer(Protocol):
         completion_tokens: Sequence[int],
         *,
         prompt_tokens: Sequence[int] | None = None,
-        tools: Sequence[dict[str, Any]] | None = None,
+        tools: Sequence[ToolSpec] | None = None,
     ) -> ParsedReply:
         """The reply in `completion_tokens`. `prompt_tokens` (the prompt it was sampled for) tells a renderer
         whether the prompt opened a reasoning block; `tools` (the request's) types XML tool arguments."""
+        ...
+
+    def supervised_examples(
+        self,
+        messages: list[ChatMessage],
+        tools: list[ToolSpec] | None,
+        trained_turns: Sequence[int],
+        checks: TargetChecks,
+    ) -> SupervisedExamples:
+        """The training examples of a conversation whose `trained_turns` (assistant message indices) train, by
+        the target rule (target_rule.py): each turn's own tokens through its stop token, after the prompt this
+        renderer samples it from. `Refusal` says why the conversation cannot train."""
+        ...
+
+    def target_stop_tokens(self) -> list[str]:
+        """The tokens that end a trained turn (a row's text may not hold them)."""
         ...
 
     def encode(self, text: str) -> list[int]: ...
@@ -135,31 +157,49 @@ class TokenizerText:
 
 
 class ChatRenderer(TokenizerText):
-    """A tokenizer plus chat template: messages in, prompt tokens out; sampled tokens in, reply out."""
+    """A tokenizer plus chat template: messages in, prompt tokens out; sampled tokens in, reply out; a
+    conversation in, its targets out (`ChatTemplateTargets`).
+
+    ``chat_template`` overrides the tokenizer's own (e.g. `TOOL_CAPABLE_CHATML_TEMPLATE` for SmolLM2 tool use);
+    ``template_variables`` are passed to the template (e.g. ``enable_thinking``); ``stop_tokens`` end a trained
+    turn (default: the eos token and the known end-of-turn tokens the tokenizer has and the template writes).
+    ``parser``: the family's renderer (`PrimeRenderer`) where `renderers` covers the model's family: replies are
+    parsed by it (the model writes its family's tool-call and reasoning syntax whatever renders the prompt);
+    without one, by the hand parser of templates.py (SmolLM2's `chatml-tools`, Gemma 3, an unknown model).
+    """
 
     name = CHAT_TEMPLATE
     extends_by_text = True
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, chat_template: str | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        chat_template: str | None = None,
+        *,
+        template_variables: Mapping[str, Any] | None = None,
+        stop_tokens: Sequence[str] | None = None,
+        parser: Renderer | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
+        self.parser = parser
         self.why = ""
-        self.template = ChatTemplate(tokenizer, chat_template)
+        self.template = ChatTemplate(tokenizer, chat_template, template_variables)
+        self._stop_tokens = stop_tokens
+        self._targets: ChatTemplateTargets | None = None
         vocab = tokenizer.get_vocab()
         stops = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
         stops |= {vocab[t] for t in END_OF_TURN_TOKENS if t in vocab}
         self.stop_token_ids: list[int] = sorted(stops)
 
-    def render_text(
-        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
-    ) -> str:
+    def render_text(self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec] | None = None) -> str:
         return self.template.render(
             list(messages), list(tools) if tools else None, add_generation_prompt=True
         )
 
     def prompt_tokens(
         self,
-        messages: Sequence[dict[str, Any]],
-        tools: Sequence[dict[str, Any]] | None = None,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec] | None = None,
         previous: ModelCall | None = None,
     ) -> list[int]:
         """The prompt for the next call; extends `previous`'s prompt + completion (exact tokens) whenever the
@@ -174,11 +214,11 @@ class ChatRenderer(TokenizerText):
 
     def render_prompt(
         self,
-        messages: Sequence[dict[str, Any]],
-        tools: Sequence[dict[str, Any]] | None = None,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec] | None = None,
         previous: ModelCall | None = None,
     ) -> tuple[list[int], tuple[Any, ...]]:
-        """The prompt's token ids and its images (`vision.PromptImage`; none for a text model)."""
+        """The prompt's token ids and its images (`model_input.PromptImage`; none for a text model)."""
         return self.prompt_tokens(messages, tools, previous), ()
 
     def parse(
@@ -186,8 +226,10 @@ class ChatRenderer(TokenizerText):
         completion_tokens: Sequence[int],
         *,
         prompt_tokens: Sequence[int] | None = None,
-        tools: Sequence[dict[str, Any]] | None = None,
+        tools: Sequence[ToolSpec] | None = None,
     ) -> ParsedReply:
+        if self.parser is not None:
+            return self.parser.parse(completion_tokens, prompt_tokens=prompt_tokens, tools=tools)
         text = self.decode(completion_tokens, skip_special=True)
         # A template that opens the think block in the prompt (Qwen3.5/3.6) leaves only its end in the reply.
         opened = prompt_tokens is not None and self.decode(prompt_tokens[-4:]).rstrip().endswith("<think>")
@@ -199,3 +241,24 @@ class ChatRenderer(TokenizerText):
             tool_call_errors=list(reply.errors),
             reasoning=reply.reasoning,
         )
+
+    def targets(self) -> ChatTemplateTargets:
+        """The target rule on this template, built on first use (it needs a fast tokenizer, which sampling
+        does not): `ConfigError` when the tokenizer cannot train."""
+        if self._targets is None:
+            from loops_nb.llm.target_rule import ChatTemplateTargets
+
+            self._targets = ChatTemplateTargets(self.tokenizer, self.template, self._stop_tokens)
+        return self._targets
+
+    def supervised_examples(
+        self,
+        messages: list[ChatMessage],
+        tools: list[ToolSpec] | None,
+        trained_turns: Sequence[int],
+        checks: TargetChecks,
+    ) -> SupervisedExamples:
+        return self.targets().examples(messages, tools, trained_turns, checks)
+
+    def target_stop_tokens(self) -> list[str]:
+        return self.targets().stop_tokens

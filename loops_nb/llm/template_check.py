@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from loops_nb.llm.breaks import classify_break
 from loops_nb.llm.capture import ModelCall, extends
+from loops_nb.llm.chat_messages import ChatMessage, ToolCall
 from loops_nb.llm.renderer import CHAT_TEMPLATE, call_keys
 
 if TYPE_CHECKING:
@@ -41,7 +42,7 @@ _CALL = {
     "type": "function",
     "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'},
 }
-SAMPLE_TURNS: list[dict[str, Any]] = [
+SAMPLE_TURNS: list[ChatMessage] = [
     {"role": "system", "content": "You are a weather assistant."},
     {"role": "user", "content": "What is the weather in Rome?"},
     {"role": "assistant", "content": "", "tool_calls": [_CALL]},
@@ -124,7 +125,7 @@ def check_template(renderer: Renderer) -> TemplateCheck:
         if turn == 2:
             found.tool_call = _round_trip(target, reply.tool_calls, reply.tool_call_errors)
         # Sent back as `Reply.message` is: content, calls, reasoning.
-        sent_back: dict[str, Any] = {"role": "assistant", "content": reply.content}
+        sent_back: ChatMessage = {"role": "assistant", "content": reply.content}
         if reply.tool_calls:
             sent_back["tool_calls"] = reply.tool_calls
         if reply.reasoning:
@@ -156,9 +157,9 @@ def _difference(renderer: Renderer, previous: ModelCall, prompt: list[int]) -> s
 
 def _written_reply(
     renderer: Renderer,
-    conversation: list[dict[str, Any]],
-    target: dict[str, Any],
-    after: dict[str, Any],
+    conversation: list[ChatMessage],
+    target: ChatMessage,
+    after: ChatMessage,
     prompt: list[int],
     reasoning: str,
 ) -> list[int] | None:
@@ -201,7 +202,7 @@ def _through_stop(renderer: Renderer, tokens: list[int]) -> list[int]:
     return tokens[: stop + 1]
 
 
-def _round_trip(target: dict[str, Any], calls: list[dict[str, Any]], errors: list[str]) -> str:
+def _round_trip(target: ChatMessage, calls: list[ToolCall], errors: list[str]) -> str:
     if call_keys(calls) == call_keys(target["tool_calls"]):
         return "ok"
     if errors:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from loops_nb.errors import ConfigError
+from loops_nb.llm.chat_messages import ChatMessage, ToolCall, ToolSpec
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -171,11 +172,11 @@ class AssistantReply:
     """Generated assistant text split into its reasoning, its prose and its ``<tool_call>`` blocks."""
 
     content: str
-    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    tool_calls: list[ToolCall] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     reasoning: str = ""
 
-    def openai_tool_calls(self) -> list[dict[str, Any]]:
+    def openai_tool_calls(self) -> list[ToolCall]:
         """The calls in OpenAI shape (``arguments`` as a JSON string, ids ``call_0``, ``call_1``, ...)."""
         return [
             {
@@ -201,8 +202,8 @@ def parse_assistant_text(
     before ``</tool_call>``, is reported in ``errors`` rather than raised: a model under training writes such
     blocks, and evaluation has to score them, not crash.
     """
-    reasoning, text = split_reasoning(text, reasoning_open=reasoning_open)
-    calls: list[dict[str, Any]] = []
+    reasoning, text = split_generated_reasoning(text, reasoning_open=reasoning_open)
+    calls: list[ToolCall] = []
     errors: list[str] = []
     for i, match in enumerate(_TOOL_CALL_RE.finditer(text)):
         if not match.group(0).endswith("</tool_call>"):
@@ -218,7 +219,7 @@ def parse_assistant_text(
     return AssistantReply(content=content, tool_calls=calls, errors=errors, reasoning=reasoning)
 
 
-def split_reasoning(text: str, *, reasoning_open: bool = False) -> tuple[str, str]:
+def split_generated_reasoning(text: str, *, reasoning_open: bool = False) -> tuple[str, str]:
     """``(reasoning, the rest)`` of generated text: see `parse_assistant_text`."""
     start, end = text.find(THINK_OPEN), text.find(THINK_CLOSE)
     if end != -1 and (start == -1 or start < end):
@@ -332,8 +333,8 @@ class ChatTemplate:
 
     def render(
         self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None = None,
+        messages: list[ChatMessage],
+        tools: list[ToolSpec] | None = None,
         *,
         add_generation_prompt: bool = False,
     ) -> str:

@@ -22,11 +22,12 @@ import io
 import json
 import urllib.request
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from loops_nb.errors import UserError
+from loops_nb.llm.chat_messages import ChatMessage, ToolSpec
+from loops_nb.llm.model_input import PromptImage
 from loops_nb.llm.renderer import ChatRenderer, Renderer
 
 if TYPE_CHECKING:
@@ -36,24 +37,6 @@ if TYPE_CHECKING:
     from loops_nb.llm.capture import ModelCall
 
 URL_TIMEOUT_SECONDS = 30
-
-
-@dataclass(frozen=True)
-class PromptImage:
-    """One image of a prompt: where its image tokens sit in the (expanded) ids, and its encoded bytes."""
-
-    offset: int
-    length: int
-    data: bytes
-    format: str = "png"
-
-    def chunk(self) -> Any:
-        from baseten.loops import ImageChunk
-
-        return ImageChunk(data=self.data, format=self.format, expected_tokens=self.length)  # type: ignore[arg-type]
-
-    def shifted(self, by: int) -> PromptImage:
-        return PromptImage(self.offset + by, self.length, self.data, self.format)
 
 
 def is_image_part(part: object) -> bool:
@@ -112,7 +95,7 @@ def encode_png(image: PILImage) -> bytes:
     return buffer.getvalue()
 
 
-def split_images(messages: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[Any]]:
+def split_images(messages: Sequence[ChatMessage]) -> tuple[list[dict[str, Any]], list[Any]]:
     """Messages for the chat template (each image part becomes `{"type": "image"}`) and the images' sources."""
     out, sources = [], []
     for message in messages:
@@ -130,17 +113,13 @@ def split_images(messages: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any
     return out, sources
 
 
-def count_images(messages: Sequence[dict[str, Any]]) -> int:
-    return sum(
-        1 for m in messages if isinstance(m.get("content"), list) for p in m["content"] if is_image_part(p)
-    )
-
-
 class VisionRenderer(ChatRenderer):
     """A `ChatRenderer` for a vision-language model: image parts go through the model's processor."""
 
-    def __init__(self, processor: ProcessorMixin, chat_template: str | None = None) -> None:
-        super().__init__(processor.tokenizer, chat_template)
+    def __init__(
+        self, processor: ProcessorMixin, chat_template: str | None = None, parser: Renderer | None = None
+    ) -> None:
+        super().__init__(processor.tokenizer, chat_template, parser=parser)
         self.processor = processor
         token = getattr(processor, "image_token_id", None)
         if token is None:
@@ -150,8 +129,8 @@ class VisionRenderer(ChatRenderer):
 
     def render_prompt(
         self,
-        messages: Sequence[dict[str, Any]],
-        tools: Sequence[dict[str, Any]] | None = None,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec] | None = None,
         previous: ModelCall | None = None,
     ) -> tuple[list[int], tuple[PromptImage, ...]]:
         template_messages, sources = split_images(messages)

@@ -17,9 +17,9 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache
 
+from loops_nb.local.image_chunks import VisionInputs
 from loops_nb.local.kv_cache import growing_cache
 from loops_nb.local.sampler_batch import Forward, Job
-from loops_nb.local.vision import VisionInputs
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel

@@ -25,9 +25,9 @@ from baseten.loops import TensorData
 
 from loops_nb.local import lm_head
 from loops_nb.local.datum_wire import ParsedDatum, tensor_data
+from loops_nb.local.image_chunks import VisionInputs
 from loops_nb.local.losses import LOSSES, LossBatch, collate, needed_positions, target_logprobs
 from loops_nb.local.shared_prefix import PromptKey, prompt_key, shared_prefix_hidden
-from loops_nb.local.vision import VisionInputs
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig

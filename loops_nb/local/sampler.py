@@ -38,6 +38,7 @@ from loops_nb.errors import TrainerError
 from loops_nb.local.batch_forward import BatchForward
 from loops_nb.local.compute_lane import COMPUTE_LANE
 from loops_nb.local.decoding import select_tokens
+from loops_nb.local.image_chunks import VisionInputs, max_positions
 from loops_nb.local.kv_cache import cache_is_full_attention
 from loops_nb.local.memory_budget import MIB, kv_token_budget, resolve_budget, weight_bytes
 from loops_nb.local.model_store import auto_dtype, load_tokenizer
@@ -55,7 +56,6 @@ from loops_nb.local.sampling_types import (
     SampleResult,
 )
 from loops_nb.local.shared_base import BASE_MODELS
-from loops_nb.local.vision import VisionInputs, max_positions
 
 __all__ = [
     "SampleAbandoned",

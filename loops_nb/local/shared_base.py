@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
+from loops_nb.local.image_chunks import load_model
 from loops_nb.local.mixed_precision import use_bf16_products
-from loops_nb.local.vision import load_model
 
 
 class SharedBaseModels:

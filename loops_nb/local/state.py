@@ -139,7 +139,7 @@ class LocalLoopsState:
 
     def is_vision(self, base_model: str) -> bool:
         """Whether the base model is a vision-language model (it then takes image chunks)."""
-        from loops_nb.local.vision import is_vision_model
+        from loops_nb.local.image_chunks import is_vision_model
 
         return is_vision_model(self.model_path(base_model))
 

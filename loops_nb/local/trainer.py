@@ -54,6 +54,7 @@ from loops_nb.local.activation_memory import ActivationCost, checkpointed, plan_
 from loops_nb.local.adam_params import adam_hyperparameters, new_adamw, set_hyperparameters
 from loops_nb.local.bad_request import BadRequest
 from loops_nb.local.datum_wire import ParsedDatum, datum_too_long, parse_datums, resolve_loss_config
+from loops_nb.local.image_chunks import VisionInputs, max_positions
 from loops_nb.local.kv_cache import cache_is_full_attention
 from loops_nb.local.lora_adapter import (
     LORA_ALPHA,
@@ -80,7 +81,6 @@ from loops_nb.local.trainer_checkpoints import (
     write_adapter,
     write_trainer_state,
 )
-from loops_nb.local.vision import VisionInputs, max_positions
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel

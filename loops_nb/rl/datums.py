@@ -24,7 +24,7 @@ class SequenceDatum:
     advantage: float
     attempt_id: str
     images: tuple[Any, ...] = ()
-    """Images in `tokens` (`vision.PromptImage`): they travel as the SDK's image chunks."""
+    """Images in `tokens` (`model_input.PromptImage`): they travel as the SDK's image chunks."""
 
     @property
     def trained_tokens(self) -> int:

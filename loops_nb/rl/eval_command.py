@@ -28,13 +28,13 @@ from typing import TYPE_CHECKING, Any
 from loops_nb.compute import LoopsConnection
 from loops_nb.errors import UserError
 from loops_nb.llm.client import LoopsLLM
+from loops_nb.model_renderer import load_model_renderer, run_renderer_choice
 from loops_nb.resources import ResourceJournal, ResourceRegistry, RunLock
 from loops_nb.rl.config import RLConfig
 from loops_nb.rl.evaluation import EvalLog, Evaluator, eval_sampling, eval_tasks
 from loops_nb.rl.runtimes import RolloutRuntimes
 from loops_nb.run_checkpoints import BASE, RunCheckpoint, checkpoint_sampling_client, find_checkpoint
 from loops_nb.run_dir import RunDirectory, atomic_write_json
-from loops_nb.tokenization import load_model_renderer, run_renderer_choice
 
 if TYPE_CHECKING:
     from baseten.loops import SamplingClient

@@ -19,6 +19,7 @@ from loops_nb.llm.renderer import Renderer
 from loops_nb.llm.template_check import template_report
 from loops_nb.local.memory_budget import check_lines
 from loops_nb.model_access import open_file_problem
+from loops_nb.model_renderer import load_model_renderer, model_renderer_choice, run_renderer_choice
 from loops_nb.resources import ResourceJournal, ResourceRegistry
 from loops_nb.rl.agent_time_check import agent_time_warnings
 from loops_nb.rl.config import RLConfig
@@ -34,7 +35,6 @@ from loops_nb.run.run_outcome import Outcome
 from loops_nb.run.setup import Recipe, RunStart, run_recipe
 from loops_nb.run_dir import Checkpoint, RunDirectory, atomic_write_json
 from loops_nb.runtime import CheckWarning, ModelAccessMode
-from loops_nb.tokenization import load_model_renderer, model_renderer_choice, run_renderer_choice
 
 if TYPE_CHECKING:
     from loops_nb.project import Project

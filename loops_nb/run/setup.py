@@ -26,13 +26,13 @@ from loops_nb.config.sections import RecipeConfig
 from loops_nb.config_drift import resume_drift
 from loops_nb.errors import UserError
 from loops_nb.mirrors import run_observers
+from loops_nb.model_renderer import renderer_record
 from loops_nb.observers import ObserverSet
 from loops_nb.resources import RunLock
 from loops_nb.run.recipe_run import RecipeRun
 from loops_nb.run.run_outcome import Outcome
 from loops_nb.run_dir import Checkpoint, RunDirectory
 from loops_nb.run_events import RunEnded, RunStarted
-from loops_nb.tokenization import renderer_record
 
 if TYPE_CHECKING:
     from baseten.loops import TrainingClient

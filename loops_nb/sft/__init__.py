@@ -1,12 +1,13 @@
 """Supervised fine-tuning: data contracts, the target rule, check and training.
 
-`read_rows` streams a JSONL dataset into validated rows (or refusals with a reason), a `Renderer` turns them
-into training `Example`s with the model's own chat template, and `CheckReport` summarises what trains.
+`read_rows` streams a JSONL dataset into validated rows (or refusals with a reason), `SFTTargets` turns them
+into training `Example`s through the model's renderer (its chat template or its family's renderer, the one
+sampling uses: `chat_targets`, `sft_targets`), and `CheckReport` summarises what trains.
 `SFTData` plans which examples train at each step, `SFTRun` trains them (resuming exactly), and
 `loops_nb.sft.compare.compare` samples the base model and the trained adapter on held-out conversations.
 
 The names below are importable from `loops_nb.sft`; each is loaded from its module on first use, so importing
-one part of the recipe (`loops_nb.sft.rendering`, say) does not import the rest. (`compare` is the module's
+one part of the recipe (`loops_nb.sft.targets`, say) does not import the rest. (`compare` is the module's
 name, so the function is imported from `loops_nb.sft.compare`.)
 """
 
@@ -30,9 +31,11 @@ _HOMES = {
     "parse_row": "data",
     "read_rows": "data",
     "SFTCheckReport": "recipe",
-    "Example": "rendering",
-    "RenderedRow": "rendering",
-    "Renderer": "rendering",
+    "Example": "targets",
+    "RenderedRow": "targets",
+    "SFTTargets": "targets",
+    "chat_targets": "targets",
+    "sft_targets": "targets",
     "CheckReport": "report",
     "learning_rate": "schedule",
     "SFTOutcome": "outcome",

@@ -32,9 +32,8 @@ from typing import TYPE_CHECKING
 
 from loops_nb.errors import DataError
 from loops_nb.sft.data import RefusedRow, is_blank, parse_line
-from loops_nb.sft.family_targets import sft_renderer
-from loops_nb.sft.rendering import Example, RenderedRow, RenderResult, RowRenderer
 from loops_nb.sft.report import CheckReport
+from loops_nb.sft.targets import Example, RenderedRow, RenderResult, SFTTargets, sft_targets
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -103,7 +102,7 @@ class ExampleIndex:
         """``row:sub``: the file's line number and the example's index within the row."""
         return f"{self.rows[i]}:{self.subs[i]}"
 
-    def load(self, indices: Sequence[int], renderer: RowRenderer) -> list[Example]:
+    def load(self, indices: Sequence[int], renderer: SFTTargets) -> list[Example]:
         """The examples at ``indices`` (in that order), rendered again from their rows."""
         by_offset: dict[int, list[Example]] = {}
         out = []
@@ -130,14 +129,14 @@ class ExampleIndex:
         return out
 
 
-def _render_line(line: bytes, row_number: int, renderer: RowRenderer) -> RenderResult:
+def _render_line(line: bytes, row_number: int, renderer: SFTTargets) -> RenderResult:
     row = parse_line(line, row_number)
     return row if isinstance(row, RefusedRow) else renderer.render(row)
 
 
 def stream_rendered(
     path: Path,
-    renderer: RowRenderer,
+    renderer: SFTTargets,
     *,
     route: Callable[[int], ExampleIndex | None],
     max_rows: int | None = None,
@@ -298,9 +297,10 @@ class HeldOut:
 
 @dataclass
 class SFTData:
-    """A run's data: the renderer, the training index and its batch plan, the held-out examples, the report."""
+    """A run's data: its targets (the renderer), the training index and its batch plan, the held-out
+    examples, the report."""
 
-    renderer: RowRenderer
+    targets: SFTTargets
     train: ExampleIndex
     plan: BatchPlan
     held_out: HeldOut
@@ -324,7 +324,7 @@ class SFTData:
         resume (default: what ``config.model`` resolves to).
         """
         d, t = config.data, config.training
-        renderer = sft_renderer(config.model, tokenizer, renderer_choice)
+        renderer = sft_targets(config.model, tokenizer, renderer_choice)
         if not d.train.is_file():
             raise DataError(missing_data_message(d.train, "data.train", config_path))
         train = ExampleIndex(d.train)
@@ -379,4 +379,4 @@ class SFTData:
         index = self.held_out.index
         if index is None or not len(index):
             return []
-        return index.load(range(min(len(index), self.eval_cap)), self.renderer)
+        return index.load(range(min(len(index), self.eval_cap)), self.targets)

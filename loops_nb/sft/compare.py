@@ -43,15 +43,14 @@ from loops_nb.compute import LoopsConnection
 from loops_nb.errors import UserError
 from loops_nb.llm.renderer import ParsedReply
 from loops_nb.llm.templates import AssistantReply, parse_assistant_text
+from loops_nb.model_renderer import load_model_tokenizer, run_renderer_choice, text_renderer
 from loops_nb.run.run_outcome import Outcome
 from loops_nb.run_checkpoints import checkpoint_sampling_client, find_checkpoint
 from loops_nb.run_dir import RunDirectory
 from loops_nb.sft.batching import is_held_out, missing_data_message
 from loops_nb.sft.config import SFTConfig
 from loops_nb.sft.data import ChatRow, Message, read_rows
-from loops_nb.sft.family_targets import sft_renderer
-from loops_nb.sft.survival import split_reasoning
-from loops_nb.tokenization import load_model_tokenizer, run_renderer_choice
+from loops_nb.sft.survival import split_inline_reasoning
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -74,7 +73,7 @@ _TOOL_MARKUP = re.compile(r"</?\s*(tool_call|tool_response|tools)\s*>", re.IGNOR
 
 def normalise_text(text: str | None) -> str:
     """The text rule: reasoning removed, lower case, whitespace collapsed, punctuation at the ends dropped."""
-    answer = split_reasoning(text or "")[1]
+    answer = split_inline_reasoning(text or "")[1]
     return re.sub(r"\s+", " ", answer.casefold()).strip(_EDGE_PUNCTUATION)
 
 
@@ -266,7 +265,7 @@ async def compare(
         load_model_tokenizer, config.model, config.compute.scope, cache_dir=config.compute.local.cache_dir
     )
     choice = run_renderer_choice(config.model, run_dir.read_run_json())  # as the run trained
-    renderer = sft_renderer(config.model, tokenizer, choice).sampling_renderer()
+    renderer = text_renderer(config.model, tokenizer, choice)
     source, row_iter = held_out_rows(config, rows, project.path)
     items = []
     for row in row_iter:

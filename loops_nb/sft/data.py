@@ -12,7 +12,7 @@ A dataset is a JSONL file. Each line is one of two formats:
 
 `read_rows` never loads the file: it reads one line at a time and yields a parsed row or a `RefusedRow` whose
 reason names the line and the field at fault, so one bad row never stops the others. Whether a row *trains* also
-depends on the chat template; that is decided in `loops_nb.sft.rendering`.
+depends on the chat template; that is decided in `loops_nb.sft.targets`.
 """
 
 from __future__ import annotations

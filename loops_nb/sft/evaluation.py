@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from loops_nb.sft.batching import pack
-from loops_nb.sft.rendering import Example
+from loops_nb.sft.targets import Example
 
 if TYPE_CHECKING:
     from baseten.loops import TrainingClient

@@ -30,8 +30,8 @@ from loops_nb.sft.batching import BatchPlan, SFTData, batch_id
 from loops_nb.sft.config import SFTConfig
 from loops_nb.sft.evaluation import EvalResult, example_datum, held_out_loss, weighted_nll
 from loops_nb.sft.outcome import SFTOutcome
-from loops_nb.sft.rendering import Example
 from loops_nb.sft.schedule import learning_rate
+from loops_nb.sft.targets import Example
 from loops_nb.step_record import StepRecord
 
 if TYPE_CHECKING:
@@ -112,7 +112,7 @@ class SFTRun(RecipeRun):
     async def train_step(self, step: int) -> StepRecord:
         step_started = time.perf_counter()
         batch = self.data.plan.batch(step)
-        examples = await asyncio.to_thread(self.data.train.load, batch.indices, self.data.renderer)
+        examples = await asyncio.to_thread(self.data.train.load, batch.indices, self.data.targets)
         lr = self.lr(step)
         fb = await self.trainer.forward_backward_async(
             [example_datum(e) for e in examples], loss_fn="cross_entropy"

@@ -20,6 +20,7 @@ from loops_nb.errors import DataError, UserError
 from loops_nb.llm.renderer import CHAT_TEMPLATE, ChatRenderer
 from loops_nb.llm.template_check import template_report
 from loops_nb.local.memory_budget import check_lines
+from loops_nb.model_renderer import load_model_tokenizer, model_renderer_choice, run_renderer_choice
 from loops_nb.run.check_report import RecipeCheckReport
 from loops_nb.run.setup import Recipe, RunStart, run_recipe
 from loops_nb.run_dir import Checkpoint, JsonlLog, RunDirectory
@@ -30,7 +31,6 @@ from loops_nb.sft.outcome import SFTOutcome
 from loops_nb.sft.refusal_file import RefusalFile
 from loops_nb.sft.report import CheckReport, refusal_lines
 from loops_nb.sft.schedule import describe_schedule
-from loops_nb.tokenization import load_model_tokenizer, model_renderer_choice, run_renderer_choice
 
 if TYPE_CHECKING:
     from loops_nb.llm.renderer_choice import RendererChoice
@@ -182,7 +182,7 @@ async def check(project: Project, *, refusals: str | Path | None = None, **_: ob
     if sink is not None:
         report.refusals_file = str(sink.path)
         report.notes.append(f"{sink.count:,} refused row(s) written to {sink.path}")
-    renderer = data.renderer.sampling_renderer()
+    renderer = data.targets.renderer
     rendered_by = (
         f"chat template {_template_name(config)}"
         if isinstance(renderer, ChatRenderer)
@@ -190,7 +190,7 @@ async def check(project: Project, *, refusals: str | Path | None = None, **_: ob
     )
     report.lines.append(
         f"tokenizer: {len(tokenizer):,} tokens; {rendered_by}; stop tokens "
-        f"{', '.join(data.renderer.stop_tokens)}; max_seq_len {m.max_seq_len:,}"
+        f"{', '.join(data.targets.stop_tokens)}; max_seq_len {m.max_seq_len:,}"
     )
     report.lines.append(_renderer_line(config))
     # The preflight plays a tool conversation through the renderer SFT trains through.

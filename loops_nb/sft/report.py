@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from loops_nb.sft.data import RefusedRow, RowResult, read_rows
 from loops_nb.sft.refusal_wording import with_fix
-from loops_nb.sft.rendering import RenderedRow, RowRenderer
+from loops_nb.sft.targets import RenderedRow, SFTTargets
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -56,7 +56,7 @@ class CheckReport:
     def build(
         cls,
         rows: Iterable[RowResult],
-        renderer: RowRenderer,
+        renderer: SFTTargets,
         *,
         batch_tokens: int | None = None,
         batch_size: int | None = None,
@@ -84,7 +84,7 @@ class CheckReport:
         return report
 
     @classmethod
-    def from_file(cls, path: str | Path, renderer: RowRenderer, **kwargs: int | None) -> CheckReport:
+    def from_file(cls, path: str | Path, renderer: SFTTargets, **kwargs: int | None) -> CheckReport:
         """`build` over a JSONL file, read line by line."""
         report = cls.build(read_rows(path), renderer, **kwargs)  # type: ignore[arg-type]
         report.source = str(path)

@@ -91,7 +91,7 @@ def _leaves(value: JsonValue) -> list[JsonValue]:
     return [value]
 
 
-def split_reasoning(content: str) -> tuple[str, str]:
+def split_inline_reasoning(content: str) -> tuple[str, str]:
     """``(reasoning, answer)`` for content that inlines ``<think>…</think>``, as Qwen3's template reads it."""
     if "</think>" not in content:
         return "", content
@@ -130,7 +130,7 @@ def check_trained_turn(
 ) -> str | None:
     """A reason if trained turn ``i`` lost content, reasoning or a tool call in its own rendered turn."""
     at, w = f"messages[{i}]", wording
-    reasoning, answer = split_reasoning(m.content or "")
+    reasoning, answer = split_inline_reasoning(m.content or "")
     return (
         _missing_text(f"{at}.content", answer, turn_text, "turn", w)
         or _missing_text(f"{at}.content", reasoning, turn_text, "turn", w, w.reasoning_fix)
@@ -154,7 +154,7 @@ def check_context(
         if m.role == "assistant":
             # Earlier reasoning may legitimately be dropped (Qwen3); the answer and the calls may not.
             reason = _missing_text(
-                f"{at}.content", split_reasoning(m.content or "")[1], text, "conversation", w
+                f"{at}.content", split_inline_reasoning(m.content or "")[1], text, "conversation", w
             )
             reason = reason or _missing_calls(at, m, text, "conversation", w)
         else:

@@ -28,7 +28,7 @@ Prompt = str | Sequence[Mapping[str, Any]]
 """A prompt: a string (one user message), or chat messages (``{"role": ..., "content": ...}``)."""
 
 
-class Reply(Protocol):
+class ShownReply(Protocol):
     """What the widget reads of a reply (`loops_nb.policy_sampler.ChatReply` has it)."""
 
     @property
@@ -54,9 +54,9 @@ class Sampler(Protocol):
     @property
     def label(self) -> str: ...
     @property
-    def chat(self) -> Callable[..., Awaitable[Reply]]: ...
+    def chat(self) -> Callable[..., Awaitable[ShownReply]]: ...
     @property
-    def chat_sync(self) -> Callable[..., Reply]: ...
+    def chat_sync(self) -> Callable[..., ShownReply]: ...
 
 
 def _prompt_text(prompt: Prompt) -> str:
@@ -70,7 +70,7 @@ class SideBySide:
     """``replies[i][j]``: the reply of model ``labels[j]`` to ``prompts[i]``."""
 
     def __init__(
-        self, prompts: Sequence[Prompt], labels: Sequence[str], replies: Sequence[Sequence[Reply]]
+        self, prompts: Sequence[Prompt], labels: Sequence[str], replies: Sequence[Sequence[ShownReply]]
     ) -> None:
         self.prompts = list(prompts)
         self.labels = list(labels)
@@ -142,7 +142,7 @@ class SideBySide:
         return LiveDisplay(self, **options).show()
 
 
-def _tokens_html(reply: Reply) -> str:
+def _tokens_html(reply: ShownReply) -> str:
     spans = []
     for n, (text, logprob) in enumerate(zip(reply.token_texts, reply.logprobs, strict=True)):
         if logprob is None or not math.isfinite(logprob):

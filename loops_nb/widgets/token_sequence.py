@@ -23,7 +23,7 @@ class Tokenizer(Protocol):
 
 @runtime_checkable
 class RenderedExample(Protocol):
-    """What a preview reads of an SFT example (`loops_nb.sft.rendering.Example`)."""
+    """What a preview reads of an SFT example (`loops_nb.sft.targets.Example`)."""
 
     @property
     def input_ids(self) -> Sequence[int]: ...

@@ -67,7 +67,7 @@ def test_the_terminal_bench_agent_is_a_shell_agent_with_its_own_prompt(tmp_path:
 
 
 def test_a_tokenizer_that_cannot_load_is_one_actionable_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    from loops_nb.tokenization import tokenizer_problem
+    from loops_nb.model_renderer import tokenizer_problem
 
     offline = OSError(
         "We couldn't connect to 'https://huggingface.co' to load the files, and couldn't find them in the "

@@ -17,7 +17,7 @@ from loops_nb.errors import ConfigError
 from loops_nb.llm.prime_renderer import PrimeRenderer
 from loops_nb.llm.renderer import CHAT_TEMPLATE, ChatRenderer
 from loops_nb.llm.renderer_choice import NO_FAMILY_RENDERER, RendererChoice, choose_renderer, renderer_names
-from loops_nb.tokenization import (
+from loops_nb.model_renderer import (
     load_model_renderer,
     model_renderer_choice,
     renderer_record,
@@ -167,7 +167,7 @@ def test_a_tokenizer_whose_package_is_missing_is_one_line_naming_it(monkeypatch:
     from transformers.utils.import_utils import SENTENCEPIECE_IMPORT_ERROR
 
     from loops_nb.errors import UserError
-    from loops_nb.tokenization import load_model_tokenizer
+    from loops_nb.model_renderer import load_model_tokenizer
 
     def needs_sentencepiece(*_: Any, **__: Any) -> Any:
         raise ImportError(SENTENCEPIECE_IMPORT_ERROR.format("GemmaTokenizer"))

@@ -16,7 +16,7 @@ from loops_nb.config.sections import ModelConfig
 from loops_nb.llm.prime_renderer import PrimeRenderer
 from loops_nb.llm.renderer import ChatRenderer
 from loops_nb.llm.template_check import template_report
-from loops_nb.tokenization import load_model_renderer
+from loops_nb.model_renderer import load_model_renderer
 
 
 def test_smollm2s_own_template_drops_tool_calls_and_the_line_names_the_fix() -> None:

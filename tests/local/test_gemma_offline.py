@@ -81,7 +81,7 @@ def test_without_the_packages_resolving_says_what_to_install_in_one_line(
 
 def test_gemma_template_renders_gemma_turns_and_extends_exactly() -> None:
     from loops_nb.config.sections import ModelConfig
-    from loops_nb.tokenization import chat_template_override
+    from loops_nb.model_renderer import chat_template_override
 
     # [model] chat_template = "gemma" names it, as "chatml-tools".
     assert chat_template_override(ModelConfig(chat_template="gemma")) is GEMMA_CHAT_TEMPLATE
@@ -147,7 +147,7 @@ def _chat_ids(tokenizer, text: str) -> list[int]:
 def test_dequantised_gemma_is_a_gemma3_with_its_template_and_stops(
     gemma_path: Path, model_cache_dir: Path
 ) -> None:
-    from loops_nb.sft.rendering import Renderer
+    from loops_nb.sft.targets import chat_targets
 
     config = json.loads((gemma_path / "config.json").read_text())
     assert config["architectures"] == ["Gemma3ForCausalLM"] and config["model_type"] == "gemma3_text"
@@ -163,7 +163,7 @@ def test_dequantised_gemma_is_a_gemma3_with_its_template_and_stops(
 
     tokenizer = model_store.load_tokenizer(model_store.ResolvedModel(GEMMA_MODEL, gemma_path, GEMMA.source))
     assert tokenizer.chat_template == GEMMA_CHAT_TEMPLATE
-    stops = Renderer(tokenizer).stop_tokens
+    stops = chat_targets(tokenizer).stop_tokens
     assert {"<eos>", "<end_of_turn>"} <= set(stops)
     assert "</s>" not in stops  # in the vocabulary, never written by the template
     ids = _chat_ids(tokenizer, "Hi")

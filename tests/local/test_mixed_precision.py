@@ -15,12 +15,12 @@ import torch
 from baseten.loops import AdamParams, Datum
 
 from loops_nb.local import model_store
+from loops_nb.local.image_chunks import load_model
 from loops_nb.local.lora_targets import DEFAULT_TARGETS
 from loops_nb.local.memory_budget import estimate_peak
 from loops_nb.local.mixed_precision import Bf16ProductLinear, use_bf16_products
 from loops_nb.local.shared_base import BASE_MODELS
 from loops_nb.local.trainer import LoraTrainer
-from loops_nb.local.vision import load_model
 
 
 def test_products_are_bf16_and_everything_else_stays_float32(tiny_chat_model: Path) -> None:

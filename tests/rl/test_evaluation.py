@@ -68,7 +68,7 @@ class RecordingTrainer(ScriptedTrainer):
 
 
 def renderer() -> ChatRenderer:
-    from loops_nb.tokenization import load_model_tokenizer
+    from loops_nb.model_renderer import load_model_tokenizer
 
     config = load(QUICKSTART).config
     return ChatRenderer(load_model_tokenizer(config.model, "local"))

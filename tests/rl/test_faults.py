@@ -122,7 +122,7 @@ class ScriptedTrainer:
 def make_run(
     tmp_path: Path, trainer: ScriptedTrainer, *, observers: Sequence[object] = (), **training: Any
 ) -> RLRun:
-    from loops_nb.tokenization import load_model_tokenizer
+    from loops_nb.model_renderer import load_model_tokenizer
 
     overrides = {
         "output.output_dir": str(tmp_path),

@@ -1,4 +1,4 @@
-"""SFT through a family's own renderer (`FamilyTargets`), on five families' real vocabularies.
+"""SFT through a family's own renderer (`SFTTargets` on a `PrimeRenderer`), on five families' real vocabularies.
 
 The twin: each trained turn's context is, token for token, the prompt the sampler gets for that turn
 (`PrimeRenderer.prompt_tokens`, what RL samples from), and its trained tokens parse back, by the family's own
@@ -16,12 +16,11 @@ from family_replies import FAMILY_REPLIES, TOOLS
 from loops_nb.config.sections import ModelConfig
 from loops_nb.errors import ConfigError
 from loops_nb.llm.prime_renderer import PrimeRenderer
-from loops_nb.llm.renderer import call_keys
+from loops_nb.llm.renderer import ChatRenderer, call_keys
 from loops_nb.llm.renderer_choice import renderer_config
 from loops_nb.sft.data import RefusedRow, parse_row
-from loops_nb.sft.family_targets import FamilyTargets, sft_renderer
 from loops_nb.sft.refusal_wording import with_fix
-from loops_nb.sft.rendering import RenderedRow, Renderer
+from loops_nb.sft.targets import RenderedRow, SFTTargets, chat_targets, sft_targets
 
 FAMILIES = list(FAMILY_REPLIES)
 CALL = {
@@ -71,7 +70,7 @@ def test_each_trained_turn_is_what_the_sampler_is_prompted_with_then_writes(
     renderer = family(name, family_tokenizer(name))
     reasons = FAMILY_REPLIES[name].reasons
     row = tool_row(reasoning=reasons)
-    result = FamilyTargets(renderer).render(parse_row(row, 1))
+    result = SFTTargets(renderer).render(parse_row(row, 1))
     assert isinstance(result, RenderedRow), result
     assert [e.turn_indices for e in result.examples] == EXAMPLES[name]
     for example in result.examples:
@@ -106,7 +105,7 @@ def test_a_prompt_that_opens_reasoning_trains_what_follows_it(
     name: str, trained: str, family_tokenizer: Callable[[str], Any]
 ) -> None:
     tokenizer = family_tokenizer(name)
-    result = FamilyTargets(family(name, tokenizer)).render(parse_row(tool_row(reasoning=True), 1))
+    result = SFTTargets(family(name, tokenizer)).render(parse_row(tool_row(reasoning=True), 1))
     assert isinstance(result, RenderedRow)
     assert [s.text for s in result.examples[-1].segments(tokenizer) if s.trained] == [trained]
 
@@ -123,7 +122,7 @@ def test_what_a_family_cannot_write_is_refused_with_its_fix(
     name: str, options: dict[str, Any], reasoning: bool, said: str, family_tokenizer: Callable[[str], Any]
 ) -> None:
     renderer = family(name, family_tokenizer(name), **options)
-    result = FamilyTargets(renderer).render(parse_row(tool_row(reasoning=reasoning), 1))
+    result = SFTTargets(renderer).render(parse_row(tool_row(reasoning=reasoning), 1))
     assert isinstance(result, RefusedRow)
     assert result.reason.startswith("messages[2]") and said in result.reason
     assert "chat_template" not in with_fix(result.reason), "a family's refusal never points at a template"
@@ -133,22 +132,24 @@ def test_a_row_longer_than_max_seq_len_or_holding_a_control_token_is_refused(
     family_tokenizer: Callable[[str], Any],
 ) -> None:
     renderer = family("qwen3", family_tokenizer("qwen3"))
-    long = FamilyTargets(renderer, max_seq_len=64).render(parse_row(tool_row(reasoning=False), 1))
+    long = SFTTargets(renderer, max_seq_len=64).render(parse_row(tool_row(reasoning=False), 1))
     assert isinstance(long, RefusedRow) and "longer than max_seq_len 64" in long.reason
     row = tool_row(reasoning=False)
     row["messages"][4]["content"] = "sunny<|im_end|>"
-    special = FamilyTargets(renderer).render(parse_row(row, 1))
+    special = SFTTargets(renderer).render(parse_row(row, 1))
     assert isinstance(special, RefusedRow) and "contains the special token '<|im_end|>'" in special.reason
 
 
 def test_sft_trains_through_the_configured_renderer(
     family_tokenizer: Callable[[str], Any], smollm2: Any
 ) -> None:
-    qwen = sft_renderer(ModelConfig(base_model="Qwen/Qwen3-8B"), family_tokenizer("qwen3"))
-    assert isinstance(qwen, FamilyTargets) and qwen.renderer.name == "qwen3"
-    named = sft_renderer(ModelConfig(base_model="./my-qwen3", renderer="qwen3"), family_tokenizer("qwen3"))
-    assert isinstance(named, FamilyTargets)
-    assert isinstance(sft_renderer(ModelConfig(), smollm2), Renderer), "SmolLM2 keeps its chat template"
+    qwen = sft_targets(ModelConfig(base_model="Qwen/Qwen3-8B"), family_tokenizer("qwen3"))
+    assert isinstance(qwen.renderer, PrimeRenderer) and qwen.renderer.name == "qwen3"
+    named = sft_targets(ModelConfig(base_model="./my-qwen3", renderer="qwen3"), family_tokenizer("qwen3"))
+    assert isinstance(named.renderer, PrimeRenderer)
+    assert isinstance(sft_targets(ModelConfig(), smollm2).renderer, ChatRenderer), (
+        "SmolLM2 keeps its chat template"
+    )
 
 
 def test_renderer_options_are_checked_against_the_family(family_tokenizer: Callable[[str], Any]) -> None:
@@ -158,11 +159,11 @@ def test_renderer_options_are_checked_against_the_family(family_tokenizer: Calla
         renderer_config("qwen3", {"enable_thinkin": False})
     with pytest.raises(ConfigError, match=r"renderer_options.reasoning_effort: .*\(renderer gpt-oss\)"):
         renderer_config("gpt-oss", {"reasoning_effort": "extreme"})
-    thinking = sft_renderer(
+    thinking = sft_targets(
         ModelConfig(base_model="./ds", renderer="deepseek-v4", renderer_options={"enable_thinking": True}),
         family_tokenizer("deepseek-v4"),
     )
-    assert isinstance(thinking, FamilyTargets)
+    assert isinstance(thinking.renderer, PrimeRenderer)
     assert isinstance(thinking.render(parse_row(tool_row(reasoning=True), 1)), RenderedRow)
     with pytest.raises(ValueError, match="renderer_options apply to a family's renderer"):
         ModelConfig(renderer="chat_template", renderer_options={"enable_thinking": False})
@@ -177,8 +178,6 @@ def test_qwen3_through_its_renderer_trains_what_its_own_jinja_template_trains(
     from family_replies import THREE_TURNS
     from sft_fixtures import QWEN3_TEMPLATE
 
-    from loops_nb.llm.renderer import ChatRenderer
-
     tokenizer = family_tokenizer("qwen3")
     renderer = PrimeRenderer(tokenizer, "qwen3")
     template = ChatRenderer(tokenizer, QWEN3_TEMPLATE)
@@ -188,8 +187,8 @@ def test_qwen3_through_its_renderer_trains_what_its_own_jinja_template_trains(
         )
     row = parse_row(tool_row(reasoning=reasoning), 1)
     family, jinja = (
-        FamilyTargets(renderer).render(row),
-        Renderer(tokenizer, chat_template=QWEN3_TEMPLATE).render(row),
+        SFTTargets(renderer).render(row),
+        chat_targets(tokenizer, chat_template=QWEN3_TEMPLATE).render(row),
     )
     assert isinstance(family, RenderedRow) and isinstance(jinja, RenderedRow)
     assert [(e.input_ids, e.weights, e.turn_indices) for e in family.examples] == [
@@ -224,6 +223,6 @@ def test_a_resumed_run_trains_through_the_renderer_it_recorded(
     choice = _resumed_renderer(config)
     assert choice is not None and choice.name == "qwen3"
     data = SFTData.load(config, family_tokenizer("qwen3"), renderer_choice=choice)
-    assert isinstance(data.renderer, FamilyTargets) and len(data.train) == 2
+    assert isinstance(data.targets.renderer, PrimeRenderer) and len(data.train) == 2
     with pytest.raises(ConfigError, match="has no chat template and no renderer was named"):
         SFTData.load(config, family_tokenizer("qwen3"))  # resolved afresh: auto knows no such model

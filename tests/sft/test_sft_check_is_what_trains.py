@@ -22,7 +22,7 @@ from loops_nb.sft.batching import SFTData
 from loops_nb.sft.config import SFTConfig
 from loops_nb.sft.data import RefusedRow, parse_row
 from loops_nb.sft.evaluation import example_datum
-from loops_nb.sft.rendering import Renderer
+from loops_nb.sft.targets import chat_targets
 from loops_nb.widgets.target_preview import TargetPreview
 
 FIRST_TOKEN = "the first token can never train"
@@ -45,7 +45,7 @@ def test_a_row_weighted_only_on_its_first_token_is_refused_with_the_reason(row: 
 
 
 def test_a_weight_on_the_first_token_is_not_counted_or_shown_as_trained(smollm2: Any) -> None:
-    result = Renderer(smollm2).render(parse_row({"input_ids": [1, 5, 6, 2], "weights": [1, 1, 1, 1]}, 1))
+    result = chat_targets(smollm2).render(parse_row({"input_ids": [1, 5, 6, 2], "weights": [1, 1, 1, 1]}, 1))
     (example,) = result.examples  # type: ignore[union-attr]
     assert example.n_trained == 3 == _datum_targets(example)
     assert example.weights == [0.0, 1.0, 1.0, 1.0]
@@ -116,7 +116,7 @@ def test_checks_counts_are_what_the_trainer_receives(rows: list[dict], epochs: i
         per_row_tokens: Counter[int] = Counter()
         per_epoch: Counter[int] = Counter()
         for batch in data.plan.batches():
-            for example in data.train.load(batch.indices, data.renderer):
+            for example in data.train.load(batch.indices, data.targets):
                 per_epoch[batch.epoch] += 1
                 if batch.epoch == 0:
                     per_row_examples[example.row_number] += 1

@@ -19,7 +19,7 @@ from loops_nb import load
 from loops_nb.cli import main as loops_main
 from loops_nb.sft.data import RefusedRow, parse_line, parse_row
 from loops_nb.sft.refusal_wording import FALLBACK_FIX, refused_field, remedy, with_fix
-from loops_nb.sft.rendering import Renderer
+from loops_nb.sft.targets import chat_targets
 
 USER = {"role": "user", "content": "What is the capital of France?"}
 ANSWER = {"role": "assistant", "content": "Paris."}
@@ -129,7 +129,7 @@ def _render_reasons(smollm2: Any) -> list[str]:
     ]
     reasons = []
     for row, template in cases:
-        result = Renderer(smollm2, chat_template=template, max_seq_len=64).render(parse_row(row, 1))  # type: ignore[arg-type]
+        result = chat_targets(smollm2, chat_template=template, max_seq_len=64).render(parse_row(row, 1))  # type: ignore[arg-type]
         assert isinstance(result, RefusedRow), row
         reasons.append(result.reason)
     return reasons

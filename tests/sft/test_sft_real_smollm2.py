@@ -10,7 +10,7 @@ import pytest
 
 from loops_nb.llm.templates import SMOLLM2_CHAT_TEMPLATE, TOOL_CAPABLE_CHATML_TEMPLATE
 from loops_nb.sft.data import parse_row
-from loops_nb.sft.rendering import RenderedRow, Renderer
+from loops_nb.sft.targets import RenderedRow, chat_targets
 
 TOOL_ROW = {
     "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}],
@@ -62,7 +62,7 @@ def test_real_tokenizer_targets(tok: Any) -> None:
             ]
         }
     )
-    result = Renderer(tok).render(row)
+    result = chat_targets(tok).render(row)
     assert isinstance(result, RenderedRow)
     [example] = result.examples
     trained = [s.text for s in example.segments(tok) if s.trained]
@@ -74,10 +74,10 @@ def test_real_tokenizer_targets(tok: Any) -> None:
 
 
 def test_real_tokenizer_tool_rows(tok: Any) -> None:
-    refused = Renderer(tok).render(parse_row(TOOL_ROW, 3))
+    refused = chat_targets(tok).render(parse_row(TOOL_ROW, 3))
     assert not isinstance(refused, RenderedRow)
     assert refused.reason.startswith("messages[1].tool_calls[0]: the chat template dropped this tool call")
-    result = Renderer(tok, chat_template=TOOL_CAPABLE_CHATML_TEMPLATE).render(parse_row(TOOL_ROW, 3))
+    result = chat_targets(tok, chat_template=TOOL_CAPABLE_CHATML_TEMPLATE).render(parse_row(TOOL_ROW, 3))
     assert isinstance(result, RenderedRow)
     trained = [s.text for s in result.examples[0].segments(tok) if s.trained]
     assert trained == [

@@ -10,7 +10,7 @@ from sft_fixtures import LLAMA3_TEMPLATE, build_tokenizer
 from loops_nb.errors import ConfigError
 from loops_nb.llm.templates import parse_tool_calls
 from loops_nb.sft.data import ChatRow, RefusedRow, parse_row
-from loops_nb.sft.rendering import Example, RenderedRow, Renderer
+from loops_nb.sft.targets import Example, RenderedRow, chat_targets
 
 USER = {"role": "user", "content": "What is the capital of France?"}
 PARIS = {"role": "assistant", "content": "Paris."}
@@ -39,7 +39,7 @@ TOOL_ROW = {
 def render(tok: Any, row: dict, **kwargs: Any) -> RenderedRow | RefusedRow:
     parsed = parse_row(row, 1)
     assert not isinstance(parsed, RefusedRow), parsed
-    return Renderer(tok, **kwargs).render(parsed)
+    return chat_targets(tok, **kwargs).render(parsed)
 
 
 def rendered(tok: Any, row: dict, **kwargs: Any) -> RenderedRow:
@@ -257,7 +257,7 @@ def test_tokenization_that_differs_at_a_boundary_splits_the_turn(make_tokenizer:
 
 def test_tokenized_rows_pass_through(smollm2: Any) -> None:
     row = parse_row({"input_ids": [1, 5, 6, 2], "weights": [0, 1, 0.5, 1]}, 4)
-    result = Renderer(smollm2).render(row)
+    result = chat_targets(smollm2).render(row)
     assert isinstance(result, RenderedRow)
     [example] = result.examples
     assert (example.input_ids, example.weights, example.row_number) == ([1, 5, 6, 2], [0.0, 1.0, 0.5, 1.0], 4)
@@ -266,11 +266,11 @@ def test_tokenized_rows_pass_through(smollm2: Any) -> None:
 
 def test_tokenized_rows_are_checked_against_vocab_and_length(smollm2: Any) -> None:
     big = parse_row({"input_ids": [1, len(smollm2) + 3], "weights": [1, 1]}, 2)
-    result = Renderer(smollm2).render(big)
+    result = chat_targets(smollm2).render(big)
     assert isinstance(result, RefusedRow)
     assert result.reason.startswith(f"input_ids[1]: token id {len(smollm2) + 3} is outside the tokenizer's")
     long = parse_row({"input_ids": [1] * 10, "weights": [1] * 10}, 3)
-    result = Renderer(smollm2, max_seq_len=8).render(long)
+    result = chat_targets(smollm2, max_seq_len=8).render(long)
     assert isinstance(result, RefusedRow) and result.row_number == 3
     assert result.reason.startswith("the row is 10 tokens, longer than max_seq_len 8")
 
@@ -335,8 +335,8 @@ def test_template_problems_are_refused_with_the_reason(smollm2: Any, template: s
 
 def test_stop_tokens_must_be_added_tokens(smollm2: Any) -> None:
     with pytest.raises(ConfigError, match="stop token 'STOP' is not a special/added token"):
-        Renderer(smollm2, stop_tokens=["STOP"])
-    assert Renderer(smollm2).stop_tokens == ["<|im_end|>"]
+        chat_targets(smollm2, stop_tokens=["STOP"])
+    assert chat_targets(smollm2).stop_tokens == ["<|im_end|>"]
 
 
 def test_a_known_end_token_the_template_never_writes_is_no_stop() -> None:
@@ -344,7 +344,7 @@ def test_a_known_end_token_the_template_never_writes_is_no_stop() -> None:
     would refuse an answer that writes an HTML strikethrough."""
     tokenizer = build_tokenizer("smollm2")
     tokenizer.add_tokens(["</s>"])
-    renderer = Renderer(tokenizer)
+    renderer = chat_targets(tokenizer)
     assert renderer.stop_tokens == ["<|im_end|>"]
     html = {"role": "assistant", "content": "Write <s>old</s> for struck-through text."}
     result = renderer.render(parse_row({"messages": [USER, html]}, 1))
@@ -377,7 +377,8 @@ def test_long_conversations_tokenize_in_linear_time(
             {"role": "user", "content": f"Question {i}?"},
             {"role": "assistant", "content": f"Answer {i}."},
         ]
-    renderer = Renderer(smollm2_tools)
+    targets = chat_targets(smollm2_tools)
+    renderer = targets.renderer.targets()
     row = parse_row({"messages": messages}, 1)
     tokenized: list[int] = []
     encode, encode_many = renderer._encoder.encode, renderer._encode_many
@@ -392,7 +393,7 @@ def test_long_conversations_tokenize_in_linear_time(
 
     monkeypatch.setattr(renderer._encoder, "encode", counting_encode)
     monkeypatch.setattr(renderer, "_encode_many", counting_encode_many)
-    result = renderer.render(row)
+    result = targets.render(row)
     assert isinstance(result, RenderedRow) and len(result.examples) == 1
     assert result.examples[0].turn_indices == tuple(range(1, 120, 2))
     conversation = len(renderer.template.render(messages, None, add_generation_prompt=False))

@@ -9,8 +9,8 @@ from typing import Any
 from sft_fixtures import write_jsonl
 
 from loops_nb.sft.data import read_rows
-from loops_nb.sft.rendering import Renderer
 from loops_nb.sft.report import LENGTH_BINS, CheckReport
+from loops_nb.sft.targets import chat_targets
 
 USER = {"role": "user", "content": "What is the capital of France?"}
 PARIS = {"role": "assistant", "content": "Paris."}
@@ -32,7 +32,7 @@ def dataset(tmp_path: Path) -> Path:
 
 
 def test_report_rows_and_totals(tmp_path: Path, qwen3: Any) -> None:
-    renderer = Renderer(qwen3, max_seq_len=512)
+    renderer = chat_targets(qwen3, max_seq_len=512)
     report = CheckReport.from_file(dataset(tmp_path), renderer, batch_tokens=1, epochs=3)
     rows = report.rows
     assert list(rows.columns) == ["row_number", "status", "n_examples", "tokens", "trained_tokens", "reason"]
@@ -55,7 +55,7 @@ def test_report_rows_and_totals(tmp_path: Path, qwen3: Any) -> None:
     assert rows.loc[4, ["tokens", "trained_tokens"]].tolist() == [3, 2]
     assert [r for r, _ in report.refusals] == [3, 4, 6]
 
-    examples = list(Renderer(qwen3, max_seq_len=512).examples(read_rows(tmp_path / "d.jsonl")))
+    examples = list(chat_targets(qwen3, max_seq_len=512).examples(read_rows(tmp_path / "d.jsonl")))
     assert sum(report.length_counts) == len(examples) == 4
     assert report.max_length == max(e.n_tokens for e in examples)
     hist = report.histogram
@@ -69,16 +69,16 @@ def test_report_rows_and_totals(tmp_path: Path, qwen3: Any) -> None:
 
 def test_steps_from_batch_size_and_from_batch_tokens(tmp_path: Path, smollm2: Any) -> None:
     path = write_jsonl(tmp_path / "d.jsonl", [{"messages": [USER, PARIS]}] * 10)
-    n = Renderer(smollm2).render(next(read_rows(path))).examples[0].n_tokens
-    by_size = CheckReport.from_file(path, Renderer(smollm2), batch_size=4, epochs=2)
+    n = chat_targets(smollm2).render(next(read_rows(path))).examples[0].n_tokens
+    by_size = CheckReport.from_file(path, chat_targets(smollm2), batch_size=4, epochs=2)
     assert (by_size.steps_per_epoch, by_size.total_steps) == (3, 6)
-    by_tokens = CheckReport.from_file(path, Renderer(smollm2), batch_tokens=3 * n)
+    by_tokens = CheckReport.from_file(path, chat_targets(smollm2), batch_tokens=3 * n)
     assert by_tokens.steps_per_epoch == math.ceil(10 / 3)
-    assert CheckReport.from_file(path, Renderer(smollm2)).steps_per_epoch is None
+    assert CheckReport.from_file(path, chat_targets(smollm2)).steps_per_epoch is None
 
 
 def test_describe_lines(tmp_path: Path, qwen3: Any) -> None:
-    report = CheckReport.from_file(dataset(tmp_path), Renderer(qwen3, max_seq_len=512), batch_size=2)
+    report = CheckReport.from_file(dataset(tmp_path), chat_targets(qwen3, max_seq_len=512), batch_size=2)
     text = "\n".join(report.describe())
     assert "rows read: 6" in text
     assert "split per turn: 1 rows into 2 examples" in text
@@ -95,7 +95,7 @@ def test_samples_are_bounded_and_include_a_split_row(tmp_path: Path, qwen3: Any)
         + [{"messages": [USER, PARIS]}] * 20
     )
     path = write_jsonl(tmp_path / "d.jsonl", rows)
-    report = CheckReport.from_file(path, Renderer(qwen3), n_samples=3)
+    report = CheckReport.from_file(path, chat_targets(qwen3), n_samples=3)
     assert len(report.samples) == 3
     assert any(len(s.examples) == 2 for s in report.samples)
     assert report.rows_read == 41
@@ -103,7 +103,7 @@ def test_samples_are_bounded_and_include_a_split_row(tmp_path: Path, qwen3: Any)
 
 def test_report_keeps_no_tokens(tmp_path: Path, smollm2: Any) -> None:
     path = write_jsonl(tmp_path / "d.jsonl", [{"messages": [USER, PARIS]}] * 300)
-    report = CheckReport.from_file(path, Renderer(smollm2), n_samples=2)
+    report = CheckReport.from_file(path, chat_targets(smollm2), n_samples=2)
     # Per-row stats are a few machine integers each; tokens live only in the two samples.
     per_row = sum(
         a.itemsize for a in (report._row_numbers, report._status, report._n_examples, report._tokens)

@@ -18,11 +18,11 @@ from hypothesis import strategies as st
 from sft_fixtures import build_tokenizer
 
 from loops_nb import load
+from loops_nb.model_renderer import load_model_tokenizer
 from loops_nb.sft.batching import SFTData, is_held_out
 from loops_nb.sft.data import ChatRow, RefusedRow, parse_line, read_rows
 from loops_nb.sft.refusal_wording import MAX_DEPTH
-from loops_nb.sft.rendering import Renderer
-from loops_nb.tokenization import load_model_tokenizer
+from loops_nb.sft.targets import SFTTargets, chat_targets
 
 BOM = b"\xef\xbb\xbf"
 USER = {"role": "user", "content": "What is the capital of France?"}
@@ -293,11 +293,11 @@ def test_hostile_rows_are_refused_by_row_and_the_good_rows_still_train(
 
 
 @pytest.fixture(scope="module")
-def renderer() -> Renderer:
-    return Renderer(build_tokenizer("smollm2_tools"), max_seq_len=100_000)
+def renderer() -> SFTTargets:
+    return chat_targets(build_tokenizer("smollm2_tools"), max_seq_len=100_000)
 
 
-def refused(line: bytes | str, renderer: Renderer) -> str:
+def refused(line: bytes | str, renderer: SFTTargets) -> str:
     row = parse_line(line, 3)
     result = row if isinstance(row, RefusedRow) else renderer.render(row)
     assert isinstance(result, RefusedRow), result
@@ -310,7 +310,7 @@ def chat_line(**extra: Any) -> str:
     return json.dumps({"messages": [USER, ANSWER], **extra})
 
 
-def test_deeply_nested_json_is_refused_not_a_recursion_error(renderer: Renderer) -> None:
+def test_deeply_nested_json_is_refused_not_a_recursion_error(renderer: SFTTargets) -> None:
     # json.loads raised RecursionError past ~1000 levels.
     assert refused("[" * 50_000, renderer) == f"JSON nested more than {MAX_DEPTH} levels deep"
     assert "metadata.a.a" in refused(
@@ -318,7 +318,7 @@ def test_deeply_nested_json_is_refused_not_a_recursion_error(renderer: Renderer)
     )
 
 
-def test_deep_tool_arguments_are_refused_not_a_serialization_error(renderer: Renderer) -> None:
+def test_deep_tool_arguments_are_refused_not_a_serialization_error(renderer: SFTTargets) -> None:
     # Arguments a few hundred levels deep (as an object or as a JSON string) passed validation, then pydantic's
     # serializer raised "Maximum serialization depth exceeded" while rendering.
     deep = '{"a":' * 300 + "1" + "}" * 300
@@ -329,14 +329,14 @@ def test_deep_tool_arguments_are_refused_not_a_serialization_error(renderer: Ren
         assert reason.startswith("messages[1].tool_calls[0].function.arguments") and "levels deep" in reason
 
 
-def test_rows_just_under_the_depth_bound_still_train(renderer: Renderer) -> None:
+def test_rows_just_under_the_depth_bound_still_train(renderer: SFTTargets) -> None:
     arguments = {"city": json.loads('{"a":' * 80 + '"Paris"' + "}" * 80)}
     call = {**CALL, "function": {"name": "get_weather", "arguments": arguments}}
     row = parse_line(json.dumps({"messages": [USER, {"role": "assistant", "tool_calls": [call]}]}), 1)
     assert isinstance(row, ChatRow) and not isinstance(renderer.render(row), RefusedRow)
 
 
-def test_lone_surrogates_are_refused_naming_the_field(renderer: Renderer) -> None:
+def test_lone_surrogates_are_refused_naming_the_field(renderer: SFTTargets) -> None:
     # A JSON "\ud800" escape decodes to a lone surrogate: the tokenizer raised TypeError on it, and an unknown
     # key holding one made the printed refusal itself unprintable.
     reason = refused(json.dumps({"messages": [USER, {"role": "assistant", "content": "a\ud800b"}]}), renderer)
@@ -348,7 +348,7 @@ def test_lone_surrogates_are_refused_naming_the_field(renderer: Renderer) -> Non
     assert "lone surrogate" in refused(line, renderer)
 
 
-def test_a_number_too_long_to_read_is_refused(renderer: Renderer) -> None:
+def test_a_number_too_long_to_read_is_refused(renderer: SFTTargets) -> None:
     # json.loads raised ValueError (Python's 4300-digit limit), not JSONDecodeError.
     assert refused("9" * 5000, renderer).startswith("invalid JSON: Exceeds the limit")
     assert refused(
@@ -365,7 +365,7 @@ def test_a_byte_order_mark_is_skipped_not_refused(tmp_path: Path) -> None:
     assert [(type(r), r.row_number) for r in read_rows(path)] == [(ChatRow, 1), (ChatRow, 3)]
 
 
-def test_echoed_values_are_cut_to_one_short_line(renderer: Renderer) -> None:
+def test_echoed_values_are_cut_to_one_short_line(renderer: SFTTargets) -> None:
     # A 100,000-character role was echoed whole into its refusal.
     line = json.dumps({"messages": [{"role": "x" * 100_000 + "\n", "content": "c"}, ANSWER]})
     assert "(100,001 characters)" in refused(line, renderer)

@@ -26,7 +26,7 @@ from loops_nb.sft import learning_rate, score_reply
 from loops_nb.sft.batching import BatchPlan, ExampleIndex, is_held_out, pack, stream_rendered
 from loops_nb.sft.compare import COLUMNS, compare, normalise_text
 from loops_nb.sft.data import Message
-from loops_nb.sft.rendering import Renderer
+from loops_nb.sft.targets import chat_targets
 
 # -- learning-rate schedule ------------------------------------------------------------------------------------
 
@@ -93,7 +93,7 @@ def _rows(n: int) -> list[dict]:
 @pytest.fixture
 def indexed(tmp_path, smollm2):
     path = write_jsonl(tmp_path / "train.jsonl", _rows(40))
-    renderer = Renderer(smollm2)
+    renderer = chat_targets(smollm2)
     index = ExampleIndex(path)
     for _ in stream_rendered(path, renderer, route=lambda _: index):
         pass

@@ -11,8 +11,8 @@ from widget_fixtures import assert_static_html
 
 from loops_nb.llm.capture import ModelCall, TokenCapture
 from loops_nb.sft.data import parse_row
-from loops_nb.sft.rendering import RenderedRow, Renderer
 from loops_nb.sft.report import CheckReport
+from loops_nb.sft.targets import RenderedRow, chat_targets
 from loops_nb.widgets import TargetPreview, TokenCounts, TokenSequence
 
 SPAN = re.compile(r'<span title="([^"]*)" style="([^"]*)">(.*?)</span>', re.S)
@@ -26,7 +26,7 @@ ROW = {
 
 
 def rendered(tok: Any, row: dict = ROW, number: int = 1) -> RenderedRow:
-    result = Renderer(tok).render(parse_row(row, number))
+    result = chat_targets(tok).render(parse_row(row, number))
     assert isinstance(result, RenderedRow), result
     return result
 
@@ -125,7 +125,7 @@ def test_rl_captures(tokenizer: Any) -> None:
 
 def test_check_report_samples_and_token_counts(tokenizer: Any) -> None:
     rows = [parse_row(ROW, i) for i in range(1, 6)]
-    report = CheckReport.build(rows, Renderer(tokenizer), batch_size=2, n_samples=2)
+    report = CheckReport.build(rows, chat_targets(tokenizer), batch_size=2, n_samples=2)
     preview = TargetPreview(report, tokenizer, max_sequences=1)
     assert len(preview.sequences) == 1 and preview.hidden_sequences == 1
     assert "… 1 more sequence" in str(preview)

@@ -1,7 +1,7 @@
 """Tokenizing rendered chats fast, with the positions of added tokens (``<|im_start|>``, ``<|im_end|>``, ...).
 
 Rendering needs, per example, its token ids and where each added token sits in the text: turn boundaries are
-located through them (see `loops_nb.sft.rendering`). A fast tokenizer spends most of its time per character, and
+located through them (see `loops_nb.sft.targets`). A fast tokenizer spends most of its time per character, and
 in short tool-use rows most characters are the system prompt with its tool list, identical from row to row.
 
 Added tokens split the input before pre-tokenization, so the text on either side of one is tokenized

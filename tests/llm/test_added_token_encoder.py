@@ -7,7 +7,7 @@ from typing import Any
 
 from sft_fixtures import build_tokenizer
 
-from loops_nb.sft.tokenization import AddedTokenEncoder
+from loops_nb.llm.added_token_encoder import AddedTokenEncoder
 
 STOP = re.compile(re.escape("<|im_end|>"))
 

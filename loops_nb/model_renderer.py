@@ -16,11 +16,19 @@ from typing import TYPE_CHECKING, Any
 
 from loops_nb.config.sections import ModelConfig
 from loops_nb.errors import ConfigError, UserError
-from loops_nb.llm.renderer_choice import RendererChoice, choose_renderer, no_template, renderer_config
+from loops_nb.llm.renderer_choice import (
+    RendererChoice,
+    choose_renderer,
+    family_renderer,
+    no_template,
+    renderer_config,
+)
 from loops_nb.llm.templates import BUILTIN_TEMPLATES as BUILTIN_TEMPLATES
 from loops_nb.missing_package import install_line, missing_package
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from loops_nb.llm.renderer import Renderer
 
 # BUILTIN_TEMPLATES (re-exported): the chat templates `[model] chat_template` can name.
@@ -155,14 +163,15 @@ def load_model_renderer(
 
     check_chat_template(model, tokenizer, choice)
     processor.tokenizer = tokenizer
-    renderer = VisionRenderer(processor)
+    renderer = VisionRenderer(processor, parser=family_parser(model, tokenizer))
     renderer.why = choice.why
     return renderer
 
 
 def text_renderer(model: ModelConfig, tokenizer: Any, choice: RendererChoice) -> Renderer:
     """`choice`'s renderer on an already loaded `tokenizer`, for text: the family's `PrimeRenderer` with
-    `[model] renderer_options`, or a `ChatRenderer` on the tokenizer's template."""
+    `[model] renderer_options`, or a `ChatRenderer` on the tokenizer's template (parsing replies by the family's
+    renderer where `renderers` has one: `family_parser`)."""
     from loops_nb.llm.prime_renderer import PrimeRenderer
     from loops_nb.llm.renderer import CHAT_TEMPLATE, ChatRenderer
 
@@ -172,9 +181,25 @@ def text_renderer(model: ModelConfig, tokenizer: Any, choice: RendererChoice) ->
         renderer = PrimeRenderer(tokenizer, choice.name, hub_id=model.base_model, config=config)
     else:
         check_chat_template(model, tokenizer, choice)
-        renderer = ChatRenderer(tokenizer)
+        renderer = ChatRenderer(tokenizer, parser=family_parser(model, tokenizer))
     renderer.why = choice.why
     return renderer
+
+
+def family_parser(model: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> Renderer | None:
+    """The family's renderer that parses a chat template's replies, where `renderers` has one for `[model]
+    base_model` (`[model] renderer = "chat_template"`, a template override, a vision model): the model writes
+    its family's tool calls and reasoning whatever renders its prompt. None where it has none, or cannot build
+    it for this tokenizer: the template's hand parser (templates.py) reads the replies then."""
+    from loops_nb.llm.prime_renderer import PrimeRenderer
+
+    name = family_renderer(model.base_model)
+    if name is None:
+        return None
+    try:
+        return PrimeRenderer(tokenizer, name, hub_id=model.base_model)
+    except ConfigError:
+        return None
 
 
 def check_chat_template(model: ModelConfig, tokenizer: Any, choice: RendererChoice) -> None:
