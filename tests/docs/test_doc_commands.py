@@ -96,7 +96,10 @@ NOT_RUN_HERE: list[tuple[str, str]] = [
     ),
     # Writes the committed glossary; `loops glossary --check` runs here instead.
     (r"loops glossary --write$", "writes docs/reference/KNOB_GLOSSARY.md; --check runs here"),
-    (r"python -m benchmarks$", "measures speed for many minutes; results are in docs/benchmarks.md"),
+    (
+        r"python -m benchmarks(\.peak_memory)?( [\w.]+)*$",
+        "measures speed or memory for minutes to hours; results are in docs/benchmarks.md",
+    ),
     (
         r"harbor trials start -p patterns/harbor/tasks/hidden_game -a oracle -e loops_nb\.providers\.local:",
         "tests/harbor/test_local_environment.py runs the oracle on hidden_game in the local sandbox",
