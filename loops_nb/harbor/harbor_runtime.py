@@ -118,7 +118,7 @@ class HarborRuntime(RolloutRuntime):
         try:
             agent_class = self._agent_class()
             try:  # an agent with a Harbor options model refuses a misspelled agent_kwargs key here
-                agent_class.parse_options(self.agent_kwargs)  # type: ignore[attr-defined]
+                agent_class.parse_options(self.agent_kwargs)
             except ValueError as exc:
                 problems.append(f"runtime.options.agent_kwargs: {' '.join(str(exc).split())}")
         except UserError as exc:
@@ -139,7 +139,7 @@ class HarborRuntime(RolloutRuntime):
 
         config = self.provider.config  # type: ignore[attr-defined]
         try:
-            skills = bool(self._agent_class().capabilities.skills)  # type: ignore[attr-defined]
+            skills = bool(self._agent_class().capabilities.skills)
         except (UserError, AttributeError):
             skills = True  # a bad agent path is reported on its own
         found: list[str] = []

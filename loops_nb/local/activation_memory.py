@@ -211,7 +211,7 @@ def _prompt_members(units: list[list[int]], prompts: Sequence[PromptKey], taken:
 def checkpointed(layers: Sequence[torch.nn.Module]) -> Iterator[None]:
     """Recompute each of `layers` in the backward instead of keeping its intermediates."""
     for layer in layers:
-        layer.forward = functools.partial(checkpoint, layer.forward, use_reentrant=False)  # type: ignore[method-assign]
+        layer.forward = functools.partial(checkpoint, layer.forward, use_reentrant=False)
     try:
         yield
     finally:

@@ -60,7 +60,7 @@ def _chunk_logits(
 
 class _ChunkedTargetLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         hidden: torch.Tensor,
         weight: torch.Tensor,
@@ -90,7 +90,7 @@ class _ChunkedTargetLogprobs(torch.autograd.Function):
         return picked.reshape(targets.shape)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         weight, flat, expected = ctx.saved_tensors
         grad = grad.reshape(flat.shape).to(ctx.dtype)
         # Summed over a row's K targets with their weights: sum_k g_k W[t_k] - (sum_k g_k) softmax @ W.

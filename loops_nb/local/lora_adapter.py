@@ -28,7 +28,8 @@ LORA_ALPHA = 32
 
 def discover_target_modules(model: torch.nn.Module) -> list[str]:
     """LoRA targets of a loaded model (see `lora_targets.choose_targets`)."""
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None  # type: ignore[operator]
+    output_embeddings = getattr(model, "get_output_embeddings", None)
+    head = output_embeddings() if callable(output_embeddings) else None  # type: ignore[operator]
     names = {  # GPT-2 style models use transformers' Conv1D, which PEFT's LoRA also handles
         n.rsplit(".", 1)[-1]
         for n, m in model.named_modules()
@@ -63,7 +64,7 @@ def new_lora(base: PreTrainedModel, *, rank: int, alpha: int, targets: list[str]
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
         torch.manual_seed(seed)
-        model: PeftModel = get_peft_model(base, config)  # type: ignore[assignment]
+        model: PeftModel = get_peft_model(base, config)
     model.eval()
     add_update_in_place(model)
     return model

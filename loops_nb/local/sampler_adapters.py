@@ -133,7 +133,7 @@ class AdapterSet:
             # transformers deprecates a property PEFT still reads; nothing for our users to act on.
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
             if self._peft is None:
-                self._peft = get_peft_model(self._model, config, adapter_name=name)  # type: ignore[assignment]
+                self._peft = get_peft_model(self._model, config, adapter_name=name)
             else:
                 self._peft.add_adapter(name, config)
         assert self._peft is not None

@@ -61,9 +61,10 @@ class Job:
         return self.expanded if self.expanded is not None else self.request.prompt
 
     def result(self) -> SampleResult:
-        assert all(choice is not None for choice in self.choices)
+        choices = [choice for choice in self.choices if choice is not None]
+        assert len(choices) == len(self.choices)
         return SampleResult(
-            choices=list(self.choices),  # type: ignore[arg-type]
+            choices=choices,
             prompt_token_ids=list(self.prompt),
             adapter=self.adapter,
             adapter_version=self.adapter_version,

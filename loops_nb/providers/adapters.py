@@ -261,4 +261,4 @@ def provider_adapter(name: str, providers: dict[str, Any]) -> ProviderAdapter:
             "daytona": models.DaytonaProviderConfig,
         }[name]
         config = default()
-    return ADAPTERS[config.type](name, config)  # type: ignore[abstract, arg-type]
+    return ADAPTERS[config.type](name, config)

@@ -72,7 +72,9 @@ class LocalSandboxEnvironment(JournalledSandbox, BaseEnvironment):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        options: LocalSandboxOptions = self.options  # type: ignore[assignment]
+        options = self.options
+        assert isinstance(options, LocalSandboxOptions)  # Harbor parses the kwargs into `options_model`
+        self._options = options
         self._journal_open(options.loops_journal)
         self._plan = read_dockerfile(self.environment_dir / "Dockerfile")
         self._sandbox: BubblewrapSandbox | None = None
@@ -93,7 +95,7 @@ class LocalSandboxEnvironment(JournalledSandbox, BaseEnvironment):
         pass  # a task without environment/ is fine: the host is the image
 
     async def start(self, force_build: bool) -> None:
-        options: LocalSandboxOptions = self.options  # type: ignore[assignment]
+        options = self._options
         problems = static_problems(
             self.environment_name, self.environment_dir, self.task_env_config, options.ignore_dockerfile
         )
@@ -158,7 +160,7 @@ class LocalSandboxEnvironment(JournalledSandbox, BaseEnvironment):
 
     async def stop(self, delete: bool) -> None:
         sandbox, self._sandbox = self._sandbox, None
-        options: LocalSandboxOptions = self.options  # type: ignore[assignment]
+        options = self._options
         if sandbox is None:
             return
         await sandbox.stop()  # every process of the trial, its background ones too, dies here

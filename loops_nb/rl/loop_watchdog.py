@@ -169,7 +169,7 @@ class LoopWatchdog:
         # A dict read under the GIL, safe from another thread: what asyncio.current_task(loop) reads on
         # Python 3.12 (the project's). Where it is missing, no task is blamed and no time is excused.
         current = getattr(asyncio.tasks, "_current_tasks", {})
-        return current.get(loop)  # type: ignore[no-any-return]
+        return current.get(loop)
 
     def _innermost(self) -> str:
         frame = sys._current_frames().get(self._loop_thread)

@@ -282,8 +282,8 @@ class RolloutScheduler:
 
     async def next_groups(self, step: int) -> list[GroupResult]:
         """The groups step `step` trains on (async mode)."""
-        if self._producer is not None and self._producer.done() and self._producer.exception():
-            raise self._producer.exception()  # type: ignore[misc]
+        if self._producer is not None and self._producer.done() and (failed := self._producer.exception()):
+            raise failed
         wanted = self.groups_per_step
         if self.stale_policy == "pace":
             while len(self._by_slot.get(step, [])) < wanted:

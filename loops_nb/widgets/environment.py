@@ -27,7 +27,7 @@ log = logging.getLogger("loops_nb.widgets")
 Environment = Literal["kernel", "ipython", "script"]
 ProgressMode = Literal["auto", "text", "off"]
 ENV_VAR = "LOOPS_NB_PROGRESS"
-_MODES = ("auto", "text", "off")
+_MODES: tuple[ProgressMode, ...] = ("auto", "text", "off")
 
 
 class DisplayHandle(Protocol):
@@ -61,10 +61,11 @@ def in_kernel() -> bool:
 def progress_mode(mode: str | None = None) -> ProgressMode:
     """The requested mode: the argument if given, else ``$LOOPS_NB_PROGRESS``, else ``auto``."""
     value = (mode or os.environ.get(ENV_VAR) or "auto").strip().lower()
-    if value not in _MODES:
-        log.warning("%s=%r is not one of %s; using auto", ENV_VAR, value, "|".join(_MODES))
-        return "auto"
-    return value  # type: ignore[return-value]
+    for known in _MODES:  # the loop, not `in`, narrows the str to the Literal
+        if value == known:
+            return known
+    log.warning("%s=%r is not one of %s; using auto", ENV_VAR, value, "|".join(_MODES))
+    return "auto"
 
 
 def resolve_output(mode: str | None = None, display_fn: object = None) -> Literal["display", "text", "off"]:
