@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 
 @dataclass(frozen=True)
@@ -20,12 +20,12 @@ class PromptImage:
     offset: int
     length: int
     data: bytes
-    format: str = "png"
+    format: Literal["png", "jpeg"] = "png"
 
     def chunk(self) -> Any:
         from baseten.loops import ImageChunk
 
-        return ImageChunk(data=self.data, format=self.format, expected_tokens=self.length)  # type: ignore[arg-type]
+        return ImageChunk(data=self.data, format=self.format, expected_tokens=self.length)
 
     def shifted(self, by: int) -> PromptImage:
         return PromptImage(self.offset + by, self.length, self.data, self.format)

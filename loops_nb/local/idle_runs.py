@@ -13,6 +13,7 @@ state), and the move runs on the run's own op queue, so it never races one of it
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable, Iterable
@@ -71,7 +72,7 @@ class IdleRunReaper:
             if not run.active or run.trainer is None or idle is None or idle < self.idle_seconds:
                 continue
             try:
-                if run.ops.run_quietly(lambda run=run: park(run)):  # type: ignore[misc]
+                if run.ops.run_quietly(functools.partial(park, run)):
                     moved.append(run.id)
             except Exception:  # a full disk: the run stays in memory, as it was
                 log.exception("could not move idle run %s to disk", run.id)

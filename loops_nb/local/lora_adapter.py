@@ -29,7 +29,7 @@ LORA_ALPHA = 32
 def discover_target_modules(model: torch.nn.Module) -> list[str]:
     """LoRA targets of a loaded model (see `lora_targets.choose_targets`)."""
     output_embeddings = getattr(model, "get_output_embeddings", None)
-    head = output_embeddings() if callable(output_embeddings) else None  # type: ignore[operator]
+    head = output_embeddings() if callable(output_embeddings) else None
     names = {  # GPT-2 style models use transformers' Conv1D, which PEFT's LoRA also handles
         n.rsplit(".", 1)[-1]
         for n, m in model.named_modules()

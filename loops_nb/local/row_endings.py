@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from loops_nb.errors import TrainerError
 from loops_nb.local.sampler_batch import Row
-from loops_nb.local.sampling_types import SampledChoice
+from loops_nb.local.sampling_types import FinishReason, SampledChoice
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -67,12 +67,12 @@ class RowEndings:
     def _text(self, ids: list[int]) -> str:
         return str(self.tokenizer.decode(ids, skip_special_tokens=True))
 
-    def _finish(self, row: Row, reason: str, *, drop_last: bool = False, cut_at_stop: bool = False) -> None:
+    def _finish(self, row: Row, reason: FinishReason, *, drop_last: bool = False, cut_at_stop: bool = False) -> None:
         job = row.job
         text = self._text(row.tokens[:-1] if drop_last else row.tokens)
         if cut_at_stop:
             found = [i for i in (text.find(s) for s in job.request.stop_strings) if i >= 0]
             text = text[: min(found)] if found else text
-        job.choices[row.index] = SampledChoice(row.tokens, row.logprobs, reason, text)  # type: ignore[arg-type]
+        job.choices[row.index] = SampledChoice(row.tokens, row.logprobs, reason, text)
         if all(choice is not None for choice in job.choices):
             job.future.set_result(job.result())
