@@ -67,7 +67,9 @@ class RowEndings:
     def _text(self, ids: list[int]) -> str:
         return str(self.tokenizer.decode(ids, skip_special_tokens=True))
 
-    def _finish(self, row: Row, reason: FinishReason, *, drop_last: bool = False, cut_at_stop: bool = False) -> None:
+    def _finish(
+        self, row: Row, reason: FinishReason, *, drop_last: bool = False, cut_at_stop: bool = False
+    ) -> None:
         job = row.job
         text = self._text(row.tokens[:-1] if drop_last else row.tokens)
         if cut_at_stop:
