@@ -201,11 +201,11 @@ def test_sft_notebook_previews_trained_and_masked_tokens_and_its_panel_moves_bef
 
 LIVE_CHART_CELLS = [
     "# Parameters\nwait_s = 20",
-    "import asyncio\nfrom loops_nb.widgets import RunChart\n"
+    "import asyncio\nfrom loops_nb.step_record import StepRecord\nfrom loops_nb.widgets import RunChart\n"
     "chart = RunChart('rl')\nlive = chart.show()\n"
     "def feed(steps):\n"
     "    for step in steps:\n"
-    "        chart.on_step({'step': step, 'reward/mean': 0.1 * step, 'reward/std': 0.05, 'tokens/sampled': 10 + step})\n"
+    "        chart.on_step(StepRecord(step, {'reward/mean': 0.1 * step, 'reward/std': 0.05, 'tokens/sampled': 10 + step}))\n"
     "        live.update()\n"
     "feed(range(3))",
     # Meanwhile the page zooms and picks the tokens view (`during`); then three more steps arrive.
@@ -274,10 +274,10 @@ def test_the_live_chart_keeps_zoom_and_view_across_updates(
 GALLERY_CELLS = [
     "# Parameters\npoints = 3\ntrained = True\nshow_button = True",
     "import ipywidgets\nfrom IPython.display import HTML, display\n"
-    "from loops_nb.widgets import RunChart, TargetPreview, TokenSequence",
+    "from loops_nb.step_record import StepRecord\nfrom loops_nb.widgets import RunChart, TargetPreview, TokenSequence",
     # The chart live, as LiveRun shows it: a LiveFigure widget, fed step by step (plotly draws its points).
     "chart = RunChart('rl')\nlive = chart.show()\nfor step in range(points):\n"
-    "    chart.on_step({'step': step, 'reward/mean': 0.2 * step, 'reward/std': 0.05})\n    live.update()",
+    "    chart.on_step(StepRecord(step, {'reward/mean': 0.2 * step, 'reward/std': 0.05}))\n    live.update()",
     # What the saved chart shows where no JavaScript runs: its table, a hover text per point.
     "HTML(chart.to_html())",
     "class CharTokenizer:\n"

@@ -16,12 +16,13 @@ PLOTLY = "application/vnd.plotly.v1+json"
 WIDGET = "application/vnd.jupyter.widget-view+json"
 
 CURVE_CELL = """\
+from loops_nb.step_record import StepRecord
 from loops_nb.widgets import RunChart, in_kernel
 assert in_kernel()
 chart = RunChart()
 live = chart.show()  # a live widget in a kernel
 for step in range(n):
-    chart.on_step({"step": step, "reward/mean": 0.1 * step, "reward/std": 0.05})
+    chart.on_step(StepRecord(step, {"reward/mean": 0.1 * step, "reward/std": 0.05}))
     live.update()
 live.finalize()
 """
