@@ -73,8 +73,8 @@ class ParsedDatum:
     """float32 [N]: broadcast from shape [1] when sent per datum."""
     ref_logprobs: torch.Tensor | None = None
     """float32 [N]: the reference policy's logprobs (dpo)."""
-    images: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
-    """(token offset, the chunk as JSON) for image chunks, as `vision.decode_image_chunk` reads them."""
+    images: list[ImageChunk] = field(default_factory=list)
+    """The datum's image chunks, in order; their positions in `tokens` hold -1."""
 
     @property
     def length(self) -> int:
@@ -270,14 +270,14 @@ def _parse_datum(
 
 def _parse_model_input(
     where: str, model_input: ModelInput, allow_images: bool
-) -> tuple[list[int], list[tuple[int, dict[str, Any]]]]:
+) -> tuple[list[int], list[ImageChunk]]:
     tokens: list[int] = []
-    images: list[tuple[int, dict[str, Any]]] = []
+    images: list[ImageChunk] = []
     for c, chunk in enumerate(model_input.chunks):
         if isinstance(chunk, EncodedTextChunk):
             tokens.extend(chunk.tokens)
         elif isinstance(chunk, ImageChunk) and allow_images:
-            images.append((len(tokens), chunk.model_dump(mode="json")))
+            images.append(chunk)
             tokens.extend([-1] * chunk.expected_tokens)
         else:
             raise BadRequest(
