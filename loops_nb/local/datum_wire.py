@@ -53,26 +53,32 @@ _FLOAT_DTYPES = {"float32", "float16", "bfloat16", "float64"}
 _INT_DTYPES = {"int64", "int32", "int8"}
 
 
-@dataclass
-class ParsedDatum:
-    """One validated datum as tensors (all on CPU; the trainer moves what it needs).
+@dataclass(kw_only=True)
+class LossInputs:
+    """The float `loss_fn_inputs` as tensors, shaped like `target_tokens`: [N] for one datum (`ParsedDatum`),
+    [B, T] (or [B, T, K] for K-target cross_entropy) once right-padded into a `losses.LossBatch`.
 
-    `weights` folds `weights` and `mask` together (each defaults to 1), so losses see one per-token factor.
-    Float inputs that arrived as null are 0.0 here; nulls where a value is actually needed are refused.
+    Float inputs that arrived as null, and padding, are 0.0; nulls where a value is needed are refused.
     """
+
+    weights: torch.Tensor
+    """float32: `weights` × `mask` (each defaults to 1), so losses see one per-token factor."""
+    logprobs: torch.Tensor | None = None
+    """The sampler's logprobs q (RL losses)."""
+    advantages: torch.Tensor | None = None
+    """Broadcast from shape [1] when sent per datum (RL losses)."""
+    ref_logprobs: torch.Tensor | None = None
+    """The reference policy's logprobs (dpo)."""
+
+
+@dataclass(kw_only=True)
+class ParsedDatum(LossInputs):
+    """One validated datum as tensors (all on CPU; the trainer moves what it needs)."""
 
     tokens: torch.Tensor
     """int64 [N]; positions covered by image chunks hold -1."""
     target_tokens: torch.Tensor
     """int64 [N] or [N, K] (K only for cross_entropy); -100 means ignored."""
-    weights: torch.Tensor
-    """float32, same shape as `target_tokens`."""
-    logprobs: torch.Tensor | None = None
-    """float32 [N]: the sampler's logprobs q (RL losses)."""
-    advantages: torch.Tensor | None = None
-    """float32 [N]: broadcast from shape [1] when sent per datum."""
-    ref_logprobs: torch.Tensor | None = None
-    """float32 [N]: the reference policy's logprobs (dpo)."""
     images: list[ImageChunk] = field(default_factory=list)
     """The datum's image chunks, in order; their positions in `tokens` hold -1."""
 
