@@ -190,8 +190,8 @@ class LoopsRoutes:
         q = request.query_params
         found = self.state.checkpoints(run_id=q.get("run_id"), checkpoint_path=q.get("checkpoint_path"))
         if q.get("base_model"):
-            found = [c for c in found if c.get("base_model") == q["base_model"]]
-        return JSONResponse({"checkpoints": found})
+            found = [c for c in found if c.base_model == q["base_model"]]
+        return JSONResponse({"checkpoints": [c.model_dump(mode="json", by_alias=True) for c in found]})
 
     async def validate_checkpoint(self, request: Request) -> Response:
         body = await _body(request)

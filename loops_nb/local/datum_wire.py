@@ -53,28 +53,34 @@ _FLOAT_DTYPES = {"float32", "float16", "bfloat16", "float64"}
 _INT_DTYPES = {"int64", "int32", "int8"}
 
 
-@dataclass
-class ParsedDatum:
-    """One validated datum as tensors (all on CPU; the trainer moves what it needs).
+@dataclass(kw_only=True)
+class LossInputs:
+    """The float `loss_fn_inputs` as tensors, shaped like `target_tokens`: [N] for one datum (`ParsedDatum`),
+    [B, T] (or [B, T, K] for K-target cross_entropy) once right-padded into a `losses.LossBatch`.
 
-    `weights` folds `weights` and `mask` together (each defaults to 1), so losses see one per-token factor.
-    Float inputs that arrived as null are 0.0 here; nulls where a value is actually needed are refused.
+    Float inputs that arrived as null, and padding, are 0.0; nulls where a value is needed are refused.
     """
+
+    weights: torch.Tensor
+    """float32: `weights` × `mask` (each defaults to 1), so losses see one per-token factor."""
+    logprobs: torch.Tensor | None = None
+    """The sampler's logprobs q (RL losses)."""
+    advantages: torch.Tensor | None = None
+    """Broadcast from shape [1] when sent per datum (RL losses)."""
+    ref_logprobs: torch.Tensor | None = None
+    """The reference policy's logprobs (dpo)."""
+
+
+@dataclass(kw_only=True)
+class ParsedDatum(LossInputs):
+    """One validated datum as tensors (all on CPU; the trainer moves what it needs)."""
 
     tokens: torch.Tensor
     """int64 [N]; positions covered by image chunks hold -1."""
     target_tokens: torch.Tensor
     """int64 [N] or [N, K] (K only for cross_entropy); -100 means ignored."""
-    weights: torch.Tensor
-    """float32, same shape as `target_tokens`."""
-    logprobs: torch.Tensor | None = None
-    """float32 [N]: the sampler's logprobs q (RL losses)."""
-    advantages: torch.Tensor | None = None
-    """float32 [N]: broadcast from shape [1] when sent per datum."""
-    ref_logprobs: torch.Tensor | None = None
-    """float32 [N]: the reference policy's logprobs (dpo)."""
-    images: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
-    """(token offset, the chunk as JSON) for image chunks, as `vision.decode_image_chunk` reads them."""
+    images: list[ImageChunk] = field(default_factory=list)
+    """The datum's image chunks, in order; their positions in `tokens` hold -1."""
 
     @property
     def length(self) -> int:
@@ -270,14 +276,14 @@ def _parse_datum(
 
 def _parse_model_input(
     where: str, model_input: ModelInput, allow_images: bool
-) -> tuple[list[int], list[tuple[int, dict[str, Any]]]]:
+) -> tuple[list[int], list[ImageChunk]]:
     tokens: list[int] = []
-    images: list[tuple[int, dict[str, Any]]] = []
+    images: list[ImageChunk] = []
     for c, chunk in enumerate(model_input.chunks):
         if isinstance(chunk, EncodedTextChunk):
             tokens.extend(chunk.tokens)
         elif isinstance(chunk, ImageChunk) and allow_images:
-            images.append((len(tokens), chunk.model_dump(mode="json")))
+            images.append(chunk)
             tokens.extend([-1] * chunk.expected_tokens)
         else:
             raise BadRequest(

@@ -14,8 +14,6 @@ models Loops serves). Their multimodal rotary positions are computed here with t
 
 from __future__ import annotations
 
-import base64
-import binascii
 import io
 import json
 from collections.abc import Mapping, Sequence
@@ -24,11 +22,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-if TYPE_CHECKING:
-    from transformers import PretrainedConfig
+from loops_nb.local.sampling_types import IMAGE_POSITION
 
-IMAGE_POSITION = -1
-"""How a parsed prompt or datum marks a position covered by an image chunk (before expansion)."""
+if TYPE_CHECKING:
+    from baseten.loops import ImageChunk
+    from transformers import PretrainedConfig
 
 
 def is_vision_model(model_path: str | Path) -> bool:
@@ -56,16 +54,14 @@ def max_positions(config: PretrainedConfig) -> int | None:
     return None
 
 
-def decode_image_chunk(chunk: Mapping[str, Any], where: str) -> Any:
-    """The PIL image of one wire image chunk (RGB)."""
+def decode_image_chunk(chunk: ImageChunk, where: str) -> Any:
+    """The PIL image of one image chunk (RGB)."""
     from PIL import Image
 
-    data = chunk.get("data")
     try:
-        raw = base64.b64decode(data, validate=True) if isinstance(data, str) else bytes(data or b"")
-        image = Image.open(io.BytesIO(raw))
+        image = Image.open(io.BytesIO(chunk.data))
         image.load()
-    except (binascii.Error, TypeError, ValueError, OSError) as exc:
+    except (ValueError, OSError) as exc:
         raise ValueError(f"{where}: the image data does not decode ({exc})") from None
     return image.convert("RGB")
 
@@ -90,16 +86,16 @@ class VisionInputs:
     def load(cls, model_path: str | Path, model: Any) -> VisionInputs | None:
         return cls(model_path, model) if is_vision_model(model_path) else None
 
-    def pixels(self, chunks: Sequence[Mapping[str, Any]], where: str = "image") -> dict[str, torch.Tensor]:
-        """`pixel_values` and `image_grid_thw` of wire image chunks, checking each `expected_tokens`."""
+    def pixels(self, chunks: Sequence[ImageChunk], where: str = "image") -> dict[str, torch.Tensor]:
+        """`pixel_values` and `image_grid_thw` of image chunks, checking each `expected_tokens`."""
         images = [decode_image_chunk(c, f"{where}[{i}]") for i, c in enumerate(chunks)]
         out = self.image_processor(images=images, return_tensors="pt")
         grid = out["image_grid_thw"]
         for i, (chunk, thw) in enumerate(zip(chunks, grid, strict=True)):
             tokens = int(thw.prod()) // (self.merge**2)
-            if tokens != chunk.get("expected_tokens"):
+            if tokens != chunk.expected_tokens:
                 raise ValueError(
-                    f"{where}[{i}]: expected_tokens is {chunk.get('expected_tokens')}, but the model's processor "
+                    f"{where}[{i}]: expected_tokens is {chunk.expected_tokens}, but the model's processor "
                     f"makes {tokens} image tokens of this {images[i].width}x{images[i].height} image"
                 )
         return {"pixel_values": out["pixel_values"], "image_grid_thw": grid}

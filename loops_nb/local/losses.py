@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from loops_nb.local.datum_wire import IGNORE_INDEX, RL_LOSSES, ParsedDatum, resolve_loss_config
+from loops_nb.local.datum_wire import IGNORE_INDEX, RL_LOSSES, LossInputs, ParsedDatum, resolve_loss_config
 
 __all__ = [
     "LOSSES",
@@ -42,20 +42,14 @@ __all__ = [
 ]
 
 
-@dataclass
-class LossBatch:
-    """Padded inputs for B datums. Shapes: [B, T], or [B, T, K] for `lp`/`valid`/`weights` of K-target CE."""
+@dataclass(kw_only=True)
+class LossBatch(LossInputs):
+    """Padded inputs for B datums, [B, T] (or [B, T, K] for `lp`/`valid` of K-target CE), 0.0 at padding."""
 
     lp: torch.Tensor
     """Current logprob of each target token; 0.0 wherever it was not computed."""
     valid: torch.Tensor
     """bool: a real position (not padding) whose target is not -100."""
-    weights: torch.Tensor
-    """Per-token factor (`weights` × `mask`), 0.0 at padding."""
-    logprobs: torch.Tensor | None = None
-    """Sampler logprobs q (RL), 0.0 where inactive."""
-    advantages: torch.Tensor | None = None
-    ref_logprobs: torch.Tensor | None = None
     tokens: torch.Tensor | None = None
     """int64 [B, T] model input, 0 at padding (set by `collate`)."""
     target_tokens: torch.Tensor | None = None

@@ -116,7 +116,7 @@ class LogprobModel:
         assert batch.tokens is not None and batch.target_tokens is not None and batch.real is not None
         tokens, targets = batch.tokens, batch.target_tokens[pos]
         total = sum(d.length for d in rows)
-        chunks = [chunk for d in rows for _, chunk in d.images]
+        chunks = [chunk for d in rows for chunk in d.images]
         if chunks and self.vision is not None:
             lengths = [d.length for d in rows]
             mask = None if min(lengths) == max(lengths) else batch.real.long()

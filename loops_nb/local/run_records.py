@@ -9,7 +9,8 @@ checkpoint. The SDK raises it at once instead of retrying, so a run neither hang
 against a trainer that has silently forgotten its weights.
 
 A standalone (base-model) sampler holds no state of its own, so its record lets a restarted server
-serve it again: a client holding its id rides the restart out.
+serve it again: a client holding its id rides the restart out. Each saved checkpoint's record
+(`CheckpointRecord`, in its directory) is what `list_checkpoints` answers, on this process or a later one.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from baseten.loops import Checkpoint
+
 from loops_nb.errors import TrainerError
 from loops_nb.run_dir import atomic_write_json
 
@@ -27,6 +30,12 @@ RUN_ID = re.compile(r"^run-[0-9a-f]{12}$")
 BASE_SAMPLER_ID = re.compile(r"^smp-base-[0-9a-f]{12}$")
 
 RUN_RECORD = "run.json"
+
+
+class CheckpointRecord(Checkpoint):
+    """The SDK's `Checkpoint`, as `list_checkpoints` answers it, plus the bt:// path it was saved under."""
+
+    path: str
 
 
 class RunLost(TrainerError):

@@ -61,12 +61,12 @@ class SamplerRouting:
         on a restarted server, since every `/sample` names the weights again."""
         self.state.resolve_checkpoint(model_path)  # refuses paths outside the state directory
         found = self.state.checkpoints(checkpoint_path=model_path)
-        if not found or found[0].get("target") != "sampler":
+        if not found or found[0].target != "sampler":
             raise BadRequest(
                 f"model_path {model_path!r}: not sampler weights this server saved; give the path "
                 "save_weights_for_sampler returned (bt://loops:<run>/sampler_weights/<name>)"
             )
-        base_model = str(found[0]["base_model"])
+        base_model = found[0].base_model
         return self.standalone(base_model), base_model
 
     def lookup(self, sampler_id: str) -> tuple[str, str | None]:

@@ -14,15 +14,16 @@ reads: completion-only `token_ids`, a `token_logprobs` list with no nulls, `fini
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
+from baseten.loops import EncodedTextChunk, ImageChunk
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 # Re-exported: the sampler raises this BadRequest (it names the body field at fault) from here.
 from loops_nb.local.bad_request import SampleRequestError as SampleRequestError
 
 IMAGE_POSITION = -1
-"""A prompt position covered by an image chunk, until the engine expands it (= `vision.IMAGE_POSITION`)."""
+"""How a parsed prompt or datum marks a position covered by an image chunk, until the model expands it."""
 
 # vLLM's default when a request carries no max_tokens (the SDK omits it when SamplingParams.max_tokens is None).
 DEFAULT_MAX_TOKENS = 16
@@ -52,8 +53,11 @@ class SampleRequest(BaseModel):
     stop_token_ids: list[int] | None = None
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
-    structured_outputs: dict[str, Any] | None = None
-    model_input_chunks: list[dict[str, Any]] | None = None
+    structured_outputs: dict[str, object] | None = None
+    model_input_chunks: list[Annotated[EncodedTextChunk | ImageChunk, Field(discriminator="type")]] | None = (
+        None
+    )
+    """The prompt as the SDK's chunks, sent only for image prompts (`prompt` is then empty)."""
 
     @field_validator("top_k", mode="before")
     @classmethod
@@ -82,7 +86,7 @@ class SampleRequest(BaseModel):
 
     @field_validator("structured_outputs")
     @classmethod
-    def _no_structured_outputs(cls, value: dict[str, Any] | None) -> None:
+    def _no_structured_outputs(cls, value: dict[str, object] | None) -> None:
         if value is not None:
             raise ValueError(
                 "guided decoding (structured outputs) is not supported by the local sampler; "
@@ -90,40 +94,18 @@ class SampleRequest(BaseModel):
             )
         return None
 
-    @field_validator("model_input_chunks")
-    @classmethod
-    def _known_chunks(cls, value: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-        if value is None:
-            return None
-        for i, chunk in enumerate(value):
-            kind = chunk.get("type")
-            if kind == "image":
-                count = chunk.get("expected_tokens")
-                if type(count) is not int or count <= 0:
-                    raise ValueError(f"chunk {i}: an image chunk needs expected_tokens, a positive integer")
-                if chunk.get("format") not in ("png", "jpeg") or not isinstance(chunk.get("data"), str):
-                    raise ValueError(f"chunk {i}: an image chunk needs base64 'data' and format png or jpeg")
-                continue
-            if kind != "encoded_text":
-                raise ValueError(f"chunk {i} is of type {kind!r}: expected encoded_text or image")
-            tokens = chunk.get("tokens")
-            if not isinstance(tokens, list) or not all(
-                isinstance(t, int) and not isinstance(t, bool) for t in tokens
-            ):
-                raise ValueError(f"chunk {i} needs 'tokens', a list of token ids")
-        return value
-
     @model_validator(mode="after")
     def _resolve_prompt(self) -> SampleRequest:
-        # The SDK sends chunks only for image prompts (`prompt` is then empty); an image chunk stands for
-        # `expected_tokens` positions, marked IMAGE_POSITION until the engine expands them.
+        # An image chunk stands for `expected_tokens` positions, marked IMAGE_POSITION until the engine
+        # expands them.
         if self.model_input_chunks and not self.prompt:
             flat: list[int] = []
             for chunk in self.model_input_chunks:
-                if chunk["type"] == "image":
-                    flat += [IMAGE_POSITION] * chunk["expected_tokens"]
-                else:
-                    flat += chunk["tokens"]
+                flat += (
+                    chunk.tokens
+                    if isinstance(chunk, EncodedTextChunk)
+                    else [IMAGE_POSITION] * chunk.expected_tokens
+                )
             object.__setattr__(self, "prompt", flat)
         if not self.prompt:
             raise ValueError("prompt: must contain at least one token id")
@@ -132,11 +114,9 @@ class SampleRequest(BaseModel):
         return self
 
     @property
-    def images(self) -> list[dict[str, Any]]:
+    def images(self) -> list[ImageChunk]:
         """The image chunks of the prompt, in order (empty for a text prompt)."""
-        if self.prompt and self.model_input_chunks is None:
-            return []
-        return [c for c in self.model_input_chunks or () if c.get("type") == "image"]
+        return [c for c in self.model_input_chunks or () if isinstance(c, ImageChunk)]
 
     @property
     def stop_strings(self) -> tuple[str, ...]:

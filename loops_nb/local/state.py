@@ -20,12 +20,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from baseten.loops import CheckpointTarget, LoraAdapterConfig
+
 from loops_nb.errors import UserError
 from loops_nb.local.bad_request import BadRequest, RunDeactivated
 from loops_nb.local.compute_lane import COMPUTE_LANE
 from loops_nb.local.idle_runs import PARKED, IdleRunReaper
 from loops_nb.local.local_run import LocalRun
-from loops_nb.local.run_records import RunLost, RunRecords
+from loops_nb.local.run_records import CheckpointRecord, RunLost, RunRecords
 
 if TYPE_CHECKING:
     from loops_nb.local.sampler import SamplerEngine
@@ -324,45 +326,47 @@ class LocalLoopsState:
 
     def checkpoint_by_id(self, checkpoint_id: str) -> Path:
         """The directory of the checkpoint whose `Checkpoint.id` (from list_checkpoints) is `checkpoint_id`."""
-        for entry in self.checkpoints():
-            if entry.get("id") == checkpoint_id:
-                return self.resolve_checkpoint(str(entry["path"]))
+        for record in self.checkpoints():
+            if record.id == checkpoint_id:
+                return self.resolve_checkpoint(record.path)
         raise BadRequest(
             f"no checkpoint with id {checkpoint_id!r} on this server; list_checkpoints(run_id) gives the ids"
         )
 
     def record_checkpoint(self, run: LocalRun, kind: str, name: str) -> str:
         """Note a saved checkpoint for list_checkpoints and return its bt:// path."""
-        entry: dict[str, Any] = {
-            "id": f"ckpt-{uuid.uuid4().hex[:12]}",
-            "run_id": run.id,
-            "checkpoint_id": name,
-            "checkpoint_type": "lora",
-            "created_at": datetime.now(UTC).isoformat(),
-            "base_model": run.base_model,
-            "lora_adapter_config": {"r": run.lora_rank},
-            "target": "trainer" if kind == "weights" else "sampler",
-            "path": f"bt://loops:{run.id}/{kind}/{name}",
-        }
         directory = self.checkpoint_dir(run.id, kind, name)
-        entry["size_bytes"] = sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
-        (directory / "checkpoint.json").write_text(json.dumps(entry))
-        return str(entry["path"])
+        record = CheckpointRecord(
+            id=f"ckpt-{uuid.uuid4().hex[:12]}",
+            run_id=run.id,
+            checkpoint_id=name,
+            checkpoint_type="lora",
+            created_at=datetime.now(UTC),
+            base_model=run.base_model,
+            lora_adapter_config=LoraAdapterConfig(r=run.lora_rank),
+            target=CheckpointTarget.trainer if kind == "weights" else CheckpointTarget.sampler,
+            path=f"bt://loops:{run.id}/{kind}/{name}",
+            size_bytes=sum(p.stat().st_size for p in directory.rglob("*") if p.is_file()),
+        )
+        (directory / "checkpoint.json").write_text(record.model_dump_json(by_alias=True))
+        return record.path
 
-    def checkpoints(self, *, run_id: str | None = None, checkpoint_path: str | None = None) -> list[dict]:
+    def checkpoints(
+        self, *, run_id: str | None = None, checkpoint_path: str | None = None
+    ) -> list[CheckpointRecord]:
         """Checkpoint records from disk, oldest first, filtered by run or by path."""
         found = []
         for meta in sorted((self.state_dir / "runs").glob("*/*/*/checkpoint.json")):
             try:
-                entry = json.loads(meta.read_text())
+                record = CheckpointRecord.model_validate_json(meta.read_text())
             except (OSError, ValueError):
                 continue
-            if run_id is not None and entry.get("run_id") != run_id:
+            if run_id is not None and record.run_id != run_id:
                 continue
-            if checkpoint_path is not None and entry.get("path") != checkpoint_path.rstrip("/"):
+            if checkpoint_path is not None and record.path != checkpoint_path.rstrip("/"):
                 continue
-            found.append(entry)
-        return sorted(found, key=lambda e: e.get("created_at", ""))
+            found.append(record)
+        return sorted(found, key=lambda r: r.created_at)
 
     def close(self) -> None:
         if self.reaper is not None:

@@ -32,6 +32,7 @@ Design notes:
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import threading
 from collections.abc import Mapping, Sequence
@@ -202,29 +203,11 @@ class LoraTrainer:
         loss_fn: str = "cross_entropy",
         loss_fn_config: Mapping[str, float | bool] | None = None,
         top_k_logprobs: int = 0,
-    ) -> ForwardBackwardOutput:
-        """Loss and logprobs without touching the gradient buffer."""
-        return self._run(data, loss_fn, loss_fn_config, top_k_logprobs, backward=False)
-
-    def forward_backward(
-        self,
-        data: Sequence[Datum] | Sequence[ParsedDatum],
-        loss_fn: str = "cross_entropy",
-        loss_fn_config: Mapping[str, float | bool] | None = None,
-        top_k_logprobs: int = 0,
-    ) -> ForwardBackwardOutput:
-        """Like `forward`, and accumulate the gradient of the summed loss for the next `optim_step`."""
-        return self._run(data, loss_fn, loss_fn_config, top_k_logprobs, backward=True)
-
-    def _run(
-        self,
-        data: Sequence[Datum] | Sequence[ParsedDatum],
-        loss_fn: str,
-        loss_fn_config: Mapping[str, float | bool] | None,
-        top_k: int,
         *,
-        backward: bool,
+        backward: bool = False,
     ) -> ForwardBackwardOutput:
+        """Loss and logprobs; with `backward` (`forward_backward`), also accumulate the gradient of the
+        summed loss for the next `optim_step`, else the gradient buffer is left untouched."""
         cfg = resolve_loss_config(loss_fn, loss_fn_config)
         datums = self._parsed(data, loss_fn)
         normalized = not cfg.get("skip_token_normalization", False)
@@ -238,7 +221,7 @@ class LoraTrainer:
         computed = tokens = 0
         # Gradients of this request go to fresh buffers and are added to the pending ones only on success,
         # so a request that fails half-way leaves the accumulated gradients as they were.
-        plan = self.plan(datums, loss_fn, backward=backward, loss_config=cfg, top_k=top_k)
+        plan = self.plan(datums, loss_fn, backward=backward, loss_config=cfg, top_k=top_k_logprobs)
         params = self.lora_parameters()
         pending = [p.grad for p in params]
         if backward:
@@ -252,7 +235,7 @@ class LoraTrainer:
                         rows,
                         loss_fn=loss_fn,
                         loss_config=cfg,
-                        top_k=top_k,
+                        top_k=top_k_logprobs,
                         backward=backward,
                         share_prefixes=self._shares_prompts,
                     )
@@ -285,6 +268,9 @@ class LoraTrainer:
         return ForwardBackwardOutput(
             loss=mean, loss_fn_output_type=loss_fn, loss_fn_outputs=outputs, metrics=metrics
         )
+
+    forward_backward = functools.partialmethod(forward, backward=True)
+    """`forward` that also accumulates the gradient for the next `optim_step`."""
 
     def plan(
         self,

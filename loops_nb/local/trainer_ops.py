@@ -73,9 +73,7 @@ def prepare(state: LocalLoopsState, run: LocalRun, op: str, body: object) -> OpF
         backward = op == "forward_backward"
 
         def forward() -> ForwardBackwardOutput:
-            trainer = _trainer(state, run)
-            run_pass = trainer.forward_backward if backward else trainer.forward
-            return run_pass(data, loss_fn, config, top_k_logprobs=top_k)
+            return _trainer(state, run).forward(data, loss_fn, config, top_k, backward=backward)
 
         return forward
     if isinstance(request, OptimStep):
