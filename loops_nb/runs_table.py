@@ -23,10 +23,11 @@ import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, overload
+from typing import Any, TypedDict, overload
 
+from loops_nb.config_drift import flatten
 from loops_nb.errors import UserError
-from loops_nb.run_dir import Checkpoint, RunDirectory
+from loops_nb.run_dir import Checkpoint, RunDirectory, RunJson
 from loops_nb.step_record import StepRecord
 
 COUNT_SUFFIXES = ("/examples", "/tokens", "/attempts", "/count", "/tasks", "/discarded", "_std", "/std")
@@ -38,18 +39,6 @@ EVAL_PREFERENCE = ("eval/reward_mean", "eval/loss")
 """Which eval metric the table shows when a run logs several (else the first `eval/*` measure)."""
 
 
-def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"training.learning_rate": 0.02, ...}``: nested tables as dotted keys, as `--KEY VALUE` names them."""
-    out: dict[str, Any] = {}
-    for key, value in config.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value:
-            out.update(flatten(value, f"{name}."))
-        else:
-            out[name] = value
-    return out
-
-
 def is_eval_measure(key: str) -> bool:
     return (
         key.startswith("eval/")
@@ -58,16 +47,35 @@ def is_eval_measure(key: str) -> bool:
     )
 
 
+RunRow = TypedDict(
+    "RunRow",
+    {
+        "name": str,
+        "recipe": str,
+        "model": str,
+        "steps": str,
+        "status": str,
+        "last reward": float | None,
+        "last loss": float | None,
+        "eval": float | None,
+        "eval metric": str | None,
+        "wall": float | None,
+        "path": str,
+    },
+)
+"""A row of the runs table (`loops runs`, `Runs.to_dataframe`)."""
+
+
 @dataclass
 class RunSummary:
     """One run directory, read from its files."""
 
     path: Path
-    run_json: dict[str, Any]
+    run_json: RunJson
     records: list[StepRecord]
     checkpoint: Checkpoint | None
     status: str
-    config: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, object] = field(default_factory=dict)
     """The run's config as run.json saved it, flattened to dotted keys."""
 
     @property
@@ -133,7 +141,7 @@ class RunSummary:
             end = max(p.stat().st_mtime for p in logs if p.is_file())
         return max(0.0, end - float(started))
 
-    def row(self) -> dict[str, Any]:
+    def row(self) -> RunRow:
         """The runs table's row."""
         eval_key = self.eval_key
         total = self.total_steps
@@ -185,16 +193,11 @@ def _last_event_failed(run_root: Path) -> bool:
 
 def read_run(path: str | os.PathLike[str]) -> RunSummary:
     """One run directory; a UserError when it is not one."""
-    root = Path(path)
-    if not root.is_dir():
-        raise UserError(f"{root}: no such run directory")
-    if not (root / "run.json").is_file() and not (root / "steps.jsonl").is_file():
+    run_dir = RunDirectory.existing(path)
+    root = run_dir.root
+    if not _is_run(root):
         raise UserError(f"{root}: not a run directory (no run.json or steps.jsonl)")
-    run_dir = RunDirectory(root)
-    try:
-        run_json = run_dir.read_run_json() or {}
-    except ValueError as exc:
-        raise UserError(f"{root / 'run.json'}: not valid JSON ({exc})") from None
+    run_json = run_dir.read_run_json() or {}
     try:
         records = [StepRecord.from_json(line) for line in run_dir.steps.records()]
     except (ValueError, KeyError) as exc:
@@ -265,7 +268,7 @@ class Runs(Sequence[RunSummary]):
     def __iter__(self) -> Iterator[RunSummary]:
         return iter(self.runs)
 
-    def differences(self) -> dict[str, list[Any]]:
+    def differences(self) -> dict[str, list[object]]:
         """Config key -> each run's value, for the keys whose values are not all the same."""
         keys: dict[str, None] = {}
         for run in self.runs:
@@ -298,7 +301,7 @@ class Runs(Sequence[RunSummary]):
             labels = [f"{n} ({label})" for n, label in zip(names, labels, strict=True)]
         return labels
 
-    def rows(self) -> list[dict[str, Any]]:
+    def rows(self) -> list[RunRow]:
         return [run.row() for run in self.runs]
 
     def to_dataframe(self) -> Any:

@@ -105,8 +105,8 @@ class RLRun(RecipeRun):
     async def save_state(self, name: str) -> str:
         return await self.policy.save_state(name)
 
-    def checkpoint_extra(self) -> dict[str, Any]:
-        return {"policy_version": self.policy.version}
+    def policy_version(self) -> int:
+        return self.policy.version
 
     def rewind(self, step: int) -> None:
         super().rewind(step)
