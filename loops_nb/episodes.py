@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from loops_nb.errors import ConfigError, UserError
+from loops_nb.llm.chat_messages import ChatMessage
 from loops_nb.llm.client import bind_llm, unbind_llm
 from loops_nb.runtime import (
     AdaptedRuntime,
@@ -79,7 +80,7 @@ class Episode:
     async def close(self) -> None:
         """Release anything the episode holds; called once when the run ends."""
 
-    def prompt_messages(self, task: Task) -> list[dict[str, Any]] | None:
+    def prompt_messages(self, task: Task) -> list[ChatMessage] | None:
         """The task's first prompt, for `loops check` to render and count (None: not known in advance)."""
         return None
 
@@ -103,7 +104,7 @@ class EpisodeRuntime(RolloutRuntime):
         self.model_access = ModelAccessMode(episode.model_access)
         self._tasks: list[Task] | None = None
 
-    def prompt_messages(self, task: Task) -> list[dict[str, Any]] | None:
+    def prompt_messages(self, task: Task) -> list[ChatMessage] | None:
         return self.episode.prompt_messages(task)
 
     async def tasks(self) -> Sequence[Task]:
