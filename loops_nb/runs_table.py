@@ -20,10 +20,10 @@ from __future__ import annotations
 import glob
 import json
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypedDict, overload
+from typing import Any, TypedDict
 
 from loops_nb.config_drift import flatten
 from loops_nb.errors import UserError
@@ -249,35 +249,19 @@ def _is_run(path: Path) -> bool:
     return path.is_dir() and ((path / "run.json").is_file() or (path / "steps.jsonl").is_file())
 
 
-class Runs(Sequence[RunSummary]):
+class Runs(list[RunSummary]):
     """Several runs, in the order they were named."""
-
-    def __init__(self, runs: Sequence[RunSummary]) -> None:
-        self.runs = list(runs)
-
-    @overload
-    def __getitem__(self, index: int) -> RunSummary: ...
-    @overload
-    def __getitem__(self, index: slice) -> list[RunSummary]: ...
-    def __getitem__(self, index: int | slice) -> RunSummary | list[RunSummary]:
-        return self.runs[index]
-
-    def __len__(self) -> int:
-        return len(self.runs)
-
-    def __iter__(self) -> Iterator[RunSummary]:
-        return iter(self.runs)
 
     def differences(self) -> dict[str, list[object]]:
         """Config key -> each run's value, for the keys whose values are not all the same."""
         keys: dict[str, None] = {}
-        for run in self.runs:
+        for run in self:
             for key in run.config:
                 if not key.startswith(IGNORED_CONFIG_PREFIXES):
                     keys.setdefault(key, None)
         out = {}
         for key in keys:
-            values = [run.config.get(key) for run in self.runs]
+            values = [run.config.get(key) for run in self]
             if any(json.dumps(v, default=str) != json.dumps(values[0], default=str) for v in values):
                 out[key] = values
         return out
@@ -285,15 +269,15 @@ class Runs(Sequence[RunSummary]):
     def labels(self, *, max_keys: int = 3) -> list[str]:
         """A legend entry per run: what sets it apart (``learning_rate=0.02``), else its name."""
         diffs = self.differences()
-        names = [r.name for r in self.runs]
-        if not diffs or len(self.runs) < 2:
+        names = [r.name for r in self]
+        if not diffs or len(self) < 2:
             return names
         # Keys whose shown values are all alike (data files of the same name in different folders) say nothing.
         shown = {k: [_value(v) for v in vs] for k, vs in diffs.items()}
         shown = {k: vs for k, vs in shown.items() if len(set(vs)) > 1} or shown
         short = _short_keys(list(shown))
         labels = []
-        for i in range(len(self.runs)):
+        for i in range(len(self)):
             parts = [f"{short[k]}={v[i]}" for k, v in list(shown.items())[:max_keys]]
             labels.append(", ".join(parts))
         # Two runs with the same differing values (a repeated seed-less run): their names tell them apart.
@@ -302,7 +286,7 @@ class Runs(Sequence[RunSummary]):
         return labels
 
     def rows(self) -> list[RunRow]:
-        return [run.row() for run in self.runs]
+        return [run.row() for run in self]
 
     def to_dataframe(self) -> Any:
         import pandas as pd
@@ -332,7 +316,7 @@ class Runs(Sequence[RunSummary]):
         widths = [max(len(c[i]) for c in cells) for i in range(len(header))]
         lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]
         diffs = self.differences()
-        if diffs and len(self.runs) > 1:
+        if diffs and len(self) > 1:
             lines.append(
                 "differs: " + "; ".join(f"{k} {' | '.join(map(_full, vs))}" for k, vs in diffs.items())
             )
@@ -364,22 +348,15 @@ def _short_keys(keys: list[str]) -> dict[str, str]:
     return out
 
 
-def _value(value: object) -> str:
+def _full(value: object) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
-    if isinstance(value, str) and "/" in value:
-        return value.rsplit("/", 1)[-1]
-    return json.dumps(value) if not isinstance(value, str) else value
+    return value if isinstance(value, str) else json.dumps(value)
 
 
-def _full(value: object) -> str:
-    return (
-        f"{value:.4g}"
-        if isinstance(value, float)
-        else json.dumps(value)
-        if not isinstance(value, str)
-        else value
-    )
+def _value(value: object) -> str:
+    """`_full`, a path shown by its last part."""
+    return value.rsplit("/", 1)[-1] if isinstance(value, str) else _full(value)
 
 
 def _num(value: float | None) -> str:
