@@ -26,7 +26,7 @@ import importlib
 import inspect
 import logging
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -169,7 +169,7 @@ def _raised(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}{where}"
 
 
-def load_runtime(factory: str, options: dict[str, Any]) -> RolloutRuntime:
+def load_runtime(factory: str, options: Mapping[str, object]) -> RolloutRuntime:
     """Build the runtime `[runtime] factory` names: an Episode subclass, or a RolloutRuntime factory."""
     obj = import_object(factory)
     if not callable(obj):

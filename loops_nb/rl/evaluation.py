@@ -98,7 +98,7 @@ async def eval_tasks(
     return training, choose_tasks(held, settings.max_tasks, settings.seed)
 
 
-def held_out_options(config: RLConfig) -> dict[str, Any]:
+def held_out_options(config: RLConfig) -> dict[str, object]:
     """The options of the held-out runtime instance: `runtime.options` updated by `eval.options`."""
     return {**config.runtime.options, **(config.eval.options or {})}
 
