@@ -14,7 +14,7 @@ import re
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -69,10 +69,10 @@ class JsonlLog:
             with self.path.open("r+b") as f:
                 f.truncate(cut)
 
-    def append(self, record: dict[str, Any]) -> None:
+    def append(self, record: Mapping[str, object]) -> None:
         self.extend([record])
 
-    def extend(self, records: list[dict[str, Any]]) -> None:
+    def extend(self, records: Sequence[Mapping[str, object]]) -> None:
         """Append records with one write and one fsync (a step's rollouts at once)."""
         if not records:
             return
