@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from loops_nb.errors import UserError
 from loops_nb.llm.client import SamplingDefaults
 from loops_nb.rl.config import RLConfig, RLEvalConfig
+from loops_nb.rl.loop_watchdog import LoopWatchdog
 from loops_nb.rl.scheduler import AttemptRecord, MakeLLM, RolloutScheduler
 from loops_nb.run_dir import JsonlLog, atomic_write_json
 from loops_nb.run_events import EvalRecord
@@ -40,7 +41,6 @@ from loops_nb.runtime import RolloutRuntime, Task
 if TYPE_CHECKING:
     from loops_nb.llm.renderer import Renderer
     from loops_nb.resources import ResourceRegistry
-    from loops_nb.rl.loop_watchdog import LoopWatchdog
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -244,7 +244,7 @@ class Evaluator:
             seed=self.settings.seed,
             resources=self.resources,
             reward_range=self.reward_range,
-            watchdog=self.watchdog,
+            watchdog=self.watchdog or LoopWatchdog(),
         )
         version = self.version()
         try:
