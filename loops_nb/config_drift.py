@@ -10,10 +10,14 @@ when it resumes (`sft/loop.py`); this covers the settings around it.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from loops_nb.errors import ConfigError
+
+if TYPE_CHECKING:
+    from loops_nb.run_dir import RunJson
 
 FIXED: dict[str, tuple[str, ...]] = {
     "rl": (
@@ -31,7 +35,7 @@ FIXED: dict[str, tuple[str, ...]] = {
 """Per recipe, the settings a resume must keep: the checkpoint's shape, where it lives, and the order in
 which tasks or examples are drawn (a pure function of these)."""
 
-ADDED_LATER: dict[str, Any] = {"eval.holdout": 0.0}
+ADDED_LATER: dict[str, object] = {"eval.holdout": 0.0}
 """Settings newer than some run directories, with the value a run.json written before them meant."""
 
 _UNCHECKED = ("output.",)  # where the run's files go and how it reports: changing them changes no training
@@ -41,13 +45,13 @@ _UNCHECKED = ("output.",)  # where the run's files go and how it reports: changi
 class ConfigDrift:
     """The settings whose values differ between the run's first config and this one."""
 
-    changes: dict[str, tuple[Any, Any]]
+    changes: dict[str, tuple[object, object]]
     """Dotted key → (value the run started with, value now)."""
 
     @classmethod
-    def between(cls, started: dict[str, Any], now: dict[str, Any]) -> ConfigDrift:
-        after = _flatten(now)
-        before = {**{k: v for k, v in ADDED_LATER.items() if k in after}, **_flatten(started)}
+    def between(cls, started: Mapping[str, object], now: Mapping[str, object]) -> ConfigDrift:
+        after = flatten(now)
+        before = {**{k: v for k, v in ADDED_LATER.items() if k in after}, **flatten(started)}
         changes = {
             key: (before.get(key), after.get(key))
             for key in sorted(before.keys() | after.keys())
@@ -79,35 +83,36 @@ class ConfigDrift:
 
 
 def resume_drift(
-    recipe: str, run_json: dict[str, Any] | None, config: dict[str, Any], run_dir: str
+    recipe: str, run_json: RunJson | None, config: Mapping[str, object], run_dir: str
 ) -> list[str]:
     """Check a resume of the run described by `run_json` with `config` (a `model_dump` in JSON form).
 
     Raises ConfigError when the recipe or a fixed setting changed; returns the lines naming the allowed
     changes (none for a new run, or a run.json written before configs were recorded)."""
-    if not run_json or not isinstance(run_json.get("config"), dict):
+    started = (run_json or {}).get("config")
+    if run_json is None or not isinstance(started, dict):
         return []
     if run_json.get("recipe") not in (None, recipe):
         raise ConfigError(
-            f"{run_dir} holds a {run_json['recipe']} run; this config is {recipe}: choose another "
+            f"{run_dir} holds a {run_json.get('recipe')} run; this config is {recipe}: choose another "
             "--output.run_name"
         )
-    drift = ConfigDrift.between(run_json["config"], config)
+    drift = ConfigDrift.between(started, config)
     drift.refuse_fixed(recipe, run_dir)
     return drift.lines()
 
 
-def _flatten(tree: object, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(tree, dict):
-        return {prefix.rstrip("."): tree}
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        flat.update(
-            _flatten(value, f"{prefix}{key}.")
-            if isinstance(value, dict) and value
-            else {f"{prefix}{key}": value}
-        )
-    return flat
+def flatten(config: Mapping[str, object], prefix: str = "") -> dict[str, object]:
+    """``{"training.learning_rate": 0.02, ...}``: nested tables as dotted keys, as `--KEY VALUE` names them
+    (an empty table stays a value)."""
+    out: dict[str, object] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out.update(flatten(value, f"{name}."))
+        else:
+            out[name] = value
+    return out
 
 
 def _shown(value: object) -> str:

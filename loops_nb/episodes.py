@@ -26,11 +26,12 @@ import importlib
 import inspect
 import logging
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from loops_nb.errors import ConfigError, UserError
+from loops_nb.llm.chat_messages import ChatMessage
 from loops_nb.llm.client import bind_llm, unbind_llm
 from loops_nb.runtime import (
     AdaptedRuntime,
@@ -79,7 +80,7 @@ class Episode:
     async def close(self) -> None:
         """Release anything the episode holds; called once when the run ends."""
 
-    def prompt_messages(self, task: Task) -> list[dict[str, Any]] | None:
+    def prompt_messages(self, task: Task) -> list[ChatMessage] | None:
         """The task's first prompt, for `loops check` to render and count (None: not known in advance)."""
         return None
 
@@ -103,7 +104,7 @@ class EpisodeRuntime(RolloutRuntime):
         self.model_access = ModelAccessMode(episode.model_access)
         self._tasks: list[Task] | None = None
 
-    def prompt_messages(self, task: Task) -> list[dict[str, Any]] | None:
+    def prompt_messages(self, task: Task) -> list[ChatMessage] | None:
         return self.episode.prompt_messages(task)
 
     async def tasks(self) -> Sequence[Task]:
@@ -168,7 +169,7 @@ def _raised(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}{where}"
 
 
-def load_runtime(factory: str, options: dict[str, Any]) -> RolloutRuntime:
+def load_runtime(factory: str, options: Mapping[str, object]) -> RolloutRuntime:
     """Build the runtime `[runtime] factory` names: an Episode subclass, or a RolloutRuntime factory."""
     obj = import_object(factory)
     if not callable(obj):

@@ -24,14 +24,16 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import math
 import os
 import threading
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Concatenate
 
 from loops_nb.errors import UserError
+from loops_nb.llm.chat_messages import ChatMessage, ToolCall, ToolSpec
 from loops_nb.run_checkpoints import BASE, RunCheckpoint, checkpoint_sampling_client, find_checkpoint
 from loops_nb.saved_run import SavedRun
 
@@ -52,7 +54,7 @@ class ChatReply:
     """The reply decoded without special tokens."""
     content: str
     """The reply's prose, tool calls and reasoning markup parsed out."""
-    tool_calls: list[dict[str, Any]]
+    tool_calls: list[ToolCall]
     prompt_tokens: int
     tokens: list[int]
     """The sampled token ids."""
@@ -105,6 +107,21 @@ class _Loop:
             self.loop.close()
 
 
+def _blocking[**P, T](
+    method: Callable[Concatenate[PolicySampler, P], Coroutine[Any, Any, T]],
+) -> Callable[Concatenate[PolicySampler, P], T]:
+    """``method`` run to its end on the handle's own loop, blocking the caller (who may have a loop running)."""
+
+    @functools.wraps(method)
+    def blocking(self: PolicySampler, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return self._submit(method(self, *args, **kwargs)).result()
+
+    blocking.__doc__ = (
+        f"`{method.__name__}`, blocking until it is done (a script, or a cell that does not await)."
+    )
+    return blocking
+
+
 class PolicySampler:
     """A handle on one checkpoint of a run (``checkpoint``: ``latest``, a step, a name, a bt:// path, or
     ``base``); it connects on its first chat."""
@@ -149,9 +166,9 @@ class PolicySampler:
 
     async def chat(
         self,
-        messages: Sequence[dict[str, Any]] | str,
+        messages: Sequence[ChatMessage] | str,
         *,
-        tools: Sequence[dict[str, Any]] | None = None,
+        tools: Sequence[ToolSpec] | None = None,
         max_tokens: int = 256,
         temperature: float = 0.0,
         top_p: float = 1.0,
@@ -161,18 +178,7 @@ class PolicySampler:
         future = self._submit(self._chat(messages, tools, max_tokens, temperature, top_p, seed))
         return await asyncio.wrap_future(future)
 
-    def chat_sync(
-        self,
-        messages: Sequence[dict[str, Any]] | str,
-        *,
-        tools: Sequence[dict[str, Any]] | None = None,
-        max_tokens: int = 256,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        seed: int | None = 0,
-    ) -> ChatReply:
-        """`chat`, blocking until the reply is there (a script, or a cell that does not await)."""
-        return self._submit(self._chat(messages, tools, max_tokens, temperature, top_p, seed)).result()
+    chat_sync = _blocking(chat)
 
     def _submit[T](self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         loop = self._owner._loop
@@ -183,8 +189,8 @@ class PolicySampler:
 
     async def _chat(
         self,
-        messages: Sequence[dict[str, Any]] | str,
-        tools: Sequence[dict[str, Any]] | None,
+        messages: Sequence[ChatMessage] | str,
+        tools: Sequence[ToolSpec] | None,
         max_tokens: int,
         temperature: float,
         top_p: float,

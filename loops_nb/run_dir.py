@@ -14,11 +14,11 @@ import re
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from loops_nb.errors import RunFailed, UserError
 
@@ -69,10 +69,10 @@ class JsonlLog:
             with self.path.open("r+b") as f:
                 f.truncate(cut)
 
-    def append(self, record: dict[str, Any]) -> None:
+    def append(self, record: Mapping[str, object]) -> None:
         self.extend([record])
 
-    def extend(self, records: list[dict[str, Any]]) -> None:
+    def extend(self, records: Sequence[Mapping[str, object]]) -> None:
         """Append records with one write and one fsync (a step's rollouts at once)."""
         if not records:
             return
@@ -107,14 +107,40 @@ class JsonlLog:
         return len(records) - len(kept)
 
 
+class RunJson(TypedDict, total=False):
+    """run.json: what a run is, written when an attempt opens its Loops client (`RunDirectory.record_attempt`)."""
+
+    recipe: str
+    run_id: str
+    """The first attempt's Loops run: it names the run's first checkpoints."""
+    run_ids: list[str]
+    """Every Loops client this directory opened, oldest first (a resume is a new one)."""
+    previous_run_ids: list[str]
+    """Written by older versions: the earlier ids, with the latest in ``run_id``."""
+    model: str
+    scope: str
+    config_path: str
+    config: dict[str, object]
+    """The config as it validated (``model_dump`` in JSON form)."""
+    renderer: dict[str, str | None] | None
+    """The renderer the run resolved (`RendererChoice.record`)."""
+    data: dict[str, object]
+    """SFT's data summary (its plan's ``total_steps`` among them)."""
+    started: float
+    """The first attempt's start (seconds since the epoch)."""
+
+
 @dataclass(frozen=True)
 class Checkpoint:
+    """A line of checkpoints.jsonl."""
+
     step: int
     """Optimizer steps applied when it was saved."""
     path: str
     """What `load_state_with_optimizer` takes."""
     sampler_path: str | None = None
-    extra: dict[str, Any] | None = None
+    policy_version: int | None = None
+    """RL: the policy version the state holds (the line's ``extra``)."""
 
 
 class RunDirectory:
@@ -149,42 +175,47 @@ class RunDirectory:
     def name(self) -> str:
         return self.root.name
 
+    @classmethod
+    def existing(cls, path: str | os.PathLike[str]) -> RunDirectory:
+        """A run directory that must exist already (one read back, not one a run creates)."""
+        root = Path(path)
+        if not root.is_dir():
+            raise UserError(f"{root}: no such run directory")
+        return cls(root)
+
     @property
     def run_json(self) -> Path:
         return self.root / "run.json"
 
-    def read_run_json(self) -> dict[str, Any] | None:
+    def read_run_json(self) -> RunJson | None:
+        """run.json, None before a run has written it; a UserError when it is not JSON."""
         try:
-            return json.loads(self.run_json.read_text())
+            data: RunJson = json.loads(self.run_json.read_text())
         except FileNotFoundError:
             return None
+        except ValueError as exc:
+            raise UserError(f"{self.run_json}: not valid JSON ({exc})") from None
+        return data
 
-    def write_run_json(self, data: dict[str, Any]) -> None:
-        atomic_write_json(self.run_json, data)
-
-    def record_attempt(
-        self, resumed: dict[str, Any] | None, client_run_id: str, record: dict[str, Any]
-    ) -> None:
+    def record_attempt(self, resumed: RunJson | None, client_run_id: str, record: RunJson) -> None:
         """Write run.json for an attempt that opened the Loops training client ``client_run_id``.
 
         ``run_id`` is the first attempt's and is never replaced: it names the Loops run of the first checkpoints.
         ``run_ids`` lists every client this directory has opened, oldest first (a resume is a new one). ``started``
         is the first attempt's start. ``resumed`` is the run.json read before (None for a new run).
         """
-        before = resumed or {}
+        before: RunJson = resumed or {}
         # Older run.json files kept the latest id in run_id and the earlier ones in previous_run_ids.
         earlier = before.get("run_ids") or [
             *before.get("previous_run_ids", []),
             *filter(None, [before.get("run_id")]),
         ]
-        self.write_run_json(
-            {
-                "recipe": record.get("recipe"),
-                "run_id": before.get("run_id") or client_run_id,
-                "run_ids": [*earlier, client_run_id],
-                **record,
-                "started": before.get("started", time.time()),
-            }
+        data: RunJson = {
+            "run_id": before.get("run_id") or client_run_id,
+            "run_ids": [*earlier, client_run_id],
+        }
+        atomic_write_json(
+            self.run_json, {"recipe": None, **data, **record, "started": before.get("started", time.time())}
         )
 
     def finished(self, total_steps: int) -> Checkpoint | None:
@@ -209,26 +240,36 @@ class RunDirectory:
             log_file.write(f"{message}\n")
         return message
 
+    def checkpoints(self) -> list[Checkpoint]:
+        """Every line of checkpoints.jsonl, oldest first."""
+        return [
+            Checkpoint(
+                int(line["step"]),
+                str(line["path"]),
+                line.get("sampler_path"),
+                (line.get("extra") or {}).get("policy_version"),
+            )
+            for line in self.checkpoint_log.records()
+        ]
+
     def last_checkpoint(self) -> Checkpoint | None:
-        last = None
-        for record in self.checkpoint_log.records():
-            last = Checkpoint(record["step"], record["path"], record.get("sampler_path"), record.get("extra"))
-        return last
+        return next(reversed(self.checkpoints()), None)
 
     def record_checkpoint(self, checkpoint: Checkpoint) -> None:
+        version = checkpoint.policy_version
         self.checkpoint_log.append(
             {
                 "step": checkpoint.step,
                 "path": checkpoint.path,
                 "sampler_path": checkpoint.sampler_path,
-                "extra": checkpoint.extra,
+                "extra": None if version is None else {"policy_version": version},
                 "time": time.time(),
             }
         )
 
     def last_step_record(self) -> dict[str, Any]:
         """The last line of `steps.jsonl` ({} before the first step)."""
-        return next(iter(reversed(list(self.steps.records()))), {})
+        return next(reversed(list(self.steps.records())), {})
 
     def record_failure(self, step: int, exc: BaseException) -> RunFailed:
         """The `RunFailed` for a fault at `step`, resuming from the last checkpoint; noted in `run.log`."""

@@ -20,13 +20,14 @@ from __future__ import annotations
 import glob
 import json
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, overload
+from typing import Any, TypedDict
 
+from loops_nb.config_drift import flatten
 from loops_nb.errors import UserError
-from loops_nb.run_dir import Checkpoint, RunDirectory
+from loops_nb.run_dir import Checkpoint, RunDirectory, RunJson
 from loops_nb.step_record import StepRecord
 
 COUNT_SUFFIXES = ("/examples", "/tokens", "/attempts", "/count", "/tasks", "/discarded", "_std", "/std")
@@ -38,18 +39,6 @@ EVAL_PREFERENCE = ("eval/reward_mean", "eval/loss")
 """Which eval metric the table shows when a run logs several (else the first `eval/*` measure)."""
 
 
-def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"training.learning_rate": 0.02, ...}``: nested tables as dotted keys, as `--KEY VALUE` names them."""
-    out: dict[str, Any] = {}
-    for key, value in config.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value:
-            out.update(flatten(value, f"{name}."))
-        else:
-            out[name] = value
-    return out
-
-
 def is_eval_measure(key: str) -> bool:
     return (
         key.startswith("eval/")
@@ -58,16 +47,35 @@ def is_eval_measure(key: str) -> bool:
     )
 
 
+RunRow = TypedDict(
+    "RunRow",
+    {
+        "name": str,
+        "recipe": str,
+        "model": str,
+        "steps": str,
+        "status": str,
+        "last reward": float | None,
+        "last loss": float | None,
+        "eval": float | None,
+        "eval metric": str | None,
+        "wall": float | None,
+        "path": str,
+    },
+)
+"""A row of the runs table (`loops runs`, `Runs.to_dataframe`)."""
+
+
 @dataclass
 class RunSummary:
     """One run directory, read from its files."""
 
     path: Path
-    run_json: dict[str, Any]
+    run_json: RunJson
     records: list[StepRecord]
     checkpoint: Checkpoint | None
     status: str
-    config: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, object] = field(default_factory=dict)
     """The run's config as run.json saved it, flattened to dotted keys."""
 
     @property
@@ -133,7 +141,7 @@ class RunSummary:
             end = max(p.stat().st_mtime for p in logs if p.is_file())
         return max(0.0, end - float(started))
 
-    def row(self) -> dict[str, Any]:
+    def row(self) -> RunRow:
         """The runs table's row."""
         eval_key = self.eval_key
         total = self.total_steps
@@ -185,16 +193,11 @@ def _last_event_failed(run_root: Path) -> bool:
 
 def read_run(path: str | os.PathLike[str]) -> RunSummary:
     """One run directory; a UserError when it is not one."""
-    root = Path(path)
-    if not root.is_dir():
-        raise UserError(f"{root}: no such run directory")
-    if not (root / "run.json").is_file() and not (root / "steps.jsonl").is_file():
+    run_dir = RunDirectory.existing(path)
+    root = run_dir.root
+    if not _is_run(root):
         raise UserError(f"{root}: not a run directory (no run.json or steps.jsonl)")
-    run_dir = RunDirectory(root)
-    try:
-        run_json = run_dir.read_run_json() or {}
-    except ValueError as exc:
-        raise UserError(f"{root / 'run.json'}: not valid JSON ({exc})") from None
+    run_json = run_dir.read_run_json() or {}
     try:
         records = [StepRecord.from_json(line) for line in run_dir.steps.records()]
     except (ValueError, KeyError) as exc:
@@ -246,35 +249,19 @@ def _is_run(path: Path) -> bool:
     return path.is_dir() and ((path / "run.json").is_file() or (path / "steps.jsonl").is_file())
 
 
-class Runs(Sequence[RunSummary]):
+class Runs(list[RunSummary]):
     """Several runs, in the order they were named."""
 
-    def __init__(self, runs: Sequence[RunSummary]) -> None:
-        self.runs = list(runs)
-
-    @overload
-    def __getitem__(self, index: int) -> RunSummary: ...
-    @overload
-    def __getitem__(self, index: slice) -> list[RunSummary]: ...
-    def __getitem__(self, index: int | slice) -> RunSummary | list[RunSummary]:
-        return self.runs[index]
-
-    def __len__(self) -> int:
-        return len(self.runs)
-
-    def __iter__(self) -> Iterator[RunSummary]:
-        return iter(self.runs)
-
-    def differences(self) -> dict[str, list[Any]]:
+    def differences(self) -> dict[str, list[object]]:
         """Config key -> each run's value, for the keys whose values are not all the same."""
         keys: dict[str, None] = {}
-        for run in self.runs:
+        for run in self:
             for key in run.config:
                 if not key.startswith(IGNORED_CONFIG_PREFIXES):
                     keys.setdefault(key, None)
         out = {}
         for key in keys:
-            values = [run.config.get(key) for run in self.runs]
+            values = [run.config.get(key) for run in self]
             if any(json.dumps(v, default=str) != json.dumps(values[0], default=str) for v in values):
                 out[key] = values
         return out
@@ -282,15 +269,15 @@ class Runs(Sequence[RunSummary]):
     def labels(self, *, max_keys: int = 3) -> list[str]:
         """A legend entry per run: what sets it apart (``learning_rate=0.02``), else its name."""
         diffs = self.differences()
-        names = [r.name for r in self.runs]
-        if not diffs or len(self.runs) < 2:
+        names = [r.name for r in self]
+        if not diffs or len(self) < 2:
             return names
         # Keys whose shown values are all alike (data files of the same name in different folders) say nothing.
         shown = {k: [_value(v) for v in vs] for k, vs in diffs.items()}
         shown = {k: vs for k, vs in shown.items() if len(set(vs)) > 1} or shown
         short = _short_keys(list(shown))
         labels = []
-        for i in range(len(self.runs)):
+        for i in range(len(self)):
             parts = [f"{short[k]}={v[i]}" for k, v in list(shown.items())[:max_keys]]
             labels.append(", ".join(parts))
         # Two runs with the same differing values (a repeated seed-less run): their names tell them apart.
@@ -298,8 +285,8 @@ class Runs(Sequence[RunSummary]):
             labels = [f"{n} ({label})" for n, label in zip(names, labels, strict=True)]
         return labels
 
-    def rows(self) -> list[dict[str, Any]]:
-        return [run.row() for run in self.runs]
+    def rows(self) -> list[RunRow]:
+        return [run.row() for run in self]
 
     def to_dataframe(self) -> Any:
         import pandas as pd
@@ -329,7 +316,7 @@ class Runs(Sequence[RunSummary]):
         widths = [max(len(c[i]) for c in cells) for i in range(len(header))]
         lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]
         diffs = self.differences()
-        if diffs and len(self.runs) > 1:
+        if diffs and len(self) > 1:
             lines.append(
                 "differs: " + "; ".join(f"{k} {' | '.join(map(_full, vs))}" for k, vs in diffs.items())
             )
@@ -361,22 +348,15 @@ def _short_keys(keys: list[str]) -> dict[str, str]:
     return out
 
 
-def _value(value: object) -> str:
+def _full(value: object) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
-    if isinstance(value, str) and "/" in value:
-        return value.rsplit("/", 1)[-1]
-    return json.dumps(value) if not isinstance(value, str) else value
+    return value if isinstance(value, str) else json.dumps(value)
 
 
-def _full(value: object) -> str:
-    return (
-        f"{value:.4g}"
-        if isinstance(value, float)
-        else json.dumps(value)
-        if not isinstance(value, str)
-        else value
-    )
+def _value(value: object) -> str:
+    """`_full`, a path shown by its last part."""
+    return value.rsplit("/", 1)[-1] if isinstance(value, str) else _full(value)
 
 
 def _num(value: float | None) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from loops_nb.discard_reason import DiscardReason
+from loops_nb.llm.chat_messages import ChatMessage
 
 if TYPE_CHECKING:
     from loops_nb.llm.capture import TokenCapture
@@ -80,7 +81,7 @@ class Evidence:
     """Why the attempt must not train (a `DiscardReason`, or a runtime's own name); its group still counts it."""
     detail: str = ""
     """Human detail for a discard: the exception, the missing reward file, ..."""
-    transcript: list[dict[str, Any]] = field(default_factory=list)
+    transcript: list[ChatMessage] = field(default_factory=list)
     """The conversation as the agent saw it (messages, tool calls, tool results)."""
 
     @classmethod
@@ -143,7 +144,7 @@ class RolloutRuntime:
         `CheckWarning` among them is printed as a warning and does not fail the check."""
         return []
 
-    def prompt_messages(self, task: Task) -> list[dict[str, Any]] | None:
+    def prompt_messages(self, task: Task) -> list[ChatMessage] | None:
         """A task's first prompt, for `loops check` to render and count (None: not known in advance)."""
         return None
 
@@ -207,7 +208,7 @@ class AdaptedRuntime(RolloutRuntime):
     async def preflight(self) -> list[str]:
         return list(await self._preflight()) if self._preflight is not None else []
 
-    def prompt_messages(self, task: Task) -> list[dict[str, Any]] | None:
+    def prompt_messages(self, task: Task) -> list[ChatMessage] | None:
         return self._prompt_messages(task) if self._prompt_messages is not None else None
 
     async def agent_time_limits(self) -> Sequence[AgentTimeLimit]:

@@ -15,14 +15,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
 from loops_nb.config.sections import ComputeConfig, ModelConfig
 from loops_nb.errors import UserError
 from loops_nb.run_checkpoints import RunCheckpoint, find_checkpoint, run_checkpoints
-from loops_nb.run_dir import RunDirectory
+from loops_nb.run_dir import RunDirectory, RunJson
 from loops_nb.validation_message import validation_message
 
 if TYPE_CHECKING:
@@ -34,22 +34,18 @@ class SavedRun:
     """A run directory with its saved config's model and compute sections."""
 
     run_dir: RunDirectory
-    run_json: dict[str, Any]
+    run_json: RunJson
     model: ModelConfig
     compute: ComputeConfig
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> SavedRun:
-        root = Path(path)
-        if not root.is_dir():
-            raise UserError(f"{root}: no such run directory")
-        if not (root / "run.json").is_file():
-            raise UserError(f"{root}: no run.json, so not a run directory (or the run never reached Loops)")
-        run_dir = RunDirectory(root)
-        try:
-            run_json = run_dir.read_run_json() or {}
-        except ValueError as exc:
-            raise UserError(f"{run_dir.run_json}: not valid JSON ({exc})") from None
+        run_dir = RunDirectory.existing(path)
+        run_json = run_dir.read_run_json()
+        if run_json is None:
+            raise UserError(
+                f"{run_dir.root}: no run.json, so not a run directory (or the run never reached Loops)"
+            )
         config = run_json.get("config")
         if not isinstance(config, dict) or "model" not in config:
             raise UserError(f"{run_dir.run_json}: holds no saved config (written by an older loops_nb?)")

@@ -31,6 +31,7 @@ from loops_nb.errors import ConfigError
 
 if TYPE_CHECKING:
     from baseten.loops import Datum
+    from torch import Tensor
 
 __all__ = [
     "REFERENCE_ATTRIBUTE",
@@ -81,7 +82,7 @@ def loss_name(loss: str | Callable[..., Any]) -> str:
 
 
 def resolve_custom_loss(
-    loss: str | Callable[..., Any], options: dict[str, Any] | None = None
+    loss: str | Callable[..., Any], options: dict[str, float] | None = None
 ) -> SdkLoss | None:
     """The SDK-shaped loss for `[training] loss`, or None for a built-in loss name.
 
@@ -211,12 +212,12 @@ def bare_datum(datum: Datum) -> Datum:
 # ------------------------------------------------------------------------------------- loss helpers
 
 
-def rl_inputs(datum: Datum) -> dict[str, Any]:
+def rl_inputs(datum: Datum) -> dict[str, Tensor]:
     """A datum's `loss_fn_inputs` as torch tensors: `target_tokens`, `logprobs` (q), `advantages`,
     `mask` (1 where the token was sampled, so it trains) and `ref_logprobs` when present."""
     import torch
 
-    out: dict[str, Any] = {}
+    out: dict[str, Tensor] = {}
     for name, td in datum.loss_fn_inputs.items():
         t = td.to_torch() if hasattr(td, "to_torch") else torch.tensor(td)
         out[name] = t if name == "target_tokens" else torch.nan_to_num(t.float(), nan=0.0)
@@ -240,7 +241,7 @@ def mean_over_active_tokens(per_token: Sequence[Any], active: Sequence[Any]) -> 
     return total / max(count, 1)
 
 
-def _active(inputs: dict[str, Any]) -> Any:
+def _active(inputs: dict[str, Tensor]) -> Tensor:
     valid = inputs["target_tokens"] != -100
     return valid & (inputs["mask"] != 0) & (inputs["advantages"] != 0)
 

@@ -185,7 +185,7 @@ async def _evaluate(
             await runtimes.aclose()
         if connection is not None:
             await connection.close()
-    line = EvalLog(out).write(evaluation)
+    line = EvalLog(out).write(evaluation).to_json()
     lines = [
         f"eval: {len(tasks)} task(s) x {config.eval.attempts} attempt(s), temperature {sampling.temperature:g}"
         + (" (held-out runtime options)" if held_out else "")

@@ -25,21 +25,22 @@ import statistics
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from loops_nb.errors import UserError
 from loops_nb.llm.client import SamplingDefaults
 from loops_nb.rl.config import RLConfig, RLEvalConfig
+from loops_nb.rl.loop_watchdog import LoopWatchdog
 from loops_nb.rl.scheduler import AttemptRecord, MakeLLM, RolloutScheduler
 from loops_nb.run_dir import JsonlLog, atomic_write_json
+from loops_nb.run_events import EvalRecord
 from loops_nb.runtime import RolloutRuntime, Task
 
 if TYPE_CHECKING:
     from loops_nb.llm.renderer import Renderer
     from loops_nb.resources import ResourceRegistry
-    from loops_nb.rl.loop_watchdog import LoopWatchdog
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -97,7 +98,7 @@ async def eval_tasks(
     return training, choose_tasks(held, settings.max_tasks, settings.seed)
 
 
-def held_out_options(config: RLConfig) -> dict[str, Any]:
+def held_out_options(config: RLConfig) -> dict[str, object]:
     """The options of the held-out runtime instance: `runtime.options` updated by `eval.options`."""
     return {**config.runtime.options, **(config.eval.options or {})}
 
@@ -167,8 +168,8 @@ class Evaluation:
     attempts: list[dict[str, Any]] = field(default_factory=list)
     transcripts: list[dict[str, Any]] = field(default_factory=list)
 
-    def record(self) -> dict[str, Any]:
-        return {"step": self.step, **self.metrics, "time": time.time()}
+    def record(self) -> EvalRecord:
+        return EvalRecord(self.step, self.metrics, time.time())
 
 
 def summarize(
@@ -208,38 +209,25 @@ def _passed(record: AttemptRecord, settings: RLEvalConfig) -> bool:
     return record.kept and reward is not None and float(reward) >= settings.pass_threshold
 
 
+@dataclass
 class Evaluator:
     """Runs evaluations of whatever policy ``make_llm``'s models sample (the run's current one, or a
     checkpoint's) on ``tasks`` through ``runtime``."""
 
-    def __init__(
-        self,
-        settings: RLEvalConfig,
-        runtime: RolloutRuntime,
-        tasks: Sequence[Task],
-        *,
-        make_llm: MakeLLM,
-        version: Callable[[], int],
-        renderer: Renderer,
-        max_concurrent: int,
-        attempt_timeout: float,
-        reward_range: tuple[float, float],
-        resources: ResourceRegistry | None = None,
-        watchdog: LoopWatchdog | None = None,
-        full_transcripts: bool = True,
-    ) -> None:
-        self.settings = settings
-        self.runtime = runtime
-        self.tasks = list(tasks)
-        self.make_llm = make_llm
-        self.version = version
-        self.renderer = renderer
-        self.max_concurrent = max_concurrent
-        self.attempt_timeout = attempt_timeout
-        self.reward_range = reward_range
-        self.resources = resources
-        self.watchdog = watchdog
-        self.full_transcripts = full_transcripts
+    settings: RLEvalConfig
+    runtime: RolloutRuntime
+    tasks: Sequence[Task]
+    _: KW_ONLY
+    make_llm: MakeLLM
+    version: Callable[[], int]
+    renderer: Renderer
+    max_concurrent: int
+    attempt_timeout: float
+    reward_range: tuple[float, float]
+    resources: ResourceRegistry | None = None
+    watchdog: LoopWatchdog | None = None
+    """A watchdog the run shares (it stops it); None: each evaluation's scheduler has and stops its own."""
+    full_transcripts: bool = True
 
     async def evaluate(self, step: int) -> Evaluation:
         """Evaluate the current policy, which has had ``step`` optimizer steps."""
@@ -256,7 +244,7 @@ class Evaluator:
             seed=self.settings.seed,
             resources=self.resources,
             reward_range=self.reward_range,
-            watchdog=self.watchdog,
+            watchdog=self.watchdog or LoopWatchdog(),
         )
         version = self.version()
         try:
@@ -316,23 +304,23 @@ class EvalLog:
         self.evals = JsonlLog(root / "evals.jsonl")
         self.attempts = JsonlLog(root / "eval_attempts.jsonl")
 
-    def recorded(self, step: int) -> dict[str, Any] | None:
-        """The evals.jsonl line of the evaluation after ``step`` steps, if one was recorded."""
-        return next((r for r in self.evals.records() if r.get("step") == step), None)
+    def recorded(self, step: int) -> EvalRecord | None:
+        """The evaluation after ``step`` steps, if one was recorded."""
+        return next((r for r in self.records() if r.step == step), None)
 
-    def records(self) -> list[dict[str, Any]]:
-        return list(self.evals.records())
+    def records(self) -> list[EvalRecord]:
+        return [EvalRecord.from_json(line) for line in self.evals.records()]
 
-    def write(self, evaluation: Evaluation) -> dict[str, Any]:
+    def write(self, evaluation: Evaluation) -> EvalRecord:
         """Record an evaluation: its attempts and transcript first, its evals.jsonl line (what marks it
         done) last, so a crash in between leaves it to be redone, never half-recorded."""
         self.attempts.extend(evaluation.attempts)
         atomic_write_json(
             self.root / "transcripts" / f"eval-{evaluation.step:06d}.json", evaluation.transcripts
         )
-        line = evaluation.record()
-        self.evals.append(line)
-        return line
+        record = evaluation.record()
+        self.evals.append(record.to_json())
+        return record
 
     def keep_up_to(self, step: int) -> None:
         """Forget the evaluations of policies past ``step`` steps (a resume redoes those steps)."""

@@ -14,7 +14,7 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from loops_nb.rl.datums import SequenceDatum, sequence_datums
 
@@ -46,7 +46,7 @@ def group_advantages(rewards: Sequence[float]) -> GroupAdvantages:
     return GroupAdvantages([r - mean for r in rewards], mean, std)
 
 
-def step_datums(groups: Sequence[GroupResult]) -> tuple[list[SequenceDatum], dict[str, Any]]:
+def step_datums(groups: Sequence[GroupResult]) -> tuple[list[SequenceDatum], dict[str, float | None]]:
     """GRPO over a step's groups: the datums to train on and the reward statistics.
 
     A group with fewer than two kept attempts, or whose kept rewards are all equal, has no signal: it is
@@ -71,7 +71,7 @@ def step_datums(groups: Sequence[GroupResult]) -> tuple[list[SequenceDatum], dic
             continue
         for record, advantage in zip(kept, adv.advantages, strict=True):
             datums += sequence_datums(record.capture.sequences(), advantage, record.attempt.id)
-    stats = {
+    stats: dict[str, float | None] = {
         "reward/mean": statistics.fmean(rewards) if rewards else None,
         "reward/std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
         "reward/group_std_mean": statistics.fmean(group_stds) if group_stds else 0.0,

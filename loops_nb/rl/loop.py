@@ -31,7 +31,7 @@ from loops_nb.rl.step_log import StepLog, StepTraining
 from loops_nb.run.optimizer import AdamSettings
 from loops_nb.run.recipe_run import RecipeRun
 from loops_nb.run_dir import Checkpoint, RunDirectory
-from loops_nb.run_events import EvalRecord, ProgressTick
+from loops_nb.run_events import ProgressTick
 from loops_nb.runtime import RolloutRuntime
 from loops_nb.step_record import StepRecord
 
@@ -105,8 +105,8 @@ class RLRun(RecipeRun):
     async def save_state(self, name: str) -> str:
         return await self.policy.save_state(name)
 
-    def checkpoint_extra(self) -> dict[str, Any]:
-        return {"policy_version": self.policy.version}
+    def policy_version(self) -> int:
+        return self.policy.version
 
     def rewind(self, step: int) -> None:
         super().rewind(step)
@@ -179,13 +179,13 @@ class RLRun(RecipeRun):
         """The `eval/*` metrics of the policy after ``step`` steps: recorded ones (a resumed run), or measured
         now, recorded and given to the observers (`on_eval`)."""
         assert self._evaluator is not None, "begin() creates the evaluator"
-        line = self.evals.recorded(step)
-        if line is None:
-            line = self.evals.write(await self._evaluator.evaluate(step))
-            self.observers.emit(EvalRecord.from_json(line))
+        record = self.evals.recorded(step)
+        if record is None:
+            record = self.evals.write(await self._evaluator.evaluate(step))
+            self.observers.emit(record)
             if self.policy.lost is not None:
                 raise self.policy.lost
-        return {k: v for k, v in line.items() if k.startswith(("eval/", "time/eval"))}
+        return {k: v for k, v in record.metrics.items() if k.startswith(("eval/", "time/eval"))}
 
     async def when_completed(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
         if self._evaluator is None or not self.config.eval.at_end:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from loops_nb.run.run_outcome import Outcome
+from loops_nb.run_events import EvalRecord
 
 
 @dataclass
@@ -19,19 +20,18 @@ class RLOutcome(Outcome):
     eval_steps: list[int] | None = None
 
     @staticmethod
-    def eval_fields(evals: Sequence[dict[str, Any]]) -> dict[str, Any]:
-        """The outcome's eval fields from a run's evals.jsonl lines."""
+    def eval_fields(evals: Sequence[EvalRecord]) -> dict[str, Any]:
+        """The outcome's eval fields from a run's evaluations (evals.jsonl)."""
         if not evals:
             return {}
-        first, last = evals[0], evals[-1]
 
-        def metrics(line: dict[str, Any]) -> dict[str, Any]:
-            return {"step": line["step"], **{k: v for k, v in line.items() if k.startswith("eval/")}}
+        def metrics(record: EvalRecord) -> dict[str, Any]:
+            return {"step": record.step, **{k: v for k, v in record.metrics.items() if k.startswith("eval/")}}
 
         return {
-            "eval_before": metrics(first),
-            "eval_after": metrics(last),
-            "eval_steps": [int(e["step"]) for e in evals],
+            "eval_before": metrics(evals[0]),
+            "eval_after": metrics(evals[-1]),
+            "eval_steps": [e.step for e in evals],
         }
 
     def describe(self) -> list[str]:

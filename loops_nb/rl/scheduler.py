@@ -21,7 +21,7 @@ import random
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from loops_nb.discard_reason import DiscardReason
@@ -82,44 +82,29 @@ class SchedulerStats:
 MakeLLM = Callable[[TokenCapture, int], LoopsLLM]
 
 
+@dataclass(eq=False)
 class RolloutScheduler:
-    def __init__(
-        self,
-        runtime: RolloutRuntime,
-        tasks: Sequence[Task],
-        *,
-        make_llm: MakeLLM,
-        version: Callable[[], int],
-        group_size: int,
-        groups_per_step: int,
-        max_concurrent: int,
-        attempt_timeout: float,
-        seed: int,
-        mode: str = "sync",
-        max_staleness: int = 1,
-        stale_policy: str = "requeue",
-        resources: ResourceRegistry | None = None,
-        on_attempt: Callable[[AttemptRecord], None] | None = None,
-        reward_range: tuple[float, float] = (-1.0, 1.0),
-        watchdog: LoopWatchdog | None = None,
-    ) -> None:
-        self.runtime = runtime
-        self.tasks = list(tasks)
-        self.make_llm = make_llm
-        self.version = version
-        self.group_size = group_size
-        self.groups_per_step = groups_per_step
-        self.attempt_timeout = attempt_timeout
-        self.seed = seed
-        self.mode = mode
-        self.max_staleness = max_staleness
-        self.stale_policy = stale_policy
-        self.resources = resources
-        self.on_attempt = on_attempt
-        self.reward_range = reward_range
-        self.watchdog = watchdog or LoopWatchdog()
+    runtime: RolloutRuntime
+    tasks: Sequence[Task]
+    _: KW_ONLY
+    make_llm: MakeLLM
+    version: Callable[[], int]
+    group_size: int
+    groups_per_step: int
+    max_concurrent: int
+    attempt_timeout: float
+    seed: int
+    mode: str = "sync"
+    max_staleness: int = 1
+    stale_policy: str = "requeue"
+    resources: ResourceRegistry | None = None
+    on_attempt: Callable[[AttemptRecord], None] | None = None
+    reward_range: tuple[float, float] = (-1.0, 1.0)
+    watchdog: LoopWatchdog = field(default_factory=LoopWatchdog)
+
+    def __post_init__(self) -> None:
         self.stats = SchedulerStats()
-        self._slots = asyncio.Semaphore(max_concurrent)
+        self._slots = asyncio.Semaphore(self.max_concurrent)
         self._done: asyncio.Queue[GroupResult] = asyncio.Queue()
         self._by_slot: dict[int, list[GroupResult]] = {}
         self._producer: asyncio.Task[None] | None = None

@@ -29,7 +29,8 @@ class StepTraining:
     """What training one step did: the datums GRPO kept, its reward statistics, the trainer's metrics."""
 
     datums: list[SequenceDatum]
-    stats: dict[str, Any]
+    stats: dict[str, float | None]
+    """GRPO's reward statistics (`step_datums`)."""
     metrics: dict[str, float]
     train_s: float = 0.0
     publish_s: float = 0.0

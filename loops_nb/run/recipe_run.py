@@ -8,7 +8,7 @@ resumes from — the final checkpoint's included, in every recipe.
 
 A recipe subclasses it and supplies `train_step` (one optimizer step, logged) and, where it needs them,
 the hooks `begin` (before the first step), `end` (after the last, always), `load_checkpoint`, `rewind`,
-`start_over`, `when_stopped`, `when_completed`, `checkpoint_extra` and `outcome`.
+`start_over`, `when_stopped`, `when_completed`, `policy_version` and `outcome`.
 """
 
 from __future__ import annotations
@@ -96,8 +96,8 @@ class RecipeRun(ABC):
         over from step 0."""
         self.run_dir.rewind_to(0)
 
-    def checkpoint_extra(self) -> dict[str, Any] | None:
-        """What a checkpoint records besides its step and paths (RL: the policy version)."""
+    def policy_version(self) -> int | None:
+        """The policy version a checkpoint records besides its step and paths (RL's; None in SFT)."""
         return None
 
     def outcome_fields(self) -> dict[str, Any]:
@@ -215,8 +215,6 @@ class RecipeRun(ABC):
         if sampler:
             future = await self.trainer.save_weights_for_sampler_async(f"final-{step:06d}")
             sampler_path = str((await future.result_async()).path)
-        checkpoint = Checkpoint(
-            step=step, path=path, sampler_path=sampler_path, extra=self.checkpoint_extra()
-        )
+        checkpoint = Checkpoint(step, path, sampler_path, self.policy_version())
         self.run_dir.record_checkpoint(checkpoint)
         return checkpoint

@@ -19,7 +19,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from loops_nb.compute import LoopsConnection
 from loops_nb.config.sections import RecipeConfig
@@ -31,7 +31,7 @@ from loops_nb.observers import ObserverSet
 from loops_nb.resources import RunLock
 from loops_nb.run.recipe_run import RecipeRun
 from loops_nb.run.run_outcome import Outcome
-from loops_nb.run_dir import Checkpoint, RunDirectory
+from loops_nb.run_dir import Checkpoint, RunDirectory, RunJson
 from loops_nb.run_events import RunEnded, RunStarted
 
 if TYPE_CHECKING:
@@ -63,7 +63,7 @@ class Recipe(ABC):
         self.config_path = config_path
         self.seed = seed
         """The trainer's seed (its LoRA initialisation)."""
-        self.config_dump: dict[str, Any] = json.loads(config.model_dump_json())
+        self.config_dump: dict[str, object] = json.loads(config.model_dump_json())
 
     @property
     @abstractmethod
@@ -90,7 +90,7 @@ class Recipe(ABC):
         """Warnings logged and written to run.log at the start (SFT: no held-out example)."""
         return []
 
-    def run_record(self) -> dict[str, Any]:
+    def run_record(self) -> RunJson:
         """What run.json records besides the recipe, model, scope and config (SFT: a data summary)."""
         return {}
 

@@ -23,7 +23,7 @@ from loops_nb.local.memory_budget import check_lines
 from loops_nb.model_renderer import load_model_tokenizer, model_renderer_choice, run_renderer_choice
 from loops_nb.run.check_report import RecipeCheckReport
 from loops_nb.run.setup import Recipe, RunStart, run_recipe
-from loops_nb.run_dir import Checkpoint, JsonlLog, RunDirectory
+from loops_nb.run_dir import Checkpoint, JsonlLog, RunDirectory, RunJson
 from loops_nb.sft.batching import SFTData
 from loops_nb.sft.config import SFTConfig
 from loops_nb.sft.loop import SFTRun, check_plan
@@ -252,7 +252,7 @@ class SFTRecipe(Recipe):
         warning = held_out_warning(self.sft, self.data)
         return [warning] if warning else []
 
-    def run_record(self) -> dict[str, Any]:
+    def run_record(self) -> RunJson:
         return {"data": _data_summary(self.data)}
 
     def finished(self, run_dir: RunDirectory, checkpoint: Checkpoint) -> SFTOutcome:
