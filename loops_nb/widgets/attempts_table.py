@@ -22,11 +22,11 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from html import escape
 from pathlib import Path
-from typing import Any, Unpack
+from typing import Any, TypedDict, cast
 
 from loops_nb.errors import UserError
 from loops_nb.run_events import AttemptFinished, StepRollouts
-from loops_nb.widgets.environment import DisplayOptions, LiveDisplay
+from loops_nb.widgets.environment import Widget
 from loops_nb.widgets.style import fmt
 
 MONO = "font:12px/1.45 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace"
@@ -50,6 +50,26 @@ _PRE = (
 )
 
 
+class AttemptRow(TypedDict, total=False):
+    """An attempt as the tables read it: an `AttemptFinished`'s line, a rollouts.jsonl row (whose format is the
+    run's, not this type's: keys not named here are kept as read), or the one merged into the other."""
+
+    step: int | None  # 0-based, as in rollouts.jsonl
+    slot: int
+    group: int
+    task: str
+    attempt: str
+    reward: float | None
+    trained: bool | None
+    discarded: str | None
+    detail: str
+    policy_versions: list[int]
+    calls: int
+    sampled_tokens: int
+    seconds: float
+    text: Mapping[str, Any]  # the transcript entry: ``text["calls"][i]["completion"]``, ...
+
+
 SORTS = {"step": "step", "reward": "reward", "tokens": "sampled_tokens", "time": "seconds"}
 STATUSES = ("trained", "not_trained", "discarded", "kept")
 
@@ -58,7 +78,7 @@ def plural(n: int, word: str) -> str:
     return f"{n:,} {word}" if n == 1 else f"{n:,} {word}s"
 
 
-class AttemptsTable:
+class AttemptsTable(Widget):
     """The last ``max_rows`` attempts (newest first), with their transcripts folded under each row.
 
     A run observer: ``on_attempt`` takes an attempt as `RLRun` emits it, ``on_rollouts`` the step's
@@ -68,7 +88,7 @@ class AttemptsTable:
         self.max_rows = max_rows
         self.max_chars = max_chars
         self.anchor = anchor  # an HTML id, so that a health panel can link here
-        self.rows: deque[dict[str, Any]] = deque(maxlen=max_rows)
+        self.rows: deque[AttemptRow] = deque(maxlen=max_rows)
         self.seen = 0
         self.discarded = 0
         self.reward_sum = 0.0
@@ -103,7 +123,9 @@ class AttemptsTable:
         key = SORTS[sort]
         down = sort != "step" if descending is None else descending
         known = [r for r in rows if isinstance(r.get(key), int | float)]
-        rows = sorted(known, key=lambda r: r[key], reverse=down) + [r for r in rows if r not in known]
+        rows = sorted(known, key=lambda r: cast(float, r.get(key)), reverse=down) + [
+            r for r in rows if r not in known
+        ]
         pages = max(1, math.ceil(len(rows) / page_size))
         if not 1 <= page <= pages:
             raise UserError(f"page={page}: {path} has {pages} page{'s' if pages != 1 else ''} of {page_size}")
@@ -124,16 +146,16 @@ class AttemptsTable:
 
     def on_attempt(self, attempt: AttemptFinished) -> None:
         """Take an attempt as it finishes (reward, discarded, detail, text.calls, ...)."""
-        self.add(attempt.to_json())
+        self.add(cast(AttemptRow, attempt.to_json()))
 
-    def add(self, row: dict[str, Any]) -> None:
+    def add(self, row: AttemptRow) -> None:
         """Take an attempt's row: an `AttemptFinished`'s line, or a rollouts.jsonl row."""
         self.rows.append(row)
         self.seen += 1
         if row.get("discarded"):
             self.discarded += 1
-        elif isinstance(row.get("reward"), int | float):
-            self.reward_sum += float(row["reward"])
+        elif isinstance(reward := row.get("reward"), int | float):
+            self.reward_sum += reward
             self.rewarded += 1
 
     def on_rollouts(self, rollouts: StepRollouts) -> None:
@@ -159,9 +181,6 @@ class AttemptsTable:
             f"{self.discarded:,} discarded"
         )
 
-    def __repr__(self) -> str:
-        return f"<AttemptsTable: {self.summary()}>"
-
     def __str__(self) -> str:
         lines = [self.summary()]
         if self.rows:
@@ -170,37 +189,26 @@ class AttemptsTable:
         return "\n".join(lines)
 
     def to_html(self) -> str:
-        anchor = f' id="{escape(self.anchor)}"' if self.anchor else ""
         paged = self.caption is not None
         note = "click a row for its transcript" if paged else "newest first; click a row for its transcript"
         rows = list(self.rows) if paged else list(self.rows)[::-1]
-        return (
-            f'<div{anchor} style="{MONO};color:#1f2328">'
-            f'<div style="font:600 12px system-ui,sans-serif;margin:2px 0">{escape(self.summary())}'
-            f'<span style="font-weight:400;color:#6b7280"> · {note}</span></div>'
-            f"{rows_html(rows, max_chars=self.max_chars)}</div>"
-        )
-
-    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, str]:
-        return {"text/plain": self.summary(), "text/html": self.to_html()}
-
-    def show(self, **options: Unpack[DisplayOptions]) -> LiveDisplay:
-        return LiveDisplay(self, **options).show()
+        anchor = f' id="{escape(self.anchor)}"' if self.anchor else ""
+        return attempts_html(self.summary(), note, rows, self.max_chars, anchor=anchor)
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    out = []
+def _read_jsonl(path: Path) -> list[AttemptRow]:
+    out: list[AttemptRow] = []
     for line in path.read_text(encoding="utf-8").splitlines():
         try:
             record = json.loads(line)
         except json.JSONDecodeError:  # a line torn by a crash mid-write: the run skips it on resume too
             continue
         if isinstance(record, dict):
-            out.append(record)
+            out.append(cast(AttemptRow, record))
     return out
 
 
-def _has_status(r: Mapping[str, Any], status: str) -> bool:
+def _has_status(r: AttemptRow, status: str) -> bool:
     if status == "discarded":
         return bool(r.get("discarded"))
     if status == "kept":
@@ -208,10 +216,10 @@ def _has_status(r: Mapping[str, Any], status: str) -> bool:
     return not r.get("discarded") and bool(r.get("trained")) == (status == "trained")
 
 
-def _attach_transcripts(root: Path, rows: list[dict[str, Any]]) -> None:
+def _attach_transcripts(root: Path, rows: list[AttemptRow]) -> None:
     """Each row's transcript from transcripts/step-NNNNNN.json, read once per step."""
-    by_step: dict[int, dict[Any, Any]] = {}
-    for step in {r["step"] for r in rows if isinstance(r.get("step"), int)}:
+    by_step: dict[int | None, dict[object, Mapping[str, Any]]] = {}
+    for step in {s for r in rows if isinstance(s := r.get("step"), int)}:
         path = root / "transcripts" / f"step-{step:06d}.json"
         try:
             entries = json.loads(path.read_text(encoding="utf-8"))
@@ -219,23 +227,22 @@ def _attach_transcripts(root: Path, rows: list[dict[str, Any]]) -> None:
             continue
         by_step[step] = {e.get("attempt"): e for e in entries if isinstance(e, dict)}
     for r in rows:
-        step = r.get("step")
-        entry = by_step.get(step, {}).get(r.get("attempt")) if isinstance(step, int) else None
+        entry = by_step.get(r.get("step"), {}).get(r.get("attempt"))
         if entry is not None:
             r["text"] = entry
 
 
-def merge_rollout(row: dict[str, Any], rollout: Mapping[str, Any]) -> None:
+def merge_rollout(row: AttemptRow, rollout: Mapping[str, Any]) -> None:
     """Copy what only the trained step knows (step, group, trained) onto an ``on_attempt`` row."""
-    for key in ("step", "group", "slot", "trained"):
-        if key in rollout:
-            row[key] = rollout[key]
+    row.update(
+        cast(AttemptRow, {k: rollout[k] for k in ("step", "group", "slot", "trained") if k in rollout})
+    )
     text = row.get("text")
     if isinstance(text, Mapping) and isinstance(text.get("calls"), list) and "trained" in rollout:
         row["text"] = {**text, "calls": [{**c, "trained": rollout["trained"]} for c in text["calls"]]}
 
 
-def cells(r: Mapping[str, Any]) -> list[tuple[str, str]]:
+def cells(r: AttemptRow) -> list[tuple[str, str]]:
     """One attempt's (shown text, hover text) per column."""
     versions = [v for v in r.get("policy_versions") or [] if isinstance(v, int)]
     policy = "-"
@@ -269,7 +276,7 @@ def cells(r: Mapping[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
-def trained_flag(r: Mapping[str, Any]) -> bool | None:
+def trained_flag(r: AttemptRow) -> bool | None:
     """Whether the attempt trained: the row's flag (from its step's rollouts), else its calls' flags when every
     call has one (a hand-fed record), else None (its step has not trained yet)."""
     if r.get("trained") is not None:
@@ -282,7 +289,7 @@ def trained_flag(r: Mapping[str, Any]) -> bool | None:
     return None
 
 
-def status_text(r: Mapping[str, Any]) -> str:
+def status_text(r: AttemptRow) -> str:
     if r.get("discarded"):
         return f"discarded: {r['discarded']}"
     trained = trained_flag(r)
@@ -291,7 +298,7 @@ def status_text(r: Mapping[str, Any]) -> str:
     return "ok · trained" if trained else "ok · not trained"
 
 
-def _status_colour(r: Mapping[str, Any]) -> str:
+def _status_colour(r: AttemptRow) -> str:
     if r.get("discarded"):
         return "#b91c1c"
     if trained_flag(r):
@@ -299,7 +306,7 @@ def _status_colour(r: Mapping[str, Any]) -> str:
     return "#57606a"
 
 
-def text_table(rows: Iterable[Mapping[str, Any]]) -> str:
+def text_table(rows: Iterable[AttemptRow]) -> str:
     lines = ["  ".join(name.ljust(width) for name, width in COLUMNS).rstrip()]
     for r in rows:
         lines.append(
@@ -311,7 +318,26 @@ def text_table(rows: Iterable[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def rows_html(rows: Iterable[Mapping[str, Any]], *, max_chars: int = 4000) -> str:
+def attempts_html(
+    title: str,
+    note: str,
+    rows: Iterable[AttemptRow],
+    max_chars: int,
+    *,
+    anchor: str = "",
+    style: str = "",
+    tail: str = "",
+) -> str:
+    """A title line with a grey ``note``, then the rows (`AttemptsTable`, and each step of `AttemptsLog`)."""
+    return (
+        f'<div{anchor} style="{MONO};color:#1f2328{style}">'
+        f'<div style="font:600 12px system-ui,sans-serif;margin:2px 0">{escape(title)}'
+        f'<span style="font-weight:400;color:#6b7280"> · {note}</span></div>'
+        f"{rows_html(rows, max_chars=max_chars)}{tail}</div>"
+    )
+
+
+def rows_html(rows: Iterable[AttemptRow], *, max_chars: int = 4000) -> str:
     """The header and one ``<details>`` per attempt, transcript inside (sanitizer-proof)."""
     head = "".join(_cell(name, name, width, "#374151;font-weight:600") for name, width in COLUMNS)
     out = [f'<div style="padding-left:14px;border-bottom:1px solid #9ca3af;white-space:nowrap">{head}</div>']
@@ -319,7 +345,7 @@ def rows_html(rows: Iterable[Mapping[str, Any]], *, max_chars: int = 4000) -> st
     return "".join(out)
 
 
-def row_html(r: Mapping[str, Any], *, max_chars: int = 4000) -> str:
+def row_html(r: AttemptRow, *, max_chars: int = 4000) -> str:
     status_colour = _status_colour(r)
     row = "".join(
         _cell(text, hover, width, status_colour if name == "status" else "#1f2328")
@@ -331,7 +357,7 @@ def row_html(r: Mapping[str, Any], *, max_chars: int = 4000) -> str:
     return f'<details>{summary}<div style="padding:4px 0 8px 14px">{transcript_html(r, max_chars)}</div></details>'
 
 
-def transcript_html(r: Mapping[str, Any], max_chars: int) -> str:
+def transcript_html(r: AttemptRow, max_chars: int) -> str:
     parts = []
     parts.append(f'<div style="color:#57606a">attempt {escape(str(r.get("attempt", "")))}</div>')
     if r.get("detail"):

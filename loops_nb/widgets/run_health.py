@@ -16,11 +16,11 @@ import statistics
 from collections import Counter
 from dataclasses import dataclass
 from html import escape
-from typing import Literal, Unpack
+from typing import Literal
 
 from loops_nb.run_events import AttemptFinished
 from loops_nb.step_record import StepRecord
-from loops_nb.widgets.environment import DisplayOptions, LiveDisplay
+from loops_nb.widgets.environment import Widget
 from loops_nb.widgets.style import fmt, sparkline
 
 Status = Literal["ok", "warn", "bad", "info", "wait"]
@@ -45,7 +45,7 @@ class Check:
     trend: str = ""
 
 
-class RunHealth:
+class RunHealth(Widget):
     """Health checks computed from step records (``on_step``); ``attempts_seen`` and ``attempts_anchor`` let the
     transcripts check point at an `AttemptsTable`."""
 
@@ -224,9 +224,6 @@ class RunHealth:
         steps = "1 step" if len(self.records) == 1 else f"{len(self.records)} steps"
         return f"health over {steps}{': ' + parts if parts else ''}"
 
-    def __repr__(self) -> str:
-        return f"<RunHealth: {self.summary()}>"
-
     def __str__(self) -> str:
         lines = [self.summary()]
         for c in self.checks():
@@ -251,9 +248,3 @@ class RunHealth:
             '<table style="border-collapse:collapse;font:12px/1.5 system-ui,sans-serif">'
             f"{''.join(rows)}</table>"
         )
-
-    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, str]:
-        return {"text/plain": self.summary(), "text/html": self.to_html()}
-
-    def show(self, **options: Unpack[DisplayOptions]) -> LiveDisplay:
-        return LiveDisplay(self, **options).show()

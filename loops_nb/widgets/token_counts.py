@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from html import escape
-from typing import TYPE_CHECKING, Unpack
+from typing import TYPE_CHECKING
 
 from loops_nb.step_record import StepRecord
-from loops_nb.widgets.environment import DisplayOptions, LiveDisplay
+from loops_nb.widgets.environment import Widget
 
 if TYPE_CHECKING:
     from loops_nb.sft.report import CheckReport
@@ -26,7 +26,7 @@ _HEAD = "padding:1px 10px;text-align:right;border-bottom:1px solid #9ca3af;color
 _SHARE_OF = ("tokens/sampled", "tokens/total")
 
 
-class TokenCounts:
+class TokenCounts(Widget):
     """Per-step ``tokens/*`` counts from step records, with totals; or a dataset summary (`from_report`).
 
     Every ``tokens/<name>`` key of a record becomes a column. Totals add the per-step values up, except for
@@ -117,9 +117,6 @@ class TokenCounts:
         steps = f"{len(self.steps)} step" if len(self.steps) == 1 else f"{len(self.steps)} steps"
         return f"tokens over {steps}: {', '.join(parts)}{share}"
 
-    def __repr__(self) -> str:
-        return f"<TokenCounts: {self.summary()}>"
-
     def __str__(self) -> str:
         if self.report_rows is not None:
             width = max(len(k) for k, _ in self.report_rows)
@@ -175,12 +172,6 @@ class TokenCounts:
             f'background:rgba(46,160,67,0.75)"></div></div>'
             f'<div style="font:11px monospace;color:#6b7280">{share:.1%} of tokens trained</div>'
         )
-
-    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, str]:
-        return {"text/plain": self.summary(), "text/html": self.to_html()}
-
-    def show(self, **options: Unpack[DisplayOptions]) -> LiveDisplay:
-        return LiveDisplay(self, **options).show()
 
 
 def _label(key: str) -> str:
