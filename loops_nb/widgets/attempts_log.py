@@ -18,9 +18,9 @@ from collections import OrderedDict, deque
 from typing import cast
 
 from loops_nb.run_events import AttemptFinished, StepRollouts
-from loops_nb.widgets.attempts_table import AttemptRow, attempts_html, merge_rollout, plural, text_table
+from loops_nb.widgets.attempt_rows import AttemptRow, attempts_html, merge_rollout, text_table
 from loops_nb.widgets.environment import DisplayFn, DisplayHandle, TextLine, Widget
-from loops_nb.widgets.style import fmt
+from loops_nb.widgets.style import fmt, plural
 
 _PENDING_LIMIT = 4096  # attempts that never reach a step (async overshoot, stale re-queues) must not pile up
 

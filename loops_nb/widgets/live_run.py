@@ -46,13 +46,13 @@ from loops_nb.run_events import (
 )
 from loops_nb.step_record import StepRecord
 from loops_nb.widgets.attempts_log import AttemptsLog
-from loops_nb.widgets.attempts_table import plural
 from loops_nb.widgets.environment import DisplayFn, LiveDisplay, ipython_display, resolve_output
 from loops_nb.widgets.heartbeat import Heartbeat
 from loops_nb.widgets.run_chart import LiveChart, RunChart
 from loops_nb.widgets.run_health import RunHealth
 from loops_nb.widgets.run_state import RunPanelState, RunState
 from loops_nb.widgets.stop_control import StopControl
+from loops_nb.widgets.style import plural
 from loops_nb.widgets.token_counts import TokenCounts
 
 log = logging.getLogger("loops_nb.widgets")
