@@ -5,10 +5,11 @@ rendered here as the panel (progress line with the step counter, elapsed time, E
 doing; the curve's numbers in words, token counts, run health and, for a run that stopped early, how to resume
 it) through one throttled display handle (`LiveDisplay`), so the notebook never receives more than a couple of
 updates a second and a saved notebook holds the final state; the run's `RunChart`, shown live as an output of
-its own under the panel; a `Heartbeat` that re-renders the panel while a step runs; and an optional Stop button
-(`StopControl`). The parts are its attributes: ``live.run`` (where the run stands: ``live.run.status``,
+its own under the panel; a heartbeat that re-renders the panel every ``heartbeat_s`` seconds while a step runs
+(steps can take minutes: without it the clock would stand still, and a slow step would look like a hung
+kernel); and an optional Stop button (`StopControl`). The parts are its attributes: ``live.run`` (where the run stands: ``live.run.status``,
 ``live.run.step``, ...), ``live.chart``, ``live.tokens``, ``live.health``, ``live.attempts``,
-``live.stop_control``, ``live.heartbeat``, and ``live.task`` for a run started with `run_in_background`.
+``live.stop_control``, and ``live.task`` for a run started with `run_in_background`.
 
 The panel's HTML is inline-styled and uses only what JupyterLab's sanitizer keeps, so it reads the same live, in
 papermill output, offline HTML and on reopen. Steps are numbered from 1 everywhere in the panel.
@@ -47,7 +48,6 @@ from loops_nb.run_events import (
 from loops_nb.step_record import StepRecord
 from loops_nb.widgets.attempts_log import AttemptsLog
 from loops_nb.widgets.environment import DisplayFn, LiveDisplay, ipython_display, resolve_output
-from loops_nb.widgets.heartbeat import Heartbeat
 from loops_nb.widgets.run_chart import LiveChart, RunChart
 from loops_nb.widgets.run_health import RunHealth
 from loops_nb.widgets.run_state import RunPanelState, RunState
@@ -118,7 +118,8 @@ class LiveRun:
         )
         self._reporter = TerminalReporter(stream) if self.output == "text" else None
         self.stop_control = StopControl(stop_event, display_fn=shows)
-        self.heartbeat = Heartbeat(heartbeat_s, beating=self._beating, tick=self._tick)
+        self.heartbeat_s = heartbeat_s
+        self._beat_timer: asyncio.TimerHandle | None = None
         self.task: asyncio.Task[Any] | None = None  # a run started by run_in_background
         self._loop: asyncio.AbstractEventLoop | None = None  # the run's loop: heartbeats and stops go there
 
@@ -141,7 +142,8 @@ class LiveRun:
         else:
             self.show()
         self._chart_changed()
-        self.heartbeat.start(self._loop)
+        self._cancel_beat()
+        self._beat()
 
     def on_step(self, record: StepRecord) -> None:
         self.run.stepped(record.step)
@@ -198,7 +200,7 @@ class LiveRun:
 
     def finalize(self) -> None:
         """Render the final state and retire the Stop button and the live chart (called by ``on_end``)."""
-        self.heartbeat.cancel()
+        self._cancel_beat()
         self.stop_control.retire(self.run.final_line)
         if self.chart_display.shown:
             self.chart_display.finalize()
@@ -253,12 +255,25 @@ class LiveRun:
         else:
             self.chart_display.update()
 
-    def _beating(self) -> bool:
-        return self.run.state in _BEATING and self.output == "display"
+    def _beat(self) -> None:
+        """Re-render the panel now, and again in ``heartbeat_s`` seconds on the run's loop, while the run goes on."""
+        self._beat_timer = None
+        loop = self._loop
+        if self.run.state not in _BEATING or self.output != "display":
+            return
+        if self.heartbeat_s <= 0 or loop is None or loop.is_closed():
+            return
+        try:
+            if self.run.started is not None and self._display.shown:
+                self._display.update()
+        except Exception:  # a display glitch must never surface in the training loop
+            log.exception("live panel heartbeat failed")
+        self._beat_timer = loop.call_later(self.heartbeat_s, self._beat)
 
-    def _tick(self) -> None:
-        if self.run.started is not None and self._display.shown:
-            self._display.update()
+    def _cancel_beat(self) -> None:
+        if self._beat_timer is not None:
+            self._beat_timer.cancel()
+            self._beat_timer = None
 
     # -- renderers --------------------------------------------------------------------------------------------
 
