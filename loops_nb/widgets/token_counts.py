@@ -123,13 +123,9 @@ class TokenCounts(Widget):
             return "\n".join([self.summary(), *(f"  {k:<{width}}  {v}" for k, v in self.report_rows)])
         if not self.steps:
             return self.summary()
-        header = ["step", *(_label(k) for k in self.columns)]
-        body = [[str(s), *(f"{c.get(k, 0):,}" for k in self.columns)] for s, c in self.steps[-self.recent :]]
-        body.append(["total", *(f"{self.totals.get(k, 0):,}" for k in self.columns)])
-        widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
-        lines = [
-            "  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in [header, *body]
-        ]
+        grid = self._grid()
+        widths = [max(len(row[i]) for row in grid) for i in range(len(grid[0]))]
+        lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in grid]
         return "\n".join([self.summary(), *lines])
 
     def to_html(self) -> str:
@@ -142,9 +138,8 @@ class TokenCounts(Widget):
             return f'<div><table style="{_TABLE}">{body}</table>{self._share_bar()}</div>'
         if not self.steps:
             return f'<div style="font:12px monospace;color:#6b7280">{escape(self.summary())}</div>'
-        head = "".join(
-            f'<th style="{_HEAD}">{escape(h)}</th>' for h in ["step", *(_label(k) for k in self.columns)]
-        )
+        header, *grid = self._grid()
+        head = "".join(f'<th style="{_HEAD}">{escape(h)}</th>' for h in header)
         skipped = len(self.steps) - self.recent
         rows: list[str] = []
         if skipped > 0:
@@ -152,14 +147,16 @@ class TokenCounts(Widget):
                 f'<tr><td colspan="{len(self.columns) + 1}" style="{_CELL};color:#9ca3af">'
                 f"… {skipped} earlier step{'s' if skipped != 1 else ''}</td></tr>"
             )
-        for step, counts in self.steps[-self.recent :]:
-            cells = "".join(f'<td style="{_CELL}">{counts.get(k, 0):,}</td>' for k in self.columns)
-            rows.append(f'<tr><td style="{_CELL}">{step}</td>{cells}</tr>')
-        totals = "".join(
-            f'<td style="{_CELL};font-weight:600">{self.totals.get(k, 0):,}</td>' for k in self.columns
-        )
-        rows.append(f'<tr><td style="{_CELL};font-weight:600">total</td>{totals}</tr>')
+        for n, row in enumerate(grid, 1):
+            bold = ";font-weight:600" if n == len(grid) else ""  # the totals
+            rows.append("<tr>" + "".join(f'<td style="{_CELL}{bold}">{cell}</td>' for cell in row) + "</tr>")
         return f'<div><table style="{_TABLE}"><tr>{head}</tr>{"".join(rows)}</table>{self._share_bar()}</div>'
+
+    def _grid(self) -> list[list[str]]:
+        """The header, the recent steps and the totals, as the text and the HTML table show them."""
+        header = ["step", *(_label(k) for k in self.columns)]
+        body = [[str(s), *(f"{c.get(k, 0):,}" for k in self.columns)] for s, c in self.steps[-self.recent :]]
+        return [header, *body, ["total", *(f"{self.totals.get(k, 0):,}" for k in self.columns)]]
 
     def _share_bar(self) -> str:
         share = self.trained_share
