@@ -15,35 +15,32 @@ it) gets its buffered attempts shown at each ``flush``, which `LiveRun` calls on
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from html import escape
-from typing import Any
+from typing import cast
 
 from loops_nb.run_events import AttemptFinished, StepRollouts
-from loops_nb.widgets.attempts_table import MONO, merge_rollout, plural, rows_html, text_table
-from loops_nb.widgets.environment import DisplayFn, DisplayHandle
-from loops_nb.widgets.style import fmt
+from loops_nb.widgets.attempt_rows import AttemptRow, attempts_html, merge_rollout, text_table
+from loops_nb.widgets.environment import DisplayFn, DisplayHandle, TextLine, Widget
+from loops_nb.widgets.style import fmt, plural
 
 _PENDING_LIMIT = 4096  # attempts that never reach a step (async overshoot, stale re-queues) must not pile up
 
 
-class StepAttempts:
+class StepAttempts(Widget):
     """One step's attempts as a static output: header line, then a row per attempt with its transcript."""
 
-    def __init__(
-        self, step: int | None, rows: list[dict[str, Any]], *, max_rows: int, max_chars: int
-    ) -> None:
+    def __init__(self, step: int | None, rows: list[AttemptRow], *, max_rows: int, max_chars: int) -> None:
         self.step = step
         self.rows = rows
         self.max_rows = max_rows
         self.max_chars = max_chars
 
-    def title(self) -> str:
+    def summary(self) -> str:
         trained = sum(1 for r in self.rows if r.get("trained"))
         discarded = sum(1 for r in self.rows if r.get("discarded"))
         rewards = [
-            float(r["reward"])
+            reward
             for r in self.rows
-            if isinstance(r.get("reward"), int | float) and not r.get("discarded")
+            if isinstance(reward := r.get("reward"), int | float) and not r.get("discarded")
         ]
         mean = fmt(sum(rewards) / len(rewards), 3) if rewards else "-"
         where = f"step {self.step + 1}" if self.step is not None else "attempts"
@@ -54,7 +51,7 @@ class StepAttempts:
         return " · ".join(parts)
 
     def __str__(self) -> str:
-        return f"{self.title()}\n{text_table(self.rows[: self.max_rows])}"
+        return f"{self.summary()}\n{text_table(self.rows[: self.max_rows])}"
 
     def to_html(self) -> str:
         shown = self.rows[: self.max_rows]
@@ -64,28 +61,14 @@ class StepAttempts:
             if more > 0
             else ""
         )
-        return (
-            f'<div style="{MONO};color:#1f2328;margin-top:4px">'
-            f'<div style="font:600 12px system-ui,sans-serif;margin:2px 0">{escape(self.title())}'
-            f'<span style="font-weight:400;color:#6b7280"> · click a row for its transcript</span></div>'
-            f"{rows_html(shown, max_chars=self.max_chars)}{tail}</div>"
+        return attempts_html(
+            self.summary(),
+            "click a row for its transcript",
+            shown,
+            self.max_chars,
+            style=";margin-top:4px",
+            tail=tail,
         )
-
-    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, str]:
-        return {"text/plain": self.title(), "text/html": self.to_html()}
-
-
-class _Folded:
-    """What an old step's block becomes: one line, so a long run's notebook stays small."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-
-    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, str]:
-        return {
-            "text/plain": self.text,
-            "text/html": f'<div style="font:12px system-ui,sans-serif;color:#6b7280">{escape(self.text)}</div>',
-        }
 
 
 class AttemptsLog:
@@ -106,7 +89,7 @@ class AttemptsLog:
         self.keep_steps = keep_steps
         self.max_rows = max_rows
         self.max_chars = max_chars
-        self.pending: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self.pending: OrderedDict[str, AttemptRow] = OrderedDict()
         self.blocks: deque[tuple[StepAttempts, DisplayHandle | None]] = deque()
         self.latest: StepAttempts | None = None
         self.got_rollouts = False
@@ -119,7 +102,7 @@ class AttemptsLog:
         self.seen += 1
         if attempt.discarded:
             self.discarded += 1
-        self.pending[attempt.attempt] = attempt.to_json()
+        self.pending[attempt.attempt] = cast(AttemptRow, attempt.to_json())
         while len(self.pending) > _PENDING_LIMIT:
             self.pending.popitem(last=False)
 
@@ -130,7 +113,7 @@ class AttemptsLog:
         for rollout in rollouts.rows:
             row = self.pending.pop(str(rollout.get("attempt")), None)
             if row is None:  # on_attempt was not sent (or was dropped): the row alone, no transcript
-                row = dict(rollout)
+                row = cast(AttemptRow, dict(rollout))
             merge_rollout(row, rollout)
             if rollout.get("trained"):
                 self.trained += 1
@@ -171,8 +154,9 @@ class AttemptsLog:
         while len(self.blocks) > self.keep_steps:
             old, old_handle = self.blocks.popleft()
             if old_handle is not None:
+                # One line, so a long run's notebook stays small.
                 old_handle.update(
-                    _Folded(
-                        f"{old.title()} (transcripts in the run's transcripts/ folder and rollouts.jsonl)"
+                    TextLine(
+                        f"{old.summary()} (transcripts in the run's transcripts/ folder and rollouts.jsonl)"
                     )
                 )

@@ -20,7 +20,8 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from typing import Literal, Protocol, TextIO, TypedDict
+from html import escape
+from typing import Literal, Protocol, TextIO, TypedDict, Unpack
 
 log = logging.getLogger("loops_nb.widgets")
 
@@ -212,6 +213,44 @@ class LiveDisplay:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+
+class Widget:
+    """The shape every widget here shares: a one-line `summary` (``text/plain``, and the repr), `to_html` (the
+    inline-styled ``text/html``) and `show`, which displays it through a `LiveDisplay`."""
+
+    def summary(self) -> str:
+        raise NotImplementedError
+
+    def to_html(self) -> str:
+        raise NotImplementedError
+
+    def plain_text(self) -> str:
+        """What a frontend without HTML shows: the summary, unless a widget has more to say in plain text."""
+        return self.summary()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__}: {self.summary()}>"
+
+    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, str]:
+        return {"text/plain": self.plain_text(), "text/html": self.to_html()}
+
+    def show(self, **options: Unpack[DisplayOptions]) -> LiveDisplay:
+        return LiveDisplay(self, **options).show()
+
+
+class TextLine(Widget):
+    """One grey line of text, left where a live part was (a retired Stop button, a folded step of attempts)."""
+
+    def __init__(self, text: str, colour: str = "#6b7280") -> None:
+        self.text = text
+        self.colour = colour
+
+    def summary(self) -> str:
+        return self.text
+
+    def to_html(self) -> str:
+        return f'<div style="font:12px system-ui,sans-serif;color:{self.colour}">{escape(self.text)}</div>'
 
 
 def ipython_display(obj: object, *, display_id: bool = True) -> DisplayHandle | None:

@@ -1,13 +1,18 @@
 """`LiveRun`: a run observer that shows the whole run in one live notebook output, or prints lines in a script.
 
-It is what a notebook constructs, and composes the parts that do the work: the run's state (`RunPanelState`)
-rendered by a `RunPanel` (progress line with the step counter and ETA, the curve's numbers, token counts, run
-health) through one throttled display handle (`LiveDisplay`), so the notebook never receives more than a couple
-of updates a second and a saved notebook holds the final state; the run's `RunChart`, shown live as an output of
-its own under the panel; a `Heartbeat` that re-renders the panel while a step runs; an optional Stop button
-(`StopControl`); and `BackgroundRun` for a run started as a task. The parts are its attributes: ``live.run``
-(where the run stands: ``live.run.status``, ``live.run.step``, ...), ``live.chart``, ``live.tokens``,
-``live.health``, ``live.attempts``, ``live.stop_control``, ``live.heartbeat``, ``live.background``.
+It is what a notebook constructs, and composes the parts that do the work: the run's state (`RunPanelState`),
+rendered here as the panel (progress line with the step counter, elapsed time, ETA and what the current step is
+doing; the curve's numbers in words, token counts, run health and, for a run that stopped early, how to resume
+it) through one throttled display handle (`LiveDisplay`), so the notebook never receives more than a couple of
+updates a second and a saved notebook holds the final state; the run's `RunChart`, shown live as an output of
+its own under the panel; a heartbeat that re-renders the panel every ``heartbeat_s`` seconds while a step runs
+(steps can take minutes: without it the clock would stand still, and a slow step would look like a hung
+kernel); and an optional Stop button (`StopControl`). The parts are its attributes: ``live.run`` (where the run stands: ``live.run.status``,
+``live.run.step``, ...), ``live.chart``, ``live.tokens``, ``live.health``, ``live.attempts``,
+``live.stop_control``, and ``live.task`` for a run started with `run_in_background`.
+
+The panel's HTML is inline-styled and uses only what JupyterLab's sanitizer keeps, so it reads the same live, in
+papermill output, offline HTML and on reopen. Steps are numbered from 1 everywhere in the panel.
 
 RL attempts are not part of the panel: each trained step's attempts are displayed once, below the panel, by an
 `AttemptsLog`, and never re-rendered, so a transcript a person opens stays open while training goes on.
@@ -24,11 +29,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import time
 import uuid
 from collections.abc import Coroutine
+from html import escape
 from typing import Any, TextIO
 
-from loops_nb.observers import TerminalReporter
+from loops_nb.observers import TerminalReporter, eta
 from loops_nb.run_events import (
     AttemptFinished,
     EvalRecord,
@@ -39,18 +47,26 @@ from loops_nb.run_events import (
 )
 from loops_nb.step_record import StepRecord
 from loops_nb.widgets.attempts_log import AttemptsLog
-from loops_nb.widgets.background_run import BackgroundRun
 from loops_nb.widgets.environment import DisplayFn, LiveDisplay, ipython_display, resolve_output
-from loops_nb.widgets.heartbeat import Heartbeat
 from loops_nb.widgets.run_chart import LiveChart, RunChart
 from loops_nb.widgets.run_health import RunHealth
-from loops_nb.widgets.run_panel import RunPanel
 from loops_nb.widgets.run_state import RunPanelState, RunState
 from loops_nb.widgets.stop_control import StopControl
+from loops_nb.widgets.style import plural
 from loops_nb.widgets.token_counts import TokenCounts
+
+log = logging.getLogger("loops_nb.widgets")
 
 # The states a heartbeat keeps beating in: the run may still be starting, or stopping.
 _BEATING = frozenset({RunState.WAITING, RunState.RUNNING, RunState.STOPPING})
+# Any state not named here (a failure, a cancel, still waiting) is drawn in red.
+_STATE_COLOUR = {
+    RunState.RUNNING: "#0969da",
+    RunState.STOPPING: "#9a6700",
+    RunState.STOPPED: "#9a6700",
+    RunState.COMPLETED: "#1a7f37",
+}
+_FAILURE_COLOUR = "#cf222e"
 
 
 class LiveRun:
@@ -97,21 +113,14 @@ class LiveRun:
             max_rows=attempts,
         )
         self.health = RunHealth(attempts_anchor=self.anchor)
-        self.panel = RunPanel(
-            self.run,
-            chart=self.chart,
-            tokens=self.tokens,
-            health=self.health,
-            attempts=self.attempts,
-            anchor=self.anchor,
-        )
         self._display = LiveDisplay(
             self, max_hz=max_hz, output=self.output, text_interval_s=None, display_fn=display_fn
         )
         self._reporter = TerminalReporter(stream) if self.output == "text" else None
         self.stop_control = StopControl(stop_event, display_fn=shows)
-        self.heartbeat = Heartbeat(heartbeat_s, beating=self._beating, tick=self._tick)
-        self.background = BackgroundRun(self.run, show=self.show, finalize=self.finalize)
+        self.heartbeat_s = heartbeat_s
+        self._beat_timer: asyncio.TimerHandle | None = None
+        self.task: asyncio.Task[Any] | None = None  # a run started by run_in_background
         self._loop: asyncio.AbstractEventLoop | None = None  # the run's loop: heartbeats and stops go there
 
     @property
@@ -133,7 +142,8 @@ class LiveRun:
         else:
             self.show()
         self._chart_changed()
-        self.heartbeat.start(self._loop)
+        self._cancel_beat()
+        self._beat()
 
     def on_step(self, record: StepRecord) -> None:
         self.run.stepped(record.step)
@@ -190,7 +200,7 @@ class LiveRun:
 
     def finalize(self) -> None:
         """Render the final state and retire the Stop button and the live chart (called by ``on_end``)."""
-        self.heartbeat.cancel()
+        self._cancel_beat()
         self.stop_control.retire(self.run.final_line)
         if self.chart_display.shown:
             self.chart_display.finalize()
@@ -209,9 +219,30 @@ class LiveRun:
         """Start ``coro`` (e.g. ``project.train(observers=[live], stop=live.stop_event)``) as a task on the
         running loop and return it at once: the cell finishes, the kernel stays free for Stop clicks and other
         cells, and ``await task`` (or ``task.result()``) gives the outcome later."""
-        task = self.background.start(coro)
-        self._loop = self.background.loop
-        return task
+        try:
+            self._loop = asyncio.get_running_loop()
+        except RuntimeError:
+            coro.close()
+            raise RuntimeError(
+                "run_in_background needs a running event loop (a notebook kernel); "
+                "in a script, use asyncio.run(...)"
+            ) from None
+        self.show()
+        self.task = self._loop.create_task(coro, name="loops_nb run")
+        self.task.add_done_callback(self._background_done)
+        return self.task
+
+    def _background_done(self, task: asyncio.Task[Any]) -> None:
+        """How a background run ended, recorded here since nobody may ever await the task: a cancel, or an
+        exception the run's own ``on_end`` could not report."""
+        if task.cancelled():
+            self.run.cancelled()
+        elif (exc := task.exception()) is not None:
+            self.run.failed(f"{type(exc).__name__}: {exc}")
+            log.error("background run failed", exc_info=exc)
+        elif not self.run.live:
+            return  # on_end already finalized
+        self.finalize()
 
     def _chart_changed(self) -> None:
         """Update the chart's output; it appears once the curve kind is known, so a live figure holds that
@@ -224,23 +255,112 @@ class LiveRun:
         else:
             self.chart_display.update()
 
-    def _beating(self) -> bool:
-        return self.run.state in _BEATING and self.output == "display"
+    def _beat(self) -> None:
+        """Re-render the panel now, and again in ``heartbeat_s`` seconds on the run's loop, while the run goes on."""
+        self._beat_timer = None
+        loop = self._loop
+        if self.run.state not in _BEATING or self.output != "display":
+            return
+        if self.heartbeat_s <= 0 or loop is None or loop.is_closed():
+            return
+        try:
+            if self.run.started is not None and self._display.shown:
+                self._display.update()
+        except Exception:  # a display glitch must never surface in the training loop
+            log.exception("live panel heartbeat failed")
+        self._beat_timer = loop.call_later(self.heartbeat_s, self._beat)
 
-    def _tick(self) -> None:
-        if self.run.started is not None and self._display.shown:
-            self._display.update()
+    def _cancel_beat(self) -> None:
+        if self._beat_timer is not None:
+            self._beat_timer.cancel()
+            self._beat_timer = None
 
     # -- renderers --------------------------------------------------------------------------------------------
 
+    def progress_line(self) -> str:
+        """The step counter, elapsed time, ETA, what the current step is doing, and the state."""
+        run = self.run
+        total = run.info.max_steps or 0
+        start = run.info.start_step or 0
+        done = run.step or 0
+        parts = []
+        if run.info.recipe:
+            parts.append(run.info.recipe.upper() + (f" · {run.info.model}" if run.info.model else ""))
+        parts.append(f"{done}/{total} steps" if total else plural(done, "step"))
+        now = run.ended or time.monotonic()
+        if run.started is not None:
+            parts.append(f"{_duration(now - run.started)} elapsed")
+            if run.state is RunState.RUNNING and total:
+                parts.append(f"ETA {eta(done - start, total - start, now - run.started)}")
+        if run.live and run.step_started is not None and (not total or done < total):
+            parts.append(f"step {done + 1} running for {_duration(now - run.step_started)}")
+        if run.live and run.progress is not None:
+            flight = run.progress.in_flight
+            parts.append(
+                plural(run.progress.attempts_done, "attempt") + (f" ({flight} in flight)" if flight else "")
+            )
+        elif not run.live and self.attempts.seen:
+            parts.append(plural(self.attempts.seen, "attempt"))
+        parts.append("stopping at the end of this step" if run.state is RunState.STOPPING else run.status)
+        return " · ".join(parts)
+
     def __repr__(self) -> str:
-        return f"<LiveRun: {self.panel.progress_line()}>"
+        return f"<LiveRun: {self.progress_line()}>"
 
     def __str__(self) -> str:
-        return self.panel.text()
+        lines = [self.progress_line()]
+        if self.chart.kind is not None:
+            lines.append(str(self.chart))
+        lines += [str(self.health), self.tokens.summary()]
+        if self.attempts.seen:
+            lines.append(self.attempts.summary())
+        if self.run.resume_hint():
+            lines.append(str(self.run.resume_hint()))
+        return "\n".join(lines)
 
     def to_html(self) -> str:
-        return self.panel.html()
+        colour = _STATE_COLOUR.get(self.run.state, _FAILURE_COLOUR)
+        head = (
+            f'<div style="font:600 13px system-ui,sans-serif;margin-bottom:6px">'
+            f'<span style="display:inline-block;width:8px;height:8px;border-radius:50%;background:{colour};'
+            f'margin-right:6px"></span>{escape(self.progress_line())}</div>'
+        )
+        if self.run.info.run_dir:
+            run_dir = escape(self.run.info.run_dir)
+            head += f'<div style="font:11px monospace;color:#6b7280;margin-bottom:6px">{run_dir}</div>'
+        chart = ""
+        if self.chart.kind is not None:  # the chart has an output of its own: its numbers in words
+            chart = f'<div style="font:11px monospace;color:#374151">{escape(self.chart.summary())}</div>'
+
+        # The numbers and the token table side by side (they wrap on a narrow page); health hints are long lines.
+        top = (
+            f'<div style="display:flex;flex-wrap:wrap;gap:18px;align-items:flex-start">'
+            f"<div>{chart}</div><div>{self.tokens.to_html()}</div></div>"
+        )
+        health = f'<div style="margin-top:6px">{self.health.to_html()}</div>'
+        attempts = ""
+        if self.attempts.seen or self.attempts.steps_shown:
+            where = " · each trained step's attempts below, newest last" if self.attempts.display_fn else ""
+            attempts = (
+                f'<div id="{self.anchor}" style="font:12px system-ui,sans-serif;color:#374151;margin-top:8px">'
+                f"{escape(self.attempts.summary())}{where}</div>"
+            )
+        resume = ""
+        if self.run.resume_hint():
+            resume = (
+                f'<div style="font:12px system-ui,sans-serif;margin-top:8px;padding:4px 8px;border-radius:4px;'
+                f'background:#fff8c5;color:#1f2328">{escape(str(self.run.resume_hint()))}</div>'
+            )
+        return f'<div style="padding:4px 0">{head}{top}{health}{attempts}{resume}</div>'
 
     def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, str]:
         return {"text/plain": str(self), "text/html": self.to_html()}
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    return (
+        f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+        if seconds >= 3600
+        else f"{seconds // 60}m{seconds % 60:02d}s"
+    )

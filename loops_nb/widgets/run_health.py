@@ -16,11 +16,11 @@ import statistics
 from collections import Counter
 from dataclasses import dataclass
 from html import escape
-from typing import Literal, Unpack
+from typing import Literal
 
 from loops_nb.run_events import AttemptFinished
 from loops_nb.step_record import StepRecord
-from loops_nb.widgets.environment import DisplayOptions, LiveDisplay
+from loops_nb.widgets.environment import Widget
 from loops_nb.widgets.style import fmt, sparkline
 
 Status = Literal["ok", "warn", "bad", "info", "wait"]
@@ -45,7 +45,7 @@ class Check:
     trend: str = ""
 
 
-class RunHealth:
+class RunHealth(Widget):
     """Health checks computed from step records (``on_step``); ``attempts_seen`` and ``attempts_anchor`` let the
     transcripts check point at an `AttemptsTable`."""
 
@@ -81,62 +81,55 @@ class RunHealth:
     def _reward(self) -> Check:
         values = self._series("reward/mean")
         recent = values[-self.window :]
-        trend = sparkline(values)
+        status: Status
         if len(values) < 4:
-            return Check("reward/mean", "wait", fmt(values[-1], 3), "too few steps for a trend", trend)
-        half = len(recent) // 2
-        delta = statistics.fmean(recent[half:]) - statistics.fmean(recent[:half])
-        stds = self._series("reward/std")[-self.window :]
-        scale = statistics.fmean(stds) if stds and statistics.fmean(stds) > 0 else max(abs(recent[-1]), 1e-3)
-        over = f"over the last {len(recent)} steps"
-        if max(recent) - min(recent) < 1e-9:
-            return Check("reward/mean", "warn", fmt(values[-1], 3), f"flat: unchanged {over}", trend)
-        if delta > 0.1 * scale:
-            return Check("reward/mean", "ok", fmt(values[-1], 3), f"rising ({delta:+.3g} {over})", trend)
-        if delta < -0.1 * scale:
-            return Check(
-                "reward/mean",
-                "warn",
-                fmt(values[-1], 3),
-                f"falling ({delta:+.3g} {over}): read transcripts; check KL and the learning rate",
-                trend,
+            status, hint = "wait", "too few steps for a trend"
+        else:
+            half = len(recent) // 2
+            delta = statistics.fmean(recent[half:]) - statistics.fmean(recent[:half])
+            stds = self._series("reward/std")[-self.window :]
+            scale = (
+                statistics.fmean(stds) if stds and statistics.fmean(stds) > 0 else max(abs(recent[-1]), 1e-3)
             )
-        status: Status = "warn" if len(values) >= 2 * self.window else "info"
-        return Check(
-            "reward/mean",
-            status,
-            fmt(values[-1], 3),
-            f"flat ({delta:+.3g} {over}): is there signal? see group variance below",
-            trend,
-        )
+            over = f"over the last {len(recent)} steps"
+            if max(recent) - min(recent) < 1e-9:
+                status, hint = "warn", f"flat: unchanged {over}"
+            elif delta > 0.1 * scale:
+                status, hint = "ok", f"rising ({delta:+.3g} {over})"
+            elif delta < -0.1 * scale:
+                status, hint = (
+                    "warn",
+                    f"falling ({delta:+.3g} {over}): read transcripts; check KL and the learning rate",
+                )
+            else:
+                status = "warn" if len(values) >= 2 * self.window else "info"
+                hint = f"flat ({delta:+.3g} {over}): is there signal? see group variance below"
+        return Check("reward/mean", status, fmt(values[-1], 3), hint, sparkline(values))
 
     def _signal(self) -> Check:
         stds = self._series("reward/group_std_mean")
         zero = self._series("groups/zero_variance_frac")[-self.window :]
-        value = fmt(stds[-1], 3) if stds else "-"
+        status: Status
         if not zero:
-            return Check(
-                "reward/group_std_mean", "info", value, "zero-variance share not reported", sparkline(stds)
-            )
-        share = statistics.fmean(zero)
-        text = f"{share:.0%} of groups had identical rewards (they train nothing)"
-        if share >= ZERO_VARIANCE_BAD:
-            return Check(
-                "reward/group_std_mean",
-                "bad",
-                value,
-                f"{text}: almost no learning signal; tasks too easy or too hard, or reward too coarse",
-                sparkline(stds),
-            )
-        if share >= ZERO_VARIANCE_WARN:
-            return Check(
-                "reward/group_std_mean",
-                "warn",
-                value,
-                f"{text}: weak signal; a larger group size or a finer-grained reward helps",
-                sparkline(stds),
-            )
-        return Check("reward/group_std_mean", "ok", value, text, sparkline(stds))
+            status, hint = "info", "zero-variance share not reported"
+        else:
+            share = statistics.fmean(zero)
+            hint = f"{share:.0%} of groups had identical rewards (they train nothing)"
+            if share >= ZERO_VARIANCE_BAD:
+                status, hint = (
+                    "bad",
+                    f"{hint}: almost no learning signal; tasks too easy or too hard, or reward too coarse",
+                )
+            elif share >= ZERO_VARIANCE_WARN:
+                status, hint = (
+                    "warn",
+                    f"{hint}: weak signal; a larger group size or a finer-grained reward helps",
+                )
+            else:
+                status = "ok"
+        return Check(
+            "reward/group_std_mean", status, fmt(stds[-1], 3) if stds else "-", hint, sparkline(stds)
+        )
 
     def _discards(self) -> Check:
         recent = self.records[-self.window :]
@@ -190,16 +183,13 @@ class RunHealth:
         recent = values[-self.window :]
         half = len(recent) // 2
         delta = statistics.fmean(recent[half:]) - statistics.fmean(recent[:half])
-        if delta < 0:
-            return Check("loss", "ok", fmt(values[-1], 3), f"falling ({delta:+.3g})", sparkline(values))
-        return Check(
-            "loss",
-            "warn",
-            fmt(values[-1], 3),
-            f"not falling ({delta:+.3g} over {len(recent)} steps): "
-            "check the learning rate and the target preview",
-            sparkline(values),
+        status: Status = "ok" if delta < 0 else "warn"
+        hint = (
+            f"falling ({delta:+.3g})"
+            if delta < 0
+            else f"not falling ({delta:+.3g} over {len(recent)} steps): check the learning rate and the target preview"
         )
+        return Check("loss", status, fmt(values[-1], 3), hint, sparkline(values))
 
     def _eval_loss(self) -> Check:
         values = self._series("eval/loss")
@@ -207,14 +197,11 @@ class RunHealth:
             return Check("eval/loss", "info", "-", "no eval yet")
         best = min(values)
         if len(values) >= 2 and values[-1] > best * 1.02:
-            return Check(
-                "eval/loss",
-                "warn",
-                fmt(values[-1], 3),
-                f"above its best ({fmt(best, 3)}): overfitting? compare with train loss",
-                sparkline(values),
-            )
-        return Check("eval/loss", "ok", fmt(values[-1], 3), "at its best so far", sparkline(values))
+            status: Status = "warn"
+            hint = f"above its best ({fmt(best, 3)}): overfitting? compare with train loss"
+        else:
+            status, hint = "ok", "at its best so far"
+        return Check("eval/loss", status, fmt(values[-1], 3), hint, sparkline(values))
 
     # -- renderers ---------------------------------------------------------------------------------------------
 
@@ -223,9 +210,6 @@ class RunHealth:
         parts = ", ".join(f"{counts[s]} {s}" for s in ("ok", "warn", "bad") if counts[s])
         steps = "1 step" if len(self.records) == 1 else f"{len(self.records)} steps"
         return f"health over {steps}{': ' + parts if parts else ''}"
-
-    def __repr__(self) -> str:
-        return f"<RunHealth: {self.summary()}>"
 
     def __str__(self) -> str:
         lines = [self.summary()]
@@ -251,9 +235,3 @@ class RunHealth:
             '<table style="border-collapse:collapse;font:12px/1.5 system-ui,sans-serif">'
             f"{''.join(rows)}</table>"
         )
-
-    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, str]:
-        return {"text/plain": self.summary(), "text/html": self.to_html()}
-
-    def show(self, **options: Unpack[DisplayOptions]) -> LiveDisplay:
-        return LiveDisplay(self, **options).show()

@@ -17,7 +17,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from loops_nb.run_events import ProgressTick, RunEnded, RunStarted
-from loops_nb.widgets.attempts_table import plural
+from loops_nb.widgets.style import plural
 
 
 class RunState(StrEnum):

@@ -17,9 +17,9 @@ import asyncio
 import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from html import escape
-from typing import Any, Protocol, Unpack
+from typing import Any, Protocol
 
-from loops_nb.widgets.environment import DisplayOptions, LiveDisplay
+from loops_nb.widgets.environment import Widget
 from loops_nb.widgets.style import FONT, fmt
 
 _MONO = "font:12px/1.5 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace"
@@ -66,7 +66,7 @@ def _prompt_text(prompt: Prompt) -> str:
     return str(last[-1].get("content", "")) if last else ""
 
 
-class SideBySide:
+class SideBySide(Widget):
     """``replies[i][j]``: the reply of model ``labels[j]`` to ``prompts[i]``."""
 
     def __init__(
@@ -135,11 +135,8 @@ class SideBySide:
             f'<table style="border-collapse:collapse;font-size:12px"><tr>{head}</tr>{"".join(rows)}</table></div>'
         )
 
-    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, Any]:
-        return {"text/plain": str(self), "text/html": self.to_html()}
-
-    def show(self, **options: Unpack[DisplayOptions]) -> LiveDisplay:
-        return LiveDisplay(self, **options).show()
+    def plain_text(self) -> str:
+        return str(self)
 
 
 def _tokens_html(reply: ShownReply) -> str:

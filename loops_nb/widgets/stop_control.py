@@ -14,10 +14,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
-from html import escape
 from typing import TYPE_CHECKING
 
-from loops_nb.widgets.environment import DisplayFn, DisplayHandle
+from loops_nb.widgets.environment import DisplayFn, DisplayHandle, TextLine
 
 if TYPE_CHECKING:
     from ipywidgets import Button
@@ -88,19 +87,6 @@ class StopControl:
         with contextlib.suppress(Exception):  # the kernel's comm may already be gone
             self.button.disabled = True
             if self._handle is not None:
-                self._handle.update(RetiredButton(final_line()))
+                self._handle.update(TextLine(final_line(), "#57606a"))
             self.button.close()
         self.button = None
-
-
-class RetiredButton:
-    """A finished run's stand-in for its Stop button: plain text and HTML."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-
-    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, str]:
-        return {
-            "text/plain": self.text,
-            "text/html": f'<div style="font:12px system-ui,sans-serif;color:#57606a">{escape(self.text)}</div>',
-        }

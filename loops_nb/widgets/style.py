@@ -1,4 +1,4 @@
-"""How the widgets write what they show: the font, a short number, a sparkline."""
+"""How the widgets write what they show: the font, a short number, a count of things, a sparkline."""
 
 from __future__ import annotations
 
@@ -14,6 +14,11 @@ def number(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         return None
     return float(value)
+
+
+def plural(n: int, word: str) -> str:
+    """``1 step``, ``1,200 steps``."""
+    return f"{n:,} {word}" if n == 1 else f"{n:,} {word}s"
 
 
 def fmt(value: object, digits: int = 4) -> str:

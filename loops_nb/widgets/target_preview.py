@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from html import escape
-from typing import Any
 
+from loops_nb.widgets.environment import Widget
 from loops_nb.widgets.style import fmt
 from loops_nb.widgets.token_sequence import Tokenizer, TokenSequence, as_sequences
 
@@ -41,7 +41,7 @@ _BOX = (
 )
 
 
-class TargetPreview:
+class TargetPreview(Widget):
     """Tokens of one or more sequences coloured by loss weight; each shows its first ``max_tokens`` tokens."""
 
     def __init__(
@@ -170,8 +170,8 @@ class TargetPreview:
         title = "&#10;".join(escape(t, quote=True) for t in piece.titles)
         return f'<span title="{title}" style="{style};{_SPAN}">{text}</span>'
 
-    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, Any]:
-        return {"text/plain": str(self), "text/html": self.to_html()}
+    def plain_text(self) -> str:
+        return str(self)
 
 
 # -- pieces ---------------------------------------------------------------------------------------------------

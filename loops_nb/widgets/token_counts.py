@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from html import escape
-from typing import TYPE_CHECKING, Unpack
+from typing import TYPE_CHECKING
 
 from loops_nb.step_record import StepRecord
-from loops_nb.widgets.environment import DisplayOptions, LiveDisplay
+from loops_nb.widgets.environment import Widget
 
 if TYPE_CHECKING:
     from loops_nb.sft.report import CheckReport
@@ -26,7 +26,7 @@ _HEAD = "padding:1px 10px;text-align:right;border-bottom:1px solid #9ca3af;color
 _SHARE_OF = ("tokens/sampled", "tokens/total")
 
 
-class TokenCounts:
+class TokenCounts(Widget):
     """Per-step ``tokens/*`` counts from step records, with totals; or a dataset summary (`from_report`).
 
     Every ``tokens/<name>`` key of a record becomes a column. Totals add the per-step values up, except for
@@ -117,22 +117,15 @@ class TokenCounts:
         steps = f"{len(self.steps)} step" if len(self.steps) == 1 else f"{len(self.steps)} steps"
         return f"tokens over {steps}: {', '.join(parts)}{share}"
 
-    def __repr__(self) -> str:
-        return f"<TokenCounts: {self.summary()}>"
-
     def __str__(self) -> str:
         if self.report_rows is not None:
             width = max(len(k) for k, _ in self.report_rows)
             return "\n".join([self.summary(), *(f"  {k:<{width}}  {v}" for k, v in self.report_rows)])
         if not self.steps:
             return self.summary()
-        header = ["step", *(_label(k) for k in self.columns)]
-        body = [[str(s), *(f"{c.get(k, 0):,}" for k in self.columns)] for s, c in self.steps[-self.recent :]]
-        body.append(["total", *(f"{self.totals.get(k, 0):,}" for k in self.columns)])
-        widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
-        lines = [
-            "  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in [header, *body]
-        ]
+        grid = self._grid()
+        widths = [max(len(row[i]) for row in grid) for i in range(len(grid[0]))]
+        lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in grid]
         return "\n".join([self.summary(), *lines])
 
     def to_html(self) -> str:
@@ -145,9 +138,8 @@ class TokenCounts:
             return f'<div><table style="{_TABLE}">{body}</table>{self._share_bar()}</div>'
         if not self.steps:
             return f'<div style="font:12px monospace;color:#6b7280">{escape(self.summary())}</div>'
-        head = "".join(
-            f'<th style="{_HEAD}">{escape(h)}</th>' for h in ["step", *(_label(k) for k in self.columns)]
-        )
+        header, *grid = self._grid()
+        head = "".join(f'<th style="{_HEAD}">{escape(h)}</th>' for h in header)
         skipped = len(self.steps) - self.recent
         rows: list[str] = []
         if skipped > 0:
@@ -155,14 +147,16 @@ class TokenCounts:
                 f'<tr><td colspan="{len(self.columns) + 1}" style="{_CELL};color:#9ca3af">'
                 f"… {skipped} earlier step{'s' if skipped != 1 else ''}</td></tr>"
             )
-        for step, counts in self.steps[-self.recent :]:
-            cells = "".join(f'<td style="{_CELL}">{counts.get(k, 0):,}</td>' for k in self.columns)
-            rows.append(f'<tr><td style="{_CELL}">{step}</td>{cells}</tr>')
-        totals = "".join(
-            f'<td style="{_CELL};font-weight:600">{self.totals.get(k, 0):,}</td>' for k in self.columns
-        )
-        rows.append(f'<tr><td style="{_CELL};font-weight:600">total</td>{totals}</tr>')
+        for n, row in enumerate(grid, 1):
+            bold = ";font-weight:600" if n == len(grid) else ""  # the totals
+            rows.append("<tr>" + "".join(f'<td style="{_CELL}{bold}">{cell}</td>' for cell in row) + "</tr>")
         return f'<div><table style="{_TABLE}"><tr>{head}</tr>{"".join(rows)}</table>{self._share_bar()}</div>'
+
+    def _grid(self) -> list[list[str]]:
+        """The header, the recent steps and the totals, as the text and the HTML table show them."""
+        header = ["step", *(_label(k) for k in self.columns)]
+        body = [[str(s), *(f"{c.get(k, 0):,}" for k in self.columns)] for s, c in self.steps[-self.recent :]]
+        return [header, *body, ["total", *(f"{self.totals.get(k, 0):,}" for k in self.columns)]]
 
     def _share_bar(self) -> str:
         share = self.trained_share
@@ -175,12 +169,6 @@ class TokenCounts:
             f'background:rgba(46,160,67,0.75)"></div></div>'
             f'<div style="font:11px monospace;color:#6b7280">{share:.1%} of tokens trained</div>'
         )
-
-    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, str]:
-        return {"text/plain": self.summary(), "text/html": self.to_html()}
-
-    def show(self, **options: Unpack[DisplayOptions]) -> LiveDisplay:
-        return LiveDisplay(self, **options).show()
 
 
 def _label(key: str) -> str:

@@ -110,12 +110,12 @@ async def test_the_heartbeat_moves_the_clock_while_a_step_runs(fake_display: Fak
     before = panel.updates
     # No event at all (the first step is still training), yet the panel is redrawn.
     await until(lambda: panel.updates > before, "the heartbeat redraws the panel")
-    assert "step 1 running for" in live.panel.progress_line()
+    assert "step 1 running for" in live.progress_line()
     live.on_end(RunEnded(status="completed", steps=3))
     settled = panel.updates
     await asyncio.sleep(0.1)
     assert panel.updates == settled, "the heartbeat stops with the run"
-    assert "running for" not in live.panel.progress_line()
+    assert "running for" not in live.progress_line()
 
 
 async def test_script_mode_prints_one_line_per_step() -> None:
@@ -176,7 +176,7 @@ async def test_stop_from_another_thread_wakes_the_loop(fake_display: FakeDisplay
     await asyncio.wait_for(stop.wait(), 2)
     thread.join()
     assert live.run.status == "stopping"
-    line = live.panel.progress_line()
+    line = live.progress_line()
     assert "ETA" not in line and line.endswith("stopping at the end of this step")
 
 
