@@ -53,9 +53,15 @@ class LoopsAgent(BaseAgent):
     SUPPORTS_ATIF: ClassVar[bool] = False
 
     def __init__(
-        self, *args: Any, loops_attempt: str | None = None, loops_config_dir: str | None = None, **kwargs: Any
+        self,
+        logs_dir: Path,
+        model_name: str | None = None,
+        *,
+        loops_attempt: str | None = None,
+        loops_config_dir: str | None = None,
+        **kwargs: Any,  # Harbor's own keywords and the agent's options (`agent_kwargs`)
     ) -> None:
-        super().__init__(*args, **kwargs)
+        super().__init__(logs_dir, model_name, **kwargs)
         self.config_dir = Path(loops_config_dir) if loops_config_dir else None
         """The training config's directory (relative paths in agent_kwargs are relative to it)."""
         self.attempt: Attempt | None = _running.get(loops_attempt) if loops_attempt else None

@@ -26,14 +26,14 @@ import asyncio
 import json
 import shlex
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from harbor.agents.options import AgentOptions
-from harbor.environments.base import BaseEnvironment
+from harbor.environments.base import BaseEnvironment, ExecResult
 from harbor.models.agent.context import AgentContext
 from pydantic import Field
 
-from loops_nb.errors import SandboxError
 from loops_nb.harbor.agent import LoopsAgent
 
 if TYPE_CHECKING:
@@ -91,10 +91,6 @@ WRITE_CHUNK_CHARS = 32_000
 """`write_file` sends content in pieces of this size: one shell argument must stay under Linux's 128 KiB."""
 
 
-class CommandTimeout(SandboxError):
-    """A command ran past its timeout (the model's doing, so it is answered as a tool result)."""
-
-
 @dataclass
 class ShellStats:
     """What one attempt did; lands in Harbor's result (`agent_result.metadata["shell_agent"]`)."""
@@ -137,8 +133,8 @@ class ShellAgent(LoopsAgent):
 
     options_model: ClassVar[type[AgentOptions] | None] = ShellAgentOptions
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)  # Harbor validates the options against `options_model`
+    def __init__(self, logs_dir: Path, **kwargs: Any) -> None:
+        super().__init__(logs_dir, **kwargs)  # Harbor validates the options against `options_model`
         options = self.options if isinstance(self.options, ShellAgentOptions) else ShellAgentOptions()
         self.max_turns = options.max_turns
         self.command_timeout = options.command_timeout
@@ -204,10 +200,8 @@ class ShellAgent(LoopsAgent):
         if not command.strip():
             raise ValueError("command is empty")
         self.stats.commands += 1
-        try:
-            result = await self._exec(environment, command)
-        except CommandTimeout:
-            self.stats.timeouts += 1
+        result = await self._exec(environment, command)
+        if result is None:
             return f"error: the command timed out after {self.command_timeout:g} seconds and was stopped"
         if result.return_code != 0:
             self.stats.nonzero_exits += 1
@@ -230,10 +224,8 @@ class ShellAgent(LoopsAgent):
             command = f"printf %s {shlex.quote(piece)} {'>' if i == 0 else '>>'} {target}"
             if i == 0:
                 command = f'mkdir -p -- "$(dirname -- {target})" && {command}'
-            try:
-                result = await self._exec(environment, command)
-            except CommandTimeout:
-                self.stats.timeouts += 1
+            result = await self._exec(environment, command)
+            if result is None:
                 return f"error: writing {path} timed out after {self.command_timeout:g} seconds"
             if result.return_code != 0:
                 self.stats.tool_errors += 1
@@ -244,21 +236,23 @@ class ShellAgent(LoopsAgent):
         self.stats.files_written += 1
         return f"wrote {len(content.encode())} bytes to {path}"
 
-    async def _exec(self, environment: BaseEnvironment, command: str) -> Any:
-        """`environment.exec` with the per-command timeout, whichever way the backend reports it."""
+    async def _exec(self, environment: BaseEnvironment, command: str) -> ExecResult | None:
+        """`environment.exec` with the per-command timeout; None (counted) when it ran past it, whichever
+        way the backend reports that."""
         timeout = max(1, round(self.command_timeout))
         try:
             return await asyncio.wait_for(
                 environment.exec(command, timeout_sec=timeout), self.command_timeout + TIMEOUT_GRACE_SECONDS
             )
         except TimeoutError:
-            raise CommandTimeout from None
+            pass
         except RuntimeError as exc:
             # Docker and the local sandbox raise RuntimeError("... timed out after N seconds"); anything
             # else is the sandbox failing, not the model: let it discard the attempt.
-            if "timed out" in str(exc).lower():
-                raise CommandTimeout from None
-            raise
+            if "timed out" not in str(exc).lower():
+                raise
+        self.stats.timeouts += 1
+        return None
 
 
 def _arguments(raw: object) -> dict[str, Any]:

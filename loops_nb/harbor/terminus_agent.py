@@ -49,9 +49,9 @@ class LoopsTerminus2(LoopsAgent):
 
     def __init__(
         self,
-        logs_dir: Any,
+        logs_dir: Path,
         model_name: str | None = None,
-        *args: Any,
+        *,
         loops_attempt: str | None = None,
         loops_config_dir: str | None = None,
         record_terminal_session: bool = False,
@@ -59,12 +59,7 @@ class LoopsTerminus2(LoopsAgent):
     ) -> None:
         shared = {k: kwargs[k] for k in _SHARED if k in kwargs}
         super().__init__(
-            logs_dir,
-            model_name,
-            *args,
-            loops_attempt=loops_attempt,
-            loops_config_dir=loops_config_dir,
-            **shared,
+            logs_dir, model_name, loops_attempt=loops_attempt, loops_config_dir=loops_config_dir, **shared
         )
         # Harbor warns on every attempt that max_turns limits the episode; in a training run the limit is
         # the config's own choice (`agent_kwargs.max_turns`), so one warning per attempt is noise.
