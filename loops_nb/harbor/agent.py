@@ -23,6 +23,7 @@ import posixpath
 import shlex
 import tempfile
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -30,6 +31,7 @@ from harbor.agents.base import BaseAgent
 from harbor.environments.base import BaseEnvironment
 from harbor.models.agent.context import AgentContext
 
+from loops_nb.llm.chat_messages import ChatMessage
 from loops_nb.llm.client import LoopsLLM
 from loops_nb.runtime import Attempt
 
@@ -67,7 +69,7 @@ class LoopsAgent(BaseAgent):
         self.attempt: Attempt | None = _running.get(loops_attempt) if loops_attempt else None
         if loops_attempt and self.attempt is None:
             raise RuntimeError(f"attempt {loops_attempt} is not running in this process")
-        self.transcript: list[dict[str, Any]] = []
+        self.transcript: list[ChatMessage] = []
         """The conversation as the agent saw it; it becomes the attempt's transcript."""
 
     @staticmethod
@@ -89,14 +91,14 @@ class LoopsAgent(BaseAgent):
         """Nothing to install: the agent runs here. Override to prepare the sandbox."""
 
     @classmethod
-    def expected_calls(cls, agent_kwargs: dict[str, Any]) -> tuple[int, str]:
+    def expected_calls(cls, agent_kwargs: Mapping[str, object]) -> tuple[int, str]:
         """Model calls an episode is expected to make, and what says so: `loops check` multiplies them by a
         call's time on the local scope and compares that with the task's agent timeout. Override it in an
         agent that calls the model more than once."""
         return 1, "at least one model call"
 
     @classmethod
-    def first_prompt(cls, instruction: str, agent_kwargs: dict[str, Any]) -> str:
+    def first_prompt(cls, instruction: str, agent_kwargs: Mapping[str, object]) -> str:
         """The text of the agent's first prompt for `instruction` (its token count sizes a call's prefill)."""
         return instruction
 

@@ -22,7 +22,7 @@ import os
 import shutil
 import sys
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -71,7 +71,7 @@ class HarborRuntime(RolloutRuntime):
         task_names: Sequence[str] | None = None,
         n_tasks: int | None = None,
         provider: str = "local",
-        agent_kwargs: dict[str, Any] | None = None,
+        agent_kwargs: Mapping[str, object] | None = None,
         reward_key: str = "reward",
         keep_trials: Literal["all", "failed", "none"] = "failed",
         agent_timeout_seconds: float | None = None,

@@ -35,6 +35,7 @@ from harbor.models.agent.context import AgentContext
 from pydantic import Field
 
 from loops_nb.harbor.agent import LoopsAgent
+from loops_nb.llm.chat_messages import ToolCall, ToolSpec
 
 if TYPE_CHECKING:
     from loops_nb.llm.client import Reply
@@ -49,7 +50,7 @@ DEFAULT_SYSTEM_PROMPT = (
     "summary and no tool call."
 )
 
-TOOLS: list[dict[str, Any]] = [
+TOOLS: list[ToolSpec] = [
     {
         "type": "function",
         "function": {
@@ -179,7 +180,7 @@ class ShellAgent(LoopsAgent):
         super().populate_context_post_run(context)
         context.metadata = {**(context.metadata or {}), "shell_agent": asdict(self.stats)}
 
-    async def call_tool(self, call: dict[str, Any], environment: BaseEnvironment) -> str:
+    async def call_tool(self, call: ToolCall, environment: BaseEnvironment) -> str:
         """Run one OpenAI-shaped tool call; the text the model reads back (errors included)."""
         self.stats.tool_calls += 1
         function = call.get("function") or {}
@@ -255,7 +256,7 @@ class ShellAgent(LoopsAgent):
         return None
 
 
-def _arguments(raw: object) -> dict[str, Any]:
+def _arguments(raw: object) -> dict[str, object]:
     if isinstance(raw, dict):
         return raw
     if raw is None or raw == "":
@@ -271,7 +272,7 @@ def _arguments(raw: object) -> dict[str, Any]:
     return args
 
 
-def _string(args: dict[str, Any], key: str) -> str:
+def _string(args: dict[str, object], key: str) -> str:
     if key not in args:
         raise ValueError(f"missing argument {key!r}")
     value = args[key]
