@@ -23,6 +23,7 @@ import posixpath
 import shlex
 import tempfile
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -30,6 +31,7 @@ from harbor.agents.base import BaseAgent
 from harbor.environments.base import BaseEnvironment
 from harbor.models.agent.context import AgentContext
 
+from loops_nb.llm.chat_messages import ChatMessage
 from loops_nb.llm.client import LoopsLLM
 from loops_nb.runtime import Attempt
 
@@ -53,15 +55,21 @@ class LoopsAgent(BaseAgent):
     SUPPORTS_ATIF: ClassVar[bool] = False
 
     def __init__(
-        self, *args: Any, loops_attempt: str | None = None, loops_config_dir: str | None = None, **kwargs: Any
+        self,
+        logs_dir: Path,
+        model_name: str | None = None,
+        *,
+        loops_attempt: str | None = None,
+        loops_config_dir: str | None = None,
+        **kwargs: Any,  # Harbor's own keywords and the agent's options (`agent_kwargs`)
     ) -> None:
-        super().__init__(*args, **kwargs)
+        super().__init__(logs_dir, model_name, **kwargs)
         self.config_dir = Path(loops_config_dir) if loops_config_dir else None
         """The training config's directory (relative paths in agent_kwargs are relative to it)."""
         self.attempt: Attempt | None = _running.get(loops_attempt) if loops_attempt else None
         if loops_attempt and self.attempt is None:
             raise RuntimeError(f"attempt {loops_attempt} is not running in this process")
-        self.transcript: list[dict[str, Any]] = []
+        self.transcript: list[ChatMessage] = []
         """The conversation as the agent saw it; it becomes the attempt's transcript."""
 
     @staticmethod
@@ -83,14 +91,14 @@ class LoopsAgent(BaseAgent):
         """Nothing to install: the agent runs here. Override to prepare the sandbox."""
 
     @classmethod
-    def expected_calls(cls, agent_kwargs: dict[str, Any]) -> tuple[int, str]:
+    def expected_calls(cls, agent_kwargs: Mapping[str, object]) -> tuple[int, str]:
         """Model calls an episode is expected to make, and what says so: `loops check` multiplies them by a
         call's time on the local scope and compares that with the task's agent timeout. Override it in an
         agent that calls the model more than once."""
         return 1, "at least one model call"
 
     @classmethod
-    def first_prompt(cls, instruction: str, agent_kwargs: dict[str, Any]) -> str:
+    def first_prompt(cls, instruction: str, agent_kwargs: Mapping[str, object]) -> str:
         """The text of the agent's first prompt for `instruction` (its token count sizes a call's prefill)."""
         return instruction
 

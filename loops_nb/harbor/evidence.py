@@ -105,6 +105,10 @@ def evidence_from_trial(
     )
     if verifier_output:
         transcript.append({"role": "verifier", "content": verifier_output[-4000:]})
+
+    def discard(reason: DiscardReason, detail: str) -> Evidence:
+        return Evidence(reward=None, discarded=reason, detail=detail, metrics=metrics, transcript=transcript)
+
     rewards = dict((result.verifier_result and result.verifier_result.rewards) or {})
     problems = [e for e in result.recorded_exceptions() if not _graded(e)]
     if problems:
@@ -114,31 +118,18 @@ def evidence_from_trial(
         if reason == DiscardReason.ERROR and first.exception_type not in REFUSED_BY_THE_SANDBOX:
             # The user's agent raised: the last lines of the traceback say where.
             detail += "\n" + _where(first.exception_traceback, first.exception_message)
-        evidence = Evidence.discard(reason, detail, **metrics)
-        evidence.transcript = transcript
-        return evidence
+        return discard(reason, detail)
     if not rewards:
-        evidence = Evidence.discard(
-            DiscardReason.NO_REWARD,
-            "the verifier wrote no /logs/verifier/reward.txt or reward.json",
-            **metrics,
+        return discard(
+            DiscardReason.NO_REWARD, "the verifier wrote no /logs/verifier/reward.txt or reward.json"
         )
-        evidence.transcript = transcript
-        return evidence
-    if reward_key in rewards:
-        reward = rewards.pop(reward_key)
-    elif len(rewards) == 1:
-        reward = rewards.pop(next(iter(rewards)))
-    else:
-        evidence = Evidence.discard(
+    if reward_key not in rewards and len(rewards) != 1:
+        return discard(
             DiscardReason.VERIFIER_ERROR,
             f"reward.json has {sorted(rewards)} but no {reward_key!r}: name one entry {reward_key!r}, "
             "or set [runtime.options] reward_key",
-            **metrics,
         )
-        evidence.transcript = transcript
-        return evidence
-    reward = float(reward)
+    reward = float(rewards.pop(reward_key if reward_key in rewards else next(iter(rewards))))
     if not math.isfinite(reward):
         return Evidence.discard(DiscardReason.VERIFIER_ERROR, f"the verifier's reward is {reward}", **metrics)
     metrics.update({f"harbor/{name}": float(value) for name, value in rewards.items()})

@@ -22,7 +22,7 @@ import os
 import shutil
 import sys
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -31,6 +31,7 @@ from loops_nb.harbor.evidence import evidence_from_trial
 from loops_nb.llm.client import bind_llm, unbind_llm
 from loops_nb.model_access import ModelAccessMode
 from loops_nb.providers.adapters import ProviderAdapter, provider_adapter
+from loops_nb.providers.provider_config import LocalProviderConfig
 from loops_nb.runtime import (
     AgentTimeLimit,
     Attempt,
@@ -70,7 +71,7 @@ class HarborRuntime(RolloutRuntime):
         task_names: Sequence[str] | None = None,
         n_tasks: int | None = None,
         provider: str = "local",
-        agent_kwargs: dict[str, Any] | None = None,
+        agent_kwargs: Mapping[str, object] | None = None,
         reward_key: str = "reward",
         keep_trials: Literal["all", "failed", "none"] = "failed",
         agent_timeout_seconds: float | None = None,
@@ -103,7 +104,7 @@ class HarborRuntime(RolloutRuntime):
 
     @property
     def provider(self) -> ProviderAdapter:
-        return provider_adapter(self.provider_name, dict(self.context.providers) if self.context else {})
+        return provider_adapter(self.provider_name, self.context.providers if self.context else {})
 
     def _path(self, value: str) -> Path:
         path = Path(value).expanduser()
@@ -123,12 +124,13 @@ class HarborRuntime(RolloutRuntime):
                 problems.append(f"runtime.options.agent_kwargs: {' '.join(str(exc).split())}")
         except UserError as exc:
             problems.append(str(exc))
-        problems += await asyncio.to_thread(self.provider.problems)
-        if self.provider.type == "local":
-            problems += await self._local_task_problems()
+        provider = self.provider
+        problems += await asyncio.to_thread(provider.problems)
+        if isinstance(provider.config, LocalProviderConfig):
+            problems += await self._local_task_problems(provider.config)
         return problems
 
-    async def _local_task_problems(self) -> list[str]:
+    async def _local_task_problems(self, config: LocalProviderConfig) -> list[str]:
         """What the local sandbox's `start()` would refuse, said now rather than once per attempt; and, as
         warnings, verifier scripts that need what the sandbox cannot give (they end as `verifier_error`)."""
         from harbor.models.task.config import NetworkMode
@@ -137,7 +139,6 @@ class HarborRuntime(RolloutRuntime):
         from loops_nb.providers.local_task_fit import static_problems
         from loops_nb.providers.local_verifier import verifier_warnings
 
-        config = self.provider.config  # type: ignore[attr-defined]
         try:
             skills = bool(self._agent_class().capabilities.skills)
         except (UserError, AttributeError):
@@ -296,7 +297,7 @@ class HarborRuntime(RolloutRuntime):
         return self.context.state_dir / "journal.jsonl"
 
     async def run_attempt(self, attempt: Attempt) -> Evidence:
-        from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig
+        from harbor.models.trial.config import AgentConfig, TaskConfig, TrialConfig
         from harbor.trial.trial import Trial
 
         from loops_nb.harbor.agent import forget_attempt, register_attempt
@@ -315,7 +316,7 @@ class HarborRuntime(RolloutRuntime):
                 },
                 override_timeout_sec=self.agent_timeout_seconds,
             ),
-            environment=EnvironmentConfig(**self.provider.harbor_environment(self._journal())),
+            environment=self.provider.harbor_environment(self._journal()),
         )
         trial_dir = self._trials_dir() / config.trial_name
         kept = f"trial directory: {trial_dir}"

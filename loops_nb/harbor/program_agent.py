@@ -28,13 +28,14 @@ class LoopsProgramAgent(LoopsAgent):
 
     def __init__(
         self,
-        *args: Any,
+        logs_dir: Path,
+        *,
         command: str | list[str] = "",
         output_path: str = "/app/answer.txt",
         program_timeout: float = 300.0,
         **kwargs: Any,
     ) -> None:
-        super().__init__(*args, **kwargs)
+        super().__init__(logs_dir, **kwargs)
         argv = shlex.split(command) if isinstance(command, str) else list(command)
         if not argv:
             raise ValueError('LoopsProgramAgent needs agent_kwargs.command, e.g. ["python", "agent.py"]')

@@ -26,15 +26,16 @@ import asyncio
 import json
 import shlex
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from harbor.agents.options import AgentOptions
-from harbor.environments.base import BaseEnvironment
+from harbor.environments.base import BaseEnvironment, ExecResult
 from harbor.models.agent.context import AgentContext
 from pydantic import Field
 
-from loops_nb.errors import SandboxError
 from loops_nb.harbor.agent import LoopsAgent
+from loops_nb.llm.chat_messages import ToolCall, ToolSpec
 
 if TYPE_CHECKING:
     from loops_nb.llm.client import Reply
@@ -49,7 +50,7 @@ DEFAULT_SYSTEM_PROMPT = (
     "summary and no tool call."
 )
 
-TOOLS: list[dict[str, Any]] = [
+TOOLS: list[ToolSpec] = [
     {
         "type": "function",
         "function": {
@@ -89,10 +90,6 @@ TIMEOUT_GRACE_SECONDS = 30.0
 """How long past `command_timeout` to wait for a backend that ignores its own timeout."""
 WRITE_CHUNK_CHARS = 32_000
 """`write_file` sends content in pieces of this size: one shell argument must stay under Linux's 128 KiB."""
-
-
-class CommandTimeout(SandboxError):
-    """A command ran past its timeout (the model's doing, so it is answered as a tool result)."""
 
 
 @dataclass
@@ -137,8 +134,8 @@ class ShellAgent(LoopsAgent):
 
     options_model: ClassVar[type[AgentOptions] | None] = ShellAgentOptions
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)  # Harbor validates the options against `options_model`
+    def __init__(self, logs_dir: Path, **kwargs: Any) -> None:
+        super().__init__(logs_dir, **kwargs)  # Harbor validates the options against `options_model`
         options = self.options if isinstance(self.options, ShellAgentOptions) else ShellAgentOptions()
         self.max_turns = options.max_turns
         self.command_timeout = options.command_timeout
@@ -183,7 +180,7 @@ class ShellAgent(LoopsAgent):
         super().populate_context_post_run(context)
         context.metadata = {**(context.metadata or {}), "shell_agent": asdict(self.stats)}
 
-    async def call_tool(self, call: dict[str, Any], environment: BaseEnvironment) -> str:
+    async def call_tool(self, call: ToolCall, environment: BaseEnvironment) -> str:
         """Run one OpenAI-shaped tool call; the text the model reads back (errors included)."""
         self.stats.tool_calls += 1
         function = call.get("function") or {}
@@ -204,10 +201,8 @@ class ShellAgent(LoopsAgent):
         if not command.strip():
             raise ValueError("command is empty")
         self.stats.commands += 1
-        try:
-            result = await self._exec(environment, command)
-        except CommandTimeout:
-            self.stats.timeouts += 1
+        result = await self._exec(environment, command)
+        if result is None:
             return f"error: the command timed out after {self.command_timeout:g} seconds and was stopped"
         if result.return_code != 0:
             self.stats.nonzero_exits += 1
@@ -230,10 +225,8 @@ class ShellAgent(LoopsAgent):
             command = f"printf %s {shlex.quote(piece)} {'>' if i == 0 else '>>'} {target}"
             if i == 0:
                 command = f'mkdir -p -- "$(dirname -- {target})" && {command}'
-            try:
-                result = await self._exec(environment, command)
-            except CommandTimeout:
-                self.stats.timeouts += 1
+            result = await self._exec(environment, command)
+            if result is None:
                 return f"error: writing {path} timed out after {self.command_timeout:g} seconds"
             if result.return_code != 0:
                 self.stats.tool_errors += 1
@@ -244,24 +237,26 @@ class ShellAgent(LoopsAgent):
         self.stats.files_written += 1
         return f"wrote {len(content.encode())} bytes to {path}"
 
-    async def _exec(self, environment: BaseEnvironment, command: str) -> Any:
-        """`environment.exec` with the per-command timeout, whichever way the backend reports it."""
+    async def _exec(self, environment: BaseEnvironment, command: str) -> ExecResult | None:
+        """`environment.exec` with the per-command timeout; None (counted) when it ran past it, whichever
+        way the backend reports that."""
         timeout = max(1, round(self.command_timeout))
         try:
             return await asyncio.wait_for(
                 environment.exec(command, timeout_sec=timeout), self.command_timeout + TIMEOUT_GRACE_SECONDS
             )
         except TimeoutError:
-            raise CommandTimeout from None
+            pass
         except RuntimeError as exc:
             # Docker and the local sandbox raise RuntimeError("... timed out after N seconds"); anything
             # else is the sandbox failing, not the model: let it discard the attempt.
-            if "timed out" in str(exc).lower():
-                raise CommandTimeout from None
-            raise
+            if "timed out" not in str(exc).lower():
+                raise
+        self.stats.timeouts += 1
+        return None
 
 
-def _arguments(raw: object) -> dict[str, Any]:
+def _arguments(raw: object) -> dict[str, object]:
     if isinstance(raw, dict):
         return raw
     if raw is None or raw == "":
@@ -277,7 +272,7 @@ def _arguments(raw: object) -> dict[str, Any]:
     return args
 
 
-def _string(args: dict[str, Any], key: str) -> str:
+def _string(args: dict[str, object], key: str) -> str:
     if key not in args:
         raise ValueError(f"missing argument {key!r}")
     value = args[key]

@@ -17,7 +17,7 @@ because a run's `max_turns` is its config's choice, not news on every attempt.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +31,7 @@ from harbor.environments.base import BaseEnvironment
 from harbor.models.agent.context import AgentContext
 
 from loops_nb.harbor.agent import LoopsAgent
+from loops_nb.llm.chat_messages import ChatMessage
 
 if TYPE_CHECKING:
     from harbor.models.trajectories.step import Step
@@ -49,9 +50,9 @@ class LoopsTerminus2(LoopsAgent):
 
     def __init__(
         self,
-        logs_dir: Any,
+        logs_dir: Path,
         model_name: str | None = None,
-        *args: Any,
+        *,
         loops_attempt: str | None = None,
         loops_config_dir: str | None = None,
         record_terminal_session: bool = False,
@@ -59,12 +60,7 @@ class LoopsTerminus2(LoopsAgent):
     ) -> None:
         shared = {k: kwargs[k] for k in _SHARED if k in kwargs}
         super().__init__(
-            logs_dir,
-            model_name,
-            *args,
-            loops_attempt=loops_attempt,
-            loops_config_dir=loops_config_dir,
-            **shared,
+            logs_dir, model_name, loops_attempt=loops_attempt, loops_config_dir=loops_config_dir, **shared
         )
         # Harbor warns on every attempt that max_turns limits the episode; in a training run the limit is
         # the config's own choice (`agent_kwargs.max_turns`), so one warning per attempt is noise.
@@ -79,14 +75,14 @@ class LoopsTerminus2(LoopsAgent):
         return "loops-terminus-2"
 
     @classmethod
-    def expected_calls(cls, agent_kwargs: dict[str, Any]) -> tuple[int, str]:
+    def expected_calls(cls, agent_kwargs: Mapping[str, object]) -> tuple[int, str]:
         turns = agent_kwargs.get("max_turns")
         if isinstance(turns, int) and turns > 0:
             return turns, f"agent_kwargs.max_turns = {turns}"
         return 2, "Terminus-2's least: an answer and its confirmation"
 
     @classmethod
-    def first_prompt(cls, instruction: str, agent_kwargs: dict[str, Any]) -> str:
+    def first_prompt(cls, instruction: str, agent_kwargs: Mapping[str, object]) -> str:
         parser = agent_kwargs.get("parser_name") or "json"
         template = Path(terminus_2.__file__).parent / "templates" / f"terminus-{parser}-plain.txt"
         try:
@@ -131,17 +127,17 @@ class LoopsTerminus2(LoopsAgent):
             self.record_transcript(context)
 
 
-def terminus_transcript(steps: Sequence[Step], calls: Sequence[ModelCall]) -> list[dict[str, Any]]:
+def terminus_transcript(steps: Sequence[Step], calls: Sequence[ModelCall]) -> list[ChatMessage]:
     """An episode as a person reads it: Terminus-2's prompt, then per model call its reply, the keystrokes it
     sent to tmux and what the pane showed. Without Terminus-2's steps (it failed before recording one),
     the captured calls' replies."""
-    transcript: list[dict[str, Any]] = []
+    transcript: list[ChatMessage] = []
     for step in steps:
         message = step.message if isinstance(step.message, str) else str(step.message)
         if step.source != "agent":
             transcript.append({"role": "user" if step.source == "user" else "system", "content": message})
             continue
-        turn: dict[str, Any] = {"role": "assistant", "content": message}
+        turn: ChatMessage = {"role": "assistant", "content": message}
         if step.reasoning_content:
             turn["reasoning"] = step.reasoning_content
         keystrokes = [

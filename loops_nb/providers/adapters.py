@@ -12,8 +12,9 @@ import importlib.util
 import os
 import shutil
 import subprocess
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, ClassVar
 
 from loops_nb.errors import ConfigError
 from loops_nb.providers.bubblewrap import SandboxUnavailable, bwrap_path, remove_tree
@@ -22,49 +23,72 @@ from loops_nb.providers.provider_config import (
     DaytonaProviderConfig,
     DockerProviderConfig,
     LocalProviderConfig,
+    ProviderConfig,
 )
 from loops_nb.resources import ResourceEntry
+
+if TYPE_CHECKING:
+    from harbor.models.trial.config import EnvironmentConfig
 
 SANDBOX_DIR_NAME = "loops_nb_sandboxes"
 
 
-class ProviderAdapter(Protocol):
-    name: str
-    type: str
+class ProviderAdapter:
+    """One `[providers.<name>]` table's backend. A subclass names its `type`, its config model, the Python
+    modules it needs (and the extra that installs them) and, for a journalled sandbox, its Harbor class."""
 
-    def problems(self) -> list[str]:
-        """What stops this provider from working here (missing extra, credentials, tools); [] if none."""
-        ...
+    type: ClassVar[str]
+    config_model: ClassVar[Callable[[], ProviderConfig]]
+    modules: ClassVar[tuple[str, ...]] = ("harbor",)
+    extra: ClassVar[str] = "harbor"
+    environment_class: ClassVar[str] = ""
+    """`module:Class` of the journalled Harbor environment, which gets the config's fields as kwargs."""
 
-    def harbor_environment(self, journal: Path) -> dict[str, Any]:
-        """Harbor `EnvironmentConfig` fields for a trial whose sandboxes go in `journal`."""
-        ...
-
-    async def release(self, entry: ResourceEntry) -> str:
-        """Release a journalled resource; returns what was done, for the cleanup report."""
-        ...
-
-
-def _missing_extra(module: str, extra: str) -> str | None:
-    if importlib.util.find_spec(module) is None:
-        return f"the {extra} extra is not installed: `uv sync --extra {extra}`"
-    return None
-
-
-class LocalProvider:
-    type = "local"
-
-    def __init__(self, name: str, config: LocalProviderConfig) -> None:
+    def __init__(self, name: str, config: ProviderConfig) -> None:
         self.name, self.config = name, config
 
     def problems(self) -> list[str]:
-        missing = _missing_extra("harbor", "harbor")
-        if missing:
-            return [f"providers.{self.name}: {missing}"]
+        """What stops this provider from working here (missing extra, credentials, tools); [] if none."""
+        for module in self.modules:
+            if importlib.util.find_spec(module) is None:
+                return [
+                    f"providers.{self.name}: the {self.extra} extra is not installed: `uv sync --extra {self.extra}`"
+                ]
+        return [f"providers.{self.name}: {problem}" for problem in self.backend_problems()]
+
+    def backend_problems(self) -> list[str]:
+        """What the backend itself lacks here (tools, credentials), once its modules are installed."""
+        return []
+
+    def harbor_environment(self, journal: Path) -> EnvironmentConfig:
+        """Harbor's `EnvironmentConfig` for a trial whose sandboxes go in `journal`."""
+        from harbor.models.trial.config import EnvironmentConfig
+
+        options = self.config.model_dump(mode="json", exclude={"type"}, exclude_none=True)
+        return EnvironmentConfig(
+            import_path=self.environment_class, kwargs={"loops_journal": str(journal), **options}
+        )
+
+    async def release(self, entry: ResourceEntry) -> str:
+        """Release a journalled resource; returns what was done, for the cleanup report."""
+        raise NotImplementedError
+
+
+def _not_found(exc: Exception) -> bool:
+    return "not found" in str(exc).lower() or "404" in str(exc)
+
+
+class LocalProvider(ProviderAdapter):
+    type = "local"
+    config_model = LocalProviderConfig
+    environment_class = "loops_nb.providers.local:LocalSandboxEnvironment"
+    config: LocalProviderConfig
+
+    def backend_problems(self) -> list[str]:
         try:
             bwrap = bwrap_path()
         except SandboxUnavailable as exc:
-            return [f"providers.{self.name}: {exc}"]
+            return [str(exc)]
         probe = subprocess.run(
             [bwrap, "--ro-bind", "/", "/", "--unshare-pid", "--unshare-net", "true"],
             capture_output=True,
@@ -73,27 +97,16 @@ class LocalProvider:
         )
         if probe.returncode != 0:
             return [
-                f"providers.{self.name}: bubblewrap cannot create a sandbox here ({probe.stderr.strip()[:200]}); "
-                "it needs unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1) or root"
+                f"bubblewrap cannot create a sandbox here ({probe.stderr.strip()[:200]}); it needs "
+                "unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1) or root"
             ]
         return []
 
-    def scratch_root(self) -> Path:
+    def harbor_environment(self, journal: Path) -> EnvironmentConfig:
+        config = super().harbor_environment(journal)
         base = self.config.scratch_dir or Path(os.environ.get("TMPDIR", "/tmp"))
-        return Path(base).resolve()
-
-    def harbor_environment(self, journal: Path) -> dict[str, Any]:
-        return {
-            "import_path": "loops_nb.providers.local:LocalSandboxEnvironment",
-            "kwargs": {
-                "loops_journal": str(journal),
-                "scratch_dir": str(self.scratch_root()),
-                "network": self.config.network,
-                "hidden_paths": list(self.config.hidden_paths),
-                "ignore_dockerfile": self.config.ignore_dockerfile,
-                "keep_sandboxes": self.config.keep_sandboxes,
-            },
-        }
+        config.kwargs["scratch_dir"] = str(Path(base).resolve())
+        return config
 
     async def release(self, entry: ResourceEntry) -> str:
         path = Path(entry.provider_id or entry.detail.get("path") or "")
@@ -108,62 +121,48 @@ class LocalProvider:
         return f"removed {path}"
 
 
-class DockerProvider:
+class DockerProvider(ProviderAdapter):
     type = "docker"
+    config_model = DockerProviderConfig
+    config: DockerProviderConfig
 
-    def __init__(self, name: str, config: DockerProviderConfig) -> None:
-        self.name, self.config = name, config
-
-    def problems(self) -> list[str]:
-        missing = _missing_extra("harbor", "harbor")
-        if missing:
-            return [f"providers.{self.name}: {missing}"]
+    def backend_problems(self) -> list[str]:
         if shutil.which("docker") is None:
             return [
-                f"providers.{self.name}: the docker CLI is not on PATH; install Docker, or use the local "
-                "provider (bubblewrap) or blaxel/daytona"
+                "the docker CLI is not on PATH; install Docker, or use the local provider (bubblewrap) or "
+                "blaxel/daytona"
             ]
         info = subprocess.run(["docker", "info"], capture_output=True, text=True, timeout=30)
         if info.returncode != 0:
-            return [f"providers.{self.name}: the Docker daemon is not reachable (`docker info` failed)"]
+            return ["the Docker daemon is not reachable (`docker info` failed)"]
         return []
 
-    def harbor_environment(self, journal: Path) -> dict[str, Any]:
-        return {"type": "docker", "force_build": self.config.force_build}
+    def harbor_environment(self, journal: Path) -> EnvironmentConfig:
+        from harbor.models.trial.config import EnvironmentConfig
+
+        return EnvironmentConfig(type="docker", force_build=self.config.force_build)
 
     async def release(self, entry: ResourceEntry) -> str:
         return "docker sandboxes are Harbor's and not journalled: check `docker ps`"
 
 
-class BlaxelProvider:
+class BlaxelProvider(ProviderAdapter):
     type = "blaxel"
+    config_model = BlaxelProviderConfig
+    modules = ("harbor", "blaxel")
+    extra = "harbor-blaxel"
+    environment_class = "loops_nb.providers.blaxel:JournalledBlaxelEnvironment"
 
-    def __init__(self, name: str, config: BlaxelProviderConfig) -> None:
-        self.name, self.config = name, config
-
-    def problems(self) -> list[str]:
-        for module, extra in (("harbor", "harbor-blaxel"), ("blaxel", "harbor-blaxel")):
-            missing = _missing_extra(module, extra)
-            if missing:
-                return [f"providers.{self.name}: {missing}"]
+    def backend_problems(self) -> list[str]:
         has_key = os.environ.get("BL_API_KEY") or os.environ.get("BL_CLIENT_CREDENTIALS")
         has_workspace = os.environ.get("BL_WORKSPACE")
-        login = Path.home() / ".blaxel" / "config.yaml"
-        if (has_key and has_workspace) or login.is_file():
+        if (has_key and has_workspace) or (Path.home() / ".blaxel" / "config.yaml").is_file():
             return []
-        missing_vars = [v for v, ok in (("BL_API_KEY", has_key), ("BL_WORKSPACE", has_workspace)) if not ok]
+        missing = [v for v, ok in (("BL_API_KEY", has_key), ("BL_WORKSPACE", has_workspace)) if not ok]
         return [
-            f"providers.{self.name}: Blaxel credentials missing: set {' and '.join(missing_vars)} "
-            "(in the environment or .env), or run `bl login`"
+            f"Blaxel credentials missing: set {' and '.join(missing)} (in the environment or .env), "
+            "or run `bl login`"
         ]
-
-    def harbor_environment(self, journal: Path) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {"loops_journal": str(journal)}
-        if self.config.region:
-            kwargs["region"] = self.config.region
-        if self.config.ttl:
-            kwargs["ttl"] = self.config.ttl
-        return {"import_path": "loops_nb.providers.blaxel:JournalledBlaxelEnvironment", "kwargs": kwargs}
 
     async def release(self, entry: ResourceEntry) -> str:
         from blaxel.core import SandboxInstance
@@ -174,39 +173,28 @@ class BlaxelProvider:
         try:
             await SandboxInstance.delete(name)
         except Exception as exc:
-            if "not found" in str(exc).lower() or "404" in str(exc):
+            if _not_found(exc):
                 return f"already gone: {name}"
             raise
         return f"deleted Blaxel sandbox {name}"
 
 
-class DaytonaProvider:
+class DaytonaProvider(ProviderAdapter):
     type = "daytona"
+    config_model = DaytonaProviderConfig
+    modules = ("harbor", "daytona")
+    extra = "harbor-daytona"
+    environment_class = "loops_nb.providers.daytona:JournalledDaytonaEnvironment"
 
-    def __init__(self, name: str, config: DaytonaProviderConfig) -> None:
-        self.name, self.config = name, config
-
-    def problems(self) -> list[str]:
-        for module, extra in (("harbor", "harbor-daytona"), ("daytona", "harbor-daytona")):
-            missing = _missing_extra(module, extra)
-            if missing:
-                return [f"providers.{self.name}: {missing}"]
+    def backend_problems(self) -> list[str]:
         if os.environ.get("DAYTONA_API_KEY"):
             return []
         if os.environ.get("DAYTONA_JWT_TOKEN") and os.environ.get("DAYTONA_ORGANIZATION_ID"):
             return []
         return [
-            f"providers.{self.name}: Daytona credentials missing: set DAYTONA_API_KEY, or DAYTONA_JWT_TOKEN "
-            "and DAYTONA_ORGANIZATION_ID (in the environment or .env)"
+            "Daytona credentials missing: set DAYTONA_API_KEY, or DAYTONA_JWT_TOKEN and "
+            "DAYTONA_ORGANIZATION_ID (in the environment or .env)"
         ]
-
-    def harbor_environment(self, journal: Path) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {"loops_journal": str(journal)}
-        if self.config.auto_stop_interval_mins is not None:
-            kwargs["auto_stop_interval_mins"] = self.config.auto_stop_interval_mins
-        if self.config.ttl_minutes is not None:
-            kwargs["ttl_minutes"] = self.config.ttl_minutes
-        return {"import_path": "loops_nb.providers.daytona:JournalledDaytonaEnvironment", "kwargs": kwargs}
 
     async def release(self, entry: ResourceEntry) -> str:
         from daytona import AsyncDaytona, ListSandboxesQuery
@@ -216,7 +204,7 @@ class DaytonaProvider:
                 try:
                     sandbox = await client.get(entry.provider_id)
                 except Exception as exc:
-                    if "not found" in str(exc).lower() or "404" in str(exc):
+                    if _not_found(exc):
                         return f"already gone: {entry.provider_id}"
                     raise
                 await client.delete(sandbox)
@@ -226,8 +214,7 @@ class DaytonaProvider:
             if not session:
                 return "skipped: no sandbox id or session in the journal"
             deleted = []
-            query = ListSandboxesQuery(labels={"harbor.session_id": session})
-            async for sandbox in client.list(query):
+            async for sandbox in client.list(ListSandboxesQuery(labels={"harbor.session_id": session})):
                 await client.delete(sandbox)
                 deleted.append(sandbox.id)
             return (
@@ -237,28 +224,17 @@ class DaytonaProvider:
             )
 
 
-ADAPTERS = {
-    "local": LocalProvider,
-    "docker": DockerProvider,
-    "blaxel": BlaxelProvider,
-    "daytona": DaytonaProvider,
+ADAPTERS: dict[str, type[ProviderAdapter]] = {
+    adapter.type: adapter for adapter in (LocalProvider, DockerProvider, BlaxelProvider, DaytonaProvider)
 }
 
 
-def provider_adapter(name: str, providers: dict[str, Any]) -> ProviderAdapter:
+def provider_adapter(name: str, providers: Mapping[str, ProviderConfig]) -> ProviderAdapter:
     """The adapter of `[providers.<name>]`; a built-in type's name works without a table."""
     config = providers.get(name)
     if config is None:
         if name not in ADAPTERS:
             known = sorted({*providers, *ADAPTERS})
             raise ConfigError(f"no [providers.{name}] table: add one, or use one of {known}")
-        from loops_nb.providers import provider_config as models
-
-        default = {
-            "local": models.LocalProviderConfig,
-            "docker": models.DockerProviderConfig,
-            "blaxel": models.BlaxelProviderConfig,
-            "daytona": models.DaytonaProviderConfig,
-        }[name]
-        config = default()
+        config = ADAPTERS[name].config_model()
     return ADAPTERS[config.type](name, config)

@@ -7,8 +7,6 @@ cleanup` deletes by; `created` and `released` follow Harbor's start and stop. Ne
 
 from __future__ import annotations
 
-from typing import Any
-
 from harbor.environments.blaxel import BlaxelEnvironment, BlaxelOptions
 
 from loops_nb.providers.journalled import JournalledSandbox
@@ -22,10 +20,6 @@ class JournalledBlaxelOptions(BlaxelOptions):
 class JournalledBlaxelEnvironment(JournalledSandbox, BlaxelEnvironment):
     options_model = JournalledBlaxelOptions
     provider = "blaxel"
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._journal_open(getattr(self.options, "loops_journal", None))
 
     async def start(self, force_build: bool) -> None:
         name = self._require_sandbox_name()

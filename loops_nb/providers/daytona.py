@@ -8,8 +8,6 @@ is requested, `created` with the sandbox id, `released` once Harbor deleted it. 
 
 from __future__ import annotations
 
-from typing import Any
-
 from harbor.environments.daytona.environment import DaytonaEnvironment, DaytonaOptions
 
 from loops_nb.providers.journalled import JournalledSandbox
@@ -23,10 +21,6 @@ class JournalledDaytonaOptions(DaytonaOptions):
 class JournalledDaytonaEnvironment(JournalledSandbox, DaytonaEnvironment):
     options_model = JournalledDaytonaOptions
     provider = "daytona"
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._journal_open(getattr(self.options, "loops_journal", None))
 
     async def start(self, force_build: bool) -> None:
         self._journal_intent(session=self.session_id, task=self.environment_name)

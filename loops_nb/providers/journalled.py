@@ -1,12 +1,14 @@
 """`JournalledSandbox`: the journal bookkeeping a Harbor environment does around its own start and stop.
 
 Harbor builds environments by import path, with JSON keyword arguments; the run passes the journal's
-path as `loops_journal`. The environment journals `intent` before it asks its backend for a sandbox,
-`created` with the backend's id once it exists, and `released` after it is deleted, so a crash at any
-point leaves a journal line `loops cleanup` can act on.
+path as `loops_journal` (a field of the environment's options model). The environment journals `intent`
+before it asks its backend for a sandbox, `created` with the backend's id once it exists, and `released`
+after it is deleted, so a crash at any point leaves a journal line `loops cleanup` can act on.
 """
 
 from __future__ import annotations
+
+from functools import cached_property
 
 from loops_nb.resources import ResourceEntry, ResourceJournal
 
@@ -15,10 +17,13 @@ class JournalledSandbox:
     """Mixed into a Harbor environment class; `provider` names the `[providers.<name>]` adapter type."""
 
     provider: str = ""
+    _journal_entry: ResourceEntry | None = None
 
-    def _journal_open(self, path: str | None) -> None:
-        self._journal = ResourceJournal.at(path) if path else None
-        self._journal_entry: ResourceEntry | None = None
+    @cached_property
+    def _journal(self) -> ResourceJournal | None:
+        # Harbor sets `options` (its options model, parsed from the kwargs) in the environment's __init__.
+        path = getattr(getattr(self, "options", None), "loops_journal", None)
+        return ResourceJournal.at(path) if path else None
 
     def _journal_intent(self, **detail: object) -> None:
         if self._journal is not None:

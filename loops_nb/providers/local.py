@@ -19,8 +19,10 @@ import logging
 import shutil
 import tempfile
 import uuid
+from collections.abc import Callable
+from functools import cached_property
 from pathlib import Path, PurePosixPath
-from typing import Any, Literal
+from typing import Literal
 
 from harbor.environments.base import BaseEnvironment, ExecResult
 from harbor.environments.capabilities import EnvironmentCapabilities
@@ -70,18 +72,19 @@ class LocalSandboxEnvironment(JournalledSandbox, BaseEnvironment):
     options_model = LocalSandboxOptions
     provider = "local"
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        options = self.options
-        assert isinstance(options, LocalSandboxOptions)  # Harbor parses the kwargs into `options_model`
-        self._options = options
-        self._journal_open(options.loops_journal)
-        self._plan = read_dockerfile(self.environment_dir / "Dockerfile")
-        self._sandbox: BubblewrapSandbox | None = None
-        self._died: SandboxDied | None = None
-        self._paths = EnvironmentPaths.for_os(self.os)
-        self._tests_uploaded = False
-        self._ever_started = False
+    _sandbox: BubblewrapSandbox | None = None
+    _died: SandboxDied | None = None
+    _tests_uploaded = False
+    _ever_started = False
+
+    @property
+    def _options(self) -> LocalSandboxOptions:
+        assert isinstance(self.options, LocalSandboxOptions)  # Harbor parses the kwargs into `options_model`
+        return self.options
+
+    @cached_property
+    def _paths(self) -> EnvironmentPaths:
+        return EnvironmentPaths.for_os(self.os)
 
     @staticmethod
     def type() -> str:
@@ -102,11 +105,12 @@ class LocalSandboxEnvironment(JournalledSandbox, BaseEnvironment):
         if problems:  # the same lines `loops check` prints, so a bad task never reaches its first trial
             raise TaskNeedsImage(problems[0])
         bwrap_path()
+        plan = read_dockerfile(self.environment_dir / "Dockerfile")
         scratch = Path(options.scratch_dir or tempfile.gettempdir()) / "loops_nb_sandboxes"
         root = scratch / f"{self.session_id}-{uuid.uuid4().hex[:8]}"
         self._journal_intent(session=self.session_id, task=self.environment_name, path=str(root))
-        workdir = self.task_env_config.workdir or self._plan.workdir or DEFAULT_WORKDIR
-        writable = writable_paths(self._plan, workdir, self.os, self.task_env_config.skills_dir)
+        workdir = self.task_env_config.workdir or plan.workdir or DEFAULT_WORKDIR
+        writable = writable_paths(plan, workdir, self.os, self.task_env_config.skills_dir)
         host_binds = {
             str(m["target"]): Path(m["source"]) for m in self._host_mounts if m.get("type") == "bind"
         }
@@ -123,9 +127,9 @@ class LocalSandboxEnvironment(JournalledSandbox, BaseEnvironment):
         self._sandbox.create()
         self._journal_created(str(root), path=str(root))
         await self._sandbox.start()
-        task_env = {**self._plan.env, **(self.task_env_config.env or {})}
+        task_env = {**plan.env, **(self.task_env_config.env or {})}
         self._persistent_env: dict[str, str] = {**task_env, **self._persistent_env}
-        for source, dest in self._plan.copies:  # static_problems() checked sources and destinations
+        for source, dest in plan.copies:  # static_problems() checked sources and destinations
             await self._copy_in((self.environment_dir / source).resolve(), dest)
 
     async def _copy_in(self, source: Path, target: str) -> None:
@@ -219,27 +223,23 @@ class LocalSandboxEnvironment(JournalledSandbox, BaseEnvironment):
         host = self._require().host_path(target_dir)
         await asyncio.to_thread(shutil.copytree, source_dir, host, dirs_exist_ok=True)
 
-    def _never_started(self) -> bool:
-        """Whether start() refused the task (or never ran): there is no sandbox and nothing in it to fetch.
-        Harbor still asks for the agent's logs; one quiet no-op beats a traceback per attempt, and the
-        attempt's detail already says why it never started."""
-        return self._sandbox is None and self._died is None and not self._ever_started
-
     async def download_file(self, source_path: str, target_path: Path | str) -> None:
-        if self._never_started():
-            return
-        host = self._require().host_path(source_path)
-        if not host.is_file():
-            raise FileNotFoundError(f"{source_path} does not exist in the sandbox")
-        Path(target_path).parent.mkdir(parents=True, exist_ok=True)
-        await asyncio.to_thread(shutil.copy2, host, target_path)
+        if host := self._download_source(source_path, Path.is_file):
+            Path(target_path).parent.mkdir(parents=True, exist_ok=True)
+            await asyncio.to_thread(shutil.copy2, host, target_path)
 
     async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
-        if self._never_started():
-            return
-        host = self._require().host_path(source_dir)
-        if not host.is_dir():
-            raise FileNotFoundError(f"{source_dir} does not exist in the sandbox")
-        if host.resolve() == Path(target_dir).resolve():
-            return  # auto-mounted: the sandbox wrote straight into the trial directory
-        await asyncio.to_thread(shutil.copytree, host, target_dir, dirs_exist_ok=True)
+        host = self._download_source(source_dir, Path.is_dir)
+        # Auto-mounted: the sandbox wrote straight into the trial directory.
+        if host and host.resolve() != Path(target_dir).resolve():
+            await asyncio.to_thread(shutil.copytree, host, target_dir, dirs_exist_ok=True)
+
+    def _download_source(self, source: str, exists: Callable[[Path], bool]) -> Path | None:
+        """The host path to download `source` from; None when the sandbox never started (Harbor still asks
+        for the agent's logs: one quiet no-op beats a traceback per attempt, whose detail says why)."""
+        if self._sandbox is None and self._died is None and not self._ever_started:
+            return None
+        host = self._require().host_path(source)
+        if not exists(host):
+            raise FileNotFoundError(f"{source} does not exist in the sandbox")
+        return host
