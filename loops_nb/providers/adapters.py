@@ -252,13 +252,11 @@ def provider_adapter(name: str, providers: dict[str, Any]) -> ProviderAdapter:
         if name not in ADAPTERS:
             known = sorted({*providers, *ADAPTERS})
             raise ConfigError(f"no [providers.{name}] table: add one, or use one of {known}")
-        from loops_nb.providers import provider_config as models
-
         default = {
-            "local": models.LocalProviderConfig,
-            "docker": models.DockerProviderConfig,
-            "blaxel": models.BlaxelProviderConfig,
-            "daytona": models.DaytonaProviderConfig,
+            "local": LocalProviderConfig,
+            "docker": DockerProviderConfig,
+            "blaxel": BlaxelProviderConfig,
+            "daytona": DaytonaProviderConfig,
         }[name]
         config = default()
     return ADAPTERS[config.type](name, config)
