@@ -80,11 +80,6 @@ class Sampled:
     exact_text: str
     parse_tools: bool
 
-    def first(self) -> tuple[str, list[ToolCall]]:
-        """The first reply's content and tool calls, as the agent gets them."""
-        content, tool_calls, _ = answer(self.replies[0], self.parse_tools)
-        return content, tool_calls
-
     def tokens(self) -> tuple[int, int]:
         """The prompt's tokens and all the replies' tokens."""
         return len(self.call.prompt_tokens), sum(r.tokens for r in self.replies)
@@ -126,7 +121,7 @@ async def _sample(lease: AttemptLease, req: chat_wire.ChatRequest) -> Sampled:
 def _delivered(lease: AttemptLease, sampled: Sampled) -> None:
     """A reply reached its agent: it is the attempt's turn, and may come back in a later conversation."""
     lease.calls += 1
-    content, tool_calls = sampled.first()
+    content, tool_calls, _ = answer(sampled.replies[0], sampled.parse_tools)
     lease.returned.append(ReturnedReply(content, tool_key(tool_calls), sampled.exact_text))
 
 
