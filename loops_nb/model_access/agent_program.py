@@ -27,12 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loops_nb.model_access.agent_env import agent_process_env
-from loops_nb.model_access.agent_env import refused_agent_env_name as refused_agent_env_name
 from loops_nb.runtime import Attempt
 
 log = logging.getLogger(__name__)
-
-# refused_agent_env_name lives in agent_env.py; loops_nb/rl/config.py still imports it from here.
 
 # -- isolation ------------------------------------------------------------------------------------
 ISOLATION_ARGS = ("--die-with-parent", "--unshare-pid", "--dev-bind", "/", "/", "--proc", "/proc")

@@ -10,10 +10,17 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+
+from openai.types import CompletionUsage
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from openai.types.chat.chat_completion import Choice
+from openai.types.chat.chat_completion_chunk import Choice as ChunkChoice
+from openai.types.chat.chat_completion_chunk import ChoiceDelta
+from pydantic import BaseModel
 
 from loops_nb.errors import ModelAccessError
+from loops_nb.llm.chat_messages import ChatMessage, ToolCall, ToolSpec
 
 ROLES = {"system", "developer", "user", "assistant", "tool"}
 MAX_CHOICES = 16
@@ -28,15 +35,17 @@ class InvalidAgentRequest(ModelAccessError):
         self.code = code
 
 
-def error_body(message: str, kind: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+def error_body(
+    message: str, kind: str, param: str | None = None, code: str | None = None
+) -> dict[str, object]:
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 @dataclass
 class ChatRequest:
     model: str
-    messages: list[dict[str, Any]]
-    tools: list[dict[str, Any]] | None = None
+    messages: list[ChatMessage]
+    tools: list[ToolSpec] | None = None
     parse_tools: bool = True
     """False under tool_choice "none": tool-call text is returned as content, not as calls."""
     temperature: float | None = None
@@ -46,52 +55,50 @@ class ChatRequest:
     n: int = 1
     stream: bool = False
     include_usage: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
-def number(body: dict[str, Any], key: str, low: float, high: float) -> float | None:
+def _bounded[N: (int, float)](body: dict[str, object], key: str, kind: type[N], low: N, high: N) -> N | None:
     value = body.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidAgentRequest(f"{key} must be a number, got {type(value).__name__}", key)
+    if isinstance(value, bool) or not isinstance(value, int | kind):
+        article = "an integer" if kind is int else "a number"
+        raise InvalidAgentRequest(f"{key} must be {article}, got {type(value).__name__}", key)
     if not low <= value <= high:
-        raise InvalidAgentRequest(f"{key} must be between {low:g} and {high:g}, got {value}", key)
-    return float(value)
+        bounds = f"{low} and {high}" if kind is int else f"{low:g} and {high:g}"
+        raise InvalidAgentRequest(f"{key} must be between {bounds}, got {value}", key)
+    return kind(value)
 
 
-def integer(body: dict[str, Any], key: str, low: int, high: int) -> int | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidAgentRequest(f"{key} must be an integer, got {type(value).__name__}", key)
-    if not low <= value <= high:
-        raise InvalidAgentRequest(f"{key} must be between {low} and {high}, got {value}", key)
-    return value
+def number(body: dict[str, object], key: str, low: float, high: float) -> float | None:
+    return _bounded(body, key, float, low, high)
 
 
-def _content(value: object, where: str) -> str | None:
-    """Message content: a string, null, or a list of text parts (joined); other parts are refused."""
-    if value is None or isinstance(value, str):
+def integer(body: dict[str, object], key: str, low: int, high: int) -> int | None:
+    return _bounded(body, key, int, low, high)
+
+
+def text_content(value: object, where: str, kinds: tuple[str, ...] = ("text",)) -> str:
+    """Content as one string: a string, or a list of text parts of these `kinds` (joined; a `refusal`
+    part's text is its `refusal`); images, files and audio are refused."""
+    if isinstance(value, str):
         return value
-    if isinstance(value, list):
-        texts = []
-        for i, part in enumerate(value):
-            if (
-                not isinstance(part, dict)
-                or part.get("type") != "text"
-                or not isinstance(part.get("text"), str)
-            ):
-                raise InvalidAgentRequest(
-                    f"{where}[{i}]: only text content parts are supported", f"{where}[{i}]"
-                )
-            texts.append(part["text"])
-        return "".join(texts)
-    raise InvalidAgentRequest(f"{where} must be a string, null or a list of text parts", where)
+    if not isinstance(value, list):
+        raise InvalidAgentRequest(f"{where} must be a string or a list of text parts", where)
+    texts = []
+    for i, part in enumerate(value):
+        kind = part.get("type") if isinstance(part, dict) else None
+        text = part.get("refusal" if kind == "refusal" else "text") if isinstance(part, dict) else None
+        if kind not in kinds or not isinstance(text, str):
+            raise InvalidAgentRequest(
+                f"{where}[{i}]: only text content parts ({', '.join(kinds)}) are supported, not {kind!r}",
+                f"{where}[{i}]",
+            )
+        texts.append(text)
+    return "".join(texts)
 
 
-def _tool_call(call: object, where: str) -> dict[str, Any]:
+def _tool_call(call: object, where: str) -> ToolCall:
     fn = call.get("function") if isinstance(call, dict) else None
     if not isinstance(call, dict) or not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
         raise InvalidAgentRequest(
@@ -109,7 +116,7 @@ def _tool_call(call: object, where: str) -> dict[str, Any]:
     }
 
 
-def _message(raw: object, i: int) -> dict[str, Any]:
+def _message(raw: object, i: int) -> ChatMessage:
     where = f"messages[{i}]"
     if not isinstance(raw, dict):
         raise InvalidAgentRequest(f"{where} must be an object", where)
@@ -119,8 +126,9 @@ def _message(raw: object, i: int) -> dict[str, Any]:
             f"{where}.role: unknown role {role!r}; expected one of {sorted(ROLES)}", f"{where}.role"
         )
     # Chat templates know `system`; OpenAI's newer `developer` role means the same thing.
-    msg: dict[str, Any] = {"role": "system" if role == "developer" else role}
-    msg["content"] = _content(raw.get("content"), f"{where}.content")
+    msg: ChatMessage = {"role": "system" if role == "developer" else role}
+    content = raw.get("content")
+    msg["content"] = None if content is None else text_content(content, f"{where}.content")
     if role == "assistant" and raw.get("tool_calls") is not None:
         calls = raw["tool_calls"]
         if not isinstance(calls, list):
@@ -140,7 +148,7 @@ def _message(raw: object, i: int) -> dict[str, Any]:
     return msg
 
 
-def _tools(value: object) -> list[dict[str, Any]] | None:
+def _tools(value: object) -> list[ToolSpec] | None:
     if value is None:
         return None
     if not isinstance(value, list):
@@ -158,16 +166,27 @@ def _tools(value: object) -> list[dict[str, Any]] | None:
     return value or None
 
 
-def parse_chat_request(body: object) -> ChatRequest:
-    """A validated request, or InvalidAgentRequest naming the first problem."""
+def request_object(body: object) -> dict[str, object]:
     if not isinstance(body, dict):
         raise InvalidAgentRequest("the request body must be a JSON object")
+    return body
+
+
+def flag(body: dict[str, object], key: str, default: bool) -> bool:
+    value = body.get(key, default)
+    if not isinstance(value, bool | None):
+        raise InvalidAgentRequest(f"{key} must be a boolean", key)
+    return default if value is None else value
+
+
+def sampling_request(
+    body: dict[str, object], messages: list[ChatMessage], max_tokens: int | None
+) -> ChatRequest:
+    """The fields Chat Completions and the Responses API share: model, tool_choice, stream, temperature,
+    top_p."""
     model = body.get("model", "")
     if not isinstance(model, str):
         raise InvalidAgentRequest("model must be a string", "model")
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise InvalidAgentRequest("messages must be a non-empty list", "messages")
     choice = body.get("tool_choice", "auto")
     if choice not in ("auto", "none", None):
         raise InvalidAgentRequest(
@@ -175,42 +194,54 @@ def parse_chat_request(body: object) -> ChatRequest:
             "cannot force a tool call; use 'auto' (or 'none')",
             "tool_choice",
         )
+    return ChatRequest(
+        model=model,
+        messages=messages,
+        parse_tools=choice != "none",
+        temperature=number(body, "temperature", 0.0, 2.0),
+        top_p=number(body, "top_p", 1e-9, 1.0),
+        max_tokens=max_tokens,
+        stream=flag(body, "stream", False),
+    )
+
+
+def parse_chat_request(raw: object) -> ChatRequest:
+    """A validated request, or InvalidAgentRequest naming the first problem."""
+    body = request_object(raw)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise InvalidAgentRequest("messages must be a non-empty list", "messages")
     stop = body.get("stop")
     if isinstance(stop, str):
         stop = [stop]
     if stop is not None and (not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop)):
         raise InvalidAgentRequest("stop must be a string or a list of non-empty strings", "stop")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool | None):
-        raise InvalidAgentRequest("stream must be a boolean", "stream")
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise InvalidAgentRequest("stream_options must be an object", "stream_options")
     max_tokens = integer(body, "max_completion_tokens", 1, 1 << 20)
     if max_tokens is None:
         max_tokens = integer(body, "max_tokens", 1, 1 << 20)
-    return ChatRequest(
-        model=model,
-        messages=[_message(m, i) for i, m in enumerate(messages)],
-        tools=_tools(body.get("tools")),
-        parse_tools=choice != "none",
-        temperature=number(body, "temperature", 0.0, 2.0),
-        top_p=number(body, "top_p", 1e-9, 1.0),
-        max_tokens=max_tokens,
-        stop=stop or None,
-        n=integer(body, "n", 1, MAX_CHOICES) or 1,
-        stream=bool(stream),
-        include_usage=bool(options.get("include_usage", False)),
-    )
+    req = sampling_request(body, [_message(m, i) for i, m in enumerate(messages)], max_tokens)
+    req.tools = _tools(body.get("tools"))
+    req.stop = stop or None
+    req.n = integer(body, "n", 1, MAX_CHOICES) or 1
+    req.include_usage = bool(options.get("include_usage", False))
+    return req
 
 
 def completion_id() -> str:
     return "chatcmpl-" + secrets.token_hex(12)
 
 
-def choice_message(content: str, tool_calls: list[dict[str, Any]], reasoning: str = "") -> dict[str, Any]:
+def wire(model: BaseModel) -> dict[str, object]:
+    """An OpenAI object as JSON: only the fields we set (and extras such as `loops`), as OpenAI sends them."""
+    return model.model_dump(mode="json", exclude_unset=True)
+
+
+def choice_message(content: str, tool_calls: list[ToolCall], reasoning: str = "") -> ChatMessage:
     """The assistant message of a choice; its reasoning as `reasoning_content`, as vLLM and DeepSeek send it."""
-    message: dict[str, Any] = {"role": "assistant", "content": content if content or not tool_calls else None}
+    message: ChatMessage = {"role": "assistant", "content": content if content or not tool_calls else None}
     if reasoning:
         message["reasoning_content"] = reasoning
     if tool_calls:
@@ -218,49 +249,55 @@ def choice_message(content: str, tool_calls: list[dict[str, Any]], reasoning: st
     return message
 
 
-def completion_body(
-    cid: str, model: str, choices: list[dict[str, Any]], usage: dict[str, int], extra: dict[str, Any]
-) -> dict[str, Any]:
-    return {
-        "id": cid,
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": choices,
-        "usage": usage,
-        **extra,
-    }
+def usage(prompt_tokens: int, completion_tokens: int) -> CompletionUsage:
+    return CompletionUsage(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+    )
 
 
-def stream_events(
-    cid: str, model: str, choices: list[dict[str, Any]], usage: dict[str, int] | None
-) -> list[str]:
+def completion(cid: str, model: str, choices: list[Choice], usage: CompletionUsage) -> ChatCompletion:
+    return ChatCompletion(
+        id=cid, object="chat.completion", created=int(time.time()), model=model, choices=choices, usage=usage
+    )
+
+
+def stream_events(cid: str, model: str, choices: list[Choice], usage: CompletionUsage | None) -> list[str]:
     """The SSE `data:` lines of a finished completion, in OpenAI's chunk format, ending in [DONE]."""
     created = int(time.time())
 
-    def chunk(index: int, delta: dict[str, Any], finish: str | None) -> str:
-        body = {
-            "id": cid,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model,
-            "choices": [{"index": index, "delta": delta, "finish_reason": finish, "logprobs": None}],
-        }
-        return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+    def chunk(choices: list[ChunkChoice], usage: CompletionUsage | None = None) -> str:
+        body = ChatCompletionChunk(
+            id=cid, object="chat.completion.chunk", created=created, model=model, choices=choices
+        )
+        if usage is not None:
+            body.usage = usage
+        return f"data: {json.dumps(wire(body), ensure_ascii=False)}\n\n"
+
+    def delta(index: int, **fields: object) -> str:
+        return chunk(
+            [
+                ChunkChoice(
+                    index=index, delta=ChoiceDelta.model_validate(fields), finish_reason=None, logprobs=None
+                )
+            ]
+        )
 
     out = []
     for choice in choices:
-        i, message = choice["index"], choice["message"]
-        out.append(chunk(i, {"role": "assistant", "content": ""}, None))
-        if message.get("reasoning_content"):
-            out.append(chunk(i, {"reasoning_content": message["reasoning_content"]}, None))
-        if message.get("content"):
-            out.append(chunk(i, {"content": message["content"]}, None))
-        for j, call in enumerate(message.get("tool_calls") or []):
-            out.append(chunk(i, {"tool_calls": [{"index": j, **call}]}, None))
-        out.append(chunk(i, {}, choice["finish_reason"]))
+        i, message = choice.index, choice.message
+        out.append(delta(i, role="assistant", content=""))
+        reasoning = getattr(message, "reasoning_content", None)
+        if reasoning:
+            out.append(delta(i, reasoning_content=reasoning))
+        if message.content:
+            out.append(delta(i, content=message.content))
+        for j, call in enumerate(message.tool_calls or []):
+            out.append(delta(i, tool_calls=[{"index": j, **wire(call)}]))
+        end = ChunkChoice(index=i, delta=ChoiceDelta(), finish_reason=choice.finish_reason, logprobs=None)
+        out.append(chunk([end]))
     if usage is not None:
-        body = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model}
-        out.append(f"data: {json.dumps({**body, 'choices': [], 'usage': usage})}\n\n")
+        out.append(chunk([], usage))
     out.append("data: [DONE]\n\n")
     return out

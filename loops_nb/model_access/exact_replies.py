@@ -11,17 +11,18 @@ returned (`ReturnedReply`) and the exact text its tokens decode to, and swaps a 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from loops_nb.llm.renderer import call_keys as tool_key
 
 if TYPE_CHECKING:
     from loops_nb.llm.capture import ModelCall
+    from loops_nb.llm.chat_messages import ChatMessage
     from loops_nb.llm.client import LoopsLLM
     from loops_nb.model_access.leases import AttemptLease
 
 
-def restore_exact(lease: AttemptLease, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def restore_exact(lease: AttemptLease, messages: list[ChatMessage]) -> list[ChatMessage]:
     """Assistant messages this lease returned, replaced by the exact text their tokens decode to.
 
     Only for a renderer that extends turns by matching text (the chat template): a family's renderer bridges

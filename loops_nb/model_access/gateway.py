@@ -27,17 +27,21 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from openai.types.chat import ChatCompletionMessage
+from openai.types.chat.chat_completion import Choice
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+import loops_nb.model_access.chat_wire as chat_wire
+import loops_nb.model_access.responses_wire as responses_wire
 from loops_nb.connection_guard import ConnectionLimits, Headers
+from loops_nb.llm.chat_messages import ChatMessage, ToolCall
 from loops_nb.llm.client import ContextTooLong
 from loops_nb.loopback_server import LoopbackServer
-from loops_nb.model_access import chat_wire, responses_wire
 from loops_nb.model_access.delivery import ClientGone, DeliveringResponse, Exchange, LeaseEnded
 from loops_nb.model_access.exact_replies import exact_text, restore_exact, tool_key
 from loops_nb.model_access.leases import AttemptLease, LeaseRegistry, ReturnedReply
@@ -54,13 +58,17 @@ MAX_BODY_BYTES = 4 * 1024 * 1024
 
 
 def _error(
-    status: int, message: str, kind: str, param: str | None = None, code: str | None = None
+    status: int,
+    message: str,
+    kind: str = "invalid_request_error",
+    param: str | None = None,
+    code: str | None = None,
 ) -> Response:
     return JSONResponse(chat_wire.error_body(message, kind, param, code), status_code=status)
 
 
-def _bad(exc: chat_wire.InvalidAgentRequest) -> Response:
-    return _error(400, str(exc), "invalid_request_error", exc.param, exc.code)
+def _unauthorized(message: str) -> Response:
+    return _error(401, message, code="invalid_api_key")
 
 
 @dataclass
@@ -72,17 +80,12 @@ class Sampled:
     exact_text: str
     parse_tools: bool
 
-    def first(self) -> tuple[str, list[dict[str, Any]]]:
-        """The first reply's content and tool calls, as the agent gets them."""
-        content, tool_calls, _ = answer(self.replies[0], self.parse_tools)
-        return content, tool_calls
+    def tokens(self) -> tuple[int, int]:
+        """The prompt's tokens and all the replies' tokens."""
+        return len(self.call.prompt_tokens), sum(r.tokens for r in self.replies)
 
-    def usage(self) -> dict[str, int]:
-        completion = sum(r.tokens for r in self.replies)
-        prompt = len(self.call.prompt_tokens)
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-
-    def extra(self, attempt_id: str) -> dict[str, Any]:
+    def extra(self, attempt_id: str) -> dict[str, object]:
+        """The non-standard `loops` field of a reply."""
         return {
             "loops": {
                 "attempt": attempt_id,
@@ -118,7 +121,7 @@ async def _sample(lease: AttemptLease, req: chat_wire.ChatRequest) -> Sampled:
 def _delivered(lease: AttemptLease, sampled: Sampled) -> None:
     """A reply reached its agent: it is the attempt's turn, and may come back in a later conversation."""
     lease.calls += 1
-    content, tool_calls = sampled.first()
+    content, tool_calls, _ = answer(sampled.replies[0], sampled.parse_tools)
     lease.returned.append(ReturnedReply(content, tool_key(tool_calls), sampled.exact_text))
 
 
@@ -127,7 +130,7 @@ def _withdrawn(lease: AttemptLease, sampled: Sampled) -> None:
     lease.llm.capture.withdraw(sampled.call)
 
 
-def answer(reply: Reply, parse_tools: bool) -> tuple[str, list[dict[str, Any]], str]:
+def answer(reply: Reply, parse_tools: bool) -> tuple[str, list[ToolCall], str]:
     """A reply's content, tool calls and reasoning as the agent gets them, parsed by the run's renderer.
     Under tool_choice "none" the reply's whole text is the content, tool-call and reasoning markup included."""
     if parse_tools:
@@ -135,13 +138,23 @@ def answer(reply: Reply, parse_tools: bool) -> tuple[str, list[dict[str, Any]], 
     return reply.text.strip(), [], ""
 
 
-def _chat_choices(sampled: Sampled) -> list[dict[str, Any]]:
+def _chat_choices(sampled: Sampled) -> list[Choice]:
     choices = []
     for i, reply in enumerate(sampled.replies):
         content, tool_calls, reasoning = answer(reply, sampled.parse_tools)
-        finish = "tool_calls" if tool_calls else ("length" if reply.finish_reason == "length" else "stop")
-        message = chat_wire.choice_message(content, tool_calls, reasoning)
-        choices.append({"index": i, "message": message, "finish_reason": finish, "logprobs": None})
+        message = ChatCompletionMessage.model_validate(
+            chat_wire.choice_message(content, tool_calls, reasoning)
+        )
+        choices.append(
+            Choice(
+                index=i,
+                message=message,
+                finish_reason="tool_calls"
+                if tool_calls
+                else ("length" if reply.finish_reason == "length" else "stop"),
+                logprobs=None,
+            )
+        )
     return choices
 
 
@@ -165,7 +178,6 @@ class ModelGateway:
         self.host = host
         self.port = port
         self.max_body_bytes = max_body_bytes
-        self.requests = 0
         self._http = LoopbackServer("model gateway", limits)
 
     # -- leases -----------------------------------------------------------------------------------
@@ -188,23 +200,13 @@ class ModelGateway:
         header = request.headers.get("authorization", "")
         scheme, _, key = header.partition(" ")
         if scheme.lower() != "bearer" or not key.strip():
-            return _error(
-                401,
-                "missing API key: send `Authorization: Bearer <lease key>`",
-                "invalid_request_error",
-                code="invalid_api_key",
-            )
+            return _unauthorized("missing API key: send `Authorization: Bearer <lease key>`")
         lease = self.registry.get(key.strip())
         if lease is None:
-            return _error(
-                401,
-                "unknown or revoked lease key: a lease is valid only while its attempt runs",
-                "invalid_request_error",
-                code="invalid_api_key",
-            )
+            return _unauthorized("unknown or revoked lease key: a lease is valid only while its attempt runs")
         return lease
 
-    async def _body(self, request: Request) -> Any:
+    async def _body(self, request: Request) -> object:
         try:
             return parse_json(await read_limited(request, self.max_body_bytes))
         except BodyRefused as exc:
@@ -224,12 +226,11 @@ class ModelGateway:
         self,
         request: Request,
         parse: Callable[[object, AttemptLease], chat_wire.ChatRequest],
-        reply: Callable[[AttemptLease, Sampled], tuple[Any, list[str] | None]],
+        reply: Callable[[AttemptLease, chat_wire.ChatRequest, Sampled], dict[str, object] | list[str]],
         withdrawn: Callable[[AttemptLease, Sampled], None] = _withdrawn,
     ) -> Response:
         """One sampling request, whatever its API: `parse` the body into a chat request, sample it
-        (delivery.Exchange), and send `reply`'s body (or its SSE events when it gives them)."""
-        self.requests += 1
+        (delivery.Exchange), and send `reply`'s JSON body, or its SSE events."""
         try:
             lease = self._lease(request)
             if isinstance(lease, Response):
@@ -237,7 +238,7 @@ class ModelGateway:
             try:
                 req = parse(await self._body(request), lease)
             except chat_wire.InvalidAgentRequest as exc:
-                return _bad(exc)
+                return _error(400, str(exc), param=exc.param, code=exc.code)
 
             exchange = Exchange(
                 lease,
@@ -249,27 +250,22 @@ class ModelGateway:
                 sampled = await exchange.run(request.receive)
             except ClientGone:
                 # Nobody reads this; the sampling was cancelled and nothing of it is recorded.
-                return _error(408, "the client disconnected", "invalid_request_error")
+                return _error(408, "the client disconnected")
             except ContextTooLong as exc:
-                return _error(400, str(exc), "invalid_request_error", "messages", "context_length_exceeded")
+                return _error(400, str(exc), param="messages", code="context_length_exceeded")
             except LeaseEnded:
-                return _error(
-                    401,
-                    "the attempt of this lease has ended",
-                    "invalid_request_error",
-                    code="invalid_api_key",
-                )
+                return _unauthorized("the attempt of this lease has ended")
             try:
-                body, events = reply(lease, sampled)
+                body = reply(lease, req, sampled)
             except BaseException:
                 exchange.settle(False)
                 raise
-            if events is not None:
-                return DeliveringResponse(exchange.settle, events=events)
+            if isinstance(body, list):
+                return DeliveringResponse(exchange.settle, events=body)
             return DeliveringResponse(exchange.settle, body=body)
         except RecursionError:
             # Parseable JSON can still be too deep for the code that walks it.
-            return _error(400, "the request is nested too deeply", "invalid_request_error")
+            return _error(400, "the request is nested too deeply")
         except asyncio.CancelledError:
             # The server is shutting down with this request in flight: answer rather than raise.
             return _error(503, "the model gateway is shutting down", "server_error")
@@ -278,32 +274,26 @@ class ModelGateway:
             return _error(500, f"the gateway failed: {type(exc).__name__}: {exc}", "server_error")
 
     async def chat_completions(self, request: Request) -> Response:
-        parsed: list[chat_wire.ChatRequest] = []
-
-        def parse(body: object, lease: AttemptLease) -> chat_wire.ChatRequest:
-            parsed.append(chat_wire.parse_chat_request(body))
-            return parsed[0]
-
-        def reply(lease: AttemptLease, sampled: Sampled) -> tuple[Any, list[str] | None]:
-            req = parsed[0]
+        def reply(
+            lease: AttemptLease, req: chat_wire.ChatRequest, sampled: Sampled
+        ) -> dict[str, object] | list[str]:
             cid, model, choices = (
                 chat_wire.completion_id(),
                 req.model or self.model_name,
                 _chat_choices(sampled),
             )
+            usage = chat_wire.usage(*sampled.tokens())
             if req.stream:
-                usage = sampled.usage() if req.include_usage else None
-                return None, chat_wire.stream_events(cid, model, choices, usage)
-            return chat_wire.completion_body(
-                cid, model, choices, sampled.usage(), sampled.extra(lease.attempt_id)
-            ), None
+                return chat_wire.stream_events(cid, model, choices, usage if req.include_usage else None)
+            body = chat_wire.completion(cid, model, choices, usage)
+            return {**chat_wire.wire(body), **sampled.extra(lease.attempt_id)}
 
-        return await self._serve(request, parse, reply)
+        return await self._serve(request, lambda body, _: chat_wire.parse_chat_request(body), reply)
 
     async def responses(self, request: Request) -> Response:
         """`POST /v1/responses`: the Responses API, on the same sampling and capture path."""
         parsed: list[responses_wire.ResponsesRequest] = []
-        conversation: list[dict[str, Any]] = []  # without instructions, for previous_response_id
+        conversation: list[ChatMessage] = []  # without instructions, for previous_response_id
         answered: list[str] = []  # the stored Response's id
 
         def parse(body: object, lease: AttemptLease) -> chat_wire.ChatRequest:
@@ -325,25 +315,28 @@ class ModelGateway:
             parsed.append(req)
             return req.chat
 
-        def reply(lease: AttemptLease, sampled: Sampled) -> tuple[Any, list[str] | None]:
+        def reply(
+            lease: AttemptLease, chat: chat_wire.ChatRequest, sampled: Sampled
+        ) -> dict[str, object] | list[str]:
             req = parsed[0]
             content, tool_calls, reasoning = answer(sampled.replies[0], sampled.parse_tools)
-            body = responses_wire.response_body(
-                responses_wire.response_id(),
+            body = responses_wire.response(
+                req,
                 req.chat.model or self.model_name,
-                req.echo,
                 responses_wire.output_items(content, tool_calls, reasoning),
-                sampled.usage(),
+                responses_wire.usage(*sampled.tokens()),
                 sampled.replies[0].finish_reason == "length" and not tool_calls,
-                sampled.extra(lease.attempt_id),
             )
             if req.store:
                 # Stored before it is sent, not once delivered: a client may continue from it the
                 # moment it has the body, before this server has heard that the send completed.
-                answered.append(body["id"])
+                answered.append(body.id)
                 message = chat_wire.choice_message(content, tool_calls, reasoning)
-                lease.responses[body["id"]] = [*conversation, message]
-            return (None, responses_wire.stream_events(body)) if req.chat.stream else (body, None)
+                lease.responses[body.id] = [*conversation, message]
+            extra = sampled.extra(lease.attempt_id)
+            if req.chat.stream:
+                return responses_wire.stream_events(body, extra)
+            return {**chat_wire.wire(body), **extra}
 
         def withdrawn(lease: AttemptLease, sampled: Sampled) -> None:
             _withdrawn(lease, sampled)

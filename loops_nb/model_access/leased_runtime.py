@@ -12,8 +12,8 @@ requests still sampling are cancelled, and a reply its agent never got is withdr
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
 
+from loops_nb.llm.chat_messages import ChatMessage
 from loops_nb.llm.client import ContextTooLong
 from loops_nb.model_access.agent_env import leased_env, passing_env
 from loops_nb.model_access.delivery import settle_lease
@@ -62,7 +62,7 @@ class LeasedRuntime(RolloutRuntime):
     async def preflight(self) -> list[str]:
         return await self.inner.preflight()
 
-    def prompt_messages(self, task: Task) -> list[dict[str, Any]] | None:
+    def prompt_messages(self, task: Task) -> list[ChatMessage] | None:
         return self.inner.prompt_messages(task)
 
     async def agent_time_limits(self) -> Sequence[AgentTimeLimit]:

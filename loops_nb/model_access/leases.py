@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from loops_nb.llm.chat_messages import ChatMessage
     from loops_nb.llm.client import LoopsLLM
 
 KEY_PREFIX = "loops-lease-"
@@ -44,7 +45,7 @@ class AttemptLease:
     """Set on revocation: a request already accepted does not sample after its attempt ended."""
     inflight: dict[asyncio.Task[Any], str] = field(default_factory=dict)
     """This lease's requests on the attempt's loop, each `sampling` or `delivering` (delivery.py)."""
-    responses: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    responses: dict[str, list[ChatMessage]] = field(default_factory=dict)
     """Delivered Responses API replies by id: their conversation, for a later `previous_response_id`."""
     _lock: asyncio.Lock | None = None
 

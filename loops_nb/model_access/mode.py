@@ -11,17 +11,6 @@ import resource
 
 from loops_nb.runtime import ModelAccessMode, RolloutRuntime
 
-__all__ = [
-    "FILES_BASELINE",
-    "FILES_PER_ATTEMPT",
-    "ModelAccessMode",
-    "files_needed",
-    "files_per_attempt",
-    "model_access_of",
-    "open_file_problem",
-]
-
-
 FILES_PER_ATTEMPT = {
     ModelAccessMode.IN_PROCESS: 4,
     # A child process's stdin/stdout/stderr pipes (both ends while it starts), its pidfd, and the
@@ -50,14 +39,10 @@ def files_per_attempt(mode: ModelAccessMode) -> int:
     return FILES_PER_ATTEMPT[mode]
 
 
-def files_needed(max_concurrent: int, mode: ModelAccessMode) -> int:
-    return FILES_BASELINE + max_concurrent * files_per_attempt(mode)
-
-
 def open_file_problem(max_concurrent: int, mode: ModelAccessMode) -> str | None:
     """A message when the open-file limit is too low for the configured concurrency."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    need = files_needed(max_concurrent, mode)
+    need = FILES_BASELINE + max_concurrent * files_per_attempt(mode)
     if soft != resource.RLIM_INFINITY and soft < need:
         raise_to = need if hard == resource.RLIM_INFINITY else min(need, hard)
         return (

@@ -18,13 +18,36 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
-from loops_nb.model_access.chat_wire import ChatRequest, InvalidAgentRequest, integer, number
+from openai.types.responses import (
+    FunctionTool,
+    Response,
+    ResponseFunctionToolCall,
+    ResponseOutputItem,
+    ResponseOutputMessage,
+    ResponseOutputText,
+    ResponseReasoningItem,
+    ResponseUsage,
+)
+from openai.types.responses.response_reasoning_item import Content as ReasoningText
+from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails
+from pydantic import BaseModel, ValidationError
+
+from loops_nb.llm.chat_messages import ChatMessage, ToolCall, ToolSpec
+from loops_nb.model_access.chat_wire import (
+    ChatRequest,
+    InvalidAgentRequest,
+    flag,
+    integer,
+    request_object,
+    sampling_request,
+    text_content,
+    wire,
+)
 
 INPUT_ROLES = {"user", "system", "developer", "assistant"}
-TEXT_PARTS = {"input_text", "output_text", "text"}
+TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
 REASONING_PARTS = {"reasoning_text", "summary_text"}
 
 
@@ -32,51 +55,30 @@ REASONING_PARTS = {"reasoning_text", "summary_text"}
 class ResponsesRequest:
     chat: ChatRequest
     """The conversation and sampling settings, as the chat-completions path takes them."""
-    input_messages: list[dict[str, Any]]
+    input_messages: list[ChatMessage]
     """This request's own input (without `instructions` and the previous response's conversation)."""
+    tools: list[FunctionTool]
     instructions: str | None = None
     previous_response_id: str | None = None
     store: bool = True
-    echo: dict[str, Any] = field(default_factory=dict)
-    """Request fields a Response object repeats (tools, tool_choice, metadata, ...)."""
+    parallel_tool_calls: bool = True
+    metadata: dict[str, str] | None = None
 
 
-def _text(value: object, where: str) -> str:
-    """Item content: a string or a list of text parts (joined); images, files and audio are refused."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list):
-        texts = []
-        for i, part in enumerate(value):
-            kind = part.get("type") if isinstance(part, dict) else None
-            if kind in TEXT_PARTS and isinstance(part.get("text"), str):
-                texts.append(part["text"])
-            elif kind == "refusal" and isinstance(part.get("refusal"), str):
-                texts.append(part["refusal"])
-            else:
-                raise InvalidAgentRequest(
-                    f"{where}[{i}]: only text content parts (input_text, output_text) are supported, "
-                    f"not {kind!r}",
-                    f"{where}[{i}]",
-                )
-        return "".join(texts)
-    raise InvalidAgentRequest(f"{where} must be a string or a list of text parts", where)
-
-
-def _string(item: dict[str, Any], key: str, where: str, default: str | None = None) -> str:
+def _string(item: dict[str, object], key: str, where: str, default: str | None = None) -> str:
     value = item.get(key, default)
     if not isinstance(value, str):
         raise InvalidAgentRequest(f"{where}.{key} must be a string", f"{where}.{key}")
     return value
 
 
-def input_messages(value: object) -> list[dict[str, Any]]:
+def input_messages(value: object) -> list[ChatMessage]:
     """The chat messages of a request's `input`."""
     if isinstance(value, str):
         return [{"role": "user", "content": value}]
     if not isinstance(value, list) or not value:
         raise InvalidAgentRequest("input must be a string or a non-empty list of items", "input")
-    out: list[dict[str, Any]] = []
+    out: list[ChatMessage] = []
     reasoning = ""  # a reasoning item's text, for the assistant turn that follows it
     for i, item in enumerate(value):
         where = f"input[{i}]"
@@ -94,16 +96,12 @@ def input_messages(value: object) -> list[dict[str, Any]]:
                     f"{where}.role",
                 )
             # Chat templates know `system`; `developer` means the same thing.
-            out.append(
-                {
-                    "role": "system" if role == "developer" else role,
-                    "content": _text(item.get("content"), f"{where}.content"),
-                }
-            )
+            content = text_content(item.get("content"), f"{where}.content", TEXT_PARTS)
+            out.append({"role": "system" if role == "developer" else role, "content": content})
             if role == "assistant" and reasoning:
                 out[-1]["reasoning_content"] = reasoning
         elif kind == "function_call":
-            call = {
+            call: ToolCall = {
                 "id": _string(item, "call_id", where, ""),
                 "type": "function",
                 "function": {
@@ -120,7 +118,9 @@ def input_messages(value: object) -> list[dict[str, Any]]:
                     out[-1]["reasoning_content"] = reasoning
         elif kind == "function_call_output":
             output = item.get("output")
-            content = output if isinstance(output, str) else _text(output, f"{where}.output")
+            content = (
+                output if isinstance(output, str) else text_content(output, f"{where}.output", TEXT_PARTS)
+            )
             out.append({"role": "tool", "tool_call_id": _string(item, "call_id", where), "content": content})
         else:
             raise InvalidAgentRequest(
@@ -133,7 +133,7 @@ def input_messages(value: object) -> list[dict[str, Any]]:
     return out
 
 
-def _reasoning_text(item: dict[str, Any]) -> str:
+def _reasoning_text(item: dict[str, object]) -> str:
     """A reasoning item's text (its `reasoning_text` parts, else its summary); an encrypted one has none."""
     for key in ("content", "summary"):
         parts = item.get(key)
@@ -148,10 +148,10 @@ def _reasoning_text(item: dict[str, Any]) -> str:
     return ""
 
 
-def chat_tools(value: object) -> list[dict[str, Any]] | None:
-    """Function tools in chat-completions shape; hosted tools are refused."""
+def function_tools(value: object) -> list[FunctionTool]:
+    """Function tools (in the Responses shape, or chat-completions' nested one); hosted tools are refused."""
     if value is None:
-        return None
+        return []
     if not isinstance(value, list):
         raise InvalidAgentRequest("tools must be a list", "tools")
     out = []
@@ -167,204 +167,186 @@ def chat_tools(value: object) -> list[dict[str, Any]] | None:
         spec = tool["function"] if isinstance(tool.get("function"), dict) else tool
         if not isinstance(spec.get("name"), str) or not spec["name"]:
             raise InvalidAgentRequest(f"tools[{i}].name must be a non-empty string", f"tools[{i}].name")
-        fn = {"name": spec["name"]}
-        for key in ("description", "parameters"):
-            if spec.get(key) is not None:
-                fn[key] = spec[key]
-        out.append({"type": "function", "function": fn})
-    return out or None
+        try:
+            out.append(FunctionTool.model_validate({**spec, "type": "function"}))
+        except ValidationError as exc:
+            problem = exc.errors()[0]
+            where = ".".join([f"tools[{i}]", *map(str, problem["loc"])])
+            raise InvalidAgentRequest(f"{where}: {problem['msg']}", where) from None
+    return out
 
 
-def parse_responses_request(body: object) -> ResponsesRequest:
+def chat_tools(tools: list[FunctionTool]) -> list[ToolSpec] | None:
+    """Function tools in chat-completions shape, as the renderer takes them (in this key order, which the
+    chat template's JSON keeps)."""
+    specs = []
+    for tool in tools:
+        fields = {"name": tool.name, "description": tool.description, "parameters": tool.parameters}
+        specs.append({"type": "function", "function": {k: v for k, v in fields.items() if v is not None}})
+    return specs or None
+
+
+def parse_responses_request(raw: object) -> ResponsesRequest:
     """A validated request (its `chat.messages` still without a previous response's conversation)."""
-    if not isinstance(body, dict):
-        raise InvalidAgentRequest("the request body must be a JSON object")
-    model = body.get("model", "")
-    if not isinstance(model, str):
-        raise InvalidAgentRequest("model must be a string", "model")
+    body = request_object(raw)
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise InvalidAgentRequest("instructions must be a string", "instructions")
     previous = body.get("previous_response_id")
     if previous is not None and not isinstance(previous, str):
         raise InvalidAgentRequest("previous_response_id must be a string", "previous_response_id")
-    choice = body.get("tool_choice", "auto")
-    if choice not in ("auto", "none", None):
-        raise InvalidAgentRequest(
-            f"tool_choice {choice!r} is not supported: the gateway samples the policy unconstrained and "
-            "cannot force a tool call; use 'auto' (or 'none')",
-            "tool_choice",
-        )
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool | None):
-        raise InvalidAgentRequest("stream must be a boolean", "stream")
-    store = body.get("store", True)
-    if not isinstance(store, bool | None):
-        raise InvalidAgentRequest("store must be a boolean", "store")
-    messages = input_messages(body.get("input"))
-    tools = chat_tools(body.get("tools"))
     metadata = body.get("metadata")
-    chat = ChatRequest(
-        model=model,
-        messages=messages,
-        tools=tools,
-        parse_tools=choice != "none",
-        temperature=number(body, "temperature", 0.0, 2.0),
-        top_p=number(body, "top_p", 1e-9, 1.0),
-        max_tokens=integer(body, "max_output_tokens", 1, 1 << 20),
-        stream=bool(stream),
+    if metadata is not None and not (
+        isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())
+    ):
+        raise InvalidAgentRequest("metadata must map strings to strings", "metadata")
+    messages = input_messages(body.get("input"))
+    tools = function_tools(body.get("tools"))
+    chat = sampling_request(body, messages, integer(body, "max_output_tokens", 1, 1 << 20))
+    chat.tools = chat_tools(tools)
+    return ResponsesRequest(
+        chat,
+        messages,
+        tools,
+        instructions,
+        previous,
+        store=flag(body, "store", True),
+        parallel_tool_calls=body.get("parallel_tool_calls", True) is not False,
+        metadata=metadata,
     )
-    echo = {
-        "instructions": instructions,
-        "tools": body.get("tools") or [],
-        "tool_choice": choice or "auto",
-        "parallel_tool_calls": body.get("parallel_tool_calls", True) is not False,
-        "metadata": metadata if isinstance(metadata, dict) else {},
-        "max_output_tokens": chat.max_tokens,
-        "temperature": chat.temperature,
-        "top_p": chat.top_p,
-        "previous_response_id": previous,
-        "store": store is not False,
-    }
-    return ResponsesRequest(chat, messages, instructions, previous, store is not False, echo)
 
 
 # -- replies ----------------------------------------------------------------------------------------
-def response_id() -> str:
-    return "resp_" + secrets.token_hex(12)
+def _id(prefix: str) -> str:
+    return prefix + secrets.token_hex(12)
 
 
-def output_items(content: str, tool_calls: list[dict[str, Any]], reasoning: str = "") -> list[dict[str, Any]]:
+def output_items(content: str, tool_calls: list[ToolCall], reasoning: str = "") -> list[ResponseOutputItem]:
     """A reply as output items: its reasoning (when there is some), its text as a message (unless it is only
     tool calls), then each call.
 
     Call ids are made unique per reply (the parser numbers calls `call_0`, `call_1`, ... in every
     reply), as frameworks match `function_call_output` items to calls by id across the conversation.
     """
-    items: list[dict[str, Any]] = []
+    items: list[ResponseOutputItem] = []
     if reasoning:
+        text = ReasoningText(type="reasoning_text", text=reasoning)
         items.append(
-            {
-                "id": "rs_" + secrets.token_hex(12),
-                "type": "reasoning",
-                "status": "completed",
-                "summary": [],
-                "content": [{"type": "reasoning_text", "text": reasoning}],
-            }
+            ResponseReasoningItem(
+                id=_id("rs_"), type="reasoning", status="completed", summary=[], content=[text]
+            )
         )
     if content or not tool_calls:
+        part = ResponseOutputText(type="output_text", text=content, annotations=[], logprobs=[])
         items.append(
-            {
-                "id": "msg_" + secrets.token_hex(12),
-                "type": "message",
-                "role": "assistant",
-                "status": "completed",
-                "content": [{"type": "output_text", "text": content, "annotations": [], "logprobs": []}],
-            }
+            ResponseOutputMessage(
+                id=_id("msg_"), type="message", role="assistant", status="completed", content=[part]
+            )
         )
     for call in tool_calls:
         items.append(
-            {
-                "id": "fc_" + secrets.token_hex(12),
-                "type": "function_call",
-                "call_id": "call_" + secrets.token_hex(12),
-                "name": call["function"]["name"],
-                "arguments": call["function"]["arguments"],
-                "status": "completed",
-            }
+            ResponseFunctionToolCall(
+                id=_id("fc_"),
+                type="function_call",
+                call_id=_id("call_"),
+                name=call["function"]["name"],
+                arguments=call["function"]["arguments"],
+                status="completed",
+            )
         )
     return items
 
 
-def response_body(
-    rid: str,
-    model: str,
-    echo: dict[str, Any],
-    output: list[dict[str, Any]],
-    usage: dict[str, int],
-    truncated: bool,
-    extra: dict[str, Any],
-) -> dict[str, Any]:
+def response(
+    req: ResponsesRequest, model: str, output: list[ResponseOutputItem], usage: ResponseUsage, truncated: bool
+) -> Response:
     """A Response object; `truncated` (the completion hit its token limit) makes it `incomplete`."""
     now = int(time.time())
-    return {
-        "id": rid,
-        "object": "response",
-        "created_at": now,
-        "status": "incomplete" if truncated else "completed",
-        "completed_at": None if truncated else now,
-        "error": None,
-        "incomplete_details": {"reason": "max_output_tokens"} if truncated else None,
-        "model": model,
-        "output": output,
-        "usage": {
-            "input_tokens": usage["prompt_tokens"],
-            "input_tokens_details": {"cached_tokens": 0},
-            "output_tokens": usage["completion_tokens"],
-            "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": usage["total_tokens"],
-        },
-        "text": {"format": {"type": "text"}},
-        "truncation": "disabled",
-        **echo,
-        **extra,
-    }
+    return Response(
+        id=_id("resp_"),
+        object="response",
+        created_at=now,
+        status="incomplete" if truncated else "completed",
+        completed_at=None if truncated else now,
+        error=None,
+        incomplete_details={"reason": "max_output_tokens"} if truncated else None,
+        model=model,
+        output=output,
+        usage=usage,
+        text={"format": {"type": "text"}},
+        truncation="disabled",
+        instructions=req.instructions,
+        tools=req.tools,
+        tool_choice="auto" if req.chat.parse_tools else "none",
+        parallel_tool_calls=req.parallel_tool_calls,
+        metadata=req.metadata or {},
+        max_output_tokens=req.chat.max_tokens,
+        temperature=req.chat.temperature,
+        top_p=req.chat.top_p,
+        previous_response_id=req.previous_response_id,
+        store=req.store,
+    )
 
 
-def stream_events(body: dict[str, Any]) -> list[str]:
-    """The SSE events of a finished Response, in the order OpenAI sends them."""
+def usage(prompt_tokens: int, completion_tokens: int) -> ResponseUsage:
+    return ResponseUsage(
+        input_tokens=prompt_tokens,
+        input_tokens_details=InputTokensDetails(cached_tokens=0, cache_write_tokens=0),
+        output_tokens=completion_tokens,
+        output_tokens_details=OutputTokensDetails(reasoning_tokens=0),
+        total_tokens=prompt_tokens + completion_tokens,
+    )
+
+
+def stream_events(body: Response, extra: dict[str, object]) -> list[str]:
+    """The SSE events of a finished Response, in the order OpenAI sends them; each Response in them carries
+    `extra` (the gateway's `loops` field)."""
     events: list[str] = []
 
     def emit(kind: str, **fields: object) -> None:
-        data = {"type": kind, "sequence_number": len(events), **fields}
+        data: dict[str, object] = {"type": kind, "sequence_number": len(events)}
+        for key, value in fields.items():
+            extras = extra if isinstance(value, Response) else {}
+            data[key] = {**wire(value), **extras} if isinstance(value, BaseModel) else value
         events.append(f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n")
 
-    start = {**body, "status": "in_progress", "completed_at": None, "output": [], "usage": None}
-    start["incomplete_details"] = None
+    start = body.model_copy(
+        update={
+            "status": "in_progress",
+            "completed_at": None,
+            "output": [],
+            "usage": None,
+            "incomplete_details": None,
+        }
+    )
     emit("response.created", response=start)
     emit("response.in_progress", response=start)
-    for index, item in enumerate(body["output"]):
-        where = {"item_id": item["id"], "output_index": index}
-        if item["type"] == "message":
-            emit(
-                "response.output_item.added",
-                output_index=index,
-                item={**item, "status": "in_progress", "content": []},
-            )
-            for c, part in enumerate(item["content"]):
-                emit("response.content_part.added", **where, content_index=c, part={**part, "text": ""})
-                if part["text"]:
-                    emit(
-                        "response.output_text.delta",
-                        **where,
-                        content_index=c,
-                        delta=part["text"],
-                        logprobs=[],
-                    )
-                emit("response.output_text.done", **where, content_index=c, text=part["text"], logprobs=[])
+    for index, item in enumerate(body.output):
+        where = {"item_id": item.id, "output_index": index}
+        started = {"status": "in_progress", "content": []}
+        if isinstance(item, ResponseFunctionToolCall):
+            started = {"status": "in_progress", "arguments": ""}
+        emit("response.output_item.added", output_index=index, item=item.model_copy(update=started))
+        if isinstance(item, ResponseOutputMessage):
+            for c, part in enumerate(item.content):
+                assert isinstance(part, ResponseOutputText)
+                emit(
+                    "response.content_part.added",
+                    **where,
+                    content_index=c,
+                    part=part.model_copy(update={"text": ""}),
+                )
+                if part.text:
+                    emit("response.output_text.delta", **where, content_index=c, delta=part.text, logprobs=[])
+                emit("response.output_text.done", **where, content_index=c, text=part.text, logprobs=[])
                 emit("response.content_part.done", **where, content_index=c, part=part)
-        elif item["type"] == "reasoning":
-            emit(
-                "response.output_item.added",
-                output_index=index,
-                item={**item, "status": "in_progress", "content": []},
-            )
-            for c, part in enumerate(item["content"]):
-                emit("response.reasoning_text.delta", **where, content_index=c, delta=part["text"])
-                emit("response.reasoning_text.done", **where, content_index=c, text=part["text"])
-        else:
-            emit(
-                "response.output_item.added",
-                output_index=index,
-                item={**item, "status": "in_progress", "arguments": ""},
-            )
-            emit("response.function_call_arguments.delta", **where, delta=item["arguments"])
-            emit(
-                "response.function_call_arguments.done",
-                **where,
-                name=item["name"],
-                arguments=item["arguments"],
-            )
+        elif isinstance(item, ResponseReasoningItem):
+            for c, text in enumerate(item.content or []):
+                emit("response.reasoning_text.delta", **where, content_index=c, delta=text.text)
+                emit("response.reasoning_text.done", **where, content_index=c, text=text.text)
+        elif isinstance(item, ResponseFunctionToolCall):
+            emit("response.function_call_arguments.delta", **where, delta=item.arguments)
+            emit("response.function_call_arguments.done", **where, name=item.name, arguments=item.arguments)
         emit("response.output_item.done", output_index=index, item=item)
-    emit("response.incomplete" if body["status"] == "incomplete" else "response.completed", response=body)
+    emit("response.incomplete" if body.status == "incomplete" else "response.completed", response=body)
     return events

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path, PurePosixPath
 
-from loops_nb.providers import sandbox_supervisor
+import loops_nb.providers.sandbox_supervisor as sandbox_supervisor
 from loops_nb.providers.sandbox_session import (
     CommandResult,
     SandboxDied,

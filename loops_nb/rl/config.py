@@ -28,7 +28,7 @@ class RuntimeConfig(Section):
     @field_validator("agent_env")
     @classmethod
     def _passable_names(cls, names: list[str]) -> list[str]:
-        from loops_nb.model_access.agent_program import refused_agent_env_name
+        from loops_nb.model_access.agent_env import refused_agent_env_name
 
         for name in names:
             why = refused_agent_env_name(name)
