@@ -9,10 +9,11 @@ read are ignored: the SDK adds `seq_id` and `run_id` to every op.
 
 from __future__ import annotations
 
+import math
 from typing import Annotated
 
 from baseten.loops import AdamParams, Datum
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 MAX_LORA_RANK = 1024
 LoraRank = Annotated[int, Field(strict=True, ge=1, le=MAX_LORA_RANK)]
@@ -57,7 +58,18 @@ class Forward(OpRequest):
 
 
 class OptimStep(OpRequest):
+    """The SDK's `AdamParams` (its defaults are Loops'; `grad_clip_norm` 0 disables clipping), checked here
+    so that no step changes anything with a value that is not a finite non-negative number."""
+
     adam_params: AdamParams
+
+    @field_validator("adam_params")
+    @classmethod
+    def _finite_non_negative(cls, adam: AdamParams) -> AdamParams:
+        for key, value in adam.model_dump().items():
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"{key} must be a finite non-negative number, got {value!r}")
+        return adam
 
 
 class SaveWeights(OpRequest):

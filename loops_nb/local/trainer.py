@@ -9,7 +9,7 @@ models (`Datum`, `AdamParams`, `ForwardBackwardOutput`, ...). The HTTP layer val
 It holds the run's state (adapter, optimizer, step, pending gradients) and sequences the work of the
 modules beside it: `lora_adapter` (which layers get LoRA, a fresh adapter, its weights out),
 `activation_memory` (micro-batches that fit the memory budget), `micro_batch` (one padded forward and
-backward), `adam_params` (the step's hyper-parameters) and `trainer_checkpoints` (files on disk).
+backward) and `trainer_checkpoints` (files on disk).
 
 Design notes:
 
@@ -52,7 +52,6 @@ from peft import PeftModel
 
 from loops_nb.local import lm_head
 from loops_nb.local.activation_memory import ActivationCost, checkpointed, plan_micro_batches
-from loops_nb.local.adam_params import adam_hyperparameters, new_adamw, set_hyperparameters
 from loops_nb.local.bad_request import BadRequest
 from loops_nb.local.datum_wire import ParsedDatum, datum_too_long, parse_datums, resolve_loss_config
 from loops_nb.local.image_chunks import VisionInputs, max_positions
@@ -191,7 +190,10 @@ class LoraTrainer:
         self._model = new_lora(self._base, rank=rank, alpha=alpha, targets=targets, seed=seed)
         self.lora_alpha, self.target_modules = alpha, list(targets)
         self._cost = None  # the adapter's own saved tensors are part of the cost
-        self._optimizer = new_adamw(self.lora_parameters())
+        # Hyper-parameters are placeholders: each `optim_step` sets them from its request.
+        self._optimizer = torch.optim.AdamW(
+            self.lora_parameters(), lr=0.0, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0
+        )
         self.model.zero_grad(set_to_none=True)
         self._step, self._tokens, self._normalized = 0, 0, None
 
@@ -341,7 +343,7 @@ class LoraTrainer:
 
     def optim_step(self, adam_params: AdamParams | None = None) -> OptimStepResponse:
         """Normalise the accumulated gradients, clip, take one AdamW step, zero them; `step += 1`."""
-        hp = adam_hyperparameters(adam_params or AdamParams())
+        hp = adam_params or AdamParams()  # checked at submit (`op_requests.OptimStep`)
         params = self.lora_parameters()
         assert self._optimizer is not None
         tokens = self._tokens
@@ -356,7 +358,10 @@ class LoraTrainer:
             self.model.zero_grad(set_to_none=True)
             self._tokens, self._normalized = 0, None
             raise FloatingPointError(f"gradient norm is {norm}; the update was skipped and gradients dropped")
-        set_hyperparameters(self._optimizer, hp)
+        for group in self._optimizer.param_groups:
+            group.update(
+                lr=hp.learning_rate, betas=(hp.beta1, hp.beta2), eps=hp.eps, weight_decay=hp.weight_decay
+            )
         self._optimizer.step()
         self.model.zero_grad(set_to_none=True)
         self._step += 1
