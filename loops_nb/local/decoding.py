@@ -23,12 +23,13 @@ temperature, and an importance ratio against a T != 1 sampler starts at 1, as on
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
-from loops_nb.local.sampling_types import PromptLogprobEntry
+from loops_nb.local.sampling_types import PromptLogprobEntry, SampleRequest
 
 # Temperatures below this are greedy (vLLM's _SAMPLING_EPS).
 GREEDY_EPS = 1e-5
@@ -39,7 +40,7 @@ class RowParams:
     """Per-row sampling parameters of a decode batch, on the batch's device.
 
     `uniforms[i, s]` is row i's random number for its s-th generated token and `step[i]` how many tokens it
-    has generated; the row groups are python index lists so choosing the code path costs no device sync.
+    has generated; `kinds` is a python list so choosing the code path costs no device sync.
     """
 
     temperature: Tensor  # [B] float32; 0 for greedy rows
@@ -47,71 +48,46 @@ class RowParams:
     top_p: Tensor  # [B] float32; 1 = off
     uniforms: Tensor  # [B, T] float32 in [0, 1)
     step: Tensor  # [B] long
-    greedy_rows: list[int]
-    plain_rows: list[int]
-    truncated_rows: list[int]
+    kinds: list[str]
+    """Each row's path: "greedy", "plain" or "truncated" (see the module's notes)."""
 
     @classmethod
-    def build(
-        cls,
-        temperature: Sequence[float],
-        top_k: Sequence[int],
-        top_p: Sequence[float],
-        uniforms: Tensor,
-        device: torch.device,
-    ) -> RowParams:
-        greedy, plain, truncated = [], [], []
-        for i, (t, k, p) in enumerate(zip(temperature, top_k, top_p, strict=True)):
-            if t < GREEDY_EPS:
-                greedy.append(i)
-            elif k > 0 or p < 1.0:
-                truncated.append(i)
-            else:
-                plain.append(i)
+    def build(cls, requests: Sequence[SampleRequest], uniforms: Tensor, device: torch.device) -> RowParams:
+        """The parameters of rows asking for `requests` (one per row), drawing on `uniforms`."""
+        temperature = [r.temperature if r.temperature >= GREEDY_EPS else 0.0 for r in requests]
+        top_k = [r.top_k or 0 for r in requests]
         return cls(
-            temperature=torch.tensor([t if t >= GREEDY_EPS else 0.0 for t in temperature], device=device),
-            top_k=torch.tensor(list(top_k), dtype=torch.long, device=device),
-            top_p=torch.tensor(list(top_p), dtype=torch.float32, device=device),
+            temperature=torch.tensor(temperature, device=device),
+            top_k=torch.tensor(top_k, dtype=torch.long, device=device),
+            top_p=torch.tensor([r.top_p for r in requests], dtype=torch.float32, device=device),
             uniforms=uniforms.to(device=device, dtype=torch.float32),
-            step=torch.zeros(len(temperature), dtype=torch.long, device=device),
-            greedy_rows=greedy,
-            plain_rows=plain,
-            truncated_rows=truncated,
+            step=torch.zeros(len(requests), dtype=torch.long, device=device),
+            kinds=[
+                "greedy" if t == 0.0 else "truncated" if k > 0 or r.top_p < 1.0 else "plain"
+                for t, k, r in zip(temperature, top_k, requests, strict=True)
+            ],
         )
+
+    def rows(self, kind: str) -> list[int]:
+        return [i for i, k in enumerate(self.kinds) if k == kind]
+
+    def tensors(self) -> tuple[Tensor, ...]:
+        return self.temperature, self.top_k, self.top_p, self.uniforms, self.step
 
     def select(self, keep: list[int]) -> RowParams:
         """The parameters of rows `keep` (in that order), for when finished rows leave the batch."""
-        position = {row: i for i, row in enumerate(keep)}
         index = torch.tensor(keep, dtype=torch.long, device=self.step.device)
-        return RowParams(
-            temperature=self.temperature[index],
-            top_k=self.top_k[index],
-            top_p=self.top_p[index],
-            uniforms=self.uniforms[index],
-            step=self.step[index],
-            greedy_rows=[position[r] for r in self.greedy_rows if r in position],
-            plain_rows=[position[r] for r in self.plain_rows if r in position],
-            truncated_rows=[position[r] for r in self.truncated_rows if r in position],
-        )
+        t, k, p, u, s = (x[index] for x in self.tensors())
+        return RowParams(t, k, p, u, s, [self.kinds[r] for r in keep])
 
     def concat(self, other: RowParams) -> RowParams:
         """These rows followed by `other`'s (rows joining a running batch)."""
         width = max(self.uniforms.shape[1], other.uniforms.shape[1])
-
-        def widen(u: Tensor) -> Tensor:
-            return torch.nn.functional.pad(u, (0, width - u.shape[1]))
-
-        offset = len(self.step)
-        return RowParams(
-            temperature=torch.cat([self.temperature, other.temperature]),
-            top_k=torch.cat([self.top_k, other.top_k]),
-            top_p=torch.cat([self.top_p, other.top_p]),
-            uniforms=torch.cat([widen(self.uniforms), widen(other.uniforms)]),
-            step=torch.cat([self.step, other.step]),
-            greedy_rows=self.greedy_rows + [r + offset for r in other.greedy_rows],
-            plain_rows=self.plain_rows + [r + offset for r in other.plain_rows],
-            truncated_rows=self.truncated_rows + [r + offset for r in other.truncated_rows],
+        a, b = (
+            replace(p, uniforms=F.pad(p.uniforms, (0, width - p.uniforms.shape[1]))) for p in (self, other)
         )
+        t, k, p, u, s = (torch.cat([x, y]) for x, y in zip(a.tensors(), b.tensors(), strict=True))
+        return RowParams(t, k, p, u, s, a.kinds + b.kinds)
 
 
 def _invert_cdf(cdf: Tensor, u: Tensor) -> Tensor:
@@ -142,7 +118,8 @@ def select_tokens(logits: Tensor, params: RowParams) -> tuple[Tensor, Tensor]:
     """Pick each row's next token and its logprob. `logits` is `[B, V]`; returns `([B] long, [B] float32)`."""
     logits = logits.float()
     rows = logits.shape[0]
-    if not params.plain_rows and not params.truncated_rows:
+    greedy, plain, truncated = (params.rows(kind) for kind in ("greedy", "plain", "truncated"))
+    if not plain and not truncated:
         tokens = logits.argmax(dim=-1)
         logprobs = torch.log_softmax(logits, dim=-1)
         return tokens, logprobs.gather(1, tokens[:, None]).squeeze(1)
@@ -150,18 +127,18 @@ def select_tokens(logits: Tensor, params: RowParams) -> tuple[Tensor, Tensor]:
     tempered = torch.log_softmax(logits / scale[:, None], dim=-1)  # what the token is drawn from
     tokens = torch.zeros(rows, dtype=torch.long, device=logits.device)
     u = params.uniforms.gather(1, params.step.clamp(max=params.uniforms.shape[1] - 1)[:, None]).squeeze(1)
-    if params.greedy_rows:
-        index = torch.tensor(params.greedy_rows, device=logits.device)
+    if greedy:
+        index = torch.tensor(greedy, device=logits.device)
         tokens[index] = logits[index].argmax(dim=-1)
-    if len(params.plain_rows) == rows:
+    if len(plain) == rows:
         # Every row samples plainly (a GRPO batch): no other path reads `tempered`, so its CDF is built in
         # place. Each [B, V] temporary is a fresh mapping the kernel faults in (`allocator`), every token.
         tokens = _invert_cdf(tempered.exp_().cumsum_(dim=-1), u)
-    elif params.plain_rows:
-        index = torch.tensor(params.plain_rows, device=logits.device)
+    elif plain:
+        index = torch.tensor(plain, device=logits.device)
         tokens[index] = _invert_cdf(tempered[index].exp().cumsum(dim=-1), u[index])
-    if params.truncated_rows:
-        index = torch.tensor(params.truncated_rows, device=logits.device)
+    if truncated:
+        index = torch.tensor(truncated, device=logits.device)
         tokens[index] = _sample_truncated(
             tempered[index].exp(), params.top_k[index], params.top_p[index], u[index]
         )

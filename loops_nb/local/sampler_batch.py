@@ -95,24 +95,16 @@ def _map_layers(cache: DynamicCache, fn: Callable[[Tensor], Tensor]) -> None:
         layer.keys, layer.values = fn(layer.keys), fn(layer.values)
 
 
+@dataclass(eq=False)
 class DecodeBatch:
     """Rows decoding together under one adapter: their KV cache, attention mask and pending logits."""
 
-    def __init__(
-        self,
-        rows: list[Row],
-        cache: DynamicCache,
-        mask: Tensor,
-        next_position: Tensor,
-        logits: Tensor,
-        params: RowParams,
-    ) -> None:
-        self.rows = rows
-        self.cache = cache
-        self.mask = mask  # [B, S] long: 1 for real tokens, 0 for left padding
-        self.next_position = next_position  # [B] position id of each row's next token
-        self.logits = logits  # [B, V] the logits the next token is drawn from
-        self.params = params
+    rows: list[Row]
+    cache: DynamicCache
+    mask: Tensor  # [B, S] long: 1 for real tokens, 0 for left padding
+    next_position: Tensor  # [B] position id of each row's next token
+    logits: Tensor  # [B, V] the logits the next token is drawn from
+    params: RowParams
 
     @classmethod
     def prefill(
@@ -188,7 +180,7 @@ class DecodeBatch:
         width = mask.shape[1]
         rows: list[Row] = []
         source: list[int] = []
-        temperature, top_k, top_p, uniforms = [], [], [], []
+        uniforms = []
         for job in jobs:
             slot = unique[tuple(job.prompt)]
             request = job.request
@@ -202,9 +194,6 @@ class DecodeBatch:
             job.choices = [None] * request.n
             rows += [Row(job, i) for i in range(request.n)]
             source += [slot] * request.n
-            temperature += [request.temperature] * request.n
-            top_k += [request.top_k or 0] * request.n
-            top_p += [request.top_p] * request.n
             uniforms.append(draw_uniforms(request.n, job.max_tokens, request.seed))
         steps = max(u.shape[1] for u in uniforms)
         table = torch.cat([F.pad(u, (0, steps - u.shape[1])) for u in uniforms])
@@ -220,7 +209,7 @@ class DecodeBatch:
             mask=mask[index],
             next_position=positions[index, -1] + 1,
             logits=logits[index, -1],
-            params=RowParams.build(temperature, top_k, top_p, table, device),
+            params=RowParams.build([row.job.request for row in rows], table, device),
         )
 
     @property

@@ -164,12 +164,14 @@ def test_prompt_logprobs(engine, plain_model):
 )
 def test_select_tokens_follows_the_truncated_distribution(temperature, top_k, top_p, expected):
     from loops_nb.local.decoding import RowParams, select_tokens
+    from loops_nb.local.sampling_types import SampleRequest
 
     probs = torch.tensor([0.3, 0.5, 0.05, 0.15])  # token order differs from probability order on purpose
     rows = 2000
     logits = probs.log().expand(rows, -1)
     u = torch.linspace(0, 1, rows + 1)[:-1, None]  # an even grid of uniforms: frequencies are exact
-    params = RowParams.build([temperature] * rows, [top_k] * rows, [top_p] * rows, u, torch.device("cpu"))
+    request = SampleRequest(prompt=[0], temperature=temperature, top_k=top_k, top_p=top_p)
+    params = RowParams.build([request] * rows, u, torch.device("cpu"))
     tokens, logprobs = select_tokens(logits, params)
     frequency = torch.bincount(tokens, minlength=4).float() / rows
     by_probability = frequency[[1, 0, 3, 2]]
