@@ -16,6 +16,7 @@ import shutil
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -145,16 +146,24 @@ class LocalLoopsState:
 
         return is_vision_model(self.model_path(base_model))
 
-    def device_and_dtype(self) -> tuple[Any, Any]:
-        from loops_nb.local.model_store import device_and_dtype
+    def _load[T](self, make: Callable[..., T], base_model: str, **options: Any) -> T:
+        """`make(model_dir, device=, dtype=, ...)`: a sampler or trainer on the server's device and budget.
 
-        return device_and_dtype(self.device, self.dtype)
+        Loaded on the compute lane, so no other thread starts an OpenMP pool (see `compute_lane`)."""
+        if not COMPUTE_LANE.on_lane():
+            return COMPUTE_LANE.run(lambda: self._load(make, base_model, **options))
+        from loops_nb.local.model_store import bf16_products, device_and_dtype, quiet_model_loading
 
-    @property
-    def bf16_products(self) -> bool:
-        from loops_nb.local.model_store import bf16_products
-
-        return bf16_products(self.dtype)
+        device, dtype = device_and_dtype(self.device, self.dtype)
+        with quiet_model_loading():
+            return make(
+                self.model_path(base_model),
+                device=device,
+                dtype=dtype,
+                bf16_products=bf16_products(self.dtype),
+                memory_budget_mb=self.memory_budget_mb,
+                **options,
+            )
 
     def sampler(self, base_model: str) -> SamplerEngine:
         """The shared sampler of a base model; every run's live adapter and checkpoint load into it."""
@@ -162,29 +171,20 @@ class LocalLoopsState:
             engine = self._samplers.get(base_model)
         if engine is not None:
             return engine
-        # Loaded on the compute lane, so no other thread starts an OpenMP pool (see `compute_lane`); the lane
-        # is entered before `_lock`, since a trainer op on the lane may call this and take `_lock` itself.
+        # The lane is entered before `_lock`, since a trainer op on the lane may call this and take `_lock`.
         if not COMPUTE_LANE.on_lane():
             return COMPUTE_LANE.run(lambda: self.sampler(base_model))
-        from loops_nb.local.model_store import quiet_model_loading
         from loops_nb.local.sampler import SamplerEngine
 
         with self._lock:
-            engine = self._samplers.get(base_model)
-            if engine is None:
-                device, dtype = self.device_and_dtype()
-                with quiet_model_loading():
-                    engine = SamplerEngine(
-                        self.model_path(base_model),
-                        device=device,
-                        dtype=dtype,
-                        bf16_products=self.bf16_products,
-                        max_batch_sequences=self.max_batch_sequences,
-                        memory_budget_mb=self.memory_budget_mb,
-                        prefix_cache_mb=self.prefix_cache_mb,
-                    )
-                self._samplers[base_model] = engine
-            return engine
+            if base_model not in self._samplers:
+                self._samplers[base_model] = self._load(
+                    SamplerEngine,
+                    base_model,
+                    max_batch_sequences=self.max_batch_sequences,
+                    prefix_cache_mb=self.prefix_cache_mb,
+                )
+            return self._samplers[base_model]
 
     def sampler_counters(self) -> dict[str, int]:
         """The samplers' prefill counters, summed: `prefill_tokens` computed and `prefix_cached_tokens`
@@ -194,21 +194,9 @@ class LocalLoopsState:
         return {k: sum(e.stats[k] for e in engines) for k in ("prefill_tokens", "prefix_cached_tokens")}
 
     def new_trainer(self, run: LocalRun) -> LoraTrainer:
-        if not COMPUTE_LANE.on_lane():
-            return COMPUTE_LANE.run(lambda: self.new_trainer(run))
-        from loops_nb.local.model_store import quiet_model_loading
         from loops_nb.local.trainer import LoraTrainer
 
-        device, dtype = self.device_and_dtype()
-        with quiet_model_loading():
-            return LoraTrainer(
-                self.model_path(run.base_model),
-                device=device,
-                dtype=dtype,
-                bf16_products=self.bf16_products,
-                memory_budget_mb=self.memory_budget_mb,
-                max_seq_len=run.max_seq_len,
-            )
+        return self._load(LoraTrainer, run.base_model, max_seq_len=run.max_seq_len)
 
     # -- runs ---------------------------------------------------------------------------------
     def create_run(
