@@ -12,10 +12,9 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
-from loops_nb.local.model_store import ALIAS_REVISION, ResolvedModel, file_lock
+from loops_nb.local.model_store import ALIAS_REVISION, ResolvedModel, atomic_dir, file_lock
 
 logger = logging.getLogger(__name__)
 
@@ -52,17 +51,15 @@ def ensure_hf_cache_alias(resolved: ResolvedModel, *, hub_cache: Path | None = N
         files = sorted(p for p in resolved.path.iterdir() if p.is_file())
         if ref.is_file() and all((snapshot / f.name).resolve() == f.resolve() for f in files):
             return
-        for stale in (repo / "snapshots").glob(".loops-nb-*"):  # debris of a crashed earlier call
+        for stale in (repo / "snapshots").glob(".loops-nb-*"):  # debris of a crashed call (`atomic_dir`s)
             shutil.rmtree(stale, ignore_errors=True)
-        build = Path(tempfile.mkdtemp(prefix=".loops-nb-", dir=_mkdir(repo / "snapshots")))
-        build.chmod(0o755)
-        for f in files:
-            try:
-                (build / f.name).symlink_to(f.resolve())
-            except OSError:  # filesystems without symlinks
-                shutil.copy2(f, build / f.name)
-        shutil.rmtree(snapshot, ignore_errors=True)
-        os.replace(build, snapshot)
+        with atomic_dir(snapshot) as build:
+            build.chmod(0o755)
+            for f in files:
+                try:
+                    (build / f.name).symlink_to(f.resolve())
+                except OSError:  # filesystems without symlinks
+                    shutil.copy2(f, build / f.name)
         for name in set(_PROBED_FILES) - {f.name for f in files}:
             absent = repo / ".no_exist" / ALIAS_REVISION / name
             _mkdir(absent.parent)

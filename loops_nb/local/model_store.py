@@ -22,7 +22,7 @@ import json
 import logging
 import os
 import shutil
-import tempfile
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -196,6 +196,27 @@ def file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+@contextlib.contextmanager
+def atomic_dir(path: Path) -> Iterator[Path]:
+    """Yield a temp dir `.<name>.tmp-<hex>` beside `path`; on success it replaces `path` (rename), on failure
+    it is removed. Trainer checkpoints and the model cache are written through it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        yield tmp
+        old = None
+        if path.exists():
+            old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
+            os.replace(path, old)
+        os.replace(tmp, path)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 def _materialise(model_id: str, spec: OfflineModel | BuiltModel, cache_dir: Path, report: Progress) -> Path:
     target = cache_dir / "models" / model_id.replace("/", "--")
     if (target / _MARKER).is_file():
@@ -206,9 +227,8 @@ def _materialise(model_id: str, spec: OfflineModel | BuiltModel, cache_dir: Path
         # Holding the lock, anything left here is debris from a crashed build (or a hand-damaged dir).
         for stale in [target, *target.parent.glob(f".{target.name}.tmp-*")]:
             shutil.rmtree(stale, ignore_errors=True)
-        build = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-        build.chmod(0o755)  # mkdtemp's 0700 (and safetensors' 0600) would hide a shared cache
-        try:
+        with atomic_dir(target) as build:
+            build.chmod(0o755)  # a shared cache must stay readable by all (safetensors writes 0600)
             marker = {"model_id": model_id, "source": spec.source}
             if isinstance(spec, BuiltModel):
                 report(f"building {model_id} (random weights, one time)", 0.1)
@@ -222,9 +242,6 @@ def _materialise(model_id: str, spec: OfflineModel | BuiltModel, cache_dir: Path
             for written in build.iterdir():
                 written.chmod(0o644)
             (build / _MARKER).write_text(json.dumps(marker, indent=2) + "\n")
-            os.replace(build, target)
-        finally:
-            shutil.rmtree(build, ignore_errors=True)
     report(f"{model_id} ready at {target}", 1.0)
     return target
 

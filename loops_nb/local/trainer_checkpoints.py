@@ -7,12 +7,8 @@ so a crash or a full disk never leaves a half checkpoint where a good one was.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import shutil
-import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +16,8 @@ from typing import Any
 import torch
 from peft import PeftModel, set_peft_model_state_dict
 from safetensors.torch import load_file
+
+from loops_nb.local.model_store import atomic_dir
 
 STATE_FILE = "trainer_state.json"
 STATE_FORMAT = 1
@@ -77,23 +75,3 @@ def load_adapter_weights(model: PeftModel, weights: dict[str, torch.Tensor], pat
             f"trainer state at {path} does not fit this model: missing {missing[:3]}, "
             f"unexpected {list(result.unexpected_keys)[:3]}"
         )
-
-
-@contextlib.contextmanager
-def atomic_dir(path: Path) -> Iterator[Path]:
-    """Yield a temp dir next to `path`; on success it replaces `path` (rename), on failure it is removed."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
-        yield tmp
-        old = None
-        if path.exists():
-            old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
-            os.replace(path, old)
-        os.replace(tmp, path)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
