@@ -27,6 +27,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from loops_nb.local.losses import micro_batches
+from loops_nb.local.memory_budget import attention_shape
 from loops_nb.local.prefix_packing import shared_micro_batches
 from loops_nb.local.shared_prefix import PromptKey, forward_size, shared_groups
 
@@ -108,9 +109,7 @@ class ActivationCost:
         """`measure` on a causal LM's decoder stack (its head's cost is bounded apart, see `lm_head`)."""
         text = getattr(lm.config, "text_config", None) or lm.config
         decoder = lm.get_decoder()
-        layers, heads = int(text.num_hidden_layers), int(text.num_attention_heads)
-        kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
-        head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
+        layers, heads, kv_heads, head_dim = attention_shape(text)
         # Saved-tensor hooks are thread-local, so other trainers' work at the same time is not counted.
         return cls.measure(
             lambda ids: decoder(input_ids=ids, use_cache=False).last_hidden_state,

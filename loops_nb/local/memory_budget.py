@@ -21,7 +21,8 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
 
 from loops_nb.local.lora_targets import DEFAULT_TARGETS
 
@@ -77,13 +78,19 @@ def resolve_budget(budget_mb: int | None, weight_bytes: int) -> int:
     return budget_mb * MIB if budget_mb else default_budget(weight_bytes)
 
 
+def attention_shape(config: Any) -> tuple[int, int, int, int]:
+    """(layers, heads, kv_heads, head_dim) of a model's text decoder, from its config (or its `text_config`)."""
+    text = getattr(config, "text_config", None) or config
+    heads = int(getattr(text, "num_attention_heads", None) or 1)
+    head_dim = int(getattr(text, "head_dim", None) or int(getattr(text, "hidden_size", None) or 0) // heads)
+    kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
+    return int(getattr(text, "num_hidden_layers", None) or 0), heads, kv_heads, head_dim
+
+
 def kv_token_budget(model: PreTrainedModel, budget_bytes: int) -> int:
     """Tokens of KV cache that fit `budget_bytes` (keys and values of every layer), at most 65,536."""
-    config = getattr(model.config, "text_config", None) or model.config
-    heads = int(config.num_attention_heads)
-    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
-    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
-    per_token = 2 * int(config.num_hidden_layers) * kv_heads * head_dim * model.dtype.itemsize
+    layers, _, kv_heads, head_dim = attention_shape(model.config)
+    per_token = 2 * layers * kv_heads * head_dim * model.dtype.itemsize
     return max(1024, min(MAX_KV_TOKENS, budget_bytes // per_token))
 
 
@@ -113,10 +120,7 @@ class ModelShape:
                 parts = name.split(".")
                 if len(dims) == 2 and parts[-1] == "weight" and len(parts) >= 2:
                     shapes.setdefault(parts[-2], []).append((dims[0], dims[1]))
-        layers = int(text.get("num_hidden_layers") or 0)
-        heads = int(text.get("num_attention_heads") or 1)
-        kv_heads = int(text.get("num_key_value_heads") or heads)
-        head_dim = int(text.get("head_dim") or (int(text.get("hidden_size") or 0) // heads))
+        layers, _, kv_heads, head_dim = attention_shape(SimpleNamespace(**text))
         return cls(
             parameters=parameters,
             linear_shapes=shapes,
