@@ -364,11 +364,10 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
 
 
 EXCEPTION_HANDLERS: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
-    # A caller's mistake is a 422, which the SDK raises at once (never 400/404: those it retries for an hour).
+    # A caller's mistake is a 422, which the SDK raises at once (never 400/404: those it retries for an hour);
+    # so is a `UserError`: an unknown or unreachable base model, a bad checkpoint path.
     BadRequest: _refused(422),
-    UserError: _refused(
-        422
-    ),  # an unknown or unreachable base model, a bad checkpoint path: the caller's to fix
+    UserError: _refused(422),
     ValidationError: _invalid_body,
     RecursionError: _too_deep,
     RunLost: _refused(410),

@@ -35,13 +35,10 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TypeVar
 
 import torch
 
 from loops_nb.local.allocator import release_free_heap
-
-T = TypeVar("T")
 
 RELEASE_AFTER_SECONDS = 0.5
 """After a job this long (a trainer op, a sampler batch), the heap's free pages go back to the kernel
@@ -70,7 +67,7 @@ class ComputeLane:
         """Whether work is waiting for the lane (long-running work on it should wind down)."""
         return self.enabled and not self._queue.empty()
 
-    def run(self, fn: Callable[[], T]) -> T:
+    def run[T](self, fn: Callable[[], T]) -> T:
         """Run `fn` on the lane and return its result or raise its exception."""
         if not self.enabled or self.on_lane():
             return fn()

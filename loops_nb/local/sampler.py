@@ -28,7 +28,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -67,7 +67,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
 
 
 class SamplerClosedError(TrainerError):
@@ -101,11 +100,10 @@ class SamplerEngine:
         # The process's shared copy (`model_store.load_tokenizer`): the run's renderer usually holds it already.
         self.tokenizer = tokenizer or load_tokenizer(model_path)
         config = self.model.config
-        if max_batch_tokens is None:
-            max_batch_tokens = kv_token_budget(
-                self.model, resolve_budget(memory_budget_mb, weight_bytes(self.model))
-            )
-        self.max_batch_tokens = max_batch_tokens
+        budget = resolve_budget(memory_budget_mb, weight_bytes(self.model))
+        self.max_batch_tokens = (
+            kv_token_budget(self.model, budget) if max_batch_tokens is None else max_batch_tokens
+        )
         """Prompt and new tokens a batch may hold in its KV cache (the memory budget over bytes per token)."""
         self.max_batch_sequences = max_batch_sequences
         self.max_prefill_tokens = max_prefill_tokens
@@ -113,11 +111,7 @@ class SamplerEngine:
         self.max_positions: int | None = max_positions(config)
         self.eos_token_ids = self._eos_ids()
         self._mergeable = cache_is_full_attention(config)
-        prefix_bytes = (
-            resolve_budget(memory_budget_mb, weight_bytes(self.model))
-            if prefix_cache_mb is None
-            else prefix_cache_mb * MIB
-        )
+        prefix_bytes = budget if prefix_cache_mb is None else prefix_cache_mb * MIB
         self.prefix_cache = PrefixCache(prefix_bytes) if prefix_bytes and self._mergeable else None
         """Finished sequences' keys and values, so a call that extends one prefills only its new tokens
         (`prefix_cache_mb`: None keeps as much as the KV budget, 0 none)."""
@@ -275,7 +269,7 @@ class SamplerEngine:
     def adapter_versions(self) -> dict[str, int]:
         return self._adapters.versions()
 
-    def _run_op(self, op: Callable[[], T]) -> T:
+    def _run_op[T](self, op: Callable[[], T]) -> T:
         future: Future[T] = Future()
         with self._cv:
             if self._closing:
