@@ -22,6 +22,7 @@ import hashlib
 import hmac
 import json
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -51,7 +52,6 @@ from loops_nb.local.op_requests import OP_REQUESTS, CreateTrainer
 from loops_nb.local.run_records import RunLost
 from loops_nb.local.sampler_routing import PolicyNotPublished, SamplerRouting
 from loops_nb.local.state import LocalLoopsState
-from loops_nb.local.unserved_routes import not_served
 from loops_nb.request_body import BodyRefused, parse_json, read_limited
 from loops_nb.validation_message import validation_message
 
@@ -357,6 +357,37 @@ async def _too_deep(request: Request, exc: Exception) -> Response:
     return _error(422, "the request is nested too deeply")
 
 
+# Routes the SDK knows but that make no sense locally, and why. A bare 404 is the worst answer a Loops client
+# can get (the SDK retries it for up to an hour, and it says nothing), so every path or method not served is
+# answered 422 in the SDK's error shape, naming the route and what to do instead.
+_KNOWN_UNSERVED: list[tuple[re.Pattern[str], str]] = [
+    (
+        re.compile(r"^/v1/teams(/|$)"),
+        "teams are a Baseten workspace concept; the local Loops has one implicit team. "
+        "Create the ServiceClient without team=",
+    ),
+    (
+        re.compile(r"^/v1/loops/debug/"),
+        "the internal debug route (scope=, internal backend version) picks Baseten capacity; "
+        "create the client without scope= (or unset BASETEN_LOOPS_SCOPE)",
+    ),
+    (
+        re.compile(r"^/samplers/[^/]+/wake$"),
+        "a local sampler never scales to zero, so there is nothing to wake",
+    ),
+]
+
+
+async def _not_served(request: Request, exc: Exception) -> Response:
+    path = request.url.path
+    reason = next(
+        (reason for pattern, reason in _KNOWN_UNSERVED if pattern.match(path)),
+        "no such route in the Loops API this server implements (baseten-loops 0.32); see "
+        "docs/reference/local_loops.md",
+    )
+    return _error(422, f"{request.method} {path} is not served by the local Loops: {reason}")
+
+
 async def _internal_error(request: Request, exc: Exception) -> Response:
     # Starlette re-raises the exception after this answer, so uvicorn logs its traceback after this line.
     log.error("embedded Loops: %s %s failed: %r", request.method, request.url.path, exc)
@@ -372,8 +403,8 @@ EXCEPTION_HANDLERS: dict[Any, Callable[[Request, Exception], Awaitable[Response]
     RecursionError: _too_deep,
     RunLost: _refused(410),
     # No route for the path (404), or not for the method (405): say so, in the SDK's error shape.
-    404: not_served,
-    405: not_served,
+    404: _not_served,
+    405: _not_served,
     Exception: _internal_error,
 }
 """Starlette's answers to what a handler raises; none leaks a traceback to the client."""

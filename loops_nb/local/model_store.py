@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from loops_nb.errors import UserError
-from loops_nb.local.model_ladder import build_random_qwen2
 from loops_nb.local.offline_models import DEFAULT_MODEL as DEFAULT_MODEL
 from loops_nb.local.offline_models import OFFLINE_MODELS as OFFLINE_MODELS
 from loops_nb.local.offline_models import OfflineModel as OfflineModel
@@ -68,14 +67,69 @@ class BuiltModel:
             build_random_qwen2(f"loops-nb/{self.name}", out, tokenizer_dir=tokenizer_dir)
 
 
-BUILT_MODELS: dict[str, BuiltModel] = {
-    "loops-nb/tiny-random-vlm": BuiltModel("tiny-random-vlm"),
-    "loops-nb/random-qwen2-0.5b": BuiltModel("random-qwen2-0.5b"),
-    "loops-nb/random-qwen2-1.5b": BuiltModel("random-qwen2-1.5b"),
+BUILT_MODELS = {
+    f"loops-nb/{n}": BuiltModel(n) for n in ("tiny-random-vlm", "random-qwen2-0.5b", "random-qwen2-1.5b")
 }
 """`loops-nb/tiny-random-vlm`: a random tiny Qwen2-VL for the image path's offline tests and notebook.
 `loops-nb/random-qwen2-0.5b` and `-1.5b`: random models of the Qwen2-0.5B and Qwen2-1.5B shapes, the
-benchmarks' model-size ladder (see model_ladder); they run, they do not learn."""
+benchmarks' model-size ladder (see `build_random_qwen2`); they run, they do not learn."""
+
+QWEN2_SHAPES: dict[str, dict[str, Any]] = {
+    "loops-nb/random-qwen2-0.5b": {
+        "hidden_size": 896,
+        "intermediate_size": 4864,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+    },
+    "loops-nb/random-qwen2-1.5b": {
+        "hidden_size": 1536,
+        "intermediate_size": 8960,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 2,
+    },
+}
+"""The Qwen2-0.5B and Qwen2-1.5B shapes: their config.json values that size the model (with the 151,936-token
+vocabulary and tied embeddings of `build_random_qwen2`)."""
+_LADDER_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+)
+
+
+def build_random_qwen2(name: str, out: Path, *, tokenizer_dir: Path, seed: int = 0) -> Path:
+    """Write the random Qwen2 `name` (a key of `QWEN2_SHAPES`) into `out`, with the tokenizer files of
+    `tokenizer_dir` (the model store passes the offline default's: SmolLM2's; its ids all lie inside the
+    larger vocabulary). Random weights, saved in bf16: the model runs every path of the embedded Loops and
+    learns nothing, and it says how memory and step time grow for the sizes people train locally, which the
+    135M offline default cannot (3 GB on disk for the 1.5B)."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    config = Qwen2Config(
+        vocab_size=151936,
+        max_position_embeddings=32768,
+        rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
+        tie_word_embeddings=True,
+        rms_norm_eps=1e-6,
+        bos_token_id=1,
+        eos_token_id=2,
+        architectures=["Qwen2ForCausalLM"],
+        **QWEN2_SHAPES[name],
+    )
+    config._name_or_path = name
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.save_pretrained(out)
+    del model
+    for file in _LADDER_TOKENIZER_FILES:
+        if (tokenizer_dir / file).is_file():
+            shutil.copy2(tokenizer_dir / file, out / file)
+    return out
 
 
 @dataclass(frozen=True)
