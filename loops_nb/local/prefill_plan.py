@@ -78,10 +78,8 @@ class Prefiller:
     def _extending(self, jobs: list[Job], hit: PrefixHit) -> DecodeBatch:
         self.stats["prefill_tokens"] += len(jobs[0].prompt) - hit.length
         self.stats["prefix_cached_tokens"] += hit.length
-        forward = self.forward
-        return DecodeBatch.prefill_extending(
-            jobs, hit, forward.text, forward.new_cache, self.device, self.decode
-        )
+        forward, new_cache = self.forward.text, self.forward.new_cache
+        return DecodeBatch.prefill_extending(jobs, hit, forward, new_cache, self.device, self.decode)
 
     def _hits(self, jobs: list[Job]) -> list[tuple[list[Job], PrefixHit]]:
         """The jobs a kept sequence extends, grouped by prompt, each group with its hit."""

@@ -266,9 +266,6 @@ class SamplerEngine:
     def adapter_version(self, key: str) -> int | None:
         return self._adapters.version(key)
 
-    def adapter_versions(self) -> dict[str, int]:
-        return self._adapters.versions()
-
     def _run_op[T](self, op: Callable[[], T]) -> T:
         future: Future[T] = Future()
         with self._cv:

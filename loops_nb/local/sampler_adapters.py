@@ -98,9 +98,6 @@ class AdapterSet:
         entry = self._adapters.get(key)
         return None if entry is None else entry.version
 
-    def versions(self) -> dict[str, int]:
-        return {key: entry.version for key, entry in self._adapters.items()}
-
     @torch.no_grad()
     def install(
         self, key: str, config: Mapping[str, Any], state_dict: Mapping[str, Tensor], version: int
