@@ -34,8 +34,9 @@ from loops_nb.llm.client import SamplingDefaults
 from loops_nb.rl.config import RLConfig, RLEvalConfig
 from loops_nb.rl.loop_watchdog import LoopWatchdog
 from loops_nb.rl.scheduler import AttemptRecord, MakeLLM, RolloutScheduler
+from loops_nb.rl.step_log import AttemptView
 from loops_nb.run_dir import JsonlLog, atomic_write_json
-from loops_nb.run_events import EvalRecord
+from loops_nb.run_events import AttemptRow, EvalRecord
 from loops_nb.runtime import RolloutRuntime, Task
 
 if TYPE_CHECKING:
@@ -165,7 +166,7 @@ class Evaluation:
     """Optimizer steps the evaluated policy had (0: the base model)."""
     metrics: dict[str, Any]
     """`eval/*` metrics, as a step record and evals.jsonl carry them."""
-    attempts: list[dict[str, Any]] = field(default_factory=list)
+    attempts: list[AttemptRow] = field(default_factory=list)
     transcripts: list[dict[str, Any]] = field(default_factory=list)
 
     def record(self) -> EvalRecord:
@@ -253,47 +254,20 @@ class Evaluator:
         finally:
             if self.watchdog is None:  # a watchdog the run shares is the run's to stop
                 await scheduler.close()
-        records = [a for g in groups for a in g.attempts]
+        views = [(g, AttemptView(a, trained=False)) for g in groups for a in g.attempts]
+        records = [view.record for _, view in views]
         metrics = {
             "eval/policy_version": version,
             **summarize(records, self.tasks, self.settings),
             "time/eval_s": round(time.perf_counter() - started, 3),
         }
-        rows = [
-            {
-                "step": step,
-                "task": r.attempt.task.id,
-                "attempt": r.attempt.id,
-                "reward": r.evidence.reward,
-                "passed": _passed(r, self.settings),
-                "discarded": r.evidence.discarded,
-                "detail": r.evidence.detail,
-                "policy_versions": r.capture.policy_versions,
-                "sampled_tokens": r.capture.sampled_tokens,
-                "seconds": round(r.seconds, 3),
-            }
-            for r in records
-        ]
-        return Evaluation(step, metrics, rows, [self._transcript(r) for r in records])
-
-    def _transcript(self, record: AttemptRecord) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "attempt": record.attempt.id,
-            "reward": record.evidence.reward,
-            "discarded": record.evidence.discarded,
-            "trained": False,
-        }
-        if self.full_transcripts:
-            out["calls"] = [
-                {
-                    "prompt": self.renderer.decode(c.prompt_tokens),
-                    "completion": self.renderer.decode(c.completion_tokens),
-                    "finish_reason": c.finish_reason,
-                }
-                for c in record.capture.calls
-            ]
-            out["transcript"] = record.evidence.transcript
-        return out
+        evaluation = Evaluation(step, metrics)
+        for group, view in views:
+            row = view.row(step, group)
+            row["passed"] = _passed(view.record, self.settings)
+            evaluation.attempts.append(row)
+            evaluation.transcripts.append(view.transcript(self.renderer, full=self.full_transcripts))
+        return evaluation
 
 
 class EvalLog:
