@@ -50,27 +50,6 @@ class FixedPolicy:
     version: int
 
 
-@dataclass(frozen=True)
-class EvalTarget:
-    """What `--checkpoint` named: a label for the output, the steps it had, and the checkpoint (None: base)."""
-
-    label: str
-    step: int
-    checkpoint: RunCheckpoint | None = None
-
-    @property
-    def sampler_path(self) -> str | None:
-        """Saved sampler weights (`bt://loops:<run>/sampler_weights/<name>`)."""
-        c = self.checkpoint
-        return c.path if c is not None and c.kind == "sampler" else None
-
-    @property
-    def state_path(self) -> str | None:
-        """Trainer state (a periodic checkpoint, or a final one named by its `state-` name)."""
-        c = self.checkpoint
-        return c.path if c is not None and c.kind == "trainer" else None
-
-
 @dataclass
 class EvalReport:
     """What `loops eval` measured: the `eval/*` metrics of one checkpoint, and where the results are."""
@@ -92,20 +71,6 @@ class EvalReport:
         return out
 
 
-def resolve_target(run_dir: RunDirectory | None, checkpoint: str) -> EvalTarget:
-    """The checkpoint ``checkpoint`` names in ``run_dir`` (see the module's docstring)."""
-    if checkpoint == BASE:
-        return EvalTarget(BASE, 0)
-    if run_dir is None:
-        raise UserError(
-            f"--checkpoint {checkpoint}: set output.run_name to the run whose checkpoint to evaluate "
-            "(or evaluate --checkpoint base)"
-        )
-    found = find_checkpoint(run_dir, checkpoint)
-    assert found is not None
-    return EvalTarget(found.name, found.step, found)
-
-
 async def evaluate(project: Project, *, checkpoint: str = "latest", out: Path | None = None) -> EvalReport:
     """Evaluate ``checkpoint`` of the project's run with its `[eval]` settings; nothing trains."""
     config = project.config_as(RLConfig)
@@ -113,30 +78,41 @@ async def evaluate(project: Project, *, checkpoint: str = "latest", out: Path | 
         config.output.output_dir / config.output.run_name if config.output.run_name is not None else None
     )
     run_dir = RunDirectory(existing) if existing is not None and existing.is_dir() else None
-    if existing is not None and run_dir is None and checkpoint != "base":
+    if run_dir is None and checkpoint != BASE:
         raise UserError(
             f"--checkpoint {checkpoint}: {existing} does not exist; no run to evaluate (or use base)"
+            if existing is not None
+            else f"--checkpoint {checkpoint}: set output.run_name to the run whose checkpoint to evaluate "
+            "(or evaluate --checkpoint base)"
         )
-    target = resolve_target(run_dir, checkpoint)
+    # The checkpoint it names (see the module's docstring); None: the base model.
+    target = find_checkpoint(run_dir, checkpoint) if run_dir is not None else None
+    label = target.name if target is not None else BASE
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     if out is None:
         parent = (
             run_dir.root if run_dir is not None else config.output.output_dir / f"{project.path.stem}-base"
         )
-        out = parent / "evals" / f"{target.label}-{stamp}"
+        out = parent / "evals" / f"{label}-{stamp}"
     out.mkdir(parents=True, exist_ok=True)
     # A live run on this directory would share its local Loops state: refuse, as a second `loops run` is.
     lock = RunLock.claim(run_dir.root) if run_dir is not None else None
     try:
-        return await _evaluate(project, config, run_dir, target, out)
+        return await _evaluate(project, config, run_dir, target, label, out)
     finally:
         if lock is not None:
             lock.release()
 
 
 async def _evaluate(
-    project: Project, config: RLConfig, run_dir: RunDirectory | None, target: EvalTarget, out: Path
+    project: Project,
+    config: RLConfig,
+    run_dir: RunDirectory | None,
+    target: RunCheckpoint | None,
+    label: str,
+    out: Path,
 ) -> EvalReport:
+    step = target.step if target is not None else 0
     state = out / "state"
     state.mkdir(parents=True, exist_ok=True)
     resources = ResourceRegistry(ResourceJournal.at(state / "journal.jsonl"))
@@ -158,11 +134,9 @@ async def _evaluate(
             choice=run_renderer_choice(config.model, recorded),
         )
         connection = await LoopsConnection.open(config.compute, state_dir=loops_state)
-        client = await checkpoint_sampling_client(
-            connection, config.model, target.checkpoint, seed=config.training.seed
-        )
+        client = await checkpoint_sampling_client(connection, config.model, target, seed=config.training.seed)
         await runtimes.lease_model_access()
-        policy = FixedPolicy(client, target.step)
+        policy = FixedPolicy(client, step)
         sampling = eval_sampling(config)
         t = config.training
         evaluator = Evaluator(
@@ -170,7 +144,7 @@ async def _evaluate(
             runtimes.training,
             tasks,
             make_llm=lambda capture, seed: LoopsLLM(renderer, policy, capture, sampling, seed=seed),
-            version=lambda: target.step,
+            version=lambda: step,
             renderer=renderer,
             max_concurrent=t.max_concurrent_rollouts,
             attempt_timeout=t.attempt_timeout_seconds,
@@ -178,7 +152,7 @@ async def _evaluate(
             resources=resources,
             full_transcripts=True,
         )
-        evaluation = await evaluator.evaluate(target.step)
+        evaluation = await evaluator.evaluate(step)
     finally:
         # The evaluation is what the user asked for: a runtime that fails to close does not lose it.
         with contextlib.suppress(Exception):
@@ -196,15 +170,16 @@ async def _evaluate(
         {
             "config_path": str(project.path),
             "run_dir": str(run_dir.root) if run_dir is not None else None,
-            "checkpoint": target.label,
-            "sampler_path": target.sampler_path,
-            "state_path": target.state_path,
+            "checkpoint": label,
+            # Saved sampler weights (`bt://loops:<run>/sampler_weights/<name>`), or trainer state.
+            "sampler_path": target.path if target is not None and target.kind == "sampler" else None,
+            "state_path": target.path if target is not None and target.kind == "trainer" else None,
             **line,
         },
     )
     return EvalReport(
-        target.label,
-        target.step,
+        label,
+        step,
         evaluation.metrics,
         str(out),
         str(run_dir.root) if run_dir is not None else None,
