@@ -109,19 +109,12 @@ class RichConsole(TerminalReporter):
 
 
 def run_observers(
-    output: OutputConfig, config_dump: dict[str, Any], observers: Sequence[object] | None
+    output: OutputConfig, config_dump: dict[str, Any], observers: Sequence[object] | None = None
 ) -> list[object]:
-    """The caller's observers (or `[output]`'s defaults), plus W&B whenever wandb_project is set."""
+    """The caller's observers (when it passes none, `[output]`'s: the terminal, or rich), plus W&B whenever
+    wandb_project is set."""
     if observers is None:
-        return default_observers(output, config_dump)
+        observers = [RichConsole() if output.console else TerminalReporter()]
     if output.wandb_project:
         return [*observers, WandbMirror(output.wandb_project, config_dump)]
     return list(observers)
-
-
-def default_observers(output: OutputConfig, config_dump: dict[str, Any]) -> list[object]:
-    """The observers `[output]` asks for when the caller passes none: terminal (or rich), plus W&B."""
-    observers: list[object] = [RichConsole() if output.console else TerminalReporter()]
-    if output.wandb_project:
-        observers.append(WandbMirror(output.wandb_project, config_dump))
-    return observers
