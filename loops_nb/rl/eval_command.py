@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 
 from loops_nb.compute import LoopsConnection
 from loops_nb.errors import UserError
-from loops_nb.llm.client import LoopsLLM
 from loops_nb.model_renderer import load_model_renderer, run_renderer_choice
 from loops_nb.resources import ResourceJournal, ResourceRegistry, RunLock
 from loops_nb.rl.config import RLConfig
@@ -136,21 +135,13 @@ async def _evaluate(
         connection = await LoopsConnection.open(config.compute, state_dir=loops_state)
         client = await checkpoint_sampling_client(connection, config.model, target, seed=config.training.seed)
         await runtimes.lease_model_access()
-        policy = FixedPolicy(client, step)
-        sampling = eval_sampling(config)
-        t = config.training
         evaluator = Evaluator(
-            config.eval,
+            config,
             runtimes.training,
             tasks,
-            make_llm=lambda capture, seed: LoopsLLM(renderer, policy, capture, sampling, seed=seed),
-            version=lambda: step,
+            policy=FixedPolicy(client, step),
             renderer=renderer,
-            max_concurrent=t.max_concurrent_rollouts,
-            attempt_timeout=t.attempt_timeout_seconds,
-            reward_range=(t.reward_min, t.reward_max),
             resources=resources,
-            full_transcripts=True,
         )
         evaluation = await evaluator.evaluate(step)
     finally:
@@ -160,8 +151,9 @@ async def _evaluate(
         if connection is not None:
             await connection.close()
     line = EvalLog(out).write(evaluation).to_json()
+    temperature = eval_sampling(config).temperature
     lines = [
-        f"eval: {len(tasks)} task(s) x {config.eval.attempts} attempt(s), temperature {sampling.temperature:g}"
+        f"eval: {len(tasks)} task(s) x {config.eval.attempts} attempt(s), temperature {temperature:g}"
         + (" (held-out runtime options)" if held_out else "")
         + (f" (holdout {config.eval.holdout:g} of the training tasks)" if config.eval.holdout else "")
     ]

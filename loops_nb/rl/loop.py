@@ -21,11 +21,11 @@ from loops_nb.observers import ObserverSet
 from loops_nb.resources import ResourceRegistry
 from loops_nb.rl.config import RLConfig
 from loops_nb.rl.custom_loss import TrainingLoss
-from loops_nb.rl.evaluation import EvalLog, Evaluator, eval_due, eval_sampling, eval_tasks
+from loops_nb.rl.evaluation import EvalLog, Evaluator, eval_due, eval_tasks
 from loops_nb.rl.grpo import step_datums
 from loops_nb.rl.outcome import RLOutcome
 from loops_nb.rl.policy import Policy
-from loops_nb.rl.scheduler import GroupResult, MakeLLM, RolloutScheduler
+from loops_nb.rl.scheduler import GroupResult, RolloutScheduler
 from loops_nb.rl.step_log import StepLog, StepTraining
 from loops_nb.run.optimizer import AdamSettings
 from loops_nb.run.recipe_run import RecipeRun
@@ -82,17 +82,6 @@ class RLRun(RecipeRun):
         self.evals = EvalLog(run_dir.root)
         self._evaluator: Evaluator | None = None
 
-    def _sampler(self, defaults: SamplingDefaults) -> MakeLLM:
-        """A scheduler's `make_llm`: each attempt's model is the run's current policy, sampled with ``defaults``."""
-        return lambda capture, seed: LoopsLLM(
-            self.renderer,
-            self.policy,
-            capture,
-            defaults,
-            seed=seed,
-            on_sampling_error=self.policy.sampling_failed,
-        )
-
     async def load_checkpoint(self, checkpoint: Checkpoint) -> None:
         await self.policy.load_state_with_optimizer(checkpoint.path)
 
@@ -112,12 +101,18 @@ class RLRun(RecipeRun):
 
     async def begin(self, start: int) -> None:
         t, s = self.config.training, self.config.sampling
+        sampling = SamplingDefaults(s.temperature, s.top_p, s.max_tokens, self.config.model.max_seq_len)
         tasks, held_out = await eval_tasks(self.config, self.runtime, self.eval_runtime)
         self._scheduler = RolloutScheduler(
             self.runtime,
             tasks,
-            make_llm=self._sampler(
-                SamplingDefaults(s.temperature, s.top_p, s.max_tokens, self.config.model.max_seq_len)
+            make_llm=lambda capture, seed: LoopsLLM(
+                self.renderer,
+                self.policy,
+                capture,
+                sampling,
+                seed=seed,
+                on_sampling_error=self.policy.sampling_failed,
             ),
             version=lambda: self.policy.version,
             group_size=t.group_size,
@@ -134,17 +129,14 @@ class RLRun(RecipeRun):
         )
         if self.config.eval.enabled:
             self._evaluator = Evaluator(
-                self.config.eval,
+                self.config,
                 self.eval_runtime or self.runtime,
                 held_out,
-                make_llm=self._sampler(eval_sampling(self.config)),
-                version=lambda: self.policy.version,
+                policy=self.policy,
                 renderer=self.renderer,
-                max_concurrent=t.max_concurrent_rollouts,
-                attempt_timeout=t.attempt_timeout_seconds,
-                reward_range=(t.reward_min, t.reward_max),
                 resources=self.resources,
                 watchdog=self._scheduler.watchdog,
+                on_sampling_error=self.policy.sampling_failed,
                 full_transcripts=self.config.output.trace == "full",
             )
         await self.policy.publish()
