@@ -24,6 +24,7 @@ from loops_nb.resources import ResourceJournal, ResourceRegistry
 from loops_nb.rl.agent_time_check import agent_time_warnings
 from loops_nb.rl.config import RLConfig
 from loops_nb.rl.custom_loss import TrainingLoss, loss_name, needs_reference_logprobs, resolve_custom_loss
+from loops_nb.rl.eval_command import evaluate as evaluate  # `loops eval` (`project.evaluate`)
 from loops_nb.rl.evaluation import EvalLog, describe_eval, eval_tasks
 from loops_nb.rl.loop import RLRun
 from loops_nb.rl.outcome import RLOutcome
@@ -269,10 +270,3 @@ async def train(
         loss = TrainingLoss.of(config.training.loss, config.training.loss_config)
         recipe = RLRecipe(config, project.path, runtimes, loss)
         return await run_recipe(recipe, project.describe(), observers=observers, stop=stop)
-
-
-async def evaluate(project: Project, *, checkpoint: str = "latest", out: Path | None = None) -> Any:
-    """`loops eval`: the config's `[eval]` against one checkpoint (`rl/eval_command.py`); nothing trains."""
-    from loops_nb.rl.eval_command import evaluate as evaluate_checkpoint
-
-    return await evaluate_checkpoint(project, checkpoint=checkpoint, out=out)
