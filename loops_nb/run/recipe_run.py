@@ -204,13 +204,10 @@ class RecipeRun(ABC):
         )
         return failure
 
-    async def save_state(self, name: str) -> str:
-        future = await self.trainer.save_state_async(name)
-        return str((await future.result_async()).path)
-
     async def save(self, step: int, *, sampler: bool) -> Checkpoint:
         """Save the trainer state after ``step`` steps (and the sampler weights) and record it."""
-        path = await self.save_state(f"state-{step:06d}")
+        future = await self.trainer.save_state_async(f"state-{step:06d}")
+        path = str((await future.result_async()).path)
         sampler_path = None
         if sampler:
             future = await self.trainer.save_weights_for_sampler_async(f"final-{step:06d}")
