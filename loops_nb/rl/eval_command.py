@@ -32,7 +32,7 @@ from loops_nb.resources import ResourceJournal, ResourceRegistry, RunLock
 from loops_nb.rl.config import RLConfig
 from loops_nb.rl.evaluation import EvalLog, Evaluator, eval_sampling, eval_tasks
 from loops_nb.rl.runtimes import RolloutRuntimes
-from loops_nb.run_checkpoints import BASE, RunCheckpoint, checkpoint_sampling_client, find_checkpoint
+from loops_nb.run_checkpoints import BASE, checkpoint_sampling_client, find_checkpoint
 from loops_nb.run_dir import RunDirectory, atomic_write_json
 
 if TYPE_CHECKING:
@@ -86,94 +86,82 @@ async def evaluate(project: Project, *, checkpoint: str = "latest", out: Path | 
         )
     # The checkpoint it names (see the module's docstring); None: the base model.
     target = find_checkpoint(run_dir, checkpoint) if run_dir is not None else None
-    label = target.name if target is not None else BASE
+    label, step = (target.name, target.step) if target is not None else (BASE, 0)
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     if out is None:
         parent = (
             run_dir.root if run_dir is not None else config.output.output_dir / f"{project.path.stem}-base"
         )
         out = parent / "evals" / f"{label}-{stamp}"
-    out.mkdir(parents=True, exist_ok=True)
+    state = out / "state"
+    state.mkdir(parents=True, exist_ok=True)
     # A live run on this directory would share its local Loops state: refuse, as a second `loops run` is.
     lock = RunLock.claim(run_dir.root) if run_dir is not None else None
     try:
-        return await _evaluate(project, config, run_dir, target, label, out)
+        resources = ResourceRegistry(ResourceJournal.at(state / "journal.jsonl"))
+        held_out = config.eval.options is not None
+        runtimes = await RolloutRuntimes.open(config, project.path, eval_only=True)
+        loops_state = (run_dir.state if run_dir is not None else state) / "local_loops"
+        connection: LoopsConnection | None = None
+        try:
+            runtimes.bind(state, resources)
+            _, tasks = await eval_tasks(config, runtimes.training, runtimes.training if held_out else None)
+            # The run's recorded renderer (while the config's setting is the one it recorded), as it trained.
+            recorded = run_dir.read_run_json() if run_dir is not None else None
+            renderer = await asyncio.to_thread(
+                load_model_renderer,
+                config.model,
+                config.compute.scope,
+                cache_dir=config.compute.local.cache_dir,
+                choice=run_renderer_choice(config.model, recorded),
+            )
+            connection = await LoopsConnection.open(config.compute, state_dir=loops_state)
+            client = await checkpoint_sampling_client(
+                connection, config.model, target, seed=config.training.seed
+            )
+            await runtimes.lease_model_access()
+            evaluator = Evaluator(
+                config,
+                runtimes.training,
+                tasks,
+                policy=FixedPolicy(client, step),
+                renderer=renderer,
+                resources=resources,
+            )
+            evaluation = await evaluator.evaluate(step)
+        finally:
+            # The evaluation is what the user asked for: a runtime that fails to close does not lose it.
+            with contextlib.suppress(Exception):
+                await runtimes.aclose()
+            if connection is not None:
+                await connection.close()
+        line = EvalLog(out).write(evaluation).to_json()
+        temperature = eval_sampling(config).temperature
+        lines = [
+            f"eval: {len(tasks)} task(s) x {config.eval.attempts} attempt(s), temperature {temperature:g}"
+            + (" (held-out runtime options)" if held_out else "")
+            + (f" (holdout {config.eval.holdout:g} of the training tasks)" if config.eval.holdout else "")
+        ]
+        atomic_write_json(
+            out / "summary.json",
+            {
+                "config_path": str(project.path),
+                "run_dir": str(run_dir.root) if run_dir is not None else None,
+                "checkpoint": label,
+                # Saved sampler weights (`bt://loops:<run>/sampler_weights/<name>`), or trainer state.
+                "sampler_path": target.path if target is not None and target.kind == "sampler" else None,
+                "state_path": target.path if target is not None and target.kind == "trainer" else None,
+                **line,
+            },
+        )
+        return EvalReport(
+            label,
+            step,
+            evaluation.metrics,
+            str(out),
+            str(run_dir.root) if run_dir is not None else None,
+            lines,
+        )
     finally:
         if lock is not None:
             lock.release()
-
-
-async def _evaluate(
-    project: Project,
-    config: RLConfig,
-    run_dir: RunDirectory | None,
-    target: RunCheckpoint | None,
-    label: str,
-    out: Path,
-) -> EvalReport:
-    step = target.step if target is not None else 0
-    state = out / "state"
-    state.mkdir(parents=True, exist_ok=True)
-    resources = ResourceRegistry(ResourceJournal.at(state / "journal.jsonl"))
-    held_out = config.eval.options is not None
-    runtimes = await RolloutRuntimes.open(config, project.path, eval_only=True)
-    loops_state = (run_dir.state if run_dir is not None else state) / "local_loops"
-    connection: LoopsConnection | None = None
-    try:
-        runtimes.bind(state, resources)
-        runtime = runtimes.training
-        _, tasks = await eval_tasks(config, runtime, runtime if held_out else None)
-        # The run's recorded renderer (while the config's setting is the one it recorded), as it trained.
-        recorded = run_dir.read_run_json() if run_dir is not None else None
-        renderer = await asyncio.to_thread(
-            load_model_renderer,
-            config.model,
-            config.compute.scope,
-            cache_dir=config.compute.local.cache_dir,
-            choice=run_renderer_choice(config.model, recorded),
-        )
-        connection = await LoopsConnection.open(config.compute, state_dir=loops_state)
-        client = await checkpoint_sampling_client(connection, config.model, target, seed=config.training.seed)
-        await runtimes.lease_model_access()
-        evaluator = Evaluator(
-            config,
-            runtimes.training,
-            tasks,
-            policy=FixedPolicy(client, step),
-            renderer=renderer,
-            resources=resources,
-        )
-        evaluation = await evaluator.evaluate(step)
-    finally:
-        # The evaluation is what the user asked for: a runtime that fails to close does not lose it.
-        with contextlib.suppress(Exception):
-            await runtimes.aclose()
-        if connection is not None:
-            await connection.close()
-    line = EvalLog(out).write(evaluation).to_json()
-    temperature = eval_sampling(config).temperature
-    lines = [
-        f"eval: {len(tasks)} task(s) x {config.eval.attempts} attempt(s), temperature {temperature:g}"
-        + (" (held-out runtime options)" if held_out else "")
-        + (f" (holdout {config.eval.holdout:g} of the training tasks)" if config.eval.holdout else "")
-    ]
-    atomic_write_json(
-        out / "summary.json",
-        {
-            "config_path": str(project.path),
-            "run_dir": str(run_dir.root) if run_dir is not None else None,
-            "checkpoint": label,
-            # Saved sampler weights (`bt://loops:<run>/sampler_weights/<name>`), or trainer state.
-            "sampler_path": target.path if target is not None and target.kind == "sampler" else None,
-            "state_path": target.path if target is not None and target.kind == "trainer" else None,
-            **line,
-        },
-    )
-    return EvalReport(
-        label,
-        step,
-        evaluation.metrics,
-        str(out),
-        str(run_dir.root) if run_dir is not None else None,
-        lines,
-    )
