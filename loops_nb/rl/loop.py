@@ -96,9 +96,6 @@ class RLRun(RecipeRun):
         super().start_over()
         self.evals.keep_up_to(0)  # a fresh LoRA with the same seed is the base model evaluated at step 0
 
-    def outcome_fields(self) -> dict[str, Any]:
-        return RLOutcome.eval_fields(self.evals.records())
-
     async def begin(self, start: int) -> None:
         t, s = self.config.training, self.config.sampling
         sampling = SamplingDefaults(s.temperature, s.top_p, s.max_tokens, self.config.model.max_seq_len)
