@@ -4,13 +4,14 @@ extra) and a rich live progress region in the terminal (`[output] console`, the 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from loops_nb.config.sections import OutputConfig
 from loops_nb.errors import UserError
 from loops_nb.observers import TerminalReporter, eta
-from loops_nb.run_events import EvalRecord, ProgressTick, RunEnded, RunStarted
+from loops_nb.run_events import EvalRecord, MetricsLine, ProgressTick, RunEnded, RunStarted
 from loops_nb.step_record import StepRecord
 
 if TYPE_CHECKING:
@@ -38,19 +39,18 @@ class WandbMirror:
         )
 
     def on_step(self, record: StepRecord) -> None:
-        if self._run is not None:
-            numbers = {k: v for k in record.metrics if (v := record.number(k)) is not None}
-            self._run.log(numbers, step=record.step)
+        self._log(record, "")
 
     def on_eval(self, evaluation: EvalRecord) -> None:
         """An RL evaluation, at the steps its policy had (the final one follows the last step record)."""
+        self._log(evaluation, "eval/")
+
+    def _log(self, line: MetricsLine, prefix: str) -> None:
         if self._run is not None:
             numbers = {
-                k: v
-                for k in evaluation.metrics
-                if k.startswith("eval/") and (v := evaluation.number(k)) is not None
+                k: v for k in line.metrics if k.startswith(prefix) and (v := line.number(k)) is not None
             }
-            self._run.log(numbers, step=evaluation.step)
+            self._run.log(numbers, step=line.step)
 
     def on_end(self, ended: RunEnded) -> None:
         if self._run is not None:
@@ -77,19 +77,15 @@ class RichConsole(TerminalReporter):
 
         table = Table.grid(padding=(0, 2))
         step = self._last.step + 1 if self._last is not None else 0
+        elapsed = time.monotonic() - self.started
         table.add_row(
-            f"[bold]step {step}/{self.total or '?'}[/]", f"eta {eta(step, self.total, self._elapsed())}", note
+            f"[bold]step {step}/{self.total or '?'}[/]", f"eta {eta(step, self.total, elapsed)}", note
         )
         for key in self.KEYS:
             value = self._last.metrics.get(key) if self._last is not None else None
             if value is not None:
                 table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value), "")
         return table
-
-    def _elapsed(self) -> float:
-        import time
-
-        return time.monotonic() - self.started
 
     def on_start(self, started: RunStarted) -> None:
         super().on_start(started)
@@ -109,19 +105,12 @@ class RichConsole(TerminalReporter):
 
 
 def run_observers(
-    output: OutputConfig, config_dump: dict[str, Any], observers: Sequence[object] | None
+    output: OutputConfig, config_dump: dict[str, Any], observers: Sequence[object] | None = None
 ) -> list[object]:
-    """The caller's observers (or `[output]`'s defaults), plus W&B whenever wandb_project is set."""
+    """The caller's observers (when it passes none, `[output]`'s: the terminal, or rich), plus W&B whenever
+    wandb_project is set."""
     if observers is None:
-        return default_observers(output, config_dump)
+        observers = [RichConsole() if output.console else TerminalReporter()]
     if output.wandb_project:
         return [*observers, WandbMirror(output.wandb_project, config_dump)]
     return list(observers)
-
-
-def default_observers(output: OutputConfig, config_dump: dict[str, Any]) -> list[object]:
-    """The observers `[output]` asks for when the caller passes none: terminal (or rich), plus W&B."""
-    observers: list[object] = [RichConsole() if output.console else TerminalReporter()]
-    if output.wandb_project:
-        observers.append(WandbMirror(output.wandb_project, config_dump))
-    return observers

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import Field, dataclass, field, fields
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Self, TypedDict
 
 
 class RunEvent:
@@ -122,6 +122,29 @@ class AttemptFinished(RunEvent):
     """Its transcript entry, every call decoded (``text["calls"][i]["completion"]``, ...)."""
 
 
+class AttemptRow(TypedDict, total=False):
+    """One attempt as a row: a rollouts.jsonl or eval_attempts.jsonl line (`StepRollouts.rows`), an
+    `AttemptFinished`'s line, or (in the notebook tables) the one merged into the other. Rows read back from a
+    file keep keys not named here as read."""
+
+    step: int | None  # 0-based, as in rollouts.jsonl
+    slot: int
+    group: int
+    task: str
+    attempt: str
+    reward: float | None
+    trained: bool | None
+    passed: bool  # eval_attempts.jsonl: its reward reached `eval.pass_threshold`
+    discarded: str | None
+    detail: str
+    policy_versions: list[int]
+    calls: int
+    sampled_tokens: int
+    breaks: list[dict[str, Any]]  # which calls started a new token sequence, and why
+    seconds: float
+    text: Mapping[str, Any]  # the transcript entry: ``text["calls"][i]["completion"]``, ...
+
+
 @dataclass(frozen=True)
 class StepRollouts(RunEvent):
     """RL: a step trained. Its attempts' rollouts.jsonl rows, with what trained (``trained``), and the ``group``
@@ -130,8 +153,8 @@ class StepRollouts(RunEvent):
     hook: ClassVar[str] = "on_rollouts"
     step: int
     """0-based index of the step that trained."""
-    rows: list[dict[str, Any]] = field(default_factory=list)
-    """The step's rollouts.jsonl rows (step, slot, group, task, attempt, reward, trained, discarded, ...)."""
+    rows: list[AttemptRow] = field(default_factory=list)
+    """The step's rollouts.jsonl rows."""
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from loops_nb.mirrors import RichConsole, WandbMirror, default_observers
+from loops_nb.mirrors import RichConsole, WandbMirror, run_observers
 from loops_nb.observers import TerminalReporter
 from loops_nb.run_events import EvalRecord, RunEnded, RunStarted
 from loops_nb.step_record import StepRecord
@@ -47,20 +47,19 @@ def test_rich_console_shows_the_latest_step(capsys):
     assert "step 2/2" in out and "0.75" in out
 
 
-def test_default_observers_follow_the_output_section():
+def test_run_observers_default_to_the_output_section():
     from loops_nb.config.sections import OutputConfig
 
-    assert [type(o) for o in default_observers(OutputConfig(), {})] == [TerminalReporter]
-    assert isinstance(default_observers(OutputConfig(console=True), {})[0], RichConsole)
+    assert [type(o) for o in run_observers(OutputConfig(), {})] == [TerminalReporter]
+    assert isinstance(run_observers(OutputConfig(console=True), {})[0], RichConsole)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("WANDB_MODE", "disabled")
-        kinds = [type(o).__name__ for o in default_observers(OutputConfig(wandb_project="p"), {})]
+        kinds = [type(o).__name__ for o in run_observers(OutputConfig(wandb_project="p"), {})]
     assert kinds == ["TerminalReporter", "WandbMirror"]
 
 
 def test_run_observers_add_wandb_to_the_callers_own():
     from loops_nb.config.sections import OutputConfig
-    from loops_nb.mirrors import run_observers
 
     mine = object()
     assert run_observers(OutputConfig(), {}, [mine]) == [mine]

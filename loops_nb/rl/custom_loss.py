@@ -110,7 +110,7 @@ def resolve_custom_loss(
         reference = needs_reference_logprobs(fn)
         fn = partial(fn, **options)
         setattr(fn, REFERENCE_ATTRIBUTE, reference)
-    return as_sdk_loss(fn)
+    return SdkLoss(fn)
 
 
 @dataclass(frozen=True)
@@ -146,13 +146,9 @@ def unknown_loss_problem(loss: str | Callable[..., Any]) -> str | None:
     return None
 
 
-def as_sdk_loss(fn: Callable[..., Any]) -> SdkLoss:
-    """Wrap `fn` (a bare tensor or a `(tensor, metrics)` result) into what `forward_backward_custom` calls."""
-    return SdkLoss(fn)
-
-
 class SdkLoss:
-    """A user loss in the SDK's shape: `(data, logprobs) -> (loss, metrics)`.
+    """A user loss (returning a bare tensor or a `(tensor, metrics)` result) in the SDK's shape:
+    `(data, logprobs) -> (loss, metrics)`.
 
     The SDK's custom path only lets `target_tokens` and `weights` travel in `loss_fn_inputs`
     (bl/training_client.py `_CustomLossFnInputs`, extra keys forbidden), so the run sends bare datums and

@@ -27,13 +27,12 @@ from typing import TYPE_CHECKING, Any
 
 from loops_nb.compute import LoopsConnection
 from loops_nb.errors import UserError
-from loops_nb.llm.client import LoopsLLM
 from loops_nb.model_renderer import load_model_renderer, run_renderer_choice
 from loops_nb.resources import ResourceJournal, ResourceRegistry, RunLock
 from loops_nb.rl.config import RLConfig
 from loops_nb.rl.evaluation import EvalLog, Evaluator, eval_sampling, eval_tasks
 from loops_nb.rl.runtimes import RolloutRuntimes
-from loops_nb.run_checkpoints import BASE, RunCheckpoint, checkpoint_sampling_client, find_checkpoint
+from loops_nb.run_checkpoints import BASE, checkpoint_sampling_client, find_checkpoint
 from loops_nb.run_dir import RunDirectory, atomic_write_json
 
 if TYPE_CHECKING:
@@ -48,27 +47,6 @@ class FixedPolicy:
 
     sampling_client: SamplingClient
     version: int
-
-
-@dataclass(frozen=True)
-class EvalTarget:
-    """What `--checkpoint` named: a label for the output, the steps it had, and the checkpoint (None: base)."""
-
-    label: str
-    step: int
-    checkpoint: RunCheckpoint | None = None
-
-    @property
-    def sampler_path(self) -> str | None:
-        """Saved sampler weights (`bt://loops:<run>/sampler_weights/<name>`)."""
-        c = self.checkpoint
-        return c.path if c is not None and c.kind == "sampler" else None
-
-    @property
-    def state_path(self) -> str | None:
-        """Trainer state (a periodic checkpoint, or a final one named by its `state-` name)."""
-        c = self.checkpoint
-        return c.path if c is not None and c.kind == "trainer" else None
 
 
 @dataclass
@@ -92,20 +70,6 @@ class EvalReport:
         return out
 
 
-def resolve_target(run_dir: RunDirectory | None, checkpoint: str) -> EvalTarget:
-    """The checkpoint ``checkpoint`` names in ``run_dir`` (see the module's docstring)."""
-    if checkpoint == BASE:
-        return EvalTarget(BASE, 0)
-    if run_dir is None:
-        raise UserError(
-            f"--checkpoint {checkpoint}: set output.run_name to the run whose checkpoint to evaluate "
-            "(or evaluate --checkpoint base)"
-        )
-    found = find_checkpoint(run_dir, checkpoint)
-    assert found is not None
-    return EvalTarget(found.name, found.step, found)
-
-
 async def evaluate(project: Project, *, checkpoint: str = "latest", out: Path | None = None) -> EvalReport:
     """Evaluate ``checkpoint`` of the project's run with its `[eval]` settings; nothing trains."""
     config = project.config_as(RLConfig)
@@ -113,100 +77,91 @@ async def evaluate(project: Project, *, checkpoint: str = "latest", out: Path | 
         config.output.output_dir / config.output.run_name if config.output.run_name is not None else None
     )
     run_dir = RunDirectory(existing) if existing is not None and existing.is_dir() else None
-    if existing is not None and run_dir is None and checkpoint != "base":
+    if run_dir is None and checkpoint != BASE:
         raise UserError(
             f"--checkpoint {checkpoint}: {existing} does not exist; no run to evaluate (or use base)"
+            if existing is not None
+            else f"--checkpoint {checkpoint}: set output.run_name to the run whose checkpoint to evaluate "
+            "(or evaluate --checkpoint base)"
         )
-    target = resolve_target(run_dir, checkpoint)
+    # The checkpoint it names (see the module's docstring); None: the base model.
+    target = find_checkpoint(run_dir, checkpoint) if run_dir is not None else None
+    label, step = (target.name, target.step) if target is not None else (BASE, 0)
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     if out is None:
         parent = (
             run_dir.root if run_dir is not None else config.output.output_dir / f"{project.path.stem}-base"
         )
-        out = parent / "evals" / f"{target.label}-{stamp}"
-    out.mkdir(parents=True, exist_ok=True)
+        out = parent / "evals" / f"{label}-{stamp}"
+    state = out / "state"
+    state.mkdir(parents=True, exist_ok=True)
     # A live run on this directory would share its local Loops state: refuse, as a second `loops run` is.
     lock = RunLock.claim(run_dir.root) if run_dir is not None else None
     try:
-        return await _evaluate(project, config, run_dir, target, out)
+        resources = ResourceRegistry(ResourceJournal.at(state / "journal.jsonl"))
+        held_out = config.eval.options is not None
+        runtimes = await RolloutRuntimes.open(config, project.path, eval_only=True)
+        loops_state = (run_dir.state if run_dir is not None else state) / "local_loops"
+        connection: LoopsConnection | None = None
+        try:
+            runtimes.bind(state, resources)
+            _, tasks = await eval_tasks(config, runtimes.training, runtimes.training if held_out else None)
+            # The run's recorded renderer (while the config's setting is the one it recorded), as it trained.
+            recorded = run_dir.read_run_json() if run_dir is not None else None
+            renderer = await asyncio.to_thread(
+                load_model_renderer,
+                config.model,
+                config.compute.scope,
+                cache_dir=config.compute.local.cache_dir,
+                choice=run_renderer_choice(config.model, recorded),
+            )
+            connection = await LoopsConnection.open(config.compute, state_dir=loops_state)
+            client = await checkpoint_sampling_client(
+                connection, config.model, target, seed=config.training.seed
+            )
+            await runtimes.lease_model_access()
+            evaluator = Evaluator(
+                config,
+                runtimes.training,
+                tasks,
+                policy=FixedPolicy(client, step),
+                renderer=renderer,
+                resources=resources,
+            )
+            evaluation = await evaluator.evaluate(step)
+        finally:
+            # The evaluation is what the user asked for: a runtime that fails to close does not lose it.
+            with contextlib.suppress(Exception):
+                await runtimes.aclose()
+            if connection is not None:
+                await connection.close()
+        line = EvalLog(out).write(evaluation).to_json()
+        temperature = eval_sampling(config).temperature
+        lines = [
+            f"eval: {len(tasks)} task(s) x {config.eval.attempts} attempt(s), temperature {temperature:g}"
+            + (" (held-out runtime options)" if held_out else "")
+            + (f" (holdout {config.eval.holdout:g} of the training tasks)" if config.eval.holdout else "")
+        ]
+        atomic_write_json(
+            out / "summary.json",
+            {
+                "config_path": str(project.path),
+                "run_dir": str(run_dir.root) if run_dir is not None else None,
+                "checkpoint": label,
+                # Saved sampler weights (`bt://loops:<run>/sampler_weights/<name>`), or trainer state.
+                "sampler_path": target.path if target is not None and target.kind == "sampler" else None,
+                "state_path": target.path if target is not None and target.kind == "trainer" else None,
+                **line,
+            },
+        )
+        return EvalReport(
+            label,
+            step,
+            evaluation.metrics,
+            str(out),
+            str(run_dir.root) if run_dir is not None else None,
+            lines,
+        )
     finally:
         if lock is not None:
             lock.release()
-
-
-async def _evaluate(
-    project: Project, config: RLConfig, run_dir: RunDirectory | None, target: EvalTarget, out: Path
-) -> EvalReport:
-    state = out / "state"
-    state.mkdir(parents=True, exist_ok=True)
-    resources = ResourceRegistry(ResourceJournal.at(state / "journal.jsonl"))
-    held_out = config.eval.options is not None
-    runtimes = await RolloutRuntimes.open(config, project.path, eval_only=True)
-    loops_state = (run_dir.state if run_dir is not None else state) / "local_loops"
-    connection: LoopsConnection | None = None
-    try:
-        runtimes.bind(state, resources)
-        runtime = runtimes.training
-        _, tasks = await eval_tasks(config, runtime, runtime if held_out else None)
-        # The run's recorded renderer (while the config's setting is the one it recorded), as it trained.
-        recorded = run_dir.read_run_json() if run_dir is not None else None
-        renderer = await asyncio.to_thread(
-            load_model_renderer,
-            config.model,
-            config.compute.scope,
-            cache_dir=config.compute.local.cache_dir,
-            choice=run_renderer_choice(config.model, recorded),
-        )
-        connection = await LoopsConnection.open(config.compute, state_dir=loops_state)
-        client = await checkpoint_sampling_client(
-            connection, config.model, target.checkpoint, seed=config.training.seed
-        )
-        await runtimes.lease_model_access()
-        policy = FixedPolicy(client, target.step)
-        sampling = eval_sampling(config)
-        t = config.training
-        evaluator = Evaluator(
-            config.eval,
-            runtimes.training,
-            tasks,
-            make_llm=lambda capture, seed: LoopsLLM(renderer, policy, capture, sampling, seed=seed),
-            version=lambda: target.step,
-            renderer=renderer,
-            max_concurrent=t.max_concurrent_rollouts,
-            attempt_timeout=t.attempt_timeout_seconds,
-            reward_range=(t.reward_min, t.reward_max),
-            resources=resources,
-            full_transcripts=True,
-        )
-        evaluation = await evaluator.evaluate(target.step)
-    finally:
-        # The evaluation is what the user asked for: a runtime that fails to close does not lose it.
-        with contextlib.suppress(Exception):
-            await runtimes.aclose()
-        if connection is not None:
-            await connection.close()
-    line = EvalLog(out).write(evaluation).to_json()
-    lines = [
-        f"eval: {len(tasks)} task(s) x {config.eval.attempts} attempt(s), temperature {sampling.temperature:g}"
-        + (" (held-out runtime options)" if held_out else "")
-        + (f" (holdout {config.eval.holdout:g} of the training tasks)" if config.eval.holdout else "")
-    ]
-    atomic_write_json(
-        out / "summary.json",
-        {
-            "config_path": str(project.path),
-            "run_dir": str(run_dir.root) if run_dir is not None else None,
-            "checkpoint": target.label,
-            "sampler_path": target.sampler_path,
-            "state_path": target.state_path,
-            **line,
-        },
-    )
-    return EvalReport(
-        target.label,
-        target.step,
-        evaluation.metrics,
-        str(out),
-        str(run_dir.root) if run_dir is not None else None,
-        lines,
-    )

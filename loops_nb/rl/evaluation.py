@@ -30,12 +30,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from loops_nb.errors import UserError
-from loops_nb.llm.client import SamplingDefaults
+from loops_nb.llm.client import LoopsLLM, PolicySource, SamplingDefaults
 from loops_nb.rl.config import RLConfig, RLEvalConfig
 from loops_nb.rl.loop_watchdog import LoopWatchdog
-from loops_nb.rl.scheduler import AttemptRecord, MakeLLM, RolloutScheduler
+from loops_nb.rl.scheduler import AttemptRecord, RolloutScheduler
+from loops_nb.rl.step_log import AttemptView
 from loops_nb.run_dir import JsonlLog, atomic_write_json
-from loops_nb.run_events import EvalRecord
+from loops_nb.run_events import AttemptRow, EvalRecord
 from loops_nb.runtime import RolloutRuntime, Task
 
 if TYPE_CHECKING:
@@ -55,10 +56,6 @@ def pass_ks(attempts: int) -> list[int]:
     return sorted({1, attempts})
 
 
-def _rank(seed: int, task: Task) -> str:
-    return hashlib.sha256(f"{seed}:{task.id}".encode()).hexdigest()
-
-
 def split_holdout(tasks: Sequence[Task], share: float, seed: int) -> tuple[list[Task], list[Task]]:
     """``(training tasks, held-out tasks)``: ``share`` of the tasks (at least one) held out, chosen by a hash of
     each task's id and ``seed``, so the split does not depend on the order `tasks()` returns them in."""
@@ -70,7 +67,8 @@ def split_holdout(tasks: Sequence[Task], share: float, seed: int) -> tuple[list[
             f"eval.holdout = {share:g} of {len(tasks)} task(s) leaves none to train on; lower eval.holdout or "
             "give held-out tasks with eval.options"
         )
-    held = {t.id for t in sorted(tasks, key=lambda t: _rank(seed, t))[:held_count]}
+    ranked = sorted(tasks, key=lambda t: hashlib.sha256(f"{seed}:{t.id}".encode()).hexdigest())
+    held = {t.id for t in ranked[:held_count]}
     return [t for t in tasks if t.id not in held], [t for t in tasks if t.id in held]
 
 
@@ -165,11 +163,8 @@ class Evaluation:
     """Optimizer steps the evaluated policy had (0: the base model)."""
     metrics: dict[str, Any]
     """`eval/*` metrics, as a step record and evals.jsonl carry them."""
-    attempts: list[dict[str, Any]] = field(default_factory=list)
+    attempts: list[AttemptRow] = field(default_factory=list)
     transcripts: list[dict[str, Any]] = field(default_factory=list)
-
-    def record(self) -> EvalRecord:
-        return EvalRecord(self.step, self.metrics, time.time())
 
 
 def summarize(
@@ -211,89 +206,67 @@ def _passed(record: AttemptRecord, settings: RLEvalConfig) -> bool:
 
 @dataclass
 class Evaluator:
-    """Runs evaluations of whatever policy ``make_llm``'s models sample (the run's current one, or a
-    checkpoint's) on ``tasks`` through ``runtime``."""
+    """Runs evaluations of ``policy`` (the run's current one, or a checkpoint's) on ``tasks`` through ``runtime``,
+    with the config's `[eval]` settings and `[training]`'s concurrency, timeout and reward range."""
 
-    settings: RLEvalConfig
+    config: RLConfig
     runtime: RolloutRuntime
     tasks: Sequence[Task]
     _: KW_ONLY
-    make_llm: MakeLLM
-    version: Callable[[], int]
+    policy: PolicySource
     renderer: Renderer
-    max_concurrent: int
-    attempt_timeout: float
-    reward_range: tuple[float, float]
     resources: ResourceRegistry | None = None
     watchdog: LoopWatchdog | None = None
     """A watchdog the run shares (it stops it); None: each evaluation's scheduler has and stops its own."""
+    on_sampling_error: Callable[[Exception], None] | None = None
     full_transcripts: bool = True
 
     async def evaluate(self, step: int) -> Evaluation:
         """Evaluate the current policy, which has had ``step`` optimizer steps."""
         started = time.perf_counter()
+        settings, t, sampling = self.config.eval, self.config.training, eval_sampling(self.config)
         scheduler = RolloutScheduler(
             self.runtime,
             self.tasks,
-            make_llm=self.make_llm,
-            version=self.version,
-            group_size=self.settings.attempts,
+            make_llm=lambda capture, seed: LoopsLLM(
+                self.renderer,
+                self.policy,
+                capture,
+                sampling,
+                seed=seed,
+                on_sampling_error=self.on_sampling_error,
+            ),
+            version=lambda: self.policy.version,
+            group_size=settings.attempts,
             groups_per_step=len(self.tasks),
-            max_concurrent=self.max_concurrent,
-            attempt_timeout=self.attempt_timeout,
-            seed=self.settings.seed,
+            max_concurrent=t.max_concurrent_rollouts,
+            attempt_timeout=t.attempt_timeout_seconds,
+            seed=settings.seed,
             resources=self.resources,
-            reward_range=self.reward_range,
+            reward_range=(t.reward_min, t.reward_max),
             watchdog=self.watchdog or LoopWatchdog(),
         )
-        version = self.version()
+        version = self.policy.version
         try:
             # Slot 0 at every evaluation: the same attempt seeds each time, so evaluations differ by policy.
             groups = await asyncio.gather(*(scheduler.run_group(0, g, t) for g, t in enumerate(self.tasks)))
         finally:
             if self.watchdog is None:  # a watchdog the run shares is the run's to stop
                 await scheduler.close()
-        records = [a for g in groups for a in g.attempts]
+        views = [(g, AttemptView(a, trained=False)) for g in groups for a in g.attempts]
+        records = [view.record for _, view in views]
         metrics = {
             "eval/policy_version": version,
-            **summarize(records, self.tasks, self.settings),
+            **summarize(records, self.tasks, settings),
             "time/eval_s": round(time.perf_counter() - started, 3),
         }
-        rows = [
-            {
-                "step": step,
-                "task": r.attempt.task.id,
-                "attempt": r.attempt.id,
-                "reward": r.evidence.reward,
-                "passed": _passed(r, self.settings),
-                "discarded": r.evidence.discarded,
-                "detail": r.evidence.detail,
-                "policy_versions": r.capture.policy_versions,
-                "sampled_tokens": r.capture.sampled_tokens,
-                "seconds": round(r.seconds, 3),
-            }
-            for r in records
-        ]
-        return Evaluation(step, metrics, rows, [self._transcript(r) for r in records])
-
-    def _transcript(self, record: AttemptRecord) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "attempt": record.attempt.id,
-            "reward": record.evidence.reward,
-            "discarded": record.evidence.discarded,
-            "trained": False,
-        }
-        if self.full_transcripts:
-            out["calls"] = [
-                {
-                    "prompt": self.renderer.decode(c.prompt_tokens),
-                    "completion": self.renderer.decode(c.completion_tokens),
-                    "finish_reason": c.finish_reason,
-                }
-                for c in record.capture.calls
-            ]
-            out["transcript"] = record.evidence.transcript
-        return out
+        evaluation = Evaluation(step, metrics)
+        for group, view in views:
+            row = view.row(step, group)
+            row["passed"] = _passed(view.record, settings)
+            evaluation.attempts.append(row)
+            evaluation.transcripts.append(view.transcript(self.renderer, full=self.full_transcripts))
+        return evaluation
 
 
 class EvalLog:
@@ -318,7 +291,7 @@ class EvalLog:
         atomic_write_json(
             self.root / "transcripts" / f"eval-{evaluation.step:06d}.json", evaluation.transcripts
         )
-        record = evaluation.record()
+        record = EvalRecord(evaluation.step, evaluation.metrics, time.time())
         self.evals.append(record.to_json())
         return record
 

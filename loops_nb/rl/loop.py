@@ -15,14 +15,13 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from loops_nb.llm.capture import TokenCapture
 from loops_nb.llm.client import LoopsLLM, SamplingDefaults
 from loops_nb.llm.renderer import Renderer
 from loops_nb.observers import ObserverSet
 from loops_nb.resources import ResourceRegistry
 from loops_nb.rl.config import RLConfig
 from loops_nb.rl.custom_loss import TrainingLoss
-from loops_nb.rl.evaluation import EvalLog, Evaluator, eval_due, eval_sampling, eval_tasks
+from loops_nb.rl.evaluation import EvalLog, Evaluator, eval_due, eval_tasks
 from loops_nb.rl.grpo import step_datums
 from loops_nb.rl.outcome import RLOutcome
 from loops_nb.rl.policy import Policy
@@ -77,33 +76,14 @@ class RLRun(RecipeRun):
         self.step_log = StepLog(run_dir, observers, renderer, full_transcripts=config.output.trace == "full")
         self.loss = loss if loss is not None else TrainingLoss.of(t.loss, t.loss_config)
         self.adam = AdamSettings.of(t, t.learning_rate)
-        self.defaults = SamplingDefaults(
-            temperature=config.sampling.temperature,
-            top_p=config.sampling.top_p,
-            max_tokens=config.sampling.max_tokens,
-            max_seq_len=config.model.max_seq_len,
-        )
         self._scheduler: RolloutScheduler | None = None
         self._progress: asyncio.Task[None] | None = None
         self.eval_runtime = eval_runtime
         self.evals = EvalLog(run_dir.root)
         self._evaluator: Evaluator | None = None
 
-    def _make_llm(self, capture: TokenCapture, seed: int) -> LoopsLLM:
-        return LoopsLLM(
-            self.renderer,
-            self.policy,
-            capture,
-            self.defaults,
-            seed=seed,
-            on_sampling_error=self.policy.sampling_failed,
-        )
-
     async def load_checkpoint(self, checkpoint: Checkpoint) -> None:
         await self.policy.load_state_with_optimizer(checkpoint.path)
-
-    async def save_state(self, name: str) -> str:
-        return await self.policy.save_state(name)
 
     def policy_version(self) -> int:
         return self.policy.version
@@ -116,16 +96,21 @@ class RLRun(RecipeRun):
         super().start_over()
         self.evals.keep_up_to(0)  # a fresh LoRA with the same seed is the base model evaluated at step 0
 
-    def outcome_fields(self) -> dict[str, Any]:
-        return RLOutcome.eval_fields(self.evals.records())
-
     async def begin(self, start: int) -> None:
-        t = self.config.training
+        t, s = self.config.training, self.config.sampling
+        sampling = SamplingDefaults(s.temperature, s.top_p, s.max_tokens, self.config.model.max_seq_len)
         tasks, held_out = await eval_tasks(self.config, self.runtime, self.eval_runtime)
         self._scheduler = RolloutScheduler(
             self.runtime,
             tasks,
-            make_llm=self._make_llm,
+            make_llm=lambda capture, seed: LoopsLLM(
+                self.renderer,
+                self.policy,
+                capture,
+                sampling,
+                seed=seed,
+                on_sampling_error=self.policy.sampling_failed,
+            ),
             version=lambda: self.policy.version,
             group_size=t.group_size,
             groups_per_step=t.groups_per_step,
@@ -140,26 +125,15 @@ class RLRun(RecipeRun):
             reward_range=(t.reward_min, t.reward_max),
         )
         if self.config.eval.enabled:
-            sampling = eval_sampling(self.config)
             self._evaluator = Evaluator(
-                self.config.eval,
+                self.config,
                 self.eval_runtime or self.runtime,
                 held_out,
-                make_llm=lambda capture, seed: LoopsLLM(
-                    self.renderer,
-                    self.policy,
-                    capture,
-                    sampling,
-                    seed=seed,
-                    on_sampling_error=self.policy.sampling_failed,
-                ),
-                version=lambda: self.policy.version,
+                policy=self.policy,
                 renderer=self.renderer,
-                max_concurrent=t.max_concurrent_rollouts,
-                attempt_timeout=t.attempt_timeout_seconds,
-                reward_range=(t.reward_min, t.reward_max),
                 resources=self.resources,
                 watchdog=self._scheduler.watchdog,
+                on_sampling_error=self.policy.sampling_failed,
                 full_transcripts=self.config.output.trace == "full",
             )
         await self.policy.publish()

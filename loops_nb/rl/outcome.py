@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from loops_nb.rl.evaluation import EvalLog
 from loops_nb.run.run_outcome import Outcome
+from loops_nb.run_dir import RunDirectory
 from loops_nb.run_events import EvalRecord
 
 
@@ -19,9 +20,10 @@ class RLOutcome(Outcome):
     eval_after: dict[str, Any] | None = None
     eval_steps: list[int] | None = None
 
-    @staticmethod
-    def eval_fields(evals: Sequence[EvalRecord]) -> dict[str, Any]:
-        """The outcome's eval fields from a run's evaluations (evals.jsonl)."""
+    @classmethod
+    def recipe_fields(cls, run_dir: RunDirectory) -> dict[str, Any]:
+        """The outcome's eval fields from the run's evaluations (evals.jsonl)."""
+        evals = EvalLog(run_dir.root).records()
         if not evals:
             return {}
 

@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from loops_nb.rl.custom_loss import CustomLoss, SdkLoss, TrainingLoss, bare_datum
+from loops_nb.rl.custom_loss import TrainingLoss, bare_datum
 from loops_nb.rl.datums import SequenceDatum, token_batches
 from loops_nb.run.optimizer import AdamSettings
 
@@ -131,7 +131,7 @@ class Policy:
                 # The SDK's custom path accepts only target_tokens (and weights) on the wire; the loss
                 # reads the full datums through for_batch.
                 bare = [bare_datum(w) for w in wire]
-                fut = await tc.forward_backward_custom_async(bare, _for_batch(custom_loss, wire))
+                fut = await tc.forward_backward_custom_async(bare, custom_loss.for_batch(wire))
             else:
                 fut = await tc.forward_backward_async(
                     wire, loss_fn=loss.name, loss_fn_config=loss.config or None
@@ -164,23 +164,11 @@ class Policy:
         metrics.update(sample_train_divergence(sampler_lp, trainer_lp))
         return metrics
 
-    async def save_state(self, name: str) -> str:
-        fut = await self.training_client.save_state_async(name)
-        out = await fut.result_async()
-        return str(out.path)
-
     async def load_state_with_optimizer(self, path: str) -> int:
         fut = await self.training_client.load_state_with_optimizer_async(path)
         out = await fut.result_async()
         self.trainer_steps = int(out.step)
         return self.trainer_steps
-
-
-def _for_batch(loss: SdkLoss | CustomLoss, full: list[Datum]) -> CustomLoss:
-    if isinstance(loss, SdkLoss):
-        return loss.for_batch(full)
-    # A plain SDK-shaped callable: give it the full datums too.
-    return lambda data, logprobs: loss(full, logprobs)
 
 
 def with_input(datum: Datum, name: str, values: list[float]) -> Datum:

@@ -24,7 +24,8 @@ from loops_nb.resources import ResourceJournal, ResourceRegistry
 from loops_nb.rl.agent_time_check import agent_time_warnings
 from loops_nb.rl.config import RLConfig
 from loops_nb.rl.custom_loss import TrainingLoss, loss_name, needs_reference_logprobs, resolve_custom_loss
-from loops_nb.rl.evaluation import EvalLog, describe_eval, eval_tasks
+from loops_nb.rl.eval_command import evaluate as evaluate  # `loops eval` (`project.evaluate`)
+from loops_nb.rl.evaluation import describe_eval, eval_tasks
 from loops_nb.rl.loop import RLRun
 from loops_nb.rl.outcome import RLOutcome
 from loops_nb.rl.policy import Policy
@@ -33,7 +34,7 @@ from loops_nb.run.check_report import RecipeCheckReport
 from loops_nb.run.recipe_run import RecipeRun
 from loops_nb.run.run_outcome import Outcome
 from loops_nb.run.setup import Recipe, RunStart, run_recipe
-from loops_nb.run_dir import Checkpoint, RunDirectory, atomic_write_json
+from loops_nb.run_dir import RunDirectory, atomic_write_json
 from loops_nb.runtime import CheckWarning, ModelAccessMode
 
 if TYPE_CHECKING:
@@ -205,6 +206,7 @@ class RLRecipe(Recipe):
     """The RL recipe for the run skeleton: a runtime's attempts, scored and trained with GRPO."""
 
     name = "rl"
+    outcome_type = RLOutcome
 
     def __init__(
         self, config: RLConfig, config_path: Path, runtimes: RolloutRuntimes, loss: TrainingLoss
@@ -248,10 +250,6 @@ class RLRecipe(Recipe):
             eval_runtime=self.runtimes.held_out if config.eval.enabled else None,
         )
 
-    def finished(self, run_dir: RunDirectory, checkpoint: Checkpoint) -> Outcome:
-        outcome = super().finished(run_dir, checkpoint)
-        return RLOutcome(**vars(outcome), **RLOutcome.eval_fields(EvalLog(run_dir.root).records()))
-
     async def close(self) -> None:
         await self.runtimes.aclose()
 
@@ -269,10 +267,3 @@ async def train(
         loss = TrainingLoss.of(config.training.loss, config.training.loss_config)
         recipe = RLRecipe(config, project.path, runtimes, loss)
         return await run_recipe(recipe, project.describe(), observers=observers, stop=stop)
-
-
-async def evaluate(project: Project, *, checkpoint: str = "latest", out: Path | None = None) -> Any:
-    """`loops eval`: the config's `[eval]` against one checkpoint (`rl/eval_command.py`); nothing trains."""
-    from loops_nb.rl.eval_command import evaluate as evaluate_checkpoint
-
-    return await evaluate_checkpoint(project, checkpoint=checkpoint, out=out)

@@ -24,24 +24,6 @@ from loops_nb.rl.evaluation import held_out_options
 from loops_nb.runtime import ModelAccessMode, RolloutRuntime, RunContext
 
 
-def run_context(
-    config: RLConfig,
-    config_path: Path,
-    state_dir: Path,
-    resources: ResourceRegistry,
-    *,
-    checking: bool = False,
-) -> RunContext:
-    """What `RolloutRuntime.bind` gives a runtime: the config directory, providers, state and registry."""
-    return RunContext(
-        config_dir=config_path.parent,
-        state_dir=state_dir,
-        providers=config.providers,
-        resources=resources,
-        checking=checking,
-    )
-
-
 @dataclass
 class RolloutRuntimes:
     """The training runtime (``runtime.options``), the held-out one (``eval.options``, when asked for and set),
@@ -81,7 +63,13 @@ class RolloutRuntimes:
 
     def bind(self, state_dir: Path, resources: ResourceRegistry, *, checking: bool = False) -> None:
         """Bind every runtime to the run's state directory and resource registry (journalled first)."""
-        context = run_context(self.config, self.config_path, state_dir, resources, checking=checking)
+        context = RunContext(
+            config_dir=self.config_path.parent,
+            state_dir=state_dir,
+            providers=self.config.providers,
+            resources=resources,
+            checking=checking,
+        )
         for runtime in self.all():
             runtime.bind(context)
 

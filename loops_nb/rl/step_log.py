@@ -20,7 +20,7 @@ from loops_nb.observers import ObserverSet
 from loops_nb.rl.grpo import SequenceDatum
 from loops_nb.rl.scheduler import AttemptRecord, GroupResult, RolloutScheduler
 from loops_nb.run_dir import RunDirectory
-from loops_nb.run_events import AttemptFinished, StepRollouts
+from loops_nb.run_events import AttemptFinished, AttemptRow, StepRollouts
 from loops_nb.step_record import StepRecord
 
 
@@ -43,8 +43,8 @@ class AttemptView:
     record: AttemptRecord
     trained: bool | None = None
 
-    def row(self, step: int, group: GroupResult) -> dict[str, Any]:
-        """Its rollouts.jsonl line (and `on_rollouts` row)."""
+    def row(self, step: int, group: GroupResult) -> AttemptRow:
+        """Its rollouts.jsonl line (and `on_rollouts` row), or eval_attempts.jsonl's."""
         a = self.record
         return {
             "step": step,
@@ -80,12 +80,14 @@ class AttemptView:
         )
 
     def transcript(self, renderer: Renderer, *, full: bool) -> dict[str, Any]:
-        """Its entry in the step's transcript: with ``full``, every call decoded, its tokens and logprobs."""
+        """Its entry in the step's (or evaluation's) transcript: with ``full``, every call decoded, its tokens and
+        logprobs."""
         a = self.record
         out: dict[str, Any] = {
             "attempt": a.attempt.id,
             "reward": a.evidence.reward,
             "discarded": a.evidence.discarded,
+            "trained": self.trained,
             "policy_versions": a.capture.policy_versions,
             "length": sum(len(c.prompt_tokens) + len(c.completion_tokens) for c in a.capture.calls),
             # Which calls started a new sequence, why, and the first tokens that differ.

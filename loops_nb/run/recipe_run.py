@@ -100,37 +100,10 @@ class RecipeRun(ABC):
         """The policy version a checkpoint records besides its step and paths (RL's; None in SFT)."""
         return None
 
-    def outcome_fields(self) -> dict[str, Any]:
-        """Fields the recipe's own `Outcome` subclass adds (SFT: the held-out loss before and after)."""
-        return {}
-
     def trained_nothing(self) -> str | None:
         """Why the steps this process ran trained on nothing, or None. RL: every attempt was discarded. Such a
         run ends `failed` with this reason (and a non-zero exit) although no step raised."""
         return None
-
-    def outcome(
-        self,
-        status: str,
-        step: int,
-        start: int,
-        checkpoint: Checkpoint,
-        seconds: float,
-        metrics: dict[str, Any],
-        reason: str | None = None,
-    ) -> Outcome:
-        return self.outcome_type(
-            run_dir=str(self.run_dir.root),
-            status=status,
-            reason=reason,
-            steps=step,
-            start_step=start,
-            last_metrics=metrics,
-            checkpoint=checkpoint.path,
-            sampler_path=checkpoint.sampler_path,
-            seconds=seconds,
-            **self.outcome_fields(),
-        )
 
     async def resume_point(self) -> int:
         """Load the last checkpoint and cut the logs back to it; 0 for a fresh run (or one killed before its
@@ -189,7 +162,8 @@ class RecipeRun(ABC):
             checkpoint = await self.save(step, sampler=True)
         except Exception as exc:  # e.g. a full disk or a restarted Loops: the last periodic checkpoint stands
             raise self.failed(step, exc) from exc
-        outcome = self.outcome(status, step, start, checkpoint, time.monotonic() - started, metrics, reason)
+        seconds = time.monotonic() - started
+        outcome = self.outcome_type.of(self.run_dir, checkpoint, status, start, metrics, seconds, reason)
         if reason is not None:
             self.run_dir.note_failure(reason)
         self.observers.emit(RunEnded(status, step, outcome.seconds, reason=reason, error=reason))
@@ -204,13 +178,10 @@ class RecipeRun(ABC):
         )
         return failure
 
-    async def save_state(self, name: str) -> str:
-        future = await self.trainer.save_state_async(name)
-        return str((await future.result_async()).path)
-
     async def save(self, step: int, *, sampler: bool) -> Checkpoint:
         """Save the trainer state after ``step`` steps (and the sampler weights) and record it."""
-        path = await self.save_state(f"state-{step:06d}")
+        future = await self.trainer.save_state_async(f"state-{step:06d}")
+        path = str((await future.result_async()).path)
         sampler_path = None
         if sampler:
             future = await self.trainer.save_weights_for_sampler_async(f"final-{step:06d}")

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Self
+
+if TYPE_CHECKING:
+    from loops_nb.run_dir import Checkpoint, RunDirectory
 
 
 @dataclass
@@ -24,6 +27,37 @@ class Outcome:
     seconds: float = 0.0
     reason: str | None = None
     """Why a `failed` run trained nothing (e.g. every attempt was discarded as `timeout`); None otherwise."""
+
+    @classmethod
+    def of(
+        cls,
+        run_dir: RunDirectory,
+        checkpoint: Checkpoint,
+        status: str = "completed",
+        start: int | None = None,
+        metrics: dict[str, Any] | None = None,
+        seconds: float = 0.0,
+        reason: str | None = None,
+    ) -> Self:
+        """The outcome of the run in ``run_dir`` that ended at ``checkpoint``; by default one found finished (it
+        started there, and its last step record says its metrics). A recipe's subclass adds its own fields."""
+        return cls(
+            run_dir=str(run_dir.root),
+            status=status,
+            reason=reason,
+            steps=checkpoint.step,
+            start_step=checkpoint.step if start is None else start,
+            last_metrics=run_dir.last_step_record() if metrics is None else metrics,
+            checkpoint=checkpoint.path,
+            sampler_path=checkpoint.sampler_path,
+            seconds=seconds,
+            **cls.recipe_fields(run_dir),
+        )
+
+    @classmethod
+    def recipe_fields(cls, run_dir: RunDirectory) -> dict[str, Any]:
+        """The fields a recipe's subclass adds, read from the run's files (RL, SFT: its evaluations)."""
+        return {}
 
     def describe(self) -> list[str]:
         lines = [f"run: {self.run_dir}", f"status: {self.status} ({self.steps} steps, {self.seconds:.0f}s)"]

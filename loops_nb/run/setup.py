@@ -56,6 +56,8 @@ class Recipe(ABC):
     name: str
     """`rl` or `sft`: run.json's `recipe`, the drift check's rules."""
     train_more: str = "raise training.max_steps"
+    outcome_type: type[Outcome] = Outcome
+    """What a run found finished returns (its `RecipeRun`'s `outcome_type`)."""
     """How to train a finished run further (said when a rerun finds it complete)."""
 
     def __init__(self, config: RecipeConfig, config_path: Path, *, seed: int) -> None:
@@ -95,18 +97,10 @@ class Recipe(ABC):
         return {}
 
     def finished(self, run_dir: RunDirectory, checkpoint: Checkpoint) -> Outcome:
-        """The outcome of a run whose files show it complete, read from them: nothing is trained, evaluated or
-        saved, and no Loops client exists. A recipe adds its own fields, or refuses the rerun (SFT: a changed
-        plan), before any event."""
-        return Outcome(
-            run_dir=str(run_dir.root),
-            status="completed",
-            steps=checkpoint.step,
-            start_step=checkpoint.step,
-            last_metrics=run_dir.last_step_record(),
-            checkpoint=checkpoint.path,
-            sampler_path=checkpoint.sampler_path,
-        )
+        """The outcome of a run whose files show it complete, read from them (`outcome_type`): nothing is trained,
+        evaluated or saved, and no Loops client exists. A recipe may refuse the rerun (SFT: a changed plan)
+        before any event."""
+        return self.outcome_type.of(run_dir, checkpoint)
 
 
 async def run_recipe(

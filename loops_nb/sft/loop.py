@@ -106,9 +106,6 @@ class SFTRun(RecipeRun):
             return metrics
         return {**metrics, **(await self._evaluate(step)).record()}
 
-    def outcome_fields(self) -> dict[str, Any]:
-        return SFTOutcome.eval_fields(self.evals.records())
-
     async def train_step(self, step: int) -> StepRecord:
         step_started = time.perf_counter()
         batch = self.data.plan.batch(step)

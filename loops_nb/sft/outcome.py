@@ -3,11 +3,10 @@ after (`rl/outcome.py` is the RL recipe's)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from loops_nb.run.run_outcome import Outcome
+from loops_nb.run_dir import JsonlLog, RunDirectory
 
 
 @dataclass
@@ -17,10 +16,10 @@ class SFTOutcome(Outcome):
     eval_loss_before: float | None = None
     eval_loss: float | None = None
 
-    @staticmethod
-    def eval_fields(lines: Iterable[Mapping[str, Any]]) -> dict[str, float | None]:
-        """The outcome's held-out losses from a run's evals.jsonl lines (the one at step 0, and the last)."""
-        evals = list(lines)
+    @classmethod
+    def recipe_fields(cls, run_dir: RunDirectory) -> dict[str, float | None]:
+        """The outcome's held-out losses from the run's evals.jsonl lines (the one at step 0, and the last)."""
+        evals = list(JsonlLog(run_dir.root / "evals.jsonl").records())
         return {
             "eval_loss_before": next((e["eval/loss"] for e in evals if e.get("step") == 0), None),
             "eval_loss": evals[-1]["eval/loss"] if evals else None,

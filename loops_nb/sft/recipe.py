@@ -23,7 +23,7 @@ from loops_nb.local.memory_budget import check_lines
 from loops_nb.model_renderer import load_model_tokenizer, model_renderer_choice, run_renderer_choice
 from loops_nb.run.check_report import RecipeCheckReport
 from loops_nb.run.setup import Recipe, RunStart, run_recipe
-from loops_nb.run_dir import Checkpoint, JsonlLog, RunDirectory, RunJson
+from loops_nb.run_dir import Checkpoint, RunDirectory, RunJson
 from loops_nb.sft.batching import SFTData
 from loops_nb.sft.config import SFTConfig
 from loops_nb.sft.loop import SFTRun, check_plan
@@ -258,8 +258,7 @@ class SFTRecipe(Recipe):
     def finished(self, run_dir: RunDirectory, checkpoint: Checkpoint) -> SFTOutcome:
         # Its steps must still be the plan's, as on a resume: a changed plan is refused, not reported as this run.
         check_plan(run_dir, self.data.plan)
-        evals = JsonlLog(run_dir.root / "evals.jsonl").records()
-        return SFTOutcome(**{**vars(super().finished(run_dir, checkpoint)), **SFTOutcome.eval_fields(evals)})
+        return SFTOutcome.of(run_dir, checkpoint)
 
     async def start(self, run: RunStart) -> SFTRun:
         return SFTRun(self.sft, run.run_dir, run.training_client, self.data, run.observers, stop=run.stop)

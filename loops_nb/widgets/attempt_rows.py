@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from html import escape
-from typing import Any, TypedDict, cast
+from typing import Any, cast
 
+from loops_nb.run_events import AttemptRow
 from loops_nb.widgets.style import fmt
 
 MONO = "font:12px/1.45 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace"
@@ -38,26 +39,6 @@ _PRE = (
     "white-space:pre-wrap;overflow-wrap:break-word;margin:2px 0 6px;padding:4px 6px;border-radius:4px;"
     "max-height:360px;overflow-y:auto"
 )
-
-
-class AttemptRow(TypedDict, total=False):
-    """An attempt as the tables read it: an `AttemptFinished`'s line, a rollouts.jsonl row (whose format is the
-    run's, not this type's: keys not named here are kept as read), or the one merged into the other."""
-
-    step: int | None  # 0-based, as in rollouts.jsonl
-    slot: int
-    group: int
-    task: str
-    attempt: str
-    reward: float | None
-    trained: bool | None
-    discarded: str | None
-    detail: str
-    policy_versions: list[int]
-    calls: int
-    sampled_tokens: int
-    seconds: float
-    text: Mapping[str, Any]  # the transcript entry: ``text["calls"][i]["completion"]``, ...
 
 
 def merge_rollout(row: AttemptRow, rollout: Mapping[str, Any]) -> None:
