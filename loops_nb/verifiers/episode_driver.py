@@ -21,7 +21,9 @@ last line; anything else is a crash, its traceback on stderr.
 verifiers 0.4 names an environment by its taskset id: the installed module `ENV_ID` (with `-` as `_`)
 exporting a `Taskset` subclass (and optionally a `Harness`) in `__all__`. `--env-args` are that
 taskset's config fields (`--env.taskset.*` on verifiers' own CLI). `--harness JSON` optionally pins the
-agent's harness config (e.g. '{"id": "null"}'); by default the taskset's own harness, else `bash`.
+agents' harness config (e.g. '{"id": "null"}'); by default the taskset's own harness, else `null` (the
+plain chat loop; verifiers itself would pick `bash`, a shell). `--runtime JSON` is where the agents run:
+`{"type": "subprocess"}` (this machine) by default, as verifiers' own default is a Prime sandbox.
 """
 
 from __future__ import annotations
@@ -98,9 +100,14 @@ def _load_reason(env_id: str, e: BaseException) -> str:
 def _load_env(env_id: str, env_args: dict[str, Any], harness: dict[str, Any] | None, runtime: dict[str, Any]):
     import verifiers.v1 as vf
     from verifiers.v1.configs.agent import agent_config_fields
+    from verifiers.v1.utils.loaders import default_harness_id
 
     data: dict[str, Any] = {"taskset": {**env_args, "id": env_id}}
     try:
+        if not harness and default_harness_id(env_id) == "bash":
+            # A taskset without a harness of its own gets verifiers' plain chat loop (`null`: the model
+            # and the task's MCP tools), not `bash`, which hands the model a shell on this machine.
+            harness = {"id": "null"}
         roles = list(agent_config_fields(vf.resolve_env_config(data)))
         # Every seat runs on this machine (verifiers' default runtime is a Prime sandbox reached through a
         # Prime tunnel); `--harness` pins the seats' harness.
@@ -223,7 +230,8 @@ def cmd_run(args: argparse.Namespace) -> dict[str, Any]:
     import verifiers.v1 as vf
 
     sampling_args = _json_arg(args.sampling, "--sampling")
-    env = _load_env(args.env, _json_arg(args.env_args, "--env-args"), _json_arg(args.harness, "--harness") or None,
+    env_args = _apply_split(_json_arg(args.env_args, "--env-args"), args.split, args.env)
+    env = _load_env(args.env, env_args, _json_arg(args.harness, "--harness") or None,
                     _json_arg(args.runtime, "--runtime"))
     task = _find_task(env, args.task_id)
     if not os.environ.get("OPENAI_API_KEY"):
@@ -274,8 +282,8 @@ def parser() -> argparse.ArgumentParser:
         s.add_argument("--harness", default=None, help="JSON object: pin the agent's harness config")
         s.add_argument("--runtime", default='{"type": "subprocess"}',
                        help="JSON object: where the agents run (default: subprocess, on this machine)")
+        s.add_argument("--split", choices=("train", "eval"), default=None)
         if name == "list":
-            s.add_argument("--split", choices=("train", "eval"), default=None)
             s.add_argument("--limit", type=int, default=None)
         else:
             s.add_argument("--task-id", required=True)

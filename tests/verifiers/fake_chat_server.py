@@ -1,7 +1,7 @@
 """A tiny OpenAI-compatible server on stdlib http.server: `/chat/completions` answers from a script.
 
 Each request takes the next scripted reply (the last one repeats): a string is an assistant text reply,
-a dict `{"tool": name, "arguments": {...}}` an assistant tool call. Every request's path, headers and
+a dict `{"tool": name, "arguments": {...}}` an assistant tool call, `{"status": 500}` an error reply. Every request's path, headers and
 JSON body is kept in `requests`. Streaming requests (`"stream": true`) get the reply as SSE chunks.
 """
 
@@ -57,6 +57,9 @@ class FakeChatServer:
                     self._send(404, {"error": {"message": f"no route {self.path}"}})
                     return
                 reply = fake._next()
+                if isinstance(reply, dict) and "status" in reply:
+                    self._send(reply["status"], {"error": {"message": "scripted failure", "type": "server_error"}})
+                    return
                 message: dict[str, Any] = {"role": "assistant", "content": None}
                 finish = "stop"
                 if isinstance(reply, str):
