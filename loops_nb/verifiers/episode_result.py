@@ -17,6 +17,7 @@ Whatever the environment does, one attempt never stops the run and never scores 
 from __future__ import annotations
 
 import math
+import signal
 from typing import Any
 
 from loops_nb.discard_reason import DiscardReason
@@ -42,11 +43,7 @@ def evidence_from_episode(
             f"the verifiers environment could not load: {outcome.reason() or outcome.tail()}",
         )
     if outcome.returncode != 0:
-        how = (
-            f"was killed by signal {-outcome.returncode}"
-            if outcome.returncode is not None and outcome.returncode < 0
-            else f"exited {outcome.returncode}"
-        )
+        how = _how_it_ended(outcome.returncode)
         return Evidence.discard(
             DiscardReason.ERROR, f"the verifiers process {how}: {outcome.tail() or '(no stderr)'}"
         )
@@ -83,6 +80,19 @@ def evidence_from_episode(
             transcript,
         )
     return Evidence(reward=value, metrics=metrics, transcript=transcript)
+
+
+def _how_it_ended(returncode: int | None) -> str:
+    """An exit code in words; bubblewrap's init reports a program killed by signal N as exit 128 + N."""
+    code = returncode if returncode is not None else 0
+    number = -code if code < 0 else code - 128 if 128 < code < 160 else 0
+    if number:
+        try:
+            name = signal.Signals(number).name
+        except ValueError:
+            name = "unknown"
+        return f"was killed by signal {number} ({name}; exit code {returncode})"
+    return f"exited {returncode}"
 
 
 def _discard(
