@@ -54,6 +54,7 @@ class VerifiersRuntime(RolloutRuntime):
         self.context: RunContext | None = None
         self._environment: VerifiersEnvironment | None = None
         self._listing: EnvironmentListing | None = None
+        self._failure: str | None = None
         self._lock = asyncio.Lock()
 
     def bind(self, context: RunContext) -> None:
@@ -88,8 +89,14 @@ class VerifiersRuntime(RolloutRuntime):
         """The environment loaded once: its verifiers version, rubric and tasks (UserError, one line, when
         it cannot load)."""
         async with self._lock:
+            if self._failure is not None:  # said once; loading again would take as long to fail again
+                raise UserError(self._failure)
             if self._listing is None:
-                self._listing = await self._list()
+                try:
+                    self._listing = await self._list()
+                except UserError as exc:
+                    self._failure = str(exc)
+                    raise
         return self._listing
 
     async def _list(self) -> EnvironmentListing:
@@ -127,11 +134,12 @@ class VerifiersRuntime(RolloutRuntime):
 
     async def preflight(self) -> list[str]:
         """`loops check`: the environment builds and loads, its verifiers version is tested, its rubric has
-        reward functions (each refusal one line). The first call through the gateway is check_call.py's."""
+        reward functions (each refusal one line). An environment that cannot build or load is said by
+        `tasks()`, which check calls next. The first call through the gateway is check_call.py's."""
         try:
             listing = await self.listing()
-        except UserError as exc:
-            return [str(exc)]
+        except UserError:
+            return []
         return listing.problems()
 
     async def check_episode(self, renderer: Renderer | None) -> tuple[list[str], list[str]]:
