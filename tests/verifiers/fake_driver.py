@@ -1,0 +1,119 @@
+"""A stand-in for loops_nb/verifiers/episode_driver.py that honours its contract with the stdlib only.
+
+`--env-args` picks the behaviour: {"mode": ...} for `run` (reward, nan, null, error, raise, hang, die,
+garbage) and {"list": ...} for `list` (ok, load_fail, old_version, no_rubric, hang). A `run` calls the
+model once through `--base-url` with the key in OPENAI_API_KEY before it misbehaves, as an episode would;
+{"env_dump": path} writes the names of its environment variables there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+import urllib.request
+
+
+def call_model(base_url: str, model: str, prompt: str, tools: list | None = None) -> dict:
+    body: dict = {"model": model, "messages": [{"role": "user", "content": prompt}]}
+    if tools:
+        body["tools"] = tools
+    request = urllib.request.Request(
+        base_url.rstrip("/") + "/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={
+            "Authorization": f"Bearer {os.environ['OPENAI_API_KEY']}",
+            "Content-Type": "application/json",
+            "X-Session-ID": "fake-session",
+        },
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.loads(response.read())
+
+
+def listing(args: argparse.Namespace, env_args: dict) -> int:
+    kind = env_args.get("list", "ok")
+    if kind == "load_fail":
+        print("Traceback (most recent call last):\n  ...", file=sys.stderr)
+        print(
+            "environment package 'vf-missing' is not installed in the verifiers environment", file=sys.stderr
+        )
+        return 3
+    if kind == "hang":
+        time.sleep(3600)
+    tasks = [
+        {"id": f"task-{i}", "prompt": [{"role": "user", "content": f"Say the word {i}."}], "info": {"i": i}}
+        for i in range(int(env_args.get("num_tasks", 3)))
+    ]
+    if args.limit:
+        tasks = tasks[: args.limit]
+    print("loading environment...")  # a library printing before the result
+    print(
+        json.dumps(
+            {
+                "verifiers_version": "0.3.1" if kind == "old_version" else "0.4.0",
+                "env_id": args.env,
+                "rubric": {
+                    "name": "FakeRubric",
+                    "functions": [] if kind == "no_rubric" else ["says_word", "short"],
+                    "weights": [1.0, 0.5],
+                },
+                "tasks": tasks,
+            }
+        )
+    )
+    return 0
+
+
+def run(args: argparse.Namespace, env_args: dict) -> int:
+    mode = env_args.get("mode", "reward")
+    if env_args.get("env_dump"):
+        with open(env_args["env_dump"], "w") as f:
+            json.dump({"names": sorted(os.environ), "argv": sys.argv[1:]}, f)
+    if mode == "hang":
+        time.sleep(3600)
+    reply = call_model(args.base_url, args.model, f"Task {args.task_id}", env_args.get("tools"))
+    content = reply["choices"][0]["message"]["content"] or ""
+    completion = [{"role": "assistant", "content": content}]
+    result: dict = {"reward": 1.0, "metrics": {"says_word": 1.0, "short": 0.0}, "completion": completion}
+    result.update(num_calls=1, error=None)
+    if mode == "nan":
+        result["reward"] = float("nan")
+    elif mode == "null":
+        result["reward"] = None
+    elif mode == "error":
+        result["reward"], result["error"] = 0.0, "rubric function says_word raised KeyError: 'answer'"
+    elif mode == "raise":
+        raise RuntimeError("the environment's env_response raised")
+    elif mode == "die":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif mode == "garbage":
+        print("not json at all")
+        return 0
+    elif mode == "nan_metric":
+        result["metrics"]["broken"] = float("nan")
+    print(json.dumps(result))
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("command", choices=["list", "run"])
+    parser.add_argument("--env", required=True)
+    parser.add_argument("--env-args", default="{}")
+    parser.add_argument("--split", default="train")
+    parser.add_argument("--limit", type=int)
+    parser.add_argument("--task-id")
+    parser.add_argument("--base-url")
+    parser.add_argument("--model")
+    parser.add_argument("--sampling", default="{}")
+    args = parser.parse_args()
+    env_args = json.loads(args.env_args)
+    return listing(args, env_args) if args.command == "list" else run(args, env_args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
