@@ -37,6 +37,10 @@ class VerifiersOptions(BaseModel):
     env_args: dict[str, JsonValue] = Field(default_factory=dict)
     """Keyword arguments of the environment's `load_environment(**env_args)`."""
 
+    harness: dict[str, JsonValue] | None = None
+    """The harness the episode's agent runs in (`{ id = "null" }`: the plain chat loop). Empty: the
+    environment's own harness, else the plain chat loop."""
+
     packages: list[str] = Field(default_factory=list)
     """What provides the environment, installed beside verifiers in its own uv environment: pip
     requirements (`reverse-text`, `vf-math==0.1.2`) or local directories (relative to the config). Empty:

@@ -85,6 +85,9 @@ class VerifiersRuntime(RolloutRuntime):
     def _env_args(self) -> str:
         return json.dumps(self.options.env_args)
 
+    def _harness(self) -> list[str]:
+        return [] if self.options.harness is None else ["--harness", json.dumps(self.options.harness)]
+
     async def listing(self) -> EnvironmentListing:
         """The environment loaded once: its verifiers version, rubric and tasks (UserError, one line, when
         it cannot load)."""
@@ -102,7 +105,7 @@ class VerifiersRuntime(RolloutRuntime):
     async def _list(self) -> EnvironmentListing:
         environment = await self.environment()
         argv = [str(environment.python), self._driver(), "list", "--env", self.options.env_id]
-        argv += ["--env-args", self._env_args(), "--split", self.options.split]
+        argv += ["--env-args", self._env_args(), "--split", self.options.split, *self._harness()]
         if self.options.limit is not None:
             argv += ["--limit", str(self.options.limit)]
         timeout = self.options.load_timeout_seconds
@@ -156,8 +159,7 @@ class VerifiersRuntime(RolloutRuntime):
         argv = [str(environment.python), self._driver(), "run", "--env", self.options.env_id]
         argv += ["--env-args", self._env_args(), "--task-id", attempt.task.id, "--base-url", url]
         argv += ["--model", self.options.model, "--sampling", json.dumps(self.options.sampling)]
-        if self.options.split != "train":
-            argv += ["--split", self.options.split]
+        argv += ["--split", self.options.split, *self._harness()]
         timeout = self.options.episode_timeout_seconds
         env = attempt_env(attempt, tuple(self.options.pass_env), self.options.offline)
         outcome = await run_driver(argv, timeout=timeout, env=env, attempt=attempt)

@@ -105,6 +105,7 @@ def main() -> int:
     parser.add_argument("--env", required=True)
     parser.add_argument("--env-args", default="{}")
     parser.add_argument("--split", default="train")
+    parser.add_argument("--harness")
     parser.add_argument("--limit", type=int)
     parser.add_argument("--task-id")
     parser.add_argument("--base-url")
