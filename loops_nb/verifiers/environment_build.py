@@ -12,7 +12,8 @@ under `<cache>/<hash of the requirements and Python version>`, where `<cache>` i
 built in a temporary directory beside it and renamed into place once `uv` succeeded, with a marker file
 (`loops_nb_ready.json`, the requirements it holds) written last: a build that was interrupted is never
 taken for a finished one. Two processes building the same environment wait on one lock; the second finds
-it built. Delete the directory to rebuild it.
+it built. A local directory among the packages is hashed with its files, so editing it builds afresh;
+a package from an index is not re-resolved once built: delete the directory to rebuild it.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import os
 import shutil
 import sys
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from loops_nb.errors import UserError
@@ -69,9 +71,14 @@ class EnvironmentBuild:
     cache_dir: Path
     python_version: str = f"{sys.version_info.major}.{sys.version_info.minor}"
 
-    @property
+    @cached_property
     def key(self) -> str:
-        blob = json.dumps({"requirements": list(self.requirements), "python": self.python_version})
+        """The requirements, the Python version, and each local directory's files (so an edited local
+        environment is built afresh, not taken from the cache)."""
+        local = {r: _tree_stamp(Path(r)) for r in self.requirements if Path(r).is_dir()}
+        blob = json.dumps(
+            {"requirements": list(self.requirements), "python": self.python_version, "local": local}
+        )
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     @property
@@ -138,6 +145,19 @@ class EnvironmentBuild:
         return found
 
 
+def _tree_stamp(root: Path) -> str:
+    """A digest of a directory's files (path, size, modification time), hidden and build folders left out."""
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root)
+        if any(part.startswith(".") or part in {"__pycache__", "build", "dist"} for part in rel.parts):
+            continue
+        if path.is_file():
+            stat = path.stat()
+            digest.update(f"{rel}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
+
+
 async def _uv(argv: list[str], what: str, timeout: float) -> None:
     proc = await asyncio.create_subprocess_exec(
         *argv,
@@ -179,5 +199,5 @@ async def verifiers_environment(
         if resolved is None:
             raise UserError(f"runtime.options.python = {python!r}: no such interpreter")
         return VerifiersEnvironment(Path(resolved), None)
-    cache = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
+    cache = (Path(cache_dir).expanduser() if cache_dir else default_cache_dir()).resolve()
     return await EnvironmentBuild(tuple(requirements), cache).ensure(timeout)

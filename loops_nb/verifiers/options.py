@@ -55,7 +55,7 @@ class VerifiersOptions(BaseModel):
     built. Empty: the kit builds (once, then reuses) a uv environment for `verifiers` + `packages`."""
 
     cache_dir: str | None = None
-    """Where built environments are kept, one directory per set of requirements. Empty:
+    """Where built environments are kept, one directory per set of requirements (relative to the config). Empty:
     `$LOOPS_NB_VERIFIERS_CACHE`, else `~/.cache/loops_nb/verifiers`."""
 
     split: Literal["train", "eval"] = "train"

@@ -66,10 +66,13 @@ class VerifiersRuntime(RolloutRuntime):
         if self._environment is None:
             config_dir = self.context.config_dir if self.context else None
             requirements = [self.options.verifiers, *self.options.resolved_packages(config_dir)]
+            cache_dir = self.options.cache_dir
+            if cache_dir is not None and config_dir is not None:
+                cache_dir = str(config_dir / Path(cache_dir).expanduser())  # an absolute one stays as it is
             self._environment = await verifiers_environment(
                 requirements,
                 python=self.options.python,
-                cache_dir=self.options.cache_dir,
+                cache_dir=cache_dir,
                 timeout=self.options.build_timeout_seconds,
             )
         return self._environment
