@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FAKE_DRIVER
 from helpers import run_cli_in_process
 from rl_config import tiny_run_toml
+
+FAKE_DRIVER = Path(__file__).with_name("fake_driver.py")
 
 
 def config(tmp_path: Path, model: Path, env_args: dict[str, Any]) -> Path:
