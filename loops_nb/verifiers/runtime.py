@@ -56,6 +56,7 @@ class VerifiersRuntime(RolloutRuntime):
         self._listing: EnvironmentListing | None = None
         self._failure: str | None = None
         self._lock = asyncio.Lock()
+        self._build_lock = asyncio.Lock()
 
     def bind(self, context: RunContext) -> None:
         self.context = context
@@ -63,19 +64,23 @@ class VerifiersRuntime(RolloutRuntime):
     # -- the environment --------------------------------------------------------------------------
     async def environment(self) -> VerifiersEnvironment:
         """The verifiers interpreter: `python` as given, else the cached build (built on first use)."""
-        if self._environment is None:
-            config_dir = self.context.config_dir if self.context else None
-            requirements = [self.options.verifiers, *self.options.resolved_packages(config_dir)]
-            cache_dir = self.options.cache_dir
-            if cache_dir is not None and config_dir is not None:
-                cache_dir = str(config_dir / Path(cache_dir).expanduser())  # an absolute one stays as it is
-            self._environment = await verifiers_environment(
-                requirements,
-                python=self.options.python,
-                cache_dir=cache_dir,
-                timeout=self.options.build_timeout_seconds,
-            )
+        async with self._build_lock:  # attempts that start together wait on one build
+            if self._environment is None:
+                self._environment = await self._build()
         return self._environment
+
+    async def _build(self) -> VerifiersEnvironment:
+        config_dir = self.context.config_dir if self.context else None
+        requirements = [self.options.verifiers, *self.options.resolved_packages(config_dir)]
+        cache_dir = self.options.cache_dir
+        if cache_dir is not None and config_dir is not None:
+            cache_dir = str(config_dir / Path(cache_dir).expanduser())  # an absolute one stays as it is
+        return await verifiers_environment(
+            requirements,
+            python=self.options.python,
+            cache_dir=cache_dir,
+            timeout=self.options.build_timeout_seconds,
+        )
 
     def _driver(self) -> str:
         if self.options.driver is None:
