@@ -68,9 +68,7 @@ def _check_version() -> str:
     try:
         import verifiers.v1  # noqa: F401
     except ImportError as e:
-        raise LoadError(
-            f"verifiers {version} is installed but `verifiers.v1` does not import: {_one_line(e)}"
-        ) from e
+        raise LoadError(f"verifiers {version} is installed but `verifiers.v1` does not import: {_one_line(e)}") from e
     return version
 
 
@@ -86,17 +84,8 @@ def _json_arg(text: str | None, flag: str) -> dict[str, Any]:
     return value
 
 
-_OFFLINE_HINTS = (
-    "connecterror",
-    "connection refused",
-    "name or service not known",
-    "temporary failure in name",
-    "network is unreachable",
-    "max retries exceeded",
-    "offline",
-    "getaddrinfo",
-    "could not resolve",
-)
+_OFFLINE_HINTS = ("connecterror", "connection refused", "name or service not known", "temporary failure in name",
+                  "network is unreachable", "max retries exceeded", "offline", "getaddrinfo", "could not resolve")
 
 
 def _load_reason(env_id: str, e: BaseException) -> str:
@@ -104,9 +93,7 @@ def _load_reason(env_id: str, e: BaseException) -> str:
     if isinstance(e, ModuleNotFoundError):
         return f"environment {env_id!r} is not installed in the verifiers venv (install its package there): {_one_line(e)}"
     if any(hint in text.lower() for hint in _OFFLINE_HINTS):
-        return (
-            f"environment {env_id!r} cannot load offline (it tried to reach the network): {_one_line(text)}"
-        )
+        return f"environment {env_id!r} cannot load offline (it tried to reach the network): {_one_line(text)}"
     return f"environment {env_id!r} failed to load: {_one_line(text)}"
 
 
@@ -194,19 +181,15 @@ def _apply_split(env_args: dict[str, Any], split: str | None, env_id: str) -> di
     if "split" in fields:
         return {**env_args, "split": split}
     if split != "train":
-        print(
-            f"note: taskset {env_id!r} has no `split` field; --split {split} lists its only tasks",
-            file=sys.stderr,
-        )
+        print(f"note: taskset {env_id!r} has no `split` field; --split {split} lists its only tasks", file=sys.stderr)
     return env_args
 
 
 def cmd_list(args: argparse.Namespace) -> dict[str, Any]:
     version = _check_version()
     env_args = _apply_split(_json_arg(args.env_args, "--env-args"), args.split, args.env)
-    env = _load_env(
-        args.env, env_args, _json_arg(args.harness, "--harness") or None, _json_arg(args.runtime, "--runtime")
-    )
+    env = _load_env(args.env, env_args, _json_arg(args.harness, "--harness") or None,
+                    _json_arg(args.runtime, "--runtime"))
     tasks = []
     first = None
     for task in _tasks(env, args.limit):
@@ -242,25 +225,17 @@ async def _run_episode(env, task, ctx):
         return await env.run_episode(task, ctx)
 
 
-def cmd_run(args: argparse.Namespace) -> dict[str, Any]:
-    _check_version()
-    import verifiers.v1 as vf
-
-    sampling_args = _json_arg(args.sampling, "--sampling")
-    env_args = _apply_split(_json_arg(args.env_args, "--env-args"), args.split, args.env)
-    env = _load_env(
-        args.env, env_args, _json_arg(args.harness, "--harness") or None, _json_arg(args.runtime, "--runtime")
-    )
-    task = _find_task(env, args.task_id)
-    if not os.environ.get("OPENAI_API_KEY"):
-        print("note: OPENAI_API_KEY is unset; calling the model without a key", file=sys.stderr)
+def _client_context(vf, base_url: str, model: str, sampling_args: dict[str, Any], api_key_var: str):
     try:
-        client = vf.EvalClientConfig(base_url=args.base_url, api_key_var="OPENAI_API_KEY")
+        client = vf.EvalClientConfig(base_url=base_url, api_key_var=api_key_var)
         sampling = vf.SamplingConfig(**sampling_args)
-    except Exception as e:  # noqa: BLE001 - a bad --base-url/--sampling is the caller's error
+    except Exception as e:  # noqa: BLE001 - a bad base URL or sampling is the caller's error
         raise LoadError(f"bad --base-url or --sampling: {_one_line(e)}") from e
-    ctx = vf.ModelContext(model=args.model, client=client, sampling=sampling)
-    episode = asyncio.run(_run_episode(env, task, ctx))
+    return vf.ModelContext(model=model, client=client, sampling=sampling)
+
+
+def _result(episode, task) -> dict[str, Any]:
+    """The contract's `run` object from a finished episode."""
     trace = episode.traces[-1] if episode.traces else None
     errors = list(episode.errors) + (list(trace.errors) if trace is not None else [])
     error = _error_text(errors)
@@ -284,55 +259,154 @@ def cmd_run(args: argparse.Namespace) -> dict[str, Any]:
             if value is not None:
                 metrics[name] = float(value)
         messages = _wire(trace.messages)
-        completion = messages[len(_prompt(task)) :]
+        completion = messages[len(_prompt(task)):]
     elif error is None:
         error = "the episode ran no agent"
-    return {
-        "reward": reward,
-        "metrics": metrics,
-        "completion": completion,
-        "num_calls": num_calls,
-        "error": error,
-    }
+    return {"reward": reward, "metrics": metrics, "completion": completion, "num_calls": num_calls, "error": error}
+
+
+def _env_from_args(args: argparse.Namespace):
+    env_args = _apply_split(_json_arg(args.env_args, "--env-args"), args.split, args.env)
+    return _load_env(args.env, env_args, _json_arg(args.harness, "--harness") or None,
+                     _json_arg(args.runtime, "--runtime"))
+
+
+def cmd_run(args: argparse.Namespace) -> dict[str, Any]:
+    _check_version()
+    import verifiers.v1 as vf
+
+    sampling_args = _json_arg(args.sampling, "--sampling")
+    env = _env_from_args(args)
+    task = _find_task(env, args.task_id)
+    if not os.environ.get("OPENAI_API_KEY"):
+        print("note: OPENAI_API_KEY is unset; calling the model without a key", file=sys.stderr)
+    ctx = _client_context(vf, args.base_url, args.model, sampling_args, "OPENAI_API_KEY")
+    episode = asyncio.run(_run_episode(env, task, ctx))
+    return _result(episode, task)
+
+
+def cmd_serve(args: argparse.Namespace, out) -> None:
+    """Many episodes in one process (verifiers imported and the environment loaded once).
+
+    stdout: first `{"ready": true, "verifiers_version", "env_id", "num_tasks"}`, then one line per finished
+    episode: the `run` object plus its request's `id` (and `"crashed": true`, the traceback on stderr, for an
+    episode that raised). stdin: one JSON object a line, `{"id", "task_id", "base_url", "model",
+    "sampling", "api_key"}` to start an episode, `{"cancel": id}` to cancel one (it answers with
+    `"error": "cancelled"`). Episodes run concurrently, at most --max-concurrent at once; at the end of stdin
+    the ones in flight finish, then the process exits 0.
+    """
+    version = _check_version()
+    import verifiers.v1 as vf
+
+    env = _env_from_args(args)
+    tasks = {_task_id(task): task for task in _tasks(env, args.limit)}
+
+    def emit(obj: dict[str, Any]) -> None:
+        out.write(json.dumps(obj) + "\n")
+        out.flush()
+
+    async def serve() -> None:
+        loop = asyncio.get_running_loop()
+        lines: asyncio.Queue[str | None] = asyncio.Queue()
+
+        def read_stdin() -> None:
+            for line in sys.stdin:
+                loop.call_soon_threadsafe(lines.put_nowait, line)
+            loop.call_soon_threadsafe(lines.put_nowait, None)
+
+        import threading
+
+        threading.Thread(target=read_stdin, daemon=True).start()
+        gate = asyncio.Semaphore(args.max_concurrent)
+        running: dict[str, asyncio.Task] = {}
+        counter = 0
+
+        async def one(request_id: str, request: dict[str, Any]) -> None:
+            nonlocal counter
+            counter += 1
+            # Each request's key in a variable of its own: verifiers reads the key from a named variable.
+            key_var = f"LOOPS_VF_KEY_{counter}"
+            try:
+                async with gate:
+                    task = tasks.get(str(request.get("task_id")))
+                    if task is None:
+                        emit({"id": request_id, "reward": None, "metrics": {}, "completion": [], "num_calls": 0,
+                              "error": f"no task with id {request.get('task_id')!r}"})
+                        return
+                    os.environ[key_var] = str(request.get("api_key") or "")
+                    ctx = _client_context(vf, str(request["base_url"]), str(request.get("model") or "policy"),
+                                          dict(request.get("sampling") or {}), key_var)
+                    episode = await env.run_episode(task, ctx)
+                    emit({"id": request_id, **_result(episode, task)})
+            except asyncio.CancelledError:
+                emit({"id": request_id, "reward": None, "metrics": {}, "completion": [], "num_calls": 0,
+                      "error": "cancelled"})
+            except Exception as e:  # noqa: BLE001 - one episode's crash must not end the others
+                traceback.print_exc()
+                emit({"id": request_id, "reward": None, "metrics": {}, "completion": [], "num_calls": 0,
+                      "error": f"crash: {type(e).__name__}: {_one_line(e)}", "crashed": True})
+            finally:
+                os.environ.pop(key_var, None)
+                running.pop(request_id, None)
+
+        async with env.serving():
+            emit({"ready": True, "verifiers_version": version, "env_id": args.env, "num_tasks": len(tasks)})
+            while (line := await lines.get()) is not None:
+                if not line.strip():
+                    continue
+                try:
+                    request = json.loads(line)
+                    if not isinstance(request, dict):
+                        raise ValueError("not a JSON object")
+                except ValueError as e:
+                    print(f"serve: ignored a line that is not a JSON object: {e}", file=sys.stderr)
+                    continue
+                if "cancel" in request:
+                    if (job := running.get(str(request["cancel"]))) is not None:
+                        job.cancel()
+                    continue
+                request_id = str(request.get("id", ""))
+                running[request_id] = asyncio.create_task(one(request_id, request))
+            if running:
+                await asyncio.gather(*running.values(), return_exceptions=True)
+
+    asyncio.run(serve())
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="episode_driver.py", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
-    for name in ("list", "run"):
+    for name in ("list", "run", "serve"):
         s = sub.add_parser(name)
         s.add_argument("--env", required=True, help="the environment (taskset) id, e.g. loops-hidden-game")
         s.add_argument("--env-args", default="{}", help="JSON object: the taskset's config fields")
         s.add_argument("--harness", default=None, help="JSON object: pin the agent's harness config")
-        s.add_argument(
-            "--runtime",
-            default='{"type": "subprocess"}',
-            help="JSON object: where the agents run (default: subprocess, on this machine)",
-        )
+        s.add_argument("--runtime", default='{"type": "subprocess"}',
+                       help="JSON object: where the agents run (default: subprocess, on this machine)")
         s.add_argument("--split", choices=("train", "eval"), default=None)
-        if name == "list":
+        if name in ("list", "serve"):
             s.add_argument("--limit", type=int, default=None)
-        else:
+        if name == "serve":
+            s.add_argument("--max-concurrent", type=int, default=64, help="episodes at once, at most")
+        elif name == "run":
             s.add_argument("--task-id", required=True)
             s.add_argument("--base-url", required=True)
             s.add_argument("--model", required=True)
-            s.add_argument(
-                "--sampling", default="{}", help="JSON object: temperature, max_tokens, top_p, ..."
-            )
+            s.add_argument("--sampling", default="{}", help="JSON object: temperature, max_tokens, top_p, ...")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    logging.basicConfig(
-        level=os.environ.get("VF_DRIVER_LOG", "WARNING"),
-        stream=sys.stderr,
-        format="%(levelname)s %(name)s: %(message)s",
-    )
+    logging.basicConfig(level=os.environ.get("VF_DRIVER_LOG", "WARNING"), stream=sys.stderr,
+                        format="%(levelname)s %(name)s: %(message)s")
     real_stdout = sys.stdout
     try:
         # Whatever the environment prints goes to stderr; stdout carries the one JSON object.
         with contextlib.redirect_stdout(sys.stderr):
+            if args.command == "serve":
+                cmd_serve(args, real_stdout)
+                return 0
             result = cmd_list(args) if args.command == "list" else cmd_run(args)
     except LoadError as e:
         if os.environ.get("VF_DRIVER_DEBUG"):

@@ -129,7 +129,9 @@ def test_list_prints_the_tasks_and_the_rubric(vf_python) -> None:
     out = _json(_drive(vf_python, "list", "--env", ENV, "--env-args", '{"num_tasks": 3}', "--limit", "2"))
     assert out["verifiers_version"].startswith("0.4.")
     assert out["env_id"] == ENV
-    assert out["rubric"] == {"name": "HiddenGameTask", "functions": ["names_game"], "weights": [1.0]}
+    assert out["rubric"] == {
+        "name": "HiddenGameTask", "functions": ["names_game", "short_answer"], "weights": [1.0, 0.0]
+    }
     assert [t["id"] for t in out["tasks"]] == ["hidden-monopoly-0", "hidden-monopoly-1"]
     first = out["tasks"][0]
     assert first["prompt"] == [
@@ -144,7 +146,7 @@ def test_run_scores_a_reply_relayed_through_the_server(vf_python) -> None:
         out = _run(vf_python, server, {})
     assert out == {
         "reward": 1.0,
-        "metrics": {"names_game": 1.0, "reply_chars": 9.0},
+        "metrics": {"names_game": 1.0, "short_answer": 1.0, "reply_chars": 9.0},
         "completion": [{"role": "assistant", "content": "Monopoly!"}],
         "num_calls": 1,
         "error": None,
@@ -219,3 +221,35 @@ def test_an_unknown_task_id_is_a_load_error(vf_python) -> None:
     )
     assert done.returncode == 3
     assert "no task with id 'nope'" in done.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.slow
+def test_a_config_weight_reaches_the_rubric_and_the_reward(vf_python) -> None:
+    env_args = {"task": {"rewards": {"short_answer": {"weight": 0.5}}}}
+    out = _json(_drive(vf_python, "list", "--env", ENV, "--env-args", json.dumps(env_args)))
+    assert out["rubric"]["weights"] == [1.0, 0.5]
+    with FakeChatServer(["Chess"]) as server:
+        ran = _run(vf_python, server, env_args)
+    assert ran["reward"] == 0.5 and ran["metrics"]["short_answer"] == 1.0
+
+
+@pytest.mark.slow
+def test_serve_runs_many_episodes_in_one_process(vf_python) -> None:
+    with FakeChatServer(["Monopoly"]) as server:
+        requests = [
+            {"id": "a", "task_id": TASK, "base_url": server.base_url, "model": "m", "sampling": {}, "api_key": "k-a"},
+            {"id": "b", "task_id": TASK, "base_url": server.base_url, "model": "m", "sampling": {}, "api_key": "k-b"},
+            {"id": "c", "task_id": "nope", "base_url": server.base_url},
+        ]
+        done = subprocess.run(
+            [str(vf_python), str(DRIVER), "serve", "--env", ENV, "--env-args", "{}"],
+            input="".join(json.dumps(r) + "\n" for r in requests), capture_output=True, text=True, timeout=300,
+        )
+    assert done.returncode == 0, done.stderr[-3000:]
+    ready, *results = (json.loads(line) for line in done.stdout.strip().splitlines())
+    assert ready == {"ready": True, "verifiers_version": ready["verifiers_version"], "env_id": ENV, "num_tasks": 1}
+    by_id = {r["id"]: r for r in results}
+    assert by_id["a"]["reward"] == 1.0 and by_id["b"]["reward"] == 1.0
+    assert by_id["c"]["reward"] is None and "no task with id 'nope'" in by_id["c"]["error"]
+    keys = sorted({k.lower(): v for k, v in r["headers"].items()}["authorization"] for r in server.requests)
+    assert keys == ["Bearer k-a", "Bearer k-b"]  # each episode on its own key

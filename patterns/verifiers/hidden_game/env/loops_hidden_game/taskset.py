@@ -1,7 +1,8 @@
 """Tasks and rewards: the model names a hidden board game; the reward is a substring match.
 
 Mirrors patterns/custom_runtime/in_process_direct (same prompt, same answer, same verifier), so the
-verifiers pattern's reward curve compares with the quickstart's. `tool = true` is the tool-use variant:
+verifiers pattern's reward curve compares with the quickstart's. A second reward, `short_answer`, has weight 0
+unless the config sets one (verifiers' `task.rewards.<name>.weight`). `tool = true` is the tool-use variant:
 the prompt asks the model to look the game up with the `lookup_game` tool first.
 """
 
@@ -12,6 +13,7 @@ from collections.abc import Iterator
 import verifiers.v1 as vf
 
 PROMPT = "What is the most famous board game? Answer with its name only."
+SHORT_WORDS = 4
 TOOL_PROMPT = "Which board game is hidden today? Call the lookup_game tool, then answer with the game's name only."
 
 
@@ -36,6 +38,14 @@ class HiddenGameTask(vf.Task[HiddenGameData, vf.State, vf.TaskConfig]):
     async def names_game(self, task: HiddenGameData, trace: vf.Trace) -> float:
         """1 when the last assistant reply names the hidden game."""
         return 1.0 if task.answer.lower() in _last_reply(trace).lower() else 0.0
+
+    @vf.reward(weight=0.0)
+    async def short_answer(self, trace: vf.Trace) -> float:
+        """1 when the last reply is a name only (at most `SHORT_WORDS` words), as the prompt asks. Weight 0
+        unless the config gives it one (`task.rewards.short_answer.weight`): a format-shaped reward that
+        SmolLM2-135M, whose sampled replies rarely name the game, can climb from its first step."""
+        words = _last_reply(trace).split()
+        return 1.0 if 0 < len(words) <= SHORT_WORDS else 0.0
 
     @vf.metric
     async def reply_chars(self, trace: vf.Trace) -> float:
