@@ -57,6 +57,16 @@ class FixedReplyPolicy:
         return _Response([_Sequence(list(self.tokens), [0.0] * len(self.tokens))] * num_samples)
 
 
+class _CheckLLM(LoopsLLM):
+    """A LoopsLLM that also notes how many tools each call offered (the capture keeps no tools)."""
+
+    tools_offered: list[int]
+
+    async def sample(self, messages: Any, *, tools: Any = None, **kwargs: Any) -> Any:
+        self.tools_offered = [*getattr(self, "tools_offered", []), len(tools or [])]
+        return await super().sample(messages, tools=tools, **kwargs)
+
+
 async def check_episode(runtime: VerifiersRuntime, renderer: Renderer | None) -> tuple[list[str], list[str]]:
     """`loops check`'s lines and problems for a verifiers runtime: the environment (tasks, rubric), then one
     episode of its first task through the gateway, each model call answered with `CHECK_REPLY`."""
@@ -69,7 +79,7 @@ async def check_episode(runtime: VerifiersRuntime, renderer: Renderer | None) ->
         return lines, []  # no renderer to sample through (reported on its own), or refused already
     task = listing.tasks[0]
     capture = TokenCapture()
-    llm = LoopsLLM(renderer, FixedReplyPolicy(renderer), capture, SamplingDefaults(max_tokens=16))
+    llm = _CheckLLM(renderer, FixedReplyPolicy(renderer), capture, SamplingDefaults(max_tokens=16))
     gateway = await ModelGateway(model_name=runtime.options.model).astart()
     try:
         attempt = Attempt(task, 0, 0, 0, 0, AttemptServices(llm=llm, capture=capture))
@@ -89,9 +99,10 @@ async def check_episode(runtime: VerifiersRuntime, renderer: Renderer | None) ->
             f"never called the model through the gateway: {detail}"
         ]
     first = calls[0]
-    tools = "" if not first.messages else f", {len(first.messages)} message(s)"
+    offered = getattr(llm, "tools_offered", [0])[0]
     lines.append(
-        f"first call through the gateway: task {task.id}, prompt {len(first.prompt_tokens)} tokens{tools}; "
+        f"first call through the gateway: task {task.id}, {len(first.messages)} message(s), {offered} tool(s), "
+        f"prompt {len(first.prompt_tokens)} tokens; "
         f"the episode made {len(calls)} call(s) answered {CHECK_REPLY!r}"
     )
     if evidence.discarded is not None:

@@ -115,7 +115,7 @@ def _load_env(env_id: str, env_args: dict[str, Any], harness: dict[str, Any] | N
             data[role] = {"runtime": runtime, **({"harness": harness} if harness else {})}
         config = vf.resolve_env_config(data)
         return vf.load_environment(config)
-    except Exception as e:  # noqa: BLE001 - every load failure is reported as a load error
+    except Exception as e:
         raise LoadError(_load_reason(env_id, e)) from e
 
 
@@ -164,7 +164,7 @@ def _tasks(env, limit: int | None):
         taskset = taskset.take(MAX_SCAN)
     try:
         yield from taskset
-    except Exception as e:  # noqa: BLE001 - a taskset's load() failing is a load error
+    except Exception as e:
         raise LoadError(_load_reason(env.config.taskset.id, e)) from e
 
 
@@ -176,7 +176,7 @@ def _apply_split(env_args: dict[str, Any], split: str | None, env_id: str) -> di
 
     try:
         fields = taskset_config_type(env_id).model_fields
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         raise LoadError(_load_reason(env_id, e)) from e
     if "split" in fields:
         return {**env_args, "split": split}
@@ -229,7 +229,7 @@ def _client_context(vf, base_url: str, model: str, sampling_args: dict[str, Any]
     try:
         client = vf.EvalClientConfig(base_url=base_url, api_key_var=api_key_var)
         sampling = vf.SamplingConfig(**sampling_args)
-    except Exception as e:  # noqa: BLE001 - a bad base URL or sampling is the caller's error
+    except Exception as e:
         raise LoadError(f"bad --base-url or --sampling: {_one_line(e)}") from e
     return vf.ModelContext(model=model, client=client, sampling=sampling)
 
@@ -341,7 +341,7 @@ def cmd_serve(args: argparse.Namespace, out) -> None:
             except asyncio.CancelledError:
                 emit({"id": request_id, "reward": None, "metrics": {}, "completion": [], "num_calls": 0,
                       "error": "cancelled"})
-            except Exception as e:  # noqa: BLE001 - one episode's crash must not end the others
+            except Exception as e:
                 traceback.print_exc()
                 emit({"id": request_id, "reward": None, "metrics": {}, "completion": [], "num_calls": 0,
                       "error": f"crash: {type(e).__name__}: {_one_line(e)}", "crashed": True})

@@ -71,6 +71,17 @@ class EnvironmentListing:
     def tested(self) -> bool:
         return self.verifiers_version.startswith(TESTED_VERSIONS)
 
+    def warnings(self) -> list[str]:
+        """What `loops check` warns of: rubric weights that can add up past the default reward range."""
+        top = sum(w for w in self.rubric.weights if w > 0)
+        if top > 1.0:
+            return [
+                f"the rubric's positive weights add up to {top:g}: an episode that earns them all gets a reward "
+                f"above 1, which [training] reward_max must allow (default 1), or it is discarded as "
+                "invalid_reward"
+            ]
+        return []
+
     def problems(self) -> list[str]:
         """What `loops check` refuses: an untested verifiers, a rubric that can give no reward."""
         found = []

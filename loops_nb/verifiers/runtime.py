@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from loops_nb.errors import ConfigError, UserError
 from loops_nb.llm.chat_messages import ChatMessage
 from loops_nb.model_access.mode import ModelAccessMode
-from loops_nb.runtime import Attempt, Evidence, RolloutRuntime, RunContext, Task
+from loops_nb.runtime import Attempt, CheckWarning, Evidence, RolloutRuntime, RunContext, Task
 from loops_nb.verifiers.driver_process import (
     DRIVER,
     LOAD_FAILED,
@@ -151,7 +151,7 @@ class VerifiersRuntime(RolloutRuntime):
             listing = await self.listing()
         except UserError:
             return []
-        return listing.problems()
+        return [*listing.problems(), *(CheckWarning(w) for w in listing.warnings())]
 
     async def check_episode(self, renderer: Renderer | None) -> tuple[list[str], list[str]]:
         """`loops check`'s lines and problems: the tasks and rubric, and one episode through the gateway."""

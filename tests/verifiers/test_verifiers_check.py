@@ -40,13 +40,20 @@ def problems(stdout: str) -> list[str]:
 def test_check_prints_tasks_rubric_and_the_first_call_through_the_gateway(
     tmp_path: Path, tiny_chat_model_path: Path
 ) -> None:
-    result = run_cli_in_process("check", config(tmp_path, tiny_chat_model_path, {"mode": "reward"}))
+    tool = {
+        "type": "function",
+        "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}},
+    }
+    result = run_cli_in_process(
+        "check", config(tmp_path, tiny_chat_model_path, {"mode": "reward", "tools": [tool]})
+    )
     assert result.returncode == 0, result.stdout
     out = result.stdout
     assert "verifiers 0.4.0, environment fake-env: 3 task(s) (task-0, task-1, task-2)" in out
     assert "rubric FakeRubric: says_word x1, short x0.5" in out
-    assert "first call through the gateway: task task-0, prompt" in out
+    assert "first call through the gateway: task task-0, 1 message(s), 1 tool(s), prompt" in out
     assert "the rubric scored it 1" in out
+    assert "the rubric's positive weights add up to 1.5" in out, "a warning: reward_max defaults to 1"
 
 
 @pytest.mark.parametrize(

@@ -109,7 +109,7 @@ def test_check_prints_the_environment_and_plays_one_episode(
     assert result.returncode == 0, result.stdout
     assert "verifiers 0.4.0, environment loops-hidden-game: 1 task(s)" in result.stdout
     assert "rubric HiddenGameTask: names_game x1" in result.stdout
-    assert "first call through the gateway: task hidden-monopoly-0" in result.stdout
+    assert "first call through the gateway: task hidden-monopoly-0, 1 message(s), 0 tool(s)" in result.stdout
     assert "the rubric scored it 0" in result.stdout
 
 
