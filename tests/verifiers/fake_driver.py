@@ -1,7 +1,7 @@
 """A stand-in for loops_nb/verifiers/episode_driver.py that honours its contract with the stdlib only.
 
 `--env-args` picks the behaviour: {"mode": ...} for `run` (reward, nan, null, error, raise, hang, die,
-garbage) and {"list": ...} for `list` (ok, load_fail, old_version, no_rubric, hang). A `run` calls the
+garbage, fork) and {"list": ...} for `list` (ok, load_fail, old_version, no_rubric, hang). A `run` calls the
 model once through `--base-url` with the key in OPENAI_API_KEY before it misbehaves, as an episode would;
 {"env_dump": path} writes the names of its environment variables there.
 """
@@ -17,8 +17,9 @@ import time
 import urllib.request
 
 
-def call_model(base_url: str, model: str, prompt: str, tools: list | None = None) -> dict:
-    body: dict = {"model": model, "messages": [{"role": "user", "content": prompt}]}
+def call_model(base_url: str, model: str, prompt: str | list, tools: list | None = None) -> dict:
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    body: dict = {"model": model, "messages": messages}
     if tools:
         body["tools"] = tools
     request = urllib.request.Request(
@@ -80,6 +81,11 @@ def run(args: argparse.Namespace, env_args: dict) -> int:
     completion = [{"role": "assistant", "content": content}]
     result: dict = {"reward": 1.0, "metrics": {"says_word": 1.0, "short": 0.0}, "completion": completion}
     result.update(num_calls=1, error=None)
+    if mode == "fork":  # a second turn, then a branch from the first reply: two sequences
+        first = [{"role": "user", "content": f"Task {args.task_id}"}, reply["choices"][0]["message"]]
+        for follow_up in ("Go on.", "Try another way."):
+            call_model(args.base_url, args.model, [*first, {"role": "user", "content": follow_up}])
+        result["num_calls"] = 3
     if mode == "nan":
         result["reward"] = float("nan")
     elif mode == "null":

@@ -97,6 +97,17 @@ async def test_an_episode_that_hangs_is_killed_at_its_timeout(
     assert "episode_timeout_seconds (1.5s)" in checked.detail
 
 
+async def test_a_forked_conversation_trains_each_branch_as_its_own_sequence(
+    fake_runtime: Callable[..., VerifiersRuntime], gateway: ModelGateway, scripted: Callable[..., Any]
+) -> None:
+    llm = scripted("first", "second", "branch")
+    _, checked = await attempt_of(fake_runtime({"mode": "fork"}), gateway, llm)
+    assert checked.discarded is None, checked.detail
+    assert len(llm.capture.calls) == 3
+    assert llm.capture.breaks_at[1] is None, "the second turn extends the first"
+    assert llm.capture.breaks_at[2] is not None, "the branch starts a sequence of its own"
+
+
 async def test_a_nan_metric_is_left_out_and_the_reward_still_trains(
     fake_runtime: Callable[..., VerifiersRuntime], gateway: ModelGateway, scripted: Callable[..., Any]
 ) -> None:
