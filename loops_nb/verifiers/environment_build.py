@@ -5,7 +5,7 @@ Agents SDK need), so each episode runs in a separate interpreter. The kit builds
 `uv` on PATH (or beside this Python):
 
     uv venv --relocatable --python <this python> <tmp>
-    uv pip install --python <tmp>/bin/python verifiers==0.4.0 <runtime.options.packages>
+    uv pip install --compile-bytecode --python <tmp>/bin/python verifiers==0.4.0 <runtime.options.packages>
 
 under `<cache>/<hash of the requirements and Python version>`, where `<cache>` is
 `[runtime.options] cache_dir`, else `$LOOPS_NB_VERIFIERS_CACHE`, else `~/.cache/loops_nb/verifiers`. It is
@@ -125,6 +125,7 @@ class EnvironmentBuild:
                     "pip",
                     "install",
                     "--quiet",
+                    "--compile-bytecode",  # every episode's process imports verifiers: compiled once, here
                     "--python",
                     str(tmp / "bin" / "python"),
                     *self.requirements,
