@@ -64,6 +64,12 @@ class VerifiersOptions(BaseModel):
     limit: int | None = Field(None, ge=1)
     """At most this many tasks (the first ones of the split). Empty: all of them."""
 
+    episodes: Literal["per_attempt", "shared"] = "per_attempt"
+    """`per_attempt`: each attempt's episode in a verifiers process of its own, which holds only that
+    attempt's lease key (and imports verifiers and loads the environment anew). `shared`: one verifiers
+    process runs every episode (loaded once, much cheaper an attempt), but it holds every running attempt's
+    key, so an environment's code could sample as another attempt: for environments you trust."""
+
     episode_timeout_seconds: float = Field(600.0, gt=0)
     """How long one attempt's episode may run (its model calls, tools and rubric); past it the episode is
     killed and the attempt discarded as `timeout`."""

@@ -29,12 +29,14 @@ from loops_nb.runtime import Attempt, CheckWarning, Evidence, RolloutRuntime, Ru
 from loops_nb.verifiers.driver_process import (
     DRIVER,
     LOAD_FAILED,
+    DriverOutcome,
     attempt_env,
     driver_env,
     run_driver,
 )
 from loops_nb.verifiers.environment_build import VerifiersEnvironment, verifiers_environment
 from loops_nb.verifiers.episode_result import evidence_from_episode
+from loops_nb.verifiers.episode_server import EpisodeServer, ServerGone
 from loops_nb.verifiers.listing import EnvironmentListing
 from loops_nb.verifiers.options import DEFAULT_VERIFIERS, VerifiersOptions
 
@@ -57,6 +59,8 @@ class VerifiersRuntime(RolloutRuntime):
         self._failure: str | None = None
         self._lock = asyncio.Lock()
         self._build_lock = asyncio.Lock()
+        self._server: EpisodeServer | None = None
+        self._server_lock = asyncio.Lock()
 
     def bind(self, context: RunContext) -> None:
         self.context = context
@@ -169,15 +173,46 @@ class VerifiersRuntime(RolloutRuntime):
         argv += ["--model", self.options.model, "--sampling", json.dumps(self.options.sampling)]
         argv += ["--split", self.options.split, *self._harness()]
         timeout = self.options.episode_timeout_seconds
-        env = attempt_env(attempt, tuple(self.options.pass_env), self.options.offline)
-        outcome = await run_driver(argv, timeout=timeout, env=env, attempt=attempt)
+        if self.options.episodes == "shared":
+            outcome = await self._shared_episode(attempt, url)
+        else:
+            env = attempt_env(attempt, tuple(self.options.pass_env), self.options.offline)
+            outcome = await run_driver(argv, timeout=timeout, env=env, attempt=attempt)
         if outcome.returncode not in (0, None):
             log.info("verifiers episode %s exited %s:\n%s", attempt.id, outcome.returncode, outcome.stderr)
         prompt = attempt.task.data.get("prompt")
         return evidence_from_episode(outcome, timeout, prompt if isinstance(prompt, list) else None)
 
+    async def _shared_episode(self, attempt: Attempt, url: str) -> DriverOutcome:
+        """The attempt's episode in the shared verifiers process (started, or restarted, on demand)."""
+        async with self._server_lock:
+            if self._server is None or not self._server.alive:
+                environment = await self.environment()
+                argv = [str(environment.python), self._driver(), "serve", "--env", self.options.env_id]
+                argv += ["--env-args", self._env_args(), "--split", self.options.split, *self._harness()]
+                if self.options.limit is not None:
+                    argv += ["--limit", str(self.options.limit)]
+                server = EpisodeServer(argv, driver_env(tuple(self.options.pass_env), self.options.offline))
+                try:
+                    await server.start(self.options.load_timeout_seconds)
+                except ServerGone as gone:
+                    return gone.outcome
+                self._server = server
+            server = self._server
+        request: dict[str, object] = {
+            "task_id": attempt.task.id,
+            "base_url": url,
+            "model": self.options.model,
+            "sampling": self.options.sampling,
+            "api_key": attempt.services.model_api_key,
+        }
+        return await server.run(request, self.options.episode_timeout_seconds)
+
     async def close(self) -> None:
-        return None  # each episode's process ends with its attempt
+        """Stop the shared verifiers process, if any (a per-attempt one ends with its attempt)."""
+        if self._server is not None:
+            await self._server.stop()
+            self._server = None
 
 
 def create_runtime(**options: Any) -> VerifiersRuntime:

@@ -17,7 +17,9 @@ import time
 import urllib.request
 
 
-def call_model(base_url: str, model: str, prompt: str | list, tools: list | None = None) -> dict:
+def call_model(
+    base_url: str, model: str, prompt: str | list, tools: list | None = None, key: str = ""
+) -> dict:
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
     body: dict = {"model": model, "messages": messages}
     if tools:
@@ -26,7 +28,7 @@ def call_model(base_url: str, model: str, prompt: str | list, tools: list | None
         base_url.rstrip("/") + "/chat/completions",
         data=json.dumps(body).encode(),
         headers={
-            "Authorization": f"Bearer {os.environ['OPENAI_API_KEY']}",
+            "Authorization": f"Bearer {key or os.environ['OPENAI_API_KEY']}",
             "Content-Type": "application/json",
             "X-Session-ID": "fake-session",
         },
@@ -105,9 +107,71 @@ def run(args: argparse.Namespace, env_args: dict) -> int:
     return 0
 
 
+def serve(args: argparse.Namespace, env_args: dict) -> int:
+    """`serve`: episodes on threads, one result line each; `{"cancel": id}` answers `cancelled` at once,
+    unless the mode is `block` (the whole process stops, as an environment that blocks its loop)."""
+    import threading
+
+    if env_args.get("loads"):
+        with open(env_args["loads"], "a") as f:
+            f.write("load\n")
+    if env_args.get("serve") == "load_fail":
+        print("environment 'fake-env' cannot load offline (it tried to reach the network)", file=sys.stderr)
+        return 3
+    lock = threading.Lock()
+
+    def emit(obj: dict) -> None:
+        with lock:
+            sys.stdout.write(json.dumps(obj) + "\n")
+            sys.stdout.flush()
+
+    def one(request: dict) -> None:
+        mode = env_args.get("mode", "reward")
+        if mode == "hang":
+            time.sleep(3600)
+        if mode == "block":
+            time.sleep(3600)
+        if mode == "die":
+            os.kill(os.getpid(), signal.SIGKILL)
+        reply = call_model(
+            request["base_url"], request["model"], f"Task {request['task_id']}", key=request["api_key"]
+        )
+        content = reply["choices"][0]["message"]["content"] or ""
+        emit(
+            {
+                "id": request["id"],
+                "reward": 1.0,
+                "metrics": {"says_word": 1.0},
+                "completion": [{"role": "assistant", "content": content}],
+                "num_calls": 1,
+                "error": None,
+            }
+        )
+
+    emit({"ready": True, "verifiers_version": "0.4.0", "env_id": args.env, "num_tasks": 3})
+    for line in sys.stdin:
+        request = json.loads(line)
+        if "cancel" in request:
+            if env_args.get("mode") == "block":
+                time.sleep(3600)
+            emit(
+                {
+                    "id": request["cancel"],
+                    "reward": None,
+                    "metrics": {},
+                    "completion": [],
+                    "num_calls": 0,
+                    "error": "cancelled",
+                }
+            )
+            continue
+        threading.Thread(target=one, args=(request,), daemon=True).start()
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("command", choices=["list", "run"])
+    parser.add_argument("command", choices=["list", "run", "serve"])
     parser.add_argument("--env", required=True)
     parser.add_argument("--env-args", default="{}")
     parser.add_argument("--split", default="train")
@@ -119,6 +183,8 @@ def main() -> int:
     parser.add_argument("--sampling", default="{}")
     args = parser.parse_args()
     env_args = json.loads(args.env_args)
+    if args.command == "serve":
+        return serve(args, env_args)
     return listing(args, env_args) if args.command == "list" else run(args, env_args)
 
 
