@@ -8,6 +8,7 @@ Skipped, with the reason, where the environment cannot be built (no PyPI and not
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -94,6 +95,21 @@ async def test_a_tool_call_goes_through_the_gateway_and_the_turns_stay_one_seque
     assert any(m.get("role") == "tool" and "Monopoly" in str(m.get("content")) for m in calls[1].messages)
     assert not llm.capture.breaks, "the second call's prompt extends the first call's prompt and reply"
     assert any(m.get("role") == "tool" for m in evidence.transcript)
+
+
+async def test_shared_episodes_in_one_verifiers_process(
+    built: None, gateway: ModelGateway, scripted: Callable[..., Any]
+) -> None:
+    runtime = create_runtime(**options(), episodes="shared")
+    try:
+        right, wrong = scripted("Monopoly"), scripted("Chess")
+        (_, scored), (_, zero) = await asyncio.gather(
+            episode(runtime, gateway, right), episode(runtime, gateway, wrong)
+        )
+    finally:
+        await runtime.close()
+    assert scored.reward == 1.0 and zero.reward == 0.0, (scored.detail, zero.detail)
+    assert len(right.capture.calls) == len(wrong.capture.calls) == 1
 
 
 def test_check_prints_the_environment_and_plays_one_episode(
