@@ -68,7 +68,9 @@ def _check_version() -> str:
     try:
         import verifiers.v1  # noqa: F401
     except ImportError as e:
-        raise LoadError(f"verifiers {version} is installed but `verifiers.v1` does not import: {_one_line(e)}") from e
+        raise LoadError(
+            f"verifiers {version} is installed but `verifiers.v1` does not import: {_one_line(e)}"
+        ) from e
     return version
 
 
@@ -84,8 +86,17 @@ def _json_arg(text: str | None, flag: str) -> dict[str, Any]:
     return value
 
 
-_OFFLINE_HINTS = ("connecterror", "connection refused", "name or service not known", "temporary failure in name",
-                  "network is unreachable", "max retries exceeded", "offline", "getaddrinfo", "could not resolve")
+_OFFLINE_HINTS = (
+    "connecterror",
+    "connection refused",
+    "name or service not known",
+    "temporary failure in name",
+    "network is unreachable",
+    "max retries exceeded",
+    "offline",
+    "getaddrinfo",
+    "could not resolve",
+)
 
 
 def _load_reason(env_id: str, e: BaseException) -> str:
@@ -93,7 +104,9 @@ def _load_reason(env_id: str, e: BaseException) -> str:
     if isinstance(e, ModuleNotFoundError):
         return f"environment {env_id!r} is not installed in the verifiers venv (install its package there): {_one_line(e)}"
     if any(hint in text.lower() for hint in _OFFLINE_HINTS):
-        return f"environment {env_id!r} cannot load offline (it tried to reach the network): {_one_line(text)}"
+        return (
+            f"environment {env_id!r} cannot load offline (it tried to reach the network): {_one_line(text)}"
+        )
     return f"environment {env_id!r} failed to load: {_one_line(text)}"
 
 
@@ -181,15 +194,19 @@ def _apply_split(env_args: dict[str, Any], split: str | None, env_id: str) -> di
     if "split" in fields:
         return {**env_args, "split": split}
     if split != "train":
-        print(f"note: taskset {env_id!r} has no `split` field; --split {split} lists its only tasks", file=sys.stderr)
+        print(
+            f"note: taskset {env_id!r} has no `split` field; --split {split} lists its only tasks",
+            file=sys.stderr,
+        )
     return env_args
 
 
 def cmd_list(args: argparse.Namespace) -> dict[str, Any]:
     version = _check_version()
     env_args = _apply_split(_json_arg(args.env_args, "--env-args"), args.split, args.env)
-    env = _load_env(args.env, env_args, _json_arg(args.harness, "--harness") or None,
-                    _json_arg(args.runtime, "--runtime"))
+    env = _load_env(
+        args.env, env_args, _json_arg(args.harness, "--harness") or None, _json_arg(args.runtime, "--runtime")
+    )
     tasks = []
     first = None
     for task in _tasks(env, args.limit):
@@ -259,16 +276,23 @@ def _result(episode, task) -> dict[str, Any]:
             if value is not None:
                 metrics[name] = float(value)
         messages = _wire(trace.messages)
-        completion = messages[len(_prompt(task)):]
+        completion = messages[len(_prompt(task)) :]
     elif error is None:
         error = "the episode ran no agent"
-    return {"reward": reward, "metrics": metrics, "completion": completion, "num_calls": num_calls, "error": error}
+    return {
+        "reward": reward,
+        "metrics": metrics,
+        "completion": completion,
+        "num_calls": num_calls,
+        "error": error,
+    }
 
 
 def _env_from_args(args: argparse.Namespace):
     env_args = _apply_split(_json_arg(args.env_args, "--env-args"), args.split, args.env)
-    return _load_env(args.env, env_args, _json_arg(args.harness, "--harness") or None,
-                     _json_arg(args.runtime, "--runtime"))
+    return _load_env(
+        args.env, env_args, _json_arg(args.harness, "--harness") or None, _json_arg(args.runtime, "--runtime")
+    )
 
 
 def cmd_run(args: argparse.Namespace) -> dict[str, Any]:
@@ -330,21 +354,51 @@ def cmd_serve(args: argparse.Namespace, out) -> None:
                 async with gate:
                     task = tasks.get(str(request.get("task_id")))
                     if task is None:
-                        emit({"id": request_id, "reward": None, "metrics": {}, "completion": [], "num_calls": 0,
-                              "error": f"no task with id {request.get('task_id')!r}"})
+                        emit(
+                            {
+                                "id": request_id,
+                                "reward": None,
+                                "metrics": {},
+                                "completion": [],
+                                "num_calls": 0,
+                                "error": f"no task with id {request.get('task_id')!r}",
+                            }
+                        )
                         return
                     os.environ[key_var] = str(request.get("api_key") or "")
-                    ctx = _client_context(vf, str(request["base_url"]), str(request.get("model") or "policy"),
-                                          dict(request.get("sampling") or {}), key_var)
+                    ctx = _client_context(
+                        vf,
+                        str(request["base_url"]),
+                        str(request.get("model") or "policy"),
+                        dict(request.get("sampling") or {}),
+                        key_var,
+                    )
                     episode = await env.run_episode(task, ctx)
                     emit({"id": request_id, **_result(episode, task)})
             except asyncio.CancelledError:
-                emit({"id": request_id, "reward": None, "metrics": {}, "completion": [], "num_calls": 0,
-                      "error": "cancelled"})
+                emit(
+                    {
+                        "id": request_id,
+                        "reward": None,
+                        "metrics": {},
+                        "completion": [],
+                        "num_calls": 0,
+                        "error": "cancelled",
+                    }
+                )
             except Exception as e:
                 traceback.print_exc()
-                emit({"id": request_id, "reward": None, "metrics": {}, "completion": [], "num_calls": 0,
-                      "error": f"crash: {type(e).__name__}: {_one_line(e)}", "crashed": True})
+                emit(
+                    {
+                        "id": request_id,
+                        "reward": None,
+                        "metrics": {},
+                        "completion": [],
+                        "num_calls": 0,
+                        "error": f"crash: {type(e).__name__}: {_one_line(e)}",
+                        "crashed": True,
+                    }
+                )
             finally:
                 os.environ.pop(key_var, None)
                 running.pop(request_id, None)
@@ -381,8 +435,11 @@ def parser() -> argparse.ArgumentParser:
         s.add_argument("--env", required=True, help="the environment (taskset) id, e.g. loops-hidden-game")
         s.add_argument("--env-args", default="{}", help="JSON object: the taskset's config fields")
         s.add_argument("--harness", default=None, help="JSON object: pin the agent's harness config")
-        s.add_argument("--runtime", default='{"type": "subprocess"}',
-                       help="JSON object: where the agents run (default: subprocess, on this machine)")
+        s.add_argument(
+            "--runtime",
+            default='{"type": "subprocess"}',
+            help="JSON object: where the agents run (default: subprocess, on this machine)",
+        )
         s.add_argument("--split", choices=("train", "eval"), default=None)
         if name in ("list", "serve"):
             s.add_argument("--limit", type=int, default=None)
@@ -392,14 +449,19 @@ def parser() -> argparse.ArgumentParser:
             s.add_argument("--task-id", required=True)
             s.add_argument("--base-url", required=True)
             s.add_argument("--model", required=True)
-            s.add_argument("--sampling", default="{}", help="JSON object: temperature, max_tokens, top_p, ...")
+            s.add_argument(
+                "--sampling", default="{}", help="JSON object: temperature, max_tokens, top_p, ..."
+            )
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    logging.basicConfig(level=os.environ.get("VF_DRIVER_LOG", "WARNING"), stream=sys.stderr,
-                        format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=os.environ.get("VF_DRIVER_LOG", "WARNING"),
+        stream=sys.stderr,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
     real_stdout = sys.stdout
     try:
         # Whatever the environment prints goes to stderr; stdout carries the one JSON object.

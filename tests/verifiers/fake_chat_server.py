@@ -58,7 +58,9 @@ class FakeChatServer:
                     return
                 reply = fake._next()
                 if isinstance(reply, dict) and "status" in reply:
-                    self._send(reply["status"], {"error": {"message": "scripted failure", "type": "server_error"}})
+                    self._send(
+                        reply["status"], {"error": {"message": "scripted failure", "type": "server_error"}}
+                    )
                     return
                 message: dict[str, Any] = {"role": "assistant", "content": None}
                 finish = "stop"
@@ -66,22 +68,32 @@ class FakeChatServer:
                     message["content"] = reply
                 else:
                     finish = "tool_calls"
-                    message["tool_calls"] = [{
-                        "id": f"call_{len(fake.requests)}",
-                        "type": "function",
-                        "function": {"name": reply["tool"], "arguments": json.dumps(reply.get("arguments", {}))},
-                    }]
+                    message["tool_calls"] = [
+                        {
+                            "id": f"call_{len(fake.requests)}",
+                            "type": "function",
+                            "function": {
+                                "name": reply["tool"],
+                                "arguments": json.dumps(reply.get("arguments", {})),
+                            },
+                        }
+                    ]
                 usage = {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13}
                 created = int(time.time())
                 if body.get("stream"):
                     self._stream(body, message, finish, usage, created)
                     return
-                self._send(200, {
-                    "id": f"chatcmpl-{len(fake.requests)}", "object": "chat.completion", "created": created,
-                    "model": body.get("model", "fake"),
-                    "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-                    "usage": usage,
-                })
+                self._send(
+                    200,
+                    {
+                        "id": f"chatcmpl-{len(fake.requests)}",
+                        "object": "chat.completion",
+                        "created": created,
+                        "model": body.get("model", "fake"),
+                        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+                        "usage": usage,
+                    },
+                )
 
             def _stream(self, body, message, finish, usage, created) -> None:
                 self.send_response(200)
@@ -90,8 +102,12 @@ class FakeChatServer:
                 delta = {k: v for k, v in message.items() if v is not None}
                 if "tool_calls" in delta:
                     delta["tool_calls"] = [{"index": 0, **call} for call in delta["tool_calls"]]
-                base = {"id": "chatcmpl-s", "object": "chat.completion.chunk", "created": created,
-                        "model": body.get("model", "fake")}
+                base = {
+                    "id": "chatcmpl-s",
+                    "object": "chat.completion.chunk",
+                    "created": created,
+                    "model": body.get("model", "fake"),
+                }
                 for chunk in (
                     {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]},
                     {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]},

@@ -89,16 +89,29 @@ def vf_python(tmp_path_factory) -> Path:
     venv = tmp_path_factory.mktemp("vf") / "venv"
     steps = [
         [uv, "venv", str(venv), "--python", f"{sys.version_info.major}.{sys.version_info.minor}", "-q"],
-        [uv, "pip", "install", "-q", "--python", str(venv / "bin" / "python"), "verifiers==0.4.0", str(HIDDEN_GAME_ENV)],
+        [
+            uv,
+            "pip",
+            "install",
+            "-q",
+            "--python",
+            str(venv / "bin" / "python"),
+            "verifiers==0.4.0",
+            str(HIDDEN_GAME_ENV),
+        ],
     ]
     for step in steps:
         done = subprocess.run(step, capture_output=True, text=True, timeout=900)
         if done.returncode != 0:
-            pytest.skip(f"cannot build the verifiers venv ({' '.join(step[:3])}): {done.stderr.strip()[-300:]}")
+            pytest.skip(
+                f"cannot build the verifiers venv ({' '.join(step[:3])}): {done.stderr.strip()[-300:]}"
+            )
     return venv / "bin" / "python"
 
 
-def _drive(python: Path, *args: str, key: str | None = "sk-lease-test", timeout: float = 300) -> subprocess.CompletedProcess:
+def _drive(
+    python: Path, *args: str, key: str | None = "sk-lease-test", timeout: float = 300
+) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "TMPDIR")}
     if key is not None:
         env["OPENAI_API_KEY"] = key
@@ -118,8 +131,20 @@ def _run(python: Path, server: FakeChatServer, env_args: dict[str, Any], **extra
     sampling = extra.pop("sampling", json.dumps({"temperature": 0.7, "max_tokens": 16}))
     return _json(
         _drive(
-            python, "run", "--env", ENV, "--env-args", json.dumps(env_args), "--task-id", TASK,
-            "--base-url", server.base_url, "--model", "policy-m", "--sampling", sampling,
+            python,
+            "run",
+            "--env",
+            ENV,
+            "--env-args",
+            json.dumps(env_args),
+            "--task-id",
+            TASK,
+            "--base-url",
+            server.base_url,
+            "--model",
+            "policy-m",
+            "--sampling",
+            sampling,
         )
     )
 
@@ -130,7 +155,9 @@ def test_list_prints_the_tasks_and_the_rubric(vf_python) -> None:
     assert out["verifiers_version"].startswith("0.4.")
     assert out["env_id"] == ENV
     assert out["rubric"] == {
-        "name": "HiddenGameTask", "functions": ["names_game", "short_answer"], "weights": [1.0, 0.0]
+        "name": "HiddenGameTask",
+        "functions": ["names_game", "short_answer"],
+        "weights": [1.0, 0.0],
     }
     assert [t["id"] for t in out["tasks"]] == ["hidden-monopoly-0", "hidden-monopoly-1"]
     first = out["tasks"][0]
@@ -216,8 +243,20 @@ def test_load_errors_exit_3_with_a_one_line_reason(vf_python, args, reason) -> N
 @pytest.mark.slow
 def test_an_unknown_task_id_is_a_load_error(vf_python) -> None:
     done = _drive(
-        vf_python, "run", "--env", ENV, "--env-args", "{}", "--task-id", "nope", "--base-url",
-        "http://127.0.0.1:9/v1", "--model", "m", "--sampling", "{}",
+        vf_python,
+        "run",
+        "--env",
+        ENV,
+        "--env-args",
+        "{}",
+        "--task-id",
+        "nope",
+        "--base-url",
+        "http://127.0.0.1:9/v1",
+        "--model",
+        "m",
+        "--sampling",
+        "{}",
     )
     assert done.returncode == 3
     assert "no task with id 'nope'" in done.stderr.strip().splitlines()[-1]
@@ -237,17 +276,39 @@ def test_a_config_weight_reaches_the_rubric_and_the_reward(vf_python) -> None:
 def test_serve_runs_many_episodes_in_one_process(vf_python) -> None:
     with FakeChatServer(["Monopoly"]) as server:
         requests = [
-            {"id": "a", "task_id": TASK, "base_url": server.base_url, "model": "m", "sampling": {}, "api_key": "k-a"},
-            {"id": "b", "task_id": TASK, "base_url": server.base_url, "model": "m", "sampling": {}, "api_key": "k-b"},
+            {
+                "id": "a",
+                "task_id": TASK,
+                "base_url": server.base_url,
+                "model": "m",
+                "sampling": {},
+                "api_key": "k-a",
+            },
+            {
+                "id": "b",
+                "task_id": TASK,
+                "base_url": server.base_url,
+                "model": "m",
+                "sampling": {},
+                "api_key": "k-b",
+            },
             {"id": "c", "task_id": "nope", "base_url": server.base_url},
         ]
         done = subprocess.run(
             [str(vf_python), str(DRIVER), "serve", "--env", ENV, "--env-args", "{}"],
-            input="".join(json.dumps(r) + "\n" for r in requests), capture_output=True, text=True, timeout=300,
+            input="".join(json.dumps(r) + "\n" for r in requests),
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
     assert done.returncode == 0, done.stderr[-3000:]
     ready, *results = (json.loads(line) for line in done.stdout.strip().splitlines())
-    assert ready == {"ready": True, "verifiers_version": ready["verifiers_version"], "env_id": ENV, "num_tasks": 1}
+    assert ready == {
+        "ready": True,
+        "verifiers_version": ready["verifiers_version"],
+        "env_id": ENV,
+        "num_tasks": 1,
+    }
     by_id = {r["id"]: r for r in results}
     assert by_id["a"]["reward"] == 1.0 and by_id["b"]["reward"] == 1.0
     assert by_id["c"]["reward"] is None and "no task with id 'nope'" in by_id["c"]["error"]

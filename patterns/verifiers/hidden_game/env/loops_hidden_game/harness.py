@@ -13,7 +13,6 @@ import json
 from collections.abc import Callable
 
 import httpx
-
 import verifiers.v1 as vf
 from verifiers.v1.dialects.chat import message_to_wire
 
@@ -73,14 +72,18 @@ class ChatHarness(vf.Harness[ChatHarnessConfig]):
         tools = [TOOLS[name][0] for name in names]
         url = endpoint.rstrip("/") + "/chat/completions"
         headers = {"Authorization": f"Bearer {secret}"}
-        async with httpx.AsyncClient(timeout=httpx.Timeout(self.config.request_timeout, connect=10.0)) as client:
+        async with httpx.AsyncClient(
+            timeout=httpx.Timeout(self.config.request_timeout, connect=10.0)
+        ) as client:
             for _ in range(self.config.max_turns):
                 body: dict = {"model": ctx.model, "messages": messages}
                 if tools:
                     body["tools"] = tools
                 response = await client.post(url, json=body, headers=headers)
                 if response.status_code != 200:
-                    return vf.ProgramResult(1, "", f"chat/completions {response.status_code}: {response.text[:2000]}")
+                    return vf.ProgramResult(
+                        1, "", f"chat/completions {response.status_code}: {response.text[:2000]}"
+                    )
                 message = response.json()["choices"][0]["message"]
                 calls = message.get("tool_calls") or []
                 reply = {"role": "assistant", "content": message.get("content") or ""}
@@ -90,7 +93,9 @@ class ChatHarness(vf.Harness[ChatHarnessConfig]):
                 if not calls:
                     break
                 for call in calls:
-                    messages.append({"role": "tool", "tool_call_id": call.get("id", ""), "content": _run_tool(call, data)})
+                    messages.append(
+                        {"role": "tool", "tool_call_id": call.get("id", ""), "content": _run_tool(call, data)}
+                    )
         return vf.ProgramResult(0, "", "")
 
 

@@ -11,10 +11,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import verifiers.v1 as vf
+from pydantic import Field
 
 PROMPT = "What is the most famous board game? Answer with its name only."
 SHORT_WORDS = 4
-TOOL_PROMPT = "Which board game is hidden today? Call the lookup_game tool, then answer with the game's name only."
+TOOL_PROMPT = (
+    "Which board game is hidden today? Call the lookup_game tool, then answer with the game's name only."
+)
 
 
 class HiddenGameConfig(vf.TasksetConfig):
@@ -29,7 +32,7 @@ class HiddenGameConfig(vf.TasksetConfig):
 
 class HiddenGameData(vf.TaskData):
     answer: str
-    tools: list[str] = []
+    tools: list[str] = Field(default_factory=list)
     """Names of the harness-side tools this task offers (see harness.TOOLS)."""
 
 
