@@ -29,6 +29,8 @@ SMOKE: dict[str, dict] = {
         "eval_attempts": 4,
     },
     "pattern_local_openai.ipynb": {"max_steps": 2, "group_size": 4, "groups_per_step": 2, "max_tokens": 8},
+    # Builds the verifiers environment (verifiers==0.4.0 from PyPI, or uv's cache) on first use.
+    "pattern_verifiers.ipynb": {"max_steps": 1, "group_size": 4, "groups_per_step": 1, "max_tokens": 8},
     "pattern_in_process_tools.ipynb": {
         "max_steps": 1,
         "group_size": 2,
@@ -95,6 +97,13 @@ EXPECT: dict[str, list[str]] = {
         "held-out prompt, eval reward: base model",
     ],
     "pattern_local_openai.ipynb": ["model access openai_http", "status: completed", "reward/mean: step 1 ="],
+    "pattern_verifiers.ipynb": [
+        "verifiers 0.4.0, environment loops-hidden-game",
+        "rubric HiddenGameTask: names_game",
+        "check: ok",
+        "status: completed",
+        "reward/mean: step 1 =",
+    ],
     "pattern_in_process_tools.ipynb": ["check: ok", "status: completed"],
     "pattern_harbor_in_process_direct.ipynb": [
         "check: ok",

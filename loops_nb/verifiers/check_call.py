@@ -1,0 +1,115 @@
+"""`loops check` for a verifiers environment: its tasks and rubric, and one episode played through the gateway.
+
+The check has no trainer, so nothing samples the policy. It still runs one attempt as a run would: the
+episode driver's `run` for the first task, its model calls through a real `ModelGateway` lease whose
+`LoopsLLM` renders each prompt with the run's renderer and answers with a fixed reply (`CHECK_REPLY`). So
+the first call's messages and tools reach the gateway and render for the model's family, and the rubric
+scores the episode: a rubric that returns no reward (or an episode that fails) refuses the check, in one
+line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from loops_nb.llm.capture import TokenCapture
+from loops_nb.llm.client import LoopsLLM, SamplingDefaults
+from loops_nb.model_access.gateway import ModelGateway
+from loops_nb.runtime import Attempt, AttemptServices
+
+if TYPE_CHECKING:
+    from loops_nb.llm.renderer import Renderer
+    from loops_nb.verifiers.runtime import VerifiersRuntime
+
+CHECK_REPLY = "loops check"
+"""What every model call of the check's episode is answered with."""
+
+
+@dataclass
+class _Sequence:
+    tokens: list[int]
+    logprobs: list[float]
+    stop_reason: str = "stop"
+
+
+@dataclass
+class _Response:
+    sequences: list[_Sequence]
+    policy_version: int = 0
+
+
+class FixedReplyPolicy:
+    """A policy source whose sampler answers every prompt with `text` (the check's stand-in for the model)."""
+
+    version = 0
+
+    def __init__(self, renderer: Renderer, text: str = CHECK_REPLY) -> None:
+        self.tokens = renderer.encode(text)
+        self.prompts: list[list[int]] = []
+
+    @property
+    def sampling_client(self) -> FixedReplyPolicy:
+        return self
+
+    async def sample_async(self, prompt: Any, num_samples: int, sampling_params: Any) -> _Response:
+        self.prompts.append(list(prompt.to_ints()))
+        return _Response([_Sequence(list(self.tokens), [0.0] * len(self.tokens))] * num_samples)
+
+
+class _CheckLLM(LoopsLLM):
+    """A LoopsLLM that also notes how many tools each call offered (the capture keeps no tools)."""
+
+    tools_offered: list[int]
+
+    async def sample(self, messages: Any, *, tools: Any = None, **kwargs: Any) -> Any:
+        self.tools_offered = [*getattr(self, "tools_offered", []), len(tools or [])]
+        return await super().sample(messages, tools=tools, **kwargs)
+
+
+async def check_episode(runtime: VerifiersRuntime, renderer: Renderer | None) -> tuple[list[str], list[str]]:
+    """`loops check`'s lines and problems for a verifiers runtime: the environment (tasks, rubric), then one
+    episode of its first task through the gateway, each model call answered with `CHECK_REPLY`."""
+    try:
+        listing = await runtime.listing()
+    except Exception:  # preflight already reported it
+        return [], []
+    lines = listing.lines()
+    if renderer is None or listing.problems():
+        return lines, []  # no renderer to sample through (reported on its own), or refused already
+    task = listing.tasks[0]
+    capture = TokenCapture()
+    llm = _CheckLLM(renderer, FixedReplyPolicy(renderer), capture, SamplingDefaults(max_tokens=16))
+    gateway = await ModelGateway(model_name=runtime.options.model).astart()
+    try:
+        attempt = Attempt(task, 0, 0, 0, 0, AttemptServices(llm=llm, capture=capture))
+        lease = gateway.issue(attempt.id, llm)
+        attempt.services.model_base_url, attempt.services.model_api_key = gateway.url, lease.key
+        try:
+            evidence = await runtime.run_attempt(attempt)
+        finally:
+            gateway.revoke(lease.key)
+    finally:
+        await gateway.astop()
+    calls = capture.calls
+    if not calls:
+        detail = evidence.detail or "it made no model call"
+        return lines, [
+            f"verifiers environment {listing.env_id!r}: the check's episode of task {task.id} "
+            f"never called the model through the gateway: {detail}"
+        ]
+    first = calls[0]
+    offered = getattr(llm, "tools_offered", [0])[0]
+    lines.append(
+        f"first call through the gateway: task {task.id}, {len(first.messages)} message(s), {offered} tool(s), "
+        f"prompt {len(first.prompt_tokens)} tokens; "
+        f"the episode made {len(calls)} call(s) answered {CHECK_REPLY!r}"
+    )
+    if evidence.discarded is not None:
+        return lines, [
+            f"verifiers environment {listing.env_id!r}: the check's episode was discarded as "
+            f"{evidence.discarded}: {evidence.detail}"
+        ]
+    metrics = ", ".join(f"{k.removeprefix('verifiers/')} {v:g}" for k, v in sorted(evidence.metrics.items()))
+    lines.append(f"the rubric scored it {evidence.reward:g}" + (f" ({metrics})" if metrics else ""))
+    return lines, []

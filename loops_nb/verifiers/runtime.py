@@ -1,0 +1,223 @@
+"""`VerifiersRuntime`: any verifiers environment as a RolloutRuntime, each episode out of process.
+
+`[runtime] factory = "loops_nb.verifiers:create_runtime"` with `[runtime.options]` (options.py). The
+environment runs in a verifiers interpreter of its own (environment_build.py), through the kit's episode
+driver (`episode_driver.py`, driver_process.py):
+
+- `tasks()` are what the driver's `list` prints for `env_id`, `env_args` and `split` (loaded once per run).
+- Each attempt runs the driver's `run` for its task as the attempt's agent program. verifiers relays every
+  model call of the episode (its harness's Chat Completions, tools included) to the attempt's gateway lease,
+  so the run's renderer samples and captures the exact tokens, a forked conversation trains as sequences
+  of its own, and only the replies the episode received train (model_access/).
+- The reward and the rubric's metrics come from the episode's trace; anything else discards the attempt
+  with its cause (episode_result.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from loops_nb.errors import ConfigError, UserError
+from loops_nb.llm.chat_messages import ChatMessage
+from loops_nb.model_access.mode import ModelAccessMode
+from loops_nb.runtime import Attempt, CheckWarning, Evidence, RolloutRuntime, RunContext, Task
+from loops_nb.verifiers.driver_process import (
+    DRIVER,
+    LOAD_FAILED,
+    DriverOutcome,
+    attempt_env,
+    driver_env,
+    run_driver,
+)
+from loops_nb.verifiers.environment_build import VerifiersEnvironment, verifiers_environment
+from loops_nb.verifiers.episode_result import evidence_from_episode
+from loops_nb.verifiers.episode_server import EpisodeServer, ServerGone
+from loops_nb.verifiers.listing import EnvironmentListing
+from loops_nb.verifiers.options import DEFAULT_VERIFIERS, VerifiersOptions
+
+if TYPE_CHECKING:
+    from loops_nb.llm.renderer import Renderer
+
+log = logging.getLogger(__name__)
+
+
+class VerifiersRuntime(RolloutRuntime):
+    """Runs each attempt as one episode of a verifiers environment, in the verifiers interpreter."""
+
+    model_access = ModelAccessMode.OPENAI_HTTP
+
+    def __init__(self, options: VerifiersOptions) -> None:
+        self.options = options
+        self.context: RunContext | None = None
+        self._environment: VerifiersEnvironment | None = None
+        self._listing: EnvironmentListing | None = None
+        self._failure: str | None = None
+        self._lock = asyncio.Lock()
+        self._build_lock = asyncio.Lock()
+        self._server: EpisodeServer | None = None
+        self._server_lock = asyncio.Lock()
+
+    def bind(self, context: RunContext) -> None:
+        self.context = context
+
+    # -- the environment --------------------------------------------------------------------------
+    async def environment(self) -> VerifiersEnvironment:
+        """The verifiers interpreter: `python` as given, else the cached build (built on first use)."""
+        async with self._build_lock:  # attempts that start together wait on one build
+            if self._environment is None:
+                self._environment = await self._build()
+        return self._environment
+
+    async def _build(self) -> VerifiersEnvironment:
+        config_dir = self.context.config_dir if self.context else None
+        requirements = [self.options.verifiers, *self.options.resolved_packages(config_dir)]
+        cache_dir = self.options.cache_dir
+        if cache_dir is not None and config_dir is not None:
+            cache_dir = str(config_dir / Path(cache_dir).expanduser())  # an absolute one stays as it is
+        return await verifiers_environment(
+            requirements,
+            python=self.options.python,
+            cache_dir=cache_dir,
+            timeout=self.options.build_timeout_seconds,
+        )
+
+    def _driver(self) -> str:
+        if self.options.driver is None:
+            return str(DRIVER)
+        path = Path(self.options.driver).expanduser()
+        if not path.is_absolute() and self.context is not None:
+            path = self.context.config_dir / path
+        return str(path)
+
+    def _env_args(self) -> str:
+        return json.dumps(self.options.env_args)
+
+    def _harness(self) -> list[str]:
+        return [] if self.options.harness is None else ["--harness", json.dumps(self.options.harness)]
+
+    async def listing(self) -> EnvironmentListing:
+        """The environment loaded once: its verifiers version, rubric and tasks (UserError, one line, when
+        it cannot load)."""
+        async with self._lock:
+            if self._failure is not None:  # said once; loading again would take as long to fail again
+                raise UserError(self._failure)
+            if self._listing is None:
+                try:
+                    self._listing = await self._list()
+                except UserError as exc:
+                    self._failure = str(exc)
+                    raise
+        return self._listing
+
+    async def _list(self) -> EnvironmentListing:
+        environment = await self.environment()
+        argv = [str(environment.python), self._driver(), "list", "--env", self.options.env_id]
+        argv += ["--env-args", self._env_args(), "--split", self.options.split, *self._harness()]
+        if self.options.limit is not None:
+            argv += ["--limit", str(self.options.limit)]
+        timeout = self.options.load_timeout_seconds
+        outcome = await run_driver(
+            argv, timeout=timeout, env=driver_env(tuple(self.options.pass_env), self.options.offline)
+        )
+        name = f"verifiers environment {self.options.env_id!r}"
+        if outcome.timed_out:
+            raise UserError(
+                f"{name}: loading it and listing its tasks ran past runtime.options.load_timeout_seconds "
+                f"({timeout:g}s)"
+            )
+        if outcome.returncode == LOAD_FAILED:
+            raise UserError(f"{name} cannot load: {outcome.reason() or 'the driver gave no reason'}")
+        if outcome.returncode != 0:
+            log.info("episode driver list failed:\n%s", outcome.stderr)
+            raise UserError(f"{name}: the verifiers process exited {outcome.returncode}: {outcome.reason()}")
+        if outcome.result is None:
+            raise UserError(f"{name}: the episode driver's list gave no result: {outcome.unreadable}")
+        return EnvironmentListing.parse(outcome.result, name)
+
+    # -- RolloutRuntime ---------------------------------------------------------------------------
+    async def tasks(self) -> Sequence[Task]:
+        return (await self.listing()).tasks
+
+    def prompt_messages(self, task: Task) -> list[ChatMessage] | None:
+        prompt = task.data.get("prompt")
+        return list(prompt) if isinstance(prompt, list) and prompt else None
+
+    async def preflight(self) -> list[str]:
+        """`loops check`: the environment builds and loads, its verifiers version is tested, its rubric has
+        reward functions (each refusal one line). An environment that cannot build or load is said by
+        `tasks()`, which check calls next. The first call through the gateway is check_call.py's."""
+        try:
+            listing = await self.listing()
+        except UserError:
+            return []
+        return [*listing.problems(), *(CheckWarning(w) for w in listing.warnings())]
+
+    async def check_episode(self, renderer: Renderer | None) -> tuple[list[str], list[str]]:
+        """`loops check`'s lines and problems: the tasks and rubric, and one episode through the gateway."""
+        from loops_nb.verifiers.check_call import check_episode
+
+        return await check_episode(self, renderer)
+
+    async def run_attempt(self, attempt: Attempt) -> Evidence:
+        url = attempt.services.model_base_url
+        if not url:
+            raise RuntimeError("the verifiers runtime needs the model gateway (model access openai_http)")
+        environment = await self.environment()
+        argv = [str(environment.python), self._driver(), "run", "--env", self.options.env_id]
+        argv += ["--env-args", self._env_args(), "--task-id", attempt.task.id, "--base-url", url]
+        argv += ["--model", self.options.model, "--sampling", json.dumps(self.options.sampling)]
+        argv += ["--split", self.options.split, *self._harness()]
+        timeout = self.options.episode_timeout_seconds
+        if self.options.episodes == "shared":
+            outcome = await self._shared_episode(attempt, url)
+        else:
+            env = attempt_env(attempt, tuple(self.options.pass_env), self.options.offline)
+            outcome = await run_driver(argv, timeout=timeout, env=env, attempt=attempt)
+        if outcome.returncode not in (0, None):
+            log.info("verifiers episode %s exited %s:\n%s", attempt.id, outcome.returncode, outcome.stderr)
+        prompt = attempt.task.data.get("prompt")
+        return evidence_from_episode(outcome, timeout, prompt if isinstance(prompt, list) else None)
+
+    async def _shared_episode(self, attempt: Attempt, url: str) -> DriverOutcome:
+        """The attempt's episode in the shared verifiers process (started, or restarted, on demand)."""
+        async with self._server_lock:
+            if self._server is None or not self._server.alive:
+                environment = await self.environment()
+                argv = [str(environment.python), self._driver(), "serve", "--env", self.options.env_id]
+                argv += ["--env-args", self._env_args(), "--split", self.options.split, *self._harness()]
+                if self.options.limit is not None:
+                    argv += ["--limit", str(self.options.limit)]
+                server = EpisodeServer(argv, driver_env(tuple(self.options.pass_env), self.options.offline))
+                try:
+                    await server.start(self.options.load_timeout_seconds)
+                except ServerGone as gone:
+                    return gone.outcome
+                self._server = server
+            server = self._server
+        request: dict[str, object] = {
+            "task_id": attempt.task.id,
+            "base_url": url,
+            "model": self.options.model,
+            "sampling": self.options.sampling,
+            "api_key": attempt.services.model_api_key,
+        }
+        return await server.run(request, self.options.episode_timeout_seconds)
+
+    async def close(self) -> None:
+        """Stop the shared verifiers process, if any (a per-attempt one ends with its attempt)."""
+        if self._server is not None:
+            await self._server.stop()
+            self._server = None
+
+
+def create_runtime(**options: Any) -> VerifiersRuntime:
+    """`[runtime] factory = "loops_nb.verifiers:create_runtime"`: `[runtime.options]` are VerifiersOptions."""
+    parsed = VerifiersOptions.parse(options)
+    if not parsed.verifiers.strip():
+        raise ConfigError(f"runtime.options.verifiers: a requirement such as {DEFAULT_VERIFIERS!r}")
+    return VerifiersRuntime(parsed)
