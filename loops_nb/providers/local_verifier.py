@@ -23,6 +23,7 @@ from pathlib import Path, PurePosixPath
 
 from loops_nb.errors import SandboxError
 from loops_nb.providers.bubblewrap import DEFAULT_PATH
+from loops_nb.providers.dockerfile_plan import logical_lines
 from loops_nb.providers.verifier_toolbox import toolbox
 
 TOOLBOX = Path(__file__).resolve().parent / "verifier_toolbox"
@@ -97,7 +98,7 @@ def verifier_warnings(task: str, test_script: Path, network: bool) -> list[str]:
         return []
     warnings: list[str] = []
     where = f"task {task}: tests/{test_script.name}"
-    for number, line in _logical_lines(lines):
+    for number, line in logical_lines(lines):
         if _FETCH.search(line) and not network:
             urls = [u for u in _URL.findall(line) if not _UV_INSTALLER.match(u)]
             if urls:
@@ -128,26 +129,6 @@ def verifier_warnings(task: str, test_script: Path, network: bool) -> list[str]:
         for match in _UVX.finditer(line):
             warnings += _uvx_warnings(where, number, match["args"].split(), network)
     return warnings
-
-
-def _logical_lines(lines: list[str]) -> list[tuple[int, str]]:
-    """(first line number, text) of each command, with `\\` continuations joined and comments dropped."""
-    out: list[tuple[int, str]] = []
-    pending, start = "", 0
-    for number, raw in enumerate(lines, 1):
-        text = "" if raw.lstrip().startswith("#") else raw
-        if not pending:
-            start = number
-        if text.rstrip().endswith("\\"):
-            pending += text.rstrip()[:-1] + " "
-            continue
-        joined = (pending + text).strip()
-        pending = ""
-        if joined:
-            out.append((start, joined))
-    if pending.strip():
-        out.append((start, pending.strip()))
-    return out
 
 
 def _uvx_warnings(where: str, number: int, args: list[str], network: bool) -> list[str]:
