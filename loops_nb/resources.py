@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 from loops_nb.errors import UserError
 
@@ -115,14 +115,6 @@ class ResourceJournal:
     def live(self) -> list[ResourceEntry]:
         """Resources that may still exist: created (or only intended) and not released."""
         return [e for e in self.entries() if e.status in ("intent", "created")]
-
-
-class ResourceProvider(Protocol):
-    """A `[providers.<name>]` adapter: it can release what it created, by id, from any process."""
-
-    name: str
-
-    async def release(self, entry: ResourceEntry) -> None: ...
 
 
 class ResourceRegistry:

@@ -37,7 +37,3 @@ class JournalledSandbox:
         if self._journal is not None and self._journal_entry is not None:
             self._journal.released(self._journal_entry, status)
             self._journal_entry = None
-
-    @property
-    def journal_key(self) -> str | None:
-        return self._journal_entry.key if self._journal_entry is not None else None
