@@ -59,8 +59,8 @@ def verifier_failure(
     return_code: int, host_verifier_dir: Path, log_name: str = "test-stdout.txt"
 ) -> str | None:
     """Why a finished verifier run is no reward (None: grade it), read from its host-side directory."""
-    problems = _read(host_verifier_dir / PROBLEMS_FILE).strip()
-    log = _read(host_verifier_dir / log_name)
+    problems = read_text(host_verifier_dir / PROBLEMS_FILE).strip()
+    log = read_text(host_verifier_dir / log_name)
     tail = log[-LOG_TAIL:].strip()
     if problems:
         why = "; ".join(dict.fromkeys(problems.splitlines()))
@@ -74,7 +74,8 @@ def verifier_failure(
     return None
 
 
-def _read(path: Path) -> str:
+def read_text(path: Path) -> str:
+    """The file's text ("" when it cannot be read)."""
     try:
         return path.read_text(encoding="utf-8", errors="replace")
     except OSError:
