@@ -84,7 +84,6 @@ def read_text(path: Path) -> str:
 
 # -- what `loops check` says about a verifier script ----------------------------------------------------
 _URL = re.compile(r"https?://[^\s'\"|;)]+")
-_UV_INSTALLER = re.compile(r"^https?://(astral\.sh/uv/|github\.com/astral-sh/uv/releases/.*installer\.sh)")
 _FETCH = re.compile(r"(^|[\s;&|(])(curl|wget)\s")
 _PIP_INSTALL = re.compile(r"(^|[\s;&|(])(pip3?|uv pip|python3? -m pip)\s+install\s+(?P<args>[^;&|]*)")
 _APT_INSTALL = re.compile(r"(^|[\s;&|(])apt(-get)?\s+(-\S+\s+)*install\s+(?P<args>[^;&|]*)")
@@ -101,7 +100,7 @@ def verifier_warnings(task: str, test_script: Path, network: bool) -> list[str]:
     where = f"task {task}: tests/{test_script.name}"
     for number, line in logical_lines(lines):
         if _FETCH.search(line) and not network:
-            urls = [u for u in _URL.findall(line) if not _UV_INSTALLER.match(u)]
+            urls = [u for u in _URL.findall(line) if not toolbox.UV_INSTALLER.match(u)]
             if urls:
                 warnings.append(
                     f"{where} line {number} fetches {urls[0]}: the local sandbox has no network, so the "
