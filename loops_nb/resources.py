@@ -125,11 +125,7 @@ class ResourceRegistry:
         self._live: dict[str, ResourceEntry] = {}
 
     async def create(
-        self,
-        provider: str,
-        kind: str,
-        make: Callable[[], Awaitable[tuple[str, Any]]],
-        **detail: object,
+        self, provider: str, kind: str, make: Callable[[], Awaitable[tuple[str, Any]]], **detail: object
     ) -> tuple[ResourceEntry, Any]:
         """Journal the intent, then `make()` -> (provider id, handle); a failure is journalled too."""
         entry = self.journal.intent(provider, kind, **detail)

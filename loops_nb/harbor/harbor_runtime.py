@@ -33,15 +33,7 @@ from loops_nb.model_access import ModelAccessMode
 from loops_nb.providers.adapters import ProviderAdapter, provider_adapter
 from loops_nb.providers.local_verifier import read_text
 from loops_nb.providers.provider_config import LocalProviderConfig
-from loops_nb.runtime import (
-    AgentTimeLimit,
-    Attempt,
-    CheckWarning,
-    Evidence,
-    RolloutRuntime,
-    RunContext,
-    Task,
-)
+from loops_nb.runtime import AgentTimeLimit, Attempt, CheckWarning, Evidence, RolloutRuntime, RunContext, Task
 
 if TYPE_CHECKING:
     from harbor.models.trial.config import TaskConfig
