@@ -37,3 +37,9 @@ class JournalledSandbox:
         if self._journal is not None and self._journal_entry is not None:
             self._journal.released(self._journal_entry, status)
             self._journal_entry = None
+
+    async def stop(self, delete: bool) -> None:
+        """The Harbor environment's own stop, then `released` when it deleted the sandbox."""
+        await super().stop(delete)  # type: ignore[misc]  # the Harbor environment this is mixed into
+        if delete:
+            self._journal_released()
