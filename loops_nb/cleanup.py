@@ -65,12 +65,8 @@ def adapter_for(entry: ResourceEntry, providers: Mapping[str, Any]) -> ProviderA
 
 
 def _label(entry: ResourceEntry) -> str:
-    ident = (
-        entry.provider_id
-        or entry.detail.get("name")
-        or entry.detail.get("path")
-        or entry.detail.get("session")
-    )
+    detail = entry.detail
+    ident = entry.provider_id or detail.get("name") or detail.get("path") or detail.get("session")
     return f"{entry.provider} {entry.kind} {ident} ({entry.key}, {entry.status})"
 
 
@@ -101,11 +97,9 @@ async def _release_live(
             continue
         try:
             done = await adapter_for(entry, providers).release(entry)
-        except UserError as exc:
-            report.failed.append(f"{label}: {exc}")
-            continue
         except Exception as exc:  # one failure must not stop the rest; it stays live for a retry
-            report.failed.append(f"{label}: {type(exc).__name__}: {exc}")
+            kind = "" if isinstance(exc, UserError) else f"{type(exc).__name__}: "
+            report.failed.append(f"{label}: {kind}{exc}")
             continue
         journal.released(entry)
         report.released.append(f"{label}: {done}")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import sys
@@ -31,26 +32,34 @@ from loops_nb.local.model_store import DTYPES
 EXIT_USER_ERROR = 2
 
 
+_CONFIG = "a .toml or .json config (a shipped one by its path)"
+PROJECT_COMMANDS = {
+    "check": ("resolve, render and prepare; launches no trainer", _CONFIG),
+    "run": ("train", _CONFIG),
+    "eval": (
+        "RL: evaluate a checkpoint with the config's [eval]; trains nothing",
+        "an RL config (its output.run_name names the run)",
+    ),
+}
+"""The commands that load a config (CONFIG [--KEY VALUE ...]): their help and their CONFIG's help."""
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="loops", description="Post-train open LLMs with LoRA on Baseten Loops."
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, text in (("check", "resolve, render and prepare; launches no trainer"), ("run", "train")):
+    for name, (text, config_help) in PROJECT_COMMANDS.items():
         p = sub.add_parser(name, help=text, add_help=False, description=text)
-        p.add_argument("config", nargs="?", help="a .toml or .json config (a shipped one by its path)")
+        p.add_argument("config", nargs="?", help=config_help)
         p.add_argument("-h", "--help", action="store_true", help="show settings with their defaults")
-        if name == "check":
-            p.add_argument(
-                "--refusals", type=Path, metavar="FILE", help="SFT: write every refused row as JSONL"
-            )
-    text = "RL: evaluate a checkpoint with the config's [eval]; trains nothing"
-    p = sub.add_parser("eval", help=text, add_help=False, description=text)
-    p.add_argument("config", nargs="?", help="an RL config (its output.run_name names the run)")
-    p.add_argument("-h", "--help", action="store_true", help="show settings with their defaults")
-    p.add_argument("--checkpoint", default="latest", help="base, latest (default), a name, or a step")
-    p.add_argument("--out", type=Path, default=None, help="write the results here (default <run>/evals/...)")
+    check, evaluate = sub.choices["check"], sub.choices["eval"]
+    evaluate.add_argument("--checkpoint", default="latest", help="base, latest (default), a name, or a step")
+    evaluate.add_argument(
+        "--out", type=Path, default=None, help="write the results here (default <run>/evals/...)"
+    )
+    check.add_argument("--refusals", type=Path, metavar="FILE", help="SFT: write every refused row as JSONL")
     p = sub.add_parser("serve", help="a local Loops for several notebooks or scripts")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0 picks a free port")
@@ -105,67 +114,70 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _print_help(parser: argparse.ArgumentParser, command: str, config: str | None) -> None:
+_USAGE = {
+    "check": (
+        " [--refusals FILE]",
+        "--refusals FILE: for an SFT config, write every refused row to FILE as JSONL.\n",
+    ),
+    "eval": (
+        " [--checkpoint base|latest|NAME] [--out DIR]",
+        "--checkpoint: base (the base model), latest (the run's last checkpoint), a checkpoint's name\n"
+        "(final-000008, state-000004) or step (8). The run is output.run_name's; the [eval] settings apply.\n",
+    ),
+}
+
+
+def _print_help(command: str, config: str | None) -> None:
     from loops_nb.config.glossary import knob_help
 
     recipe = None
     if config:
-        try:
+        with contextlib.suppress(UserError):
             from loops_nb.project import load
 
             recipe = load(config).recipe
-        except UserError:
-            recipe = None
-    refusals = {"check": " [--refusals FILE]", "eval": " [--checkpoint base|latest|NAME] [--out DIR]"}.get(
-        command, ""
-    )
-    print(f"usage: loops {command} CONFIG{refusals} [--KEY VALUE ...]\n")
-    if command == "check":
-        print("--refusals FILE: for an SFT config, write every refused row to FILE as JSONL.\n")
-    if command == "eval":
-        print(
-            "--checkpoint: base (the base model), latest (the run's last checkpoint), a checkpoint's name\n"
-            "(final-000008, state-000004) or step (8). The run is output.run_name's; the [eval] settings apply.\n"
-        )
+    options, note = _USAGE.get(command, ("", ""))
+    print(f"usage: loops {command} CONFIG{options} [--KEY VALUE ...]\n")
+    if note:
+        print(note)
     print('Any setting can be overridden: --training.max_steps 5 (values parse as TOML: 5, true, "x").\n')
     print(knob_help(recipe))
 
 
-async def _check_or_run(
-    command: str, config: str, overrides: dict[str, Any], refusals: Path | None = None
-) -> int:
-    from loops_nb.config import load_config
-    from loops_nb.project import Project
-
-    loaded = load_config(config, overrides, cli_env=True)
-    project = Project(path=loaded.source.path, source=loaded.source, config=loaded.config)
-    for line in project.describe():
+def _say(lines: Any, status: int = 0) -> int:
+    """Print a report's lines; returns `status` (the command's exit status)."""
+    for line in lines:
         print(line)
-    if command == "check":
-        if refusals is not None and project.recipe != "sft":
-            raise UserError(f"--refusals is for SFT configs; {project.path} is a {project.recipe} config")
-        report = await project.check(**({"refusals": refusals} if refusals is not None else {}))
-        for line in report.describe():
-            print(line)
-        return 0 if getattr(report, "ok", True) else 1
+    return status
+
+
+async def _check(project: Any, args: argparse.Namespace) -> int:
+    refusals = args.refusals
+    if refusals is not None and project.recipe != "sft":
+        raise UserError(f"--refusals is for SFT configs; {project.path} is a {project.recipe} config")
+    report = await project.check(**({"refusals": refusals} if refusals is not None else {}))
+    return _say(report.describe(), 0 if getattr(report, "ok", True) else 1)
+
+
+async def _train(project: Any, args: argparse.Namespace) -> int:
     outcome = await project.train()
-    for line in outcome.describe() if hasattr(outcome, "describe") else [str(outcome)]:
-        print(line)
-    return 1 if getattr(outcome, "status", None) == "failed" else 0
+    failed = getattr(outcome, "status", None) == "failed"
+    return _say(outcome.describe() if hasattr(outcome, "describe") else [str(outcome)], int(failed))
 
 
-async def _eval(config: str, overrides: dict[str, Any], checkpoint: str, out: Path | None) -> int:
+async def _eval(project: Any, args: argparse.Namespace) -> int:
+    return _say((await project.evaluate(checkpoint=args.checkpoint, out=args.out)).describe())
+
+
+async def _project_command(args: argparse.Namespace, overrides: dict[str, Any]) -> int:
+    """check, run or eval: load the config (with its overrides), describe the project, then the command."""
     from loops_nb.config import load_config
     from loops_nb.project import Project
 
-    loaded = load_config(config, overrides, cli_env=True)
+    loaded = load_config(args.config, overrides, cli_env=True)
     project = Project(path=loaded.source.path, source=loaded.source, config=loaded.config)
-    for line in project.describe():
-        print(line)
-    report = await project.evaluate(checkpoint=checkpoint, out=out)
-    for line in report.describe():
-        print(line)
-    return 0
+    _say(project.describe())
+    return await {"check": _check, "run": _train, "eval": _eval}[args.command](project, args)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -205,8 +217,7 @@ def _deactivate(args: argparse.Namespace) -> int:
     if args.config:
         from loops_nb.config import load_config
 
-        compute = load_config(args.config, cli_env=True).config.compute
-        base_url = compute.base_url or base_url
+        base_url = load_config(args.config, cli_env=True).config.compute.base_url or base_url
     api_key = os.environ.get("BASETEN_API_KEY")
     if not api_key:
         raise UserError("loops deactivate needs BASETEN_API_KEY (and LOOPS_BASE_URL for a local server)")
@@ -222,17 +233,13 @@ def _cleanup(args: argparse.Namespace) -> int:
     config = load_config(args.config, cli_env=True).config
     providers = getattr(config, "providers", {}) or {}
     report = asyncio.run(cleanup(args.state_dir, providers, dry_run=args.dry_run, force=args.force))
-    for line in report.describe():
-        print(line)
-    return 0 if report.ok else 1
+    return _say(report.describe(), 0 if report.ok else 1)
 
 
 def _runs(args: argparse.Namespace) -> int:
     from loops_nb.runs_table import read_runs
 
-    for line in read_runs(args.runs).describe():
-        print(line)
-    return 0
+    return _say(read_runs(args.runs).describe())
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -241,9 +248,7 @@ def _export(args: argparse.Namespace) -> int:
     result = asyncio.run(
         export_run(args.run_dir, args.to, checkpoint=args.checkpoint, merged=args.merged, dtype=args.dtype)
     )
-    for line in result.describe():
-        print(line)
-    return 0
+    return _say(result.describe())
 
 
 def _glossary(args: argparse.Namespace) -> int:
@@ -257,8 +262,7 @@ def _glossary(args: argparse.Namespace) -> int:
     root = shipped_root() or Path.cwd()
     target = root / GLOSSARY_PATH
     if args.check:
-        current = target.read_text() if target.exists() else ""
-        if current != text:
+        if (target.read_text() if target.exists() else "") != text:
             print(f"{target} is stale: run `loops glossary --write`", file=sys.stderr)
             return 1
         return 0
@@ -266,6 +270,10 @@ def _glossary(args: argparse.Namespace) -> int:
     target.write_text(text)
     print(f"wrote {target}")
     return 0
+
+
+COMMANDS = {f.__name__[1:]: f for f in (_runs, _export, _serve, _deactivate, _cleanup, _glossary)}
+"""The other commands: each takes its parsed arguments (no overrides) and returns the exit status."""
 
 
 def _configure_logging(verbose: bool) -> None:
@@ -282,29 +290,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, rest = parser.parse_known_args(argv)
     _configure_logging(args.verbose)
     try:
-        if args.command in ("check", "run", "eval"):
+        if args.command in PROJECT_COMMANDS:
             if args.help or not args.config:
-                _print_help(parser, args.command, args.config)
+                _print_help(args.command, args.config)
                 return 0 if args.help else EXIT_USER_ERROR
-            refusals = getattr(args, "refusals", None)
             from loops_nb.config import split_overrides
 
-            if args.command == "eval":
-                return asyncio.run(_eval(args.config, split_overrides(rest), args.checkpoint, args.out))
-            return asyncio.run(_check_or_run(args.command, args.config, split_overrides(rest), refusals))
+            return asyncio.run(_project_command(args, split_overrides(rest)))
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
-        if args.command == "runs":
-            return _runs(args)
-        if args.command == "export":
-            return _export(args)
-        if args.command == "serve":
-            return _serve(args)
-        if args.command == "deactivate":
-            return _deactivate(args)
-        if args.command == "cleanup":
-            return _cleanup(args)
-        return _glossary(args)
+        return COMMANDS[args.command](args)
     except UserError as exc:
         print(f"loops: error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR

@@ -38,15 +38,10 @@ alone, so it keeps the SDK default.
 """
 
 
-class _QuietSdkHint(logging.Filter):
-    """Drop the SDK's hint to turn on INFO logs, printed by every ServiceClient in a notebook or CLI
-    whose logging is not at INFO; loops_nb reports the run's lifecycle itself."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "set the log level to INFO" not in record.getMessage()
-
-
-_SDK_HINT_FILTER = _QuietSdkHint()
+def _quiet_sdk_hint(record: logging.LogRecord) -> bool:
+    """A log filter dropping the SDK's hint to turn on INFO logs, printed by every ServiceClient in a notebook
+    or CLI whose logging is not at INFO; loops_nb reports the run's lifecycle itself."""
+    return "set the log level to INFO" not in record.getMessage()
 
 
 def require_api_key(scope: str) -> str:
@@ -111,7 +106,7 @@ class LoopsConnection:
                 kwargs["availability_model"] = "spot"
             if compute.reuse:
                 kwargs["reuse_from_run_id"] = compute.reuse
-        logging.getLogger("baseten.loops.service_client").addFilter(_SDK_HINT_FILTER)
+        logging.getLogger("baseten.loops.service_client").addFilter(_quiet_sdk_hint)
         try:
             service = await asyncio.to_thread(lambda: ServiceClient(**kwargs))
         except Exception:

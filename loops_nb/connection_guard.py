@@ -75,8 +75,6 @@ class ConnectionGuard:
         self.max_unproven = limits.resolved_max_unproven()
         self.authorizes = authorizes
         self.unproven: OrderedDict[int, GuardedH11Protocol] = OrderedDict()
-        self.evicted = 0
-        self.timed_out = 0
 
     def protocol_class(self) -> type[GuardedH11Protocol]:
         """A protocol class bound to this guard, for `uvicorn.Config(http=...)`."""
@@ -85,14 +83,10 @@ class ConnectionGuard:
     def admit(self, protocol: GuardedH11Protocol) -> None:
         self.unproven[id(protocol)] = protocol
         while len(self.unproven) > self.max_unproven:
-            _, oldest = self.unproven.popitem(last=False)
-            self.evicted += 1
-            oldest.drop()
+            self.unproven.popitem(last=False)[1].drop()
 
-    def prove(self, protocol: GuardedH11Protocol) -> None:
-        self.unproven.pop(id(protocol), None)
-
-    def forget(self, protocol: GuardedH11Protocol) -> None:
+    def release(self, protocol: GuardedH11Protocol) -> None:
+        """No longer count `protocol` as unproven: it sent the key, or it closed."""
         self.unproven.pop(id(protocol), None)
 
 
@@ -123,7 +117,7 @@ class GuardedH11Protocol(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
-        self.guard.forget(self)
+        self.guard.release(self)
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -145,7 +139,7 @@ class GuardedH11Protocol(H11Protocol):
             self._checked_headers = self.headers  # a new request's headers were parsed
             if not self._proven and (self.guard.authorizes is None or self.guard.authorizes(self.headers)):
                 self._proven = True
-                self.guard.prove(self)
+                self.guard.release(self)
         self._follow_state()
 
     def on_response_complete(self) -> None:
@@ -191,7 +185,6 @@ class GuardedH11Protocol(H11Protocol):
             return
         if kind == "headers" and self.conn.their_state is not h11.IDLE:
             return
-        self.guard.timed_out += 1
         self.drop()
 
     def drop(self) -> None:

@@ -10,17 +10,9 @@ from __future__ import annotations
 
 import re
 
-DISTRIBUTIONS = {
-    "sentencepiece": "sentencepiece",
-    "protobuf": "protobuf",
-    "google": "protobuf",
-    "tiktoken": "tiktoken",
-    "blobfile": "blobfile",
-    "openai_harmony": "openai-harmony",
-    "jinja": "jinja2",
-    "jinja2": "jinja2",
-}
-"""Import (or library) names as errors give them, and the PyPI distribution that provides each."""
+DISTRIBUTIONS = {"google": "protobuf", "openai_harmony": "openai-harmony", "jinja": "jinja2"}
+"""Import (or library) names as errors give them, and the PyPI distribution that provides each when its name
+differs (sentencepiece, protobuf, tiktoken, blobfile and jinja2 are their own)."""
 
 _PROSE = re.compile(r"requires the (\w+) library but it was not found|`(\w+)` is required to read")
 

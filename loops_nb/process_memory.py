@@ -25,7 +25,7 @@ def process_memory() -> dict[str, float]:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         # ru_maxrss is bytes on macOS and KiB on Linux
         return {"memory/peak_gb": round(peak / _GB if sys.platform == "darwin" else peak * 1024 / _GB, 3)}
-    rss_kb = own[0] + sum(kb for pid in _descendants(os.getpid()) if (kb := _rss_kb(pid)) is not None)
+    rss_kb = own[0] + sum(status[0] for pid in _descendants(os.getpid()) if (status := _status_kb(pid)))
     return {"memory/rss_gb": round(rss_kb * 1024 / _GB, 3), "memory/peak_gb": round(own[1] * 1024 / _GB, 3)}
 
 
@@ -40,11 +40,6 @@ def _status_kb(pid: int) -> tuple[int, int] | None:
         return int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0])
     except (KeyError, ValueError, IndexError):  # a zombie has no Vm* lines
         return None
-
-
-def _rss_kb(pid: int) -> int | None:
-    status = _status_kb(pid)
-    return status[0] if status else None
 
 
 def _descendants(root: int) -> list[int]:

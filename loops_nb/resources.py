@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 from loops_nb.errors import UserError
 
@@ -117,14 +117,6 @@ class ResourceJournal:
         return [e for e in self.entries() if e.status in ("intent", "created")]
 
 
-class ResourceProvider(Protocol):
-    """A `[providers.<name>]` adapter: it can release what it created, by id, from any process."""
-
-    name: str
-
-    async def release(self, entry: ResourceEntry) -> None: ...
-
-
 class ResourceRegistry:
     """What a run holds now, journalled: `attempt.services.resources` in a runtime."""
 
@@ -133,11 +125,7 @@ class ResourceRegistry:
         self._live: dict[str, ResourceEntry] = {}
 
     async def create(
-        self,
-        provider: str,
-        kind: str,
-        make: Callable[[], Awaitable[tuple[str, Any]]],
-        **detail: object,
+        self, provider: str, kind: str, make: Callable[[], Awaitable[tuple[str, Any]]], **detail: object
     ) -> tuple[ResourceEntry, Any]:
         """Journal the intent, then `make()` -> (provider id, handle); a failure is journalled too."""
         entry = self.journal.intent(provider, kind, **detail)

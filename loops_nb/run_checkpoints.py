@@ -73,10 +73,10 @@ def run_checkpoints(run_dir: RunDirectory) -> list[RunCheckpoint]:
     """Every checkpoint checkpoints.jsonl records, oldest first (sampler weights after the trainer state of the
     same step)."""
     out = []
-    for record in run_dir.checkpoint_log.records():
-        out.append(RunCheckpoint(int(record["step"]), str(record["path"]), "trainer"))
-        if record.get("sampler_path"):
-            out.append(RunCheckpoint(int(record["step"]), str(record["sampler_path"]), "sampler"))
+    for saved in run_dir.checkpoints():
+        out.append(RunCheckpoint(saved.step, saved.path, "trainer"))
+        if saved.sampler_path:
+            out.append(RunCheckpoint(saved.step, str(saved.sampler_path), "sampler"))
     return out
 
 

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from loops_nb.config.sections import ComputeConfig, ModelConfig
 from loops_nb.errors import UserError
-from loops_nb.run_checkpoints import RunCheckpoint, find_checkpoint, run_checkpoints
+from loops_nb.run_checkpoints import RunCheckpoint, find_checkpoint
 from loops_nb.run_dir import RunDirectory, RunJson
 from loops_nb.validation_message import validation_message
 
@@ -61,10 +61,6 @@ class SavedRun:
     @property
     def root(self) -> Path:
         return self.run_dir.root
-
-    def checkpoints(self) -> list[RunCheckpoint]:
-        """Every checkpoint checkpoints.jsonl records, oldest first (see `run_checkpoints`)."""
-        return run_checkpoints(self.run_dir)
 
     def checkpoint(self, spec: str | int = "latest") -> RunCheckpoint:
         """The saved checkpoint ``spec`` names (see `find_checkpoint`); ``base`` names none, so it is refused."""

@@ -8,6 +8,7 @@ embedded Loops' request bodies, SFT rows) words its refusal from these, adding o
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Container
 from dataclasses import dataclass
 
@@ -35,9 +36,7 @@ def problems(exc: ValidationError, *, skip: Container[object] = ()) -> list[Prob
     found = []
     for err in exc.errors(include_url=False):
         loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p in skip))
-        path = ""
-        for part in loc:
-            path = extend_path(path, part)
+        path = functools.reduce(extend_path, loc, "")
         ctx = err.get("ctx") or {}
         message = str(ctx["error"]) if err["type"] == "value_error" and "error" in ctx else err["msg"]
         found.append(Problem(loc, path, err["type"], message, err.get("input")))

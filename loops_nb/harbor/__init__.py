@@ -12,21 +12,13 @@ from typing import Any
 
 from loops_nb.harbor.harbor_runtime import HarborRuntime, create_runtime
 
-__all__ = [
-    "HarborRuntime",
-    "LoopsAgent",
-    "LoopsProgramAgent",
-    "LoopsTerminus2",
-    "ShellAgent",
-    "create_runtime",
-]
-
 _AGENTS = {
     "LoopsAgent": "loops_nb.harbor.agent",
     "LoopsProgramAgent": "loops_nb.harbor.program_agent",
     "LoopsTerminus2": "loops_nb.harbor.terminus_agent",
     "ShellAgent": "loops_nb.harbor.shell_agent",
 }
+__all__ = ["HarborRuntime", "create_runtime", *_AGENTS]
 
 
 def __getattr__(name: str) -> Any:

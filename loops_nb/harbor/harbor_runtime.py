@@ -31,16 +31,9 @@ from loops_nb.harbor.evidence import evidence_from_trial
 from loops_nb.llm.client import bind_llm, unbind_llm
 from loops_nb.model_access import ModelAccessMode
 from loops_nb.providers.adapters import ProviderAdapter, provider_adapter
+from loops_nb.providers.local_verifier import read_text
 from loops_nb.providers.provider_config import LocalProviderConfig
-from loops_nb.runtime import (
-    AgentTimeLimit,
-    Attempt,
-    CheckWarning,
-    Evidence,
-    RolloutRuntime,
-    RunContext,
-    Task,
-)
+from loops_nb.runtime import AgentTimeLimit, Attempt, CheckWarning, Evidence, RolloutRuntime, RunContext, Task
 
 if TYPE_CHECKING:
     from harbor.models.trial.config import TaskConfig
@@ -334,7 +327,7 @@ class HarborRuntime(RolloutRuntime):
             unbind_llm(token)
             forget_attempt(key)
         evidence = evidence_from_trial(
-            result, self.reward_key, _read(trial_dir / "verifier" / "test-stdout.txt")
+            result, self.reward_key, read_text(trial_dir / "verifier" / "test-stdout.txt")
         )
         evidence.metrics.setdefault("harbor/trial", 1.0)
         if self.keep_trials == "none" or (self.keep_trials == "failed" and evidence.discarded is None):
@@ -342,9 +335,6 @@ class HarborRuntime(RolloutRuntime):
             if kept in attempt.services.evidence_kept:
                 attempt.services.evidence_kept.remove(kept)
         return evidence
-
-    async def close(self) -> None:
-        pass
 
 
 def _refuse_links_out(task_dir: Path) -> None:
@@ -370,13 +360,6 @@ def _trial_name(attempt: Attempt) -> str:
     # Harbor names trial directories after this; keep it unique per attempt and filesystem-safe.
     safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in attempt.task.id)[:40]
     return f"{safe}__v{attempt.policy_version}g{attempt.group}a{attempt.index}-{uuid.uuid4().hex[:6]}"
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return ""
 
 
 def create_runtime(**options: Any) -> HarborRuntime:

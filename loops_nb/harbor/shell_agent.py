@@ -218,8 +218,8 @@ class ShellAgent(LoopsAgent):
         target = shlex.quote(path)
         # printf %s of a quoted argument writes the bytes exactly (no heredoc terminator, no escapes);
         # long content goes in pieces so no single argument exceeds the kernel's limit.
-        pieces = [content[i : i + WRITE_CHUNK_CHARS] for i in range(0, len(content), WRITE_CHUNK_CHARS)] or [
-            ""
+        pieces = [
+            content[i : i + WRITE_CHUNK_CHARS] for i in range(0, max(len(content), 1), WRITE_CHUNK_CHARS)
         ]
         for i, piece in enumerate(pieces):
             command = f"printf %s {shlex.quote(piece)} {'>' if i == 0 else '>>'} {target}"

@@ -53,15 +53,11 @@ class LoopsTerminus2(LoopsAgent):
         logs_dir: Path,
         model_name: str | None = None,
         *,
-        loops_attempt: str | None = None,
-        loops_config_dir: str | None = None,
         record_terminal_session: bool = False,
         **kwargs: Any,
     ) -> None:
-        shared = {k: kwargs[k] for k in _SHARED if k in kwargs}
-        super().__init__(
-            logs_dir, model_name, loops_attempt=loops_attempt, loops_config_dir=loops_config_dir, **shared
-        )
+        loops = {k: kwargs.pop(k) for k in ("loops_attempt", "loops_config_dir") if k in kwargs}
+        super().__init__(logs_dir, model_name, **loops, **{k: kwargs[k] for k in _SHARED if k in kwargs})
         # Harbor warns on every attempt that max_turns limits the episode; in a training run the limit is
         # the config's own choice (`agent_kwargs.max_turns`), so one warning per attempt is noise.
         kwargs.setdefault("suppress_max_turns_warning", True)

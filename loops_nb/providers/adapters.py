@@ -187,9 +187,9 @@ class DaytonaProvider(ProviderAdapter):
     environment_class = "loops_nb.providers.daytona:JournalledDaytonaEnvironment"
 
     def backend_problems(self) -> list[str]:
-        if os.environ.get("DAYTONA_API_KEY"):
-            return []
-        if os.environ.get("DAYTONA_JWT_TOKEN") and os.environ.get("DAYTONA_ORGANIZATION_ID"):
+        if os.environ.get("DAYTONA_API_KEY") or (
+            os.environ.get("DAYTONA_JWT_TOKEN") and os.environ.get("DAYTONA_ORGANIZATION_ID")
+        ):
             return []
         return [
             "Daytona credentials missing: set DAYTONA_API_KEY, or DAYTONA_JWT_TOKEN and "

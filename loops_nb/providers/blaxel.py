@@ -26,8 +26,3 @@ class JournalledBlaxelEnvironment(JournalledSandbox, BlaxelEnvironment):
         self._journal_intent(session=self.session_id, task=self.environment_name, name=name)
         await super().start(force_build)
         self._journal_created(name)
-
-    async def stop(self, delete: bool) -> None:
-        await super().stop(delete)
-        if delete:
-            self._journal_released()

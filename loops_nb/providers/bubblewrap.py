@@ -107,11 +107,7 @@ class BubblewrapSandbox:
     def host_path(self, sandbox_path: str) -> Path:
         """The host path behind a sandbox path; only paths under a writable mount have one."""
         path = PurePosixPath("/") / sandbox_path
-        best: str | None = None
-        for target in self.mounts:
-            inside = path == PurePosixPath(target) or PurePosixPath(target) in path.parents
-            if inside and (best is None or len(target) > len(best)):
-                best = target
+        best = max((t for t in self.mounts if path.is_relative_to(t)), key=len, default=None)
         if best is None:
             raise FileNotFoundError(
                 f"{sandbox_path} is outside the local sandbox's writable paths ({', '.join(sorted(self.mounts))})"
@@ -130,7 +126,7 @@ class BubblewrapSandbox:
         for hidden in self.hidden:
             args += ["--tmpfs", hidden]
         python, prefix = _interpreter()
-        if any(prefix == PurePosixPath(h) or PurePosixPath(h) in prefix.parents for h in self.hidden):
+        if any(prefix.is_relative_to(h) for h in self.hidden):
             args += ["--ro-bind", str(prefix), str(prefix)]  # only the interpreter, for the supervisor
         for target in sorted(self.mounts, key=lambda t: len(PurePosixPath(t).parts)):
             args += ["--dir", target, "--bind", str(self.mounts[target]), target]
@@ -138,7 +134,7 @@ class BubblewrapSandbox:
         # path or a hidden one covers them (a checkout or venv under /tmp), they are bound back read-only.
         covers = [PurePosixPath(h) for h in self.hidden] + [PurePosixPath(t) for t in self.mounts if t != "/"]
         for needed in _runtime_paths():
-            if any(needed == c or c in needed.parents for c in covers):
+            if any(needed.is_relative_to(c) for c in covers):
                 args += ["--ro-bind", str(needed), str(needed)]
         # Root is bwrap's own tmpfs: make it read-only so a stray write fails loudly instead of vanishing.
         args += ["--remount-ro", "/", "--chdir", "/", "--clearenv"]
@@ -187,18 +183,14 @@ def _host_tree(directory: Path, targets: set[PurePosixPath], ancestors: set[Pure
         return args
     for entry in entries:
         path = PurePosixPath(entry)
-        if directory == Path("/") and entry.name in _OWN_MOUNTS:
-            continue
-        if path in targets:
+        if path in targets or (directory == Path("/") and entry.name in _OWN_MOUNTS):
             continue
         if entry.is_symlink():
             args += ["--symlink", os.readlink(entry), str(entry)]
         elif path in ancestors and entry.is_dir():
             args += ["--dir", str(entry), *_host_tree(entry, targets, ancestors)]
-        elif entry.is_dir():
+        elif entry.is_dir() or directory != Path("/"):  # a file only beside a target's directory
             args += ["--ro-bind", str(entry), str(entry)]
-        elif directory != Path("/"):
-            args += ["--ro-bind", str(entry), str(entry)]  # a file beside a target's directory
     return args
 
 

@@ -30,8 +30,3 @@ class JournalledDaytonaEnvironment(JournalledSandbox, DaytonaEnvironment):
             sandbox = getattr(self, "_sandbox", None)
             if sandbox is not None:
                 self._journal_created(sandbox.id, session=self.session_id)
-
-    async def stop(self, delete: bool) -> None:
-        await super().stop(delete)
-        if delete:
-            self._journal_released()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -39,7 +40,7 @@ def read_dockerfile(path: Path) -> DockerfilePlan:
     plan = DockerfilePlan()
     if not path.is_file():
         return plan
-    for number, line in _logical_lines(path.read_text(encoding="utf-8")):
+    for number, line in logical_lines(path.read_text(encoding="utf-8").splitlines()):
         keyword, _, rest = line.partition(" ")
         keyword, rest = keyword.upper(), rest.strip()
         if keyword == "FROM":
@@ -67,24 +68,24 @@ def read_dockerfile(path: Path) -> DockerfilePlan:
     return plan
 
 
-def _logical_lines(text: str) -> list[tuple[int, str]]:
-    """(first line number, text) of each instruction, continuation lines joined, comments dropped."""
-    logical: list[tuple[int, str]] = []
+def logical_lines(lines: Iterable[str]) -> list[tuple[int, str]]:
+    """(first line number, text) of each instruction or shell command: `\\` continuations joined, comments and
+    blank lines dropped (a comment or blank line ends a continued one)."""
+    out: list[tuple[int, str]] = []
     pending, start = "", 0
-    for number, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
-        if not pending and (not line or line.startswith("#")):
-            continue
+    for number, raw in enumerate(lines, 1):
+        line = "" if raw.lstrip().startswith("#") else raw.strip()
         if not pending:
             start = number
         if line.endswith("\\"):
             pending += line[:-1] + " "
             continue
-        logical.append((start, pending + line))
+        if joined := (pending + line).strip():
+            out.append((start, joined))
         pending = ""
-    if pending:
-        logical.append((start, pending))
-    return logical
+    if pending.strip():
+        out.append((start, pending.strip()))
+    return out
 
 
 def _starts_only_its_command(rest: str) -> bool:

@@ -38,6 +38,8 @@ class JournalledSandbox:
             self._journal.released(self._journal_entry, status)
             self._journal_entry = None
 
-    @property
-    def journal_key(self) -> str | None:
-        return self._journal_entry.key if self._journal_entry is not None else None
+    async def stop(self, delete: bool) -> None:
+        """The Harbor environment's own stop, then `released` when it deleted the sandbox."""
+        await super().stop(delete)  # type: ignore[misc]  # the Harbor environment this is mixed into
+        if delete:
+            self._journal_released()

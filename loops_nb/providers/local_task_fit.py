@@ -78,11 +78,6 @@ def writable_paths(
     return [*(str(p) for p in harbor_paths), "/installed-agent", *plan.workdirs, workdir, *skills, "/tmp"]
 
 
-def _inside(path: str, roots: list[str]) -> bool:
-    target = PurePosixPath(path)
-    return any(target == PurePosixPath(r) or PurePosixPath(r) in target.parents for r in roots)
-
-
 def static_problems(
     task: str, environment_dir: Path, env_config: EnvironmentConfig, ignore_dockerfile: bool = False
 ) -> list[str]:
@@ -207,7 +202,7 @@ def _copy_problems(
             )
         elif not path.exists():
             problems.append(f"task {task}: Dockerfile COPY {source}: environment/{source} does not exist")
-        if not _inside(dest, writable):
+        if not any(PurePosixPath(dest).is_relative_to(w) for w in writable):
             problems.append(
                 f"task {task}: Dockerfile COPY {source} {dest}: {dest} is outside the local sandbox's writable "
                 f"paths ({', '.join(sorted(set(writable)))}), so the copy cannot be replayed; copy into the "

@@ -23,6 +23,7 @@ from pathlib import Path, PurePosixPath
 
 from loops_nb.errors import SandboxError
 from loops_nb.providers.bubblewrap import DEFAULT_PATH
+from loops_nb.providers.dockerfile_plan import logical_lines
 from loops_nb.providers.verifier_toolbox import toolbox
 
 TOOLBOX = Path(__file__).resolve().parent / "verifier_toolbox"
@@ -58,8 +59,8 @@ def verifier_failure(
     return_code: int, host_verifier_dir: Path, log_name: str = "test-stdout.txt"
 ) -> str | None:
     """Why a finished verifier run is no reward (None: grade it), read from its host-side directory."""
-    problems = _read(host_verifier_dir / PROBLEMS_FILE).strip()
-    log = _read(host_verifier_dir / log_name)
+    problems = read_text(host_verifier_dir / PROBLEMS_FILE).strip()
+    log = read_text(host_verifier_dir / log_name)
     tail = log[-LOG_TAIL:].strip()
     if problems:
         why = "; ".join(dict.fromkeys(problems.splitlines()))
@@ -73,7 +74,8 @@ def verifier_failure(
     return None
 
 
-def _read(path: Path) -> str:
+def read_text(path: Path) -> str:
+    """The file's text ("" when it cannot be read)."""
     try:
         return path.read_text(encoding="utf-8", errors="replace")
     except OSError:
@@ -82,7 +84,6 @@ def _read(path: Path) -> str:
 
 # -- what `loops check` says about a verifier script ----------------------------------------------------
 _URL = re.compile(r"https?://[^\s'\"|;)]+")
-_UV_INSTALLER = re.compile(r"^https?://(astral\.sh/uv/|github\.com/astral-sh/uv/releases/.*installer\.sh)")
 _FETCH = re.compile(r"(^|[\s;&|(])(curl|wget)\s")
 _PIP_INSTALL = re.compile(r"(^|[\s;&|(])(pip3?|uv pip|python3? -m pip)\s+install\s+(?P<args>[^;&|]*)")
 _APT_INSTALL = re.compile(r"(^|[\s;&|(])apt(-get)?\s+(-\S+\s+)*install\s+(?P<args>[^;&|]*)")
@@ -97,9 +98,9 @@ def verifier_warnings(task: str, test_script: Path, network: bool) -> list[str]:
         return []
     warnings: list[str] = []
     where = f"task {task}: tests/{test_script.name}"
-    for number, line in _logical_lines(lines):
+    for number, line in logical_lines(lines):
         if _FETCH.search(line) and not network:
-            urls = [u for u in _URL.findall(line) if not _UV_INSTALLER.match(u)]
+            urls = [u for u in _URL.findall(line) if not toolbox.UV_INSTALLER.match(u)]
             if urls:
                 warnings.append(
                     f"{where} line {number} fetches {urls[0]}: the local sandbox has no network, so the "
@@ -128,26 +129,6 @@ def verifier_warnings(task: str, test_script: Path, network: bool) -> list[str]:
         for match in _UVX.finditer(line):
             warnings += _uvx_warnings(where, number, match["args"].split(), network)
     return warnings
-
-
-def _logical_lines(lines: list[str]) -> list[tuple[int, str]]:
-    """(first line number, text) of each command, with `\\` continuations joined and comments dropped."""
-    out: list[tuple[int, str]] = []
-    pending, start = "", 0
-    for number, raw in enumerate(lines, 1):
-        text = "" if raw.lstrip().startswith("#") else raw
-        if not pending:
-            start = number
-        if text.rstrip().endswith("\\"):
-            pending += text.rstrip()[:-1] + " "
-            continue
-        joined = (pending + text).strip()
-        pending = ""
-        if joined:
-            out.append((start, joined))
-    if pending.strip():
-        out.append((start, pending.strip()))
-    return out
 
 
 def _uvx_warnings(where: str, number: int, args: list[str], network: bool) -> list[str]:

@@ -40,38 +40,14 @@ WGET_NETWORK_CODE = 4
 # pytest plugins that only write a report: their flags (and the flag's value) can be dropped.
 REPORT_ONLY_PLUGINS = {"pytest-json-ctrf": ("--ctrf",)}
 # uvx / uv run options that take a value.
-VALUE_OPTIONS = {
-    "-p",
-    "--python",
-    "-w",
-    "--with",
-    "--with-editable",
-    "--with-requirements",
-    "--from",
-    "--index",
-    "--index-url",
-    "--default-index",
-    "--extra-index-url",
-    "-i",
-    "-c",
-    "--constraints",
-    "--overrides",
-    "--cache-dir",
-    "--python-preference",
-    "--directory",
-    "--project",
-    "--env-file",
-    "--extra",
-    "--group",
-    "--index-strategy",
-    "--keyring-provider",
-    "--resolution",
-    "--prerelease",
-    "--exclude-newer",
-    "--color",
-    "--config-file",
-    "--managed-python",
-}
+_VALUE_OPTIONS = (
+    "-p --python -w --with --with-editable --with-requirements --from --index --index-url "
+    "--default-index --extra-index-url -i -c --constraints --overrides --cache-dir "
+    "--python-preference --directory --project --env-file --extra --group --index-strategy "
+    "--keyring-provider --resolution --prerelease --exclude-newer --color --config-file "
+    "--managed-python"
+)
+VALUE_OPTIONS = set(_VALUE_OPTIONS.split())
 INSTALLER_SCRIPT = """#!/bin/sh
 # loops_nb local sandbox: uv comes from the host (uv, uvx and pytest are on PATH); nothing to install.
 mkdir -p "$HOME/.local/bin" 2>/dev/null
@@ -237,17 +213,11 @@ def run_tool(args: list[str], *, with_command_requirement: bool) -> int:
 
 def _drop_flags(args: list[str], flags: tuple[str, ...]) -> list[str]:
     out: list[str] = []
-    skip = False
+    skip = False  # the value of a flag just dropped
     for arg in args:
-        if skip:
-            skip = False
-            continue
-        if arg in flags:
-            skip = True
-            continue
-        if any(arg.startswith(flag + "=") for flag in flags):
-            continue
-        out.append(arg)
+        if not skip and arg not in flags and not arg.startswith(tuple(flag + "=" for flag in flags)):
+            out.append(arg)
+        skip = not skip and arg in flags
     return out
 
 
