@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from loops_nb.errors import DataError
-from loops_nb.sft.data import RefusedRow, is_blank, parse_line
+from loops_nb.sft.data import RefusedRow, jsonl_lines, parse_line
 from loops_nb.sft.report import CheckReport
 from loops_nb.sft.targets import Example, RenderedRow, RenderResult, SFTTargets, sft_targets
 
@@ -147,23 +147,14 @@ def stream_rendered(
     Yields ``(index, result)`` per row, refusals included, so a report can be built in the same pass. Reads at
     most ``max_rows`` rows, and stops early once ``stop()`` is true.
     """
-    if not path.is_file():
-        raise DataError(f"{path}: no such data file")
-    read = 0
-    with path.open("rb") as f:
-        offset = 0
-        for row_number, line in enumerate(f, start=1):
-            start, offset = offset, offset + len(line)
-            if is_blank(line):
-                continue
-            if (max_rows is not None and read >= max_rows) or (stop is not None and stop()):
-                return
-            read += 1
-            index = route(row_number)
-            result = _render_line(line, row_number, renderer)
-            if index is not None and isinstance(result, RenderedRow):
-                index.add(start, result)
-            yield index, result
+    for read, (row_number, start, line) in enumerate(jsonl_lines(path)):
+        if (max_rows is not None and read >= max_rows) or (stop is not None and stop()):
+            return
+        index = route(row_number)
+        result = _render_line(line, row_number, renderer)
+        if index is not None and isinstance(result, RenderedRow):
+            index.add(start, result)
+        yield index, result
 
 
 def batch_id(index: ExampleIndex, indices: Sequence[int]) -> str:
@@ -258,14 +249,6 @@ def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
     return order
 
 
-class _AlreadyRendered:
-    """Lets `CheckReport.build` consume results rendered here (it only calls ``render_rows``)."""
-
-    @staticmethod
-    def render_rows(results: Iterator[RenderResult]) -> Iterator[RenderResult]:
-        return results
-
-
 @dataclass
 class HeldOut:
     """The held-out set: where it comes from, how much of it there is, and the examples evaluated."""
@@ -348,17 +331,14 @@ class SFTData:
                 return held.index if len(held.index or ()) < cap else None
             return train
 
-        def training_rows() -> Iterator[RenderResult]:
-            for index, result in stream_rendered(d.train, renderer, route=route, max_rows=d.max_rows):
-                if on_refusal is not None and isinstance(result, RefusedRow):
-                    on_refusal(d.train, result)
-                if index is train:
-                    yield result
-                else:  # a held-out row (maybe past the cap): counted, never trained
-                    held.count(result)
-
-        report = CheckReport.build(training_rows(), _AlreadyRendered(), epochs=t.epochs)  # type: ignore[arg-type]
-        report.source = str(d.train)
+        report = CheckReport(epochs=t.epochs, source=str(d.train))
+        for index, result in stream_rendered(d.train, renderer, route=route, max_rows=d.max_rows):
+            if on_refusal is not None and isinstance(result, RefusedRow):
+                on_refusal(d.train, result)
+            if index is train:
+                report.add(result)
+            else:  # a held-out row (maybe past the cap): counted, never trained
+                held.count(result)
         if d.eval is not None:
             assert held.index is not None
             eval_index = held.index

@@ -375,28 +375,33 @@ def parse_line(line: bytes | str, row_number: int) -> RowResult:
     return parse_row(obj, row_number)
 
 
-def is_blank(line: bytes) -> bool:
-    """Whether a line of a JSONL file holds no row (only whitespace, maybe after a byte order mark)."""
-    return not line.removeprefix(_BOM).strip()
+def jsonl_lines(path: str | Path) -> Iterator[tuple[int, int, bytes]]:
+    """``(row number, byte offset, line)`` of each non-blank line of a JSONL file, read one line at a time.
 
-
-def read_rows(path: str | Path) -> Iterator[RowResult]:
-    """Stream a JSONL file: one parsed row or `RefusedRow` per non-blank line, in order.
-
-    The file is read one line at a time, so memory stays flat however large it is, and a consumer that stops early
-    stops the reading. Blank lines are skipped but still counted, so row numbers are line numbers.
+    Blank lines (only whitespace, maybe after a byte order mark) are skipped but still counted, so row numbers are
+    line numbers. `DataError` at once when there is no such file.
     """
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such data file")
-    return _stream(path)
+    return _lines(path)
 
 
-def _stream(path: Path) -> Iterator[RowResult]:
+def _lines(path: Path) -> Iterator[tuple[int, int, bytes]]:
     with path.open("rb") as f:
+        offset = 0
         for row_number, line in enumerate(f, start=1):
-            if not is_blank(line):
-                yield parse_line(line, row_number)
+            start, offset = offset, offset + len(line)
+            if line.removeprefix(_BOM).strip():
+                yield row_number, start, line
+
+
+def read_rows(path: str | Path) -> Iterator[RowResult]:
+    """Stream a JSONL file: one parsed row or `RefusedRow` per non-blank line, in order (see `jsonl_lines`).
+
+    Memory stays flat however large the file is, and a consumer that stops early stops the reading.
+    """
+    return (parse_line(line, row_number) for row_number, _, line in jsonl_lines(path))
 
 
 def iter_rows(records: Iterable[Any]) -> Iterator[RowResult]:

@@ -13,7 +13,7 @@ from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from loops_nb.sft.data import RefusedRow, RowResult, read_rows
 from loops_nb.sft.refusal_wording import with_fix
@@ -71,7 +71,7 @@ class CheckReport:
         report = cls(batch_tokens=batch_tokens, batch_size=batch_size, epochs=epochs)
         steps, fill = 0, 0
         for result in renderer.render_rows(rows):
-            report._add(result, n_samples)
+            report.add(result, n_samples)
             if isinstance(result, RenderedRow) and batch_tokens:
                 for example in result.examples:
                     if fill and fill + example.n_tokens > batch_tokens:
@@ -84,13 +84,14 @@ class CheckReport:
         return report
 
     @classmethod
-    def from_file(cls, path: str | Path, renderer: SFTTargets, **kwargs: int | None) -> CheckReport:
+    def from_file(cls, path: str | Path, renderer: SFTTargets, **kwargs: Any) -> CheckReport:
         """`build` over a JSONL file, read line by line."""
-        report = cls.build(read_rows(path), renderer, **kwargs)  # type: ignore[arg-type]
+        report = cls.build(read_rows(path), renderer, **kwargs)
         report.source = str(path)
         return report
 
-    def _add(self, result: RenderedRow | RefusedRow, n_samples: int) -> None:
+    def add(self, result: RenderedRow | RefusedRow, n_samples: int = 3) -> None:
+        """Count one rendered row (or refusal); the first ``n_samples`` rendered rows are kept for previews."""
         self.rows_read += 1
         index = len(self._status)
         self._row_numbers.append(result.row_number)
