@@ -16,13 +16,7 @@ from typing import TYPE_CHECKING, Any
 from loops_nb.llm.target_rule import Refusal, alternation
 from loops_nb.sft.data import ChatRow, RefusedRow, Row, RowResult, TokenizedRow
 from loops_nb.sft.refusal_wording import LENGTH_FIX
-from loops_nb.sft.survival import (
-    CHAT_TEMPLATE_WORDING,
-    Wording,
-    check_context,
-    check_trained_turn,
-    family_wording,
-)
+from loops_nb.sft.survival import CHAT_TEMPLATE_WORDING, RowChecks, family_wording
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -124,19 +118,6 @@ def build_example(
     return Example(ids, weights, row_number, turn_indices, token_turns, split_reason)
 
 
-class _RowChecks:
-    """The survival checks (survival.py) of one row, as the target rule asks them."""
-
-    def __init__(self, row: ChatRow, wording: Wording) -> None:
-        self.row, self.wording = row, wording
-
-    def turn(self, j: int, text: str) -> str | None:
-        return check_trained_turn(j, self.row.messages[j], text, self.wording)
-
-    def context(self, last: int, members: set[int], text: str) -> str | None:
-        return check_context(self.row, last, members, text, self.wording)
-
-
 class SFTTargets:
     """Rows into training examples through `renderer` (a `ChatRenderer`, or a family's `PrimeRenderer`), or a
     `RefusedRow` saying why a row cannot train. Examples longer than ``max_seq_len`` tokens are refused, never
@@ -179,7 +160,7 @@ class SFTTargets:
     def _chat(self, row: ChatRow) -> RenderedRow:
         self._check_special_tokens(row)
         found = self.renderer.supervised_examples(
-            row.template_messages(), row.template_tools(), row.trained_turns, _RowChecks(row, self._wording)
+            row.template_messages(), row.template_tools(), row.trained_turns, RowChecks(row, self._wording)
         )
         built, why = found.examples, found.split_reason
         examples = []
