@@ -131,14 +131,7 @@ def plan_lines(config: SFTConfig, data: SFTData, *, refusals_written: str | None
         f"(seed {d.shuffle_seed}): {t.epochs} epoch(s) = {per_epoch} steps{capped} -> {plan.total_steps:,} "
         f"steps ({plan.epochs_covered:.2f} epochs)"
     )
-    lines.append(
-        describe_schedule(
-            total_steps=plan.total_steps,
-            peak=t.learning_rate,
-            schedule=t.lr_schedule,
-            warmup_steps=t.warmup_steps,
-        )
-    )
+    lines.append(describe_schedule(t, plan.total_steps))
     every = f"every {t.eval_every} steps, " if t.eval_every else ""
     save = f"every {t.save_every} steps and " if t.save_every else ""
     lines.append(
