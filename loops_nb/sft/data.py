@@ -48,6 +48,15 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class _Row(_Strict):
+    _row_number: int = PrivateAttr(default=0)
+
+    @property
+    def row_number(self) -> int:
+        """1-based line number in the source file (0 when built in memory)."""
+        return self._row_number
+
+
 class FunctionCall(_Strict):
     """The function half of an OpenAI tool call. ``arguments`` may be a JSON string (as OpenAI sends it) or an
     object; it is kept as the parsed object, because chat templates render it with ``tojson``."""
@@ -150,19 +159,13 @@ class Message(_Strict):
         return self.role == "assistant" and self.weight != 0
 
 
-class ChatRow(_Strict):
+class ChatRow(_Row):
     """A chat row: messages, optional tools, and free-form ``metadata`` that is carried but never rendered."""
 
     messages: list[Message]
     tools: list[ToolDef] | None = None
     parallel_tool_calls: bool | None = None  # accepted for OpenAI compatibility; templates don't read it
     metadata: dict[str, Any] | None = None
-    _row_number: int = PrivateAttr(default=0)
-
-    @property
-    def row_number(self) -> int:
-        """1-based line number in the source file (0 when built in memory)."""
-        return self._row_number
 
     @property
     def trained_turns(self) -> list[int]:
@@ -246,23 +249,12 @@ def _check_message(i: int, m: Message, tool_names: list[str] | None, call_ids: s
             raise ValueError(f"{at}.content: a {m.role} turn needs content")
 
 
-def _finite_weight(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"must be a finite number >= 0, got {show(value)}")
-    return float(value)
-
-
-class TokenizedRow(_Strict):
+class TokenizedRow(_Row):
     """An already tokenized row: ``input_ids`` and a loss weight per token (floats >= 0, same length)."""
 
     input_ids: list[int]
     weights: list[float]
     metadata: dict[str, Any] | None = None
-    _row_number: int = PrivateAttr(default=0)
-
-    @property
-    def row_number(self) -> int:
-        return self._row_number
 
     @field_validator("input_ids", mode="before")
     @classmethod
@@ -280,13 +272,10 @@ class TokenizedRow(_Strict):
     def _check_weights(cls, value: object) -> object:
         if not isinstance(value, list):
             raise ValueError(f"must be a list of numbers, got {json_type(value)}")
-        out = []
         for i, v in enumerate(value):
-            try:
-                out.append(_finite_weight(v))
-            except ValueError as exc:
-                raise ValueError(f"[{i}]: {exc}") from None
-        return out
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"[{i}]: must be a finite number >= 0, got {show(v)}")
+        return [float(v) for v in value]
 
     @model_validator(mode="after")
     def _check_lengths(self) -> TokenizedRow:
