@@ -92,31 +92,27 @@ class CheckReport:
 
     def add(self, result: RenderedRow | RefusedRow, n_samples: int = 3) -> None:
         """Count one rendered row (or refusal); the first ``n_samples`` rendered rows are kept for previews."""
-        self.rows_read += 1
-        index = len(self._status)
-        self._row_numbers.append(result.row_number)
+        reason: str | None
         if isinstance(result, RefusedRow):
-            self._status.append(2)
-            self._n_examples.append(0)
-            self._tokens.append(0)
-            self._trained.append(0)
-            self._reasons[index] = result.reason
-            return
-        split = len(result.examples) > 1
-        self._status.append(1 if split else 0)
-        self._n_examples.append(len(result.examples))
-        tokens, trained = result.n_tokens, result.n_trained
+            examples, reason = [], result.reason
+        else:
+            examples, reason = result.examples, result.split_reason
+            self._keep_sample(result, len(examples) > 1, n_samples)
+        if reason:
+            self._reasons[len(self._status)] = reason
+        tokens, trained = sum(e.n_tokens for e in examples), sum(e.n_trained for e in examples)
+        self.rows_read += 1
+        self._row_numbers.append(result.row_number)
+        self._status.append(2 if isinstance(result, RefusedRow) else int(len(examples) > 1))
+        self._n_examples.append(len(examples))
         self._tokens.append(tokens)
         self._trained.append(trained)
-        if result.split_reason:
-            self._reasons[index] = result.split_reason
-        self.n_examples += len(result.examples)
+        self.n_examples += len(examples)
         self.tokens += tokens
         self.trained_tokens += trained
-        for example in result.examples:
+        for example in examples:
             self.max_length = max(self.max_length, example.n_tokens)
             self.length_counts[_bin(example.n_tokens)] += 1
-        self._keep_sample(result, split, n_samples)
 
     def _keep_sample(self, result: RenderedRow, split: bool, n_samples: int) -> None:
         # Keep the first rows, but make room for one split row: it is the case a preview most needs to show.
