@@ -52,16 +52,18 @@ def is_held_out(row_number: int, seed: int, fraction: float) -> bool:
     return int.from_bytes(digest, "big") / _HASH_SCALE < fraction
 
 
-def missing_data_message(path: Path, what: str, config_path: Path | None = None) -> str:
-    """Why a data file is missing, naming the script beside it (or the config) that would make it."""
+def require_data_file(path: Path, what: str, config_path: Path | None = None) -> None:
+    """`DataError` when a data file is missing, naming the script beside it (or the config) that would make it."""
+    if path.is_file():
+        return
     message = f"{what}: {path} does not exist"
     places = [path.parent] + ([config_path.parent] if config_path is not None else [])
     for folder in dict.fromkeys(places):
         for name in ("prepare.py", "make_data.py"):
             script = folder / name
             if script.is_file():
-                return f"{message}; run `python {script}` first, it writes the data"
-    return message
+                raise DataError(f"{message}; run `python {script}` first, it writes the data")
+    raise DataError(message)
 
 
 class ExampleIndex:
@@ -308,13 +310,11 @@ class SFTData:
         """
         d, t = config.data, config.training
         renderer = sft_targets(config.model, tokenizer, renderer_choice)
-        if not d.train.is_file():
-            raise DataError(missing_data_message(d.train, "data.train", config_path))
+        require_data_file(d.train, "data.train", config_path)
         train = ExampleIndex(d.train)
         cap = t.eval_max_examples
         if d.eval is not None:
-            if not d.eval.is_file():
-                raise DataError(missing_data_message(d.eval, "data.eval", config_path))
+            require_data_file(d.eval, "data.eval", config_path)
             held = HeldOut(f"the eval file {d.eval.name}", ExampleIndex(d.eval), path=d.eval)
         elif d.eval_fraction > 0:
             held = HeldOut(

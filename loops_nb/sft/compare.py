@@ -47,7 +47,7 @@ from loops_nb.model_renderer import load_model_tokenizer, run_renderer_choice, t
 from loops_nb.run.run_outcome import Outcome
 from loops_nb.run_checkpoints import checkpoint_sampling_client, find_checkpoint
 from loops_nb.run_dir import RunDirectory
-from loops_nb.sft.batching import is_held_out, missing_data_message
+from loops_nb.sft.batching import is_held_out, require_data_file
 from loops_nb.sft.config import SFTConfig
 from loops_nb.sft.data import ChatRow, Message, read_rows
 from loops_nb.sft.survival import split_inline_reasoning
@@ -193,8 +193,7 @@ def held_out_rows(
     """The first ``limit`` valid held-out chat rows, streamed, and where they come from."""
     d = config.data
     path = d.eval if d.eval is not None else d.train
-    if not path.is_file():
-        raise UserError(missing_data_message(path, "data.eval" if d.eval else "data.train", config_path))
+    require_data_file(path, "data.eval" if d.eval else "data.train", config_path)
     if d.eval is None and d.eval_fraction <= 0:
         raise UserError("compare needs held-out rows: set data.eval or data.eval_fraction > 0")
 
@@ -299,22 +298,12 @@ async def compare(
         texts = [renderer.decode(tokens, skip_special=True) for tokens in sampled]
         # Parsed by the renderer that rendered the prompt, as a run's replies are (SFT trained through it).
         parsed = [renderer.parse(t, prompt_tokens=prompt, tools=row.template_tools()) for t in sampled]
-        scored = [
-            score_reply(text, reference, has_tools=bool(row.tools), parsed=reply)
-            for text, reply in zip(texts, parsed, strict=True)
-        ]
-        records.append(
-            {
-                "row": row.row_number,
-                "turn": j,
-                "kind": scored[0][0],
-                "reference": reference_text(reference),
-                "base_reply": texts[0],
-                "adapter_reply": texts[1],
-                "base_score": scored[0][1],
-                "adapter_score": scored[1][1],
-                "base_exact": scored[0][2],
-                "adapter_exact": scored[1][2],
-            }
-        )
+        kinds, scores, exact = zip(
+            *(
+                score_reply(text, reference, has_tools=bool(row.tools), parsed=reply)
+                for text, reply in zip(texts, parsed, strict=True)
+            ),
+            strict=True,
+        )  # each (base, adapter); a record lists COLUMNS in order
+        records.append((row.row_number, j, kinds[0], reference_text(reference), *texts, *scores, *exact))
     return Comparison(pd.DataFrame(records, columns=list(COLUMNS)), source, max_tokens)
