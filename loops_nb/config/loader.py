@@ -118,20 +118,15 @@ def parse_override_value(text: str) -> Any:
 def split_overrides(args: Sequence[str]) -> dict[str, Any]:
     """`--training.max_steps 5` / `--training.max_steps=5` pairs into {"training.max_steps": 5}."""
     overrides: dict[str, Any] = {}
-    items = list(args)
-    i = 0
-    while i < len(items):
-        item = items[i]
+    items = iter(args)
+    for item in items:
         if not item.startswith("--") or len(item) == 2:
             raise ConfigError(f"unexpected argument {item!r}: settings are given as --KEY VALUE (see --help)")
         key, eq, value = item[2:].partition("=")
-        if not eq:
-            if i + 1 >= len(items):
-                raise ConfigError(f"--{key} needs a value")
-            i += 1
-            value = items[i]
-        overrides[key] = parse_override_value(value)
-        i += 1
+        given = value if eq else next(items, None)
+        if given is None:
+            raise ConfigError(f"--{key} needs a value")
+        overrides[key] = parse_override_value(given)
     return overrides
 
 

@@ -9,6 +9,7 @@ which can never train.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -60,16 +61,14 @@ class Example:
         """The example as decoded runs of trained/untrained text, for previews."""
         out: list[Segment] = []
         start = 0
-        for i in range(1, len(self.input_ids) + 1):
-            if i == len(self.input_ids) or self._key(i) != self._key(start):
-                text = tokenizer.decode(self.input_ids[start:i], skip_special_tokens=False)
-                assert isinstance(text, str)  # a flat list of ids decodes to one string
-                out.append(Segment(text, self.weights[start] > 0, self.token_turns[start]))
-                start = i
+        keys = zip((w > 0 for w in self.weights), self.token_turns, strict=True)
+        for (trained, turn), run in itertools.groupby(keys):
+            end = start + sum(1 for _ in run)
+            text = tokenizer.decode(self.input_ids[start:end], skip_special_tokens=False)
+            assert isinstance(text, str)  # a flat list of ids decodes to one string
+            out.append(Segment(text, trained, turn))
+            start = end
         return out
-
-    def _key(self, i: int) -> tuple[bool, int]:
-        return self.weights[i] > 0, self.token_turns[i]
 
 
 @dataclass(frozen=True, slots=True)
