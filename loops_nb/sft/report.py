@@ -8,6 +8,7 @@ for previews.
 
 from __future__ import annotations
 
+import bisect
 import math
 from array import array
 from collections.abc import Iterable
@@ -112,7 +113,7 @@ class CheckReport:
         self.trained_tokens += trained
         for example in examples:
             self.max_length = max(self.max_length, example.n_tokens)
-            self.length_counts[_bin(example.n_tokens)] += 1
+            self.length_counts[bisect.bisect_left(LENGTH_BINS, example.n_tokens)] += 1
 
     def _keep_sample(self, result: RenderedRow, split: bool, n_samples: int) -> None:
         # Keep the first rows, but make room for one split row: it is the case a preview most needs to show.
@@ -240,13 +241,6 @@ def refusal_lines(
         where = f"all are in {written}" if written else "`loops check CONFIG --refusals FILE` writes them all"
         lines.append(f"    ... and {count - _LISTED_REFUSALS:,} more ({where})")
     return lines
-
-
-def _bin(n: int) -> int:
-    for i, edge in enumerate(LENGTH_BINS):
-        if n <= edge:
-            return i
-    return len(LENGTH_BINS)
 
 
 def _bin_labels() -> list[str]:
