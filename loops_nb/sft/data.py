@@ -35,7 +35,8 @@ from pydantic import (
 )
 
 from loops_nb.errors import DataError
-from loops_nb.sft.refusal_wording import MAX_DEPTH, json_type, show, unreadable, validation_reason
+from loops_nb.sft.refusal_wording import FIRST_TOKEN, MAX_DEPTH, unreadable, validation_reason
+from loops_nb.validation_message import json_type, show
 
 ROLES = ("system", "user", "assistant", "tool")
 _BOM = b"\xef\xbb\xbf"
@@ -291,8 +292,7 @@ class TokenizedRow(_Row):
             # A token's loss is the logprob of it given the tokens before it: input_ids[0] has none, so no
             # datum can target it (targets are input_ids[1:]).
             raise ValueError(
-                "weights: only input_ids[0] has a weight, and the first token can never train (its loss needs a "
-                "token before it); put the context it follows before it, or weight a later token"
+                f"weights: only input_ids[0] has a weight, and {FIRST_TOKEN}, or weight a later token"
             )
         return self
 

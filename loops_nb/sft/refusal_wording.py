@@ -83,6 +83,10 @@ LENGTH_FIX = (
     "raise [model] max_seq_len (up to the model's context length) or split the conversation into shorter rows"
 )
 """What to do about an over-long row; the refusal says it (the renderer appends it to the reason)."""
+FIRST_TOKEN = (
+    "the first token can never train (its loss needs a token before it); put the context it follows before it"
+)
+"""Why a row whose only weighted token is its first cannot train, and what to do (data.py and targets.py say it)."""
 
 # What to do about each kind of refusal, by a pattern of its reason (first match wins). A reason that already
 # ends in its fix (``...; save the file as UTF-8``) matches an entry holding that same text, so `with_fix`

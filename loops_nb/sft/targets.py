@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from loops_nb.llm.target_rule import Refusal, alternation
 from loops_nb.sft.data import ChatRow, RefusedRow, Row, RowResult, TokenizedRow
-from loops_nb.sft.refusal_wording import LENGTH_FIX
+from loops_nb.sft.refusal_wording import FIRST_TOKEN, LENGTH_FIX
 from loops_nb.sft.survival import CHAT_TEMPLATE_WORDING, RowChecks, family_wording
 
 if TYPE_CHECKING:
@@ -107,10 +107,7 @@ def build_example(
     """
     if not any(weights[1:]):
         at = f"messages[{turn_indices[0]}]: the turn" if turn_indices else "the row"
-        raise Refusal(
-            f"{at} trains only the first token of its example, and the first token can never train (its loss "
-            f"needs a token before it); put the context it follows before it"
-        )
+        raise Refusal(f"{at} trains only the first token of its example, and {FIRST_TOKEN}")
     if weights[0]:
         weights = [0.0, *weights[1:]]
         token_turns = [-1, *token_turns[1:]]
