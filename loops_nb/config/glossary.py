@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from loops_nb.config.loader import _submodel
+from loops_nb.config.loader import models_in
 from loops_nb.config.schema import RECIPES
 
 if TYPE_CHECKING:
@@ -50,19 +50,6 @@ def _type_name(annotation: object) -> str:
     return getattr(annotation, "__name__", str(annotation))
 
 
-def _table_variants(annotation: object) -> list[type[BaseModel]]:
-    """The models a `dict[str, Model | Model ...]` field's tables can be (empty for anything else)."""
-    if typing.get_origin(annotation) is not dict:
-        return []
-    value = typing.get_args(annotation)[1]
-    if typing.get_origin(value) is typing.Annotated:
-        value = typing.get_args(value)[0]
-    options = (
-        typing.get_args(value) if typing.get_origin(value) in (typing.Union, types.UnionType) else (value,)
-    )
-    return [o for o in options if isinstance(o, type) and issubclass(o, BaseModel)]
-
-
 def _default(info: FieldInfo) -> str:
     if info.default is PydanticUndefined and info.default_factory is None:
         return "(required)"
@@ -79,21 +66,18 @@ def _default(info: FieldInfo) -> str:
 def iter_knobs(model: type[BaseModel], prefix: str = "") -> Iterator[Knob]:
     """Every leaf setting of a config model, as dotted keys."""
     for name, info in model.model_fields.items():
-        sub = _submodel(info.annotation)
-        key = f"{prefix}{name}"
-        if sub is not None and typing.get_origin(info.annotation) is None:
-            yield from iter_knobs(sub, key + ".")
-            continue
-        variants = _table_variants(info.annotation)
-        if variants:
-            # `[providers.<name>]`-style tables: the table itself, then each kind's own settings.
-            description = " ".join((info.description or "").split())
-            yield Knob(key, "tables by name", _default(info), description)
-            for variant in variants:
-                yield from iter_knobs(variant, f"{key}.<name>.")
-            continue
+        key, origin = f"{prefix}{name}", typing.get_origin(info.annotation)
+        models = models_in(info.annotation)
         description = " ".join((info.description or "").split())
-        yield Knob(key, _type_name(info.rebuild_annotation()), _default(info), description)
+        if models and origin is None:  # a section
+            yield from iter_knobs(models[0], key + ".")
+        elif models and origin is dict:
+            # `[providers.<name>]`-style tables: the table itself, then each kind's own settings.
+            yield Knob(key, "tables by name", _default(info), description)
+            for variant in models:
+                yield from iter_knobs(variant, f"{key}.<name>.")
+        else:
+            yield Knob(key, _type_name(info.rebuild_annotation()), _default(info), description)
 
 
 def _table(knobs: list[Knob]) -> list[str]:

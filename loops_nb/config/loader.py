@@ -19,7 +19,7 @@ import sys
 import tomllib
 import types
 import typing
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,22 +91,17 @@ def read_config_file(path: Path) -> dict[str, Any]:
     """The raw table of a TOML or JSON config; syntax errors name the file and position."""
     try:
         text = path.read_text(encoding="utf-8")
+        data = json.loads(text) if path.suffix.lower() == ".json" else tomllib.loads(text)
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
         raise ConfigError(
             f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); save it as UTF-8"
         ) from None
-    if path.suffix.lower() == ".json":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}") from None
-    else:
-        try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a table of settings")
     return data
@@ -123,20 +118,15 @@ def parse_override_value(text: str) -> Any:
 def split_overrides(args: Sequence[str]) -> dict[str, Any]:
     """`--training.max_steps 5` / `--training.max_steps=5` pairs into {"training.max_steps": 5}."""
     overrides: dict[str, Any] = {}
-    items = list(args)
-    i = 0
-    while i < len(items):
-        item = items[i]
+    items = iter(args)
+    for item in items:
         if not item.startswith("--") or len(item) == 2:
             raise ConfigError(f"unexpected argument {item!r}: settings are given as --KEY VALUE (see --help)")
         key, eq, value = item[2:].partition("=")
-        if not eq:
-            if i + 1 >= len(items):
-                raise ConfigError(f"--{key} needs a value")
-            i += 1
-            value = items[i]
-        overrides[key] = parse_override_value(value)
-        i += 1
+        given = value if eq else next(items, None)
+        if given is None:
+            raise ConfigError(f"--{key} needs a value")
+        overrides[key] = parse_override_value(given)
     return overrides
 
 
@@ -160,71 +150,39 @@ def apply_overrides(raw: dict[str, Any], overrides: Mapping[str, Any]) -> dict[s
 
 def _path_kind(annotation: object) -> str | None:
     """CONFIG_RELATIVE / CWD_RELATIVE when the annotation is (an optional) marked path."""
-    origin = typing.get_origin(annotation)
-    if origin is typing.Annotated:
-        for extra in typing.get_args(annotation)[1:]:  # Annotated[T, *metadata]
-            if extra in (CONFIG_RELATIVE, CWD_RELATIVE):
-                return str(extra)
-        return None
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Annotated:  # Annotated[T, *metadata]
+        return next((str(extra) for extra in args[1:] if extra in (CONFIG_RELATIVE, CWD_RELATIVE)), None)
     if origin in (typing.Union, types.UnionType):
-        for arg in typing.get_args(annotation):
-            kind = _path_kind(arg)
-            if kind:
-                return kind
+        return next(filter(None, map(_path_kind, args)), None)
     return None
 
 
-def _submodel(annotation: object) -> type[BaseModel] | None:
+def models_in(annotation: object) -> list[type[BaseModel]]:
+    """The config models an annotation holds (itself, or inside a union, `Annotated` or container), in order."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in typing.get_args(annotation):
-        found = _submodel(arg)
-        if found:
-            return found
-    return None
-
-
-def path_fields(model: type[BaseModel], prefix: str = "") -> dict[str, str]:
-    """Dotted key -> path kind, for every path-valued field of a config model."""
-    found: dict[str, str] = {}
-    for name, info in model.model_fields.items():
-        key = f"{prefix}{name}"
-        kind = _path_kind(
-            info.rebuild_annotation() if hasattr(info, "rebuild_annotation") else info.annotation
-        )
-        if kind:
-            found[key] = kind
-            continue
-        sub = _submodel(info.annotation)
-        if sub is not None:
-            found.update(path_fields(sub, key + "."))
-    return found
-
-
-def _lookup(raw: Mapping[str, Any], dotted: str) -> tuple[Mapping[str, Any] | None, str]:
-    parts = dotted.split(".")
-    table: object = raw
-    for part in parts[:-1]:
-        table = table.get(part) if isinstance(table, Mapping) else None
-        if table is None:
-            return None, parts[-1]
-    return (table if isinstance(table, Mapping) else None), parts[-1]
+        return [annotation]
+    return [model for arg in typing.get_args(annotation) for model in models_in(arg)]
 
 
 def resolve_paths(
-    raw: dict[str, Any], model: type[BaseModel], base_dir: Path, cwd: Path, overridden: Iterable[str]
+    raw: dict[str, Any],
+    model: type[BaseModel],
+    base_dir: Path,
+    cwd: Path,
+    overridden: Container[str],
+    prefix: str = "",
 ) -> None:
     """Make every path value absolute, in place, by the path rules above."""
-    overridden = set(overridden)
-    for dotted, kind in path_fields(model).items():
-        table, leaf = _lookup(raw, dotted)
-        if table is None or not isinstance(table.get(leaf), str):
-            continue
-        value = Path(table[leaf]).expanduser()
-        if not value.is_absolute():
-            anchor = cwd if (kind == CWD_RELATIVE or dotted in overridden) else base_dir
-            value = anchor / value
-        table[leaf] = str(value)  # type: ignore[index]
+    for name, info in model.model_fields.items():
+        key, value = f"{prefix}{name}", raw.get(name)
+        kind = _path_kind(info.rebuild_annotation())
+        if kind and isinstance(value, str):
+            # An absolute value stays as it is: `anchor / absolute` is `absolute`.
+            anchor = cwd if (kind == CWD_RELATIVE or key in overridden) else base_dir
+            raw[name] = str(anchor / Path(value).expanduser())
+        elif not kind and isinstance(value, dict) and (subs := models_in(info.annotation)):
+            resolve_paths(value, subs[0], base_dir, cwd, overridden, key + ".")
 
 
 def make_importable(config_dir: Path) -> None:
@@ -257,12 +215,12 @@ def load_env_file(path: Path) -> bool:
 
 
 def _valid_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
-    current: type[BaseModel] | None = model
     for part in loc[:-1]:
-        if current is None or part not in current.model_fields:
+        found = models_in(model.model_fields[part].annotation) if part in model.model_fields else []
+        if not found:
             return []
-        current = _submodel(current.model_fields[part].annotation)
-    return sorted(current.model_fields) if current is not None else []
+        model = found[0]
+    return sorted(model.model_fields)
 
 
 def format_validation_error(
@@ -281,11 +239,10 @@ def format_validation_error(
         elif problem.kind == "missing":
             lines.append(f"{origin}: {key} is required")
         else:
-            given = problem.given
-            shown = (
-                f" (got {given!r})" if problem.kind != "value_error" and not isinstance(given, dict) else ""
+            show = problem.kind != "value_error" and not isinstance(problem.given, dict)
+            lines.append(
+                f"{origin}: {key}: {problem.message}" + (f" (got {problem.given!r})" if show else "")
             )
-            lines.append(f"{origin}: {key}: {problem.message}{shown}")
     return "\n".join(lines)
 
 
@@ -321,9 +278,8 @@ def load_config(
     model = RECIPES[recipe]
 
     explicit = [real.parent / Path(p) for p in env_files]
-    for env_path in explicit:
-        if not env_path.is_file():
-            raise ConfigError(f"{env_path}: env_file not found (it is relative to the config)")
+    if missing := next((p for p in explicit if not p.is_file()), None):
+        raise ConfigError(f"{missing}: env_file not found (it is relative to the config)")
     loaded_env: list[Path] = []
     for env_path in explicit + ([real.parent / ".env", cwd / ".env"] if cli_env else []):
         if env_path not in loaded_env and load_env_file(env_path):
@@ -334,8 +290,9 @@ def load_config(
         config = model.model_validate(raw)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, model, real, overrides)) from None
-    if not config.output.output_dir.is_absolute():
-        config.output.output_dir = cwd / config.output.output_dir
+    config.output.output_dir = (
+        cwd / config.output.output_dir
+    )  # the default is relative; an absolute one stays
 
     make_importable(real.parent)
     source = ConfigSource(given=given, path=real, cwd=cwd, env_files=tuple(loaded_env), overrides=overrides)

@@ -26,15 +26,12 @@ class RecipeRegistry(Mapping[str, type[RecipeConfig]]):
         self._recipe_modules: dict[str, str] = {}
 
     def register(self, name: str, model: str | type[RecipeConfig], recipe_module: str | None = None) -> None:
-        if isinstance(model, str):
-            self._paths[name] = model
-            self._models.pop(name, None)
-        else:
-            self._paths[name] = f"{model.__module__}:{model.__qualname__}"
+        self._paths[name] = model if isinstance(model, str) else f"{model.__module__}:{model.__qualname__}"
+        self._models.pop(name, None)  # a path is imported on first use
+        self._recipe_modules.pop(name, None)
+        if not isinstance(model, str):
             self._models[name] = model
-        if recipe_module is None:
-            self._recipe_modules.pop(name, None)
-        else:
+        if recipe_module is not None:
             self._recipe_modules[name] = recipe_module
 
     def recipe_module(self, name: str) -> str:

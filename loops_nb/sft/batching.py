@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from loops_nb.errors import DataError
-from loops_nb.sft.data import RefusedRow, is_blank, parse_line
+from loops_nb.sft.data import RefusedRow, jsonl_lines, parse_line
 from loops_nb.sft.report import CheckReport
 from loops_nb.sft.targets import Example, RenderedRow, RenderResult, SFTTargets, sft_targets
 
@@ -52,16 +52,18 @@ def is_held_out(row_number: int, seed: int, fraction: float) -> bool:
     return int.from_bytes(digest, "big") / _HASH_SCALE < fraction
 
 
-def missing_data_message(path: Path, what: str, config_path: Path | None = None) -> str:
-    """Why a data file is missing, naming the script beside it (or the config) that would make it."""
+def require_data_file(path: Path, what: str, config_path: Path | None = None) -> None:
+    """`DataError` when a data file is missing, naming the script beside it (or the config) that would make it."""
+    if path.is_file():
+        return
     message = f"{what}: {path} does not exist"
     places = [path.parent] + ([config_path.parent] if config_path is not None else [])
     for folder in dict.fromkeys(places):
         for name in ("prepare.py", "make_data.py"):
             script = folder / name
             if script.is_file():
-                return f"{message}; run `python {script}` first, it writes the data"
-    return message
+                raise DataError(f"{message}; run `python {script}` first, it writes the data")
+    raise DataError(message)
 
 
 class ExampleIndex:
@@ -147,23 +149,14 @@ def stream_rendered(
     Yields ``(index, result)`` per row, refusals included, so a report can be built in the same pass. Reads at
     most ``max_rows`` rows, and stops early once ``stop()`` is true.
     """
-    if not path.is_file():
-        raise DataError(f"{path}: no such data file")
-    read = 0
-    with path.open("rb") as f:
-        offset = 0
-        for row_number, line in enumerate(f, start=1):
-            start, offset = offset, offset + len(line)
-            if is_blank(line):
-                continue
-            if (max_rows is not None and read >= max_rows) or (stop is not None and stop()):
-                return
-            read += 1
-            index = route(row_number)
-            result = _render_line(line, row_number, renderer)
-            if index is not None and isinstance(result, RenderedRow):
-                index.add(start, result)
-            yield index, result
+    for read, (row_number, start, line) in enumerate(jsonl_lines(path)):
+        if (max_rows is not None and read >= max_rows) or (stop is not None and stop()):
+            return
+        index = route(row_number)
+        result = _render_line(line, row_number, renderer)
+        if index is not None and isinstance(result, RenderedRow):
+            index.add(start, result)
+        yield index, result
 
 
 def batch_id(index: ExampleIndex, indices: Sequence[int]) -> str:
@@ -258,14 +251,6 @@ def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
     return order
 
 
-class _AlreadyRendered:
-    """Lets `CheckReport.build` consume results rendered here (it only calls ``render_rows``)."""
-
-    @staticmethod
-    def render_rows(results: Iterator[RenderResult]) -> Iterator[RenderResult]:
-        return results
-
-
 @dataclass
 class HeldOut:
     """The held-out set: where it comes from, how much of it there is, and the examples evaluated."""
@@ -325,13 +310,11 @@ class SFTData:
         """
         d, t = config.data, config.training
         renderer = sft_targets(config.model, tokenizer, renderer_choice)
-        if not d.train.is_file():
-            raise DataError(missing_data_message(d.train, "data.train", config_path))
+        require_data_file(d.train, "data.train", config_path)
         train = ExampleIndex(d.train)
         cap = t.eval_max_examples
         if d.eval is not None:
-            if not d.eval.is_file():
-                raise DataError(missing_data_message(d.eval, "data.eval", config_path))
+            require_data_file(d.eval, "data.eval", config_path)
             held = HeldOut(f"the eval file {d.eval.name}", ExampleIndex(d.eval), path=d.eval)
         elif d.eval_fraction > 0:
             held = HeldOut(
@@ -348,17 +331,14 @@ class SFTData:
                 return held.index if len(held.index or ()) < cap else None
             return train
 
-        def training_rows() -> Iterator[RenderResult]:
-            for index, result in stream_rendered(d.train, renderer, route=route, max_rows=d.max_rows):
-                if on_refusal is not None and isinstance(result, RefusedRow):
-                    on_refusal(d.train, result)
-                if index is train:
-                    yield result
-                else:  # a held-out row (maybe past the cap): counted, never trained
-                    held.count(result)
-
-        report = CheckReport.build(training_rows(), _AlreadyRendered(), epochs=t.epochs)  # type: ignore[arg-type]
-        report.source = str(d.train)
+        report = CheckReport(epochs=t.epochs, source=str(d.train))
+        for index, result in stream_rendered(d.train, renderer, route=route, max_rows=d.max_rows):
+            if on_refusal is not None and isinstance(result, RefusedRow):
+                on_refusal(d.train, result)
+            if index is train:
+                report.add(result)
+            else:  # a held-out row (maybe past the cap): counted, never trained
+                held.count(result)
         if d.eval is not None:
             assert held.index is not None
             eval_index = held.index

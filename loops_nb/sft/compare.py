@@ -30,6 +30,7 @@ reuses the run's own state directory. Deliberate simplification: one greedy samp
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import re
 from collections.abc import Iterator
@@ -47,9 +48,9 @@ from loops_nb.model_renderer import load_model_tokenizer, run_renderer_choice, t
 from loops_nb.run.run_outcome import Outcome
 from loops_nb.run_checkpoints import checkpoint_sampling_client, find_checkpoint
 from loops_nb.run_dir import RunDirectory
-from loops_nb.sft.batching import is_held_out, missing_data_message
+from loops_nb.sft.batching import is_held_out, require_data_file
 from loops_nb.sft.config import SFTConfig
-from loops_nb.sft.data import ChatRow, Message, read_rows
+from loops_nb.sft.data import ChatRow, Message, RowResult, read_rows
 from loops_nb.sft.survival import split_inline_reasoning
 
 if TYPE_CHECKING:
@@ -119,22 +120,19 @@ def _assistant_reply(parsed: ParsedReply) -> AssistantReply:
 
 
 def _score(parsed: AssistantReply, reference: Message, *, has_tools: bool) -> tuple[str, float, float | None]:
-    exact = None
-    if not reference.tool_calls:
-        exact = float(
-            not parsed.tool_calls and normalise_text(parsed.content) == normalise_text(reference.content)
-        )
     if reference.tool_calls:
         want = sorted(_call_key(c.function.name, c.function.arguments) for c in reference.tool_calls)
         got = sorted(_call_key(c["name"], c["arguments"]) for c in parsed.tool_calls)
-        return "tool_call", float(got == want and not parsed.errors), exact
+        return "tool_call", float(got == want and not parsed.errors), None
+    exact = float(
+        not parsed.tool_calls and normalise_text(parsed.content) == normalise_text(reference.content)
+    )
     if has_tools:
         return (
             "direct_answer",
             float(not parsed.tool_calls and not parsed.errors and bool(parsed.content)),
             exact,
         )
-    assert exact is not None
     return "text", exact, exact
 
 
@@ -193,28 +191,21 @@ def held_out_rows(
     """The first ``limit`` valid held-out chat rows, streamed, and where they come from."""
     d = config.data
     path = d.eval if d.eval is not None else d.train
-    if not path.is_file():
-        raise UserError(missing_data_message(path, "data.eval" if d.eval else "data.train", config_path))
+    require_data_file(path, "data.eval" if d.eval else "data.train", config_path)
     if d.eval is None and d.eval_fraction <= 0:
         raise UserError("compare needs held-out rows: set data.eval or data.eval_fraction > 0")
 
-    def rows() -> Iterator[ChatRow]:
-        found = read = 0
-        for row in read_rows(path):
-            read += 1
-            if d.eval is None and d.max_rows is not None and read > d.max_rows:
-                return
-            if not isinstance(row, ChatRow):
-                continue
-            if d.eval is None and not is_held_out(row.row_number, d.shuffle_seed, d.eval_fraction):
-                continue
-            yield row
-            found += 1
-            if found >= limit:
-                return
-
+    rows: Iterator[RowResult] = read_rows(path)
+    if d.eval is None:
+        rows = (
+            r
+            for r in itertools.islice(rows, d.max_rows)
+            if is_held_out(r.row_number, d.shuffle_seed, d.eval_fraction)
+        )
     source = path.name if d.eval is not None else f"the held-out rows of {path.name}"
-    return source, rows()
+    return source, itertools.islice(
+        (r for r in rows if isinstance(r, ChatRow)), max(limit, 1)
+    )  # one at least
 
 
 def _run_directory(config: SFTConfig, run: Outcome | str | Path | None) -> RunDirectory:
@@ -299,22 +290,12 @@ async def compare(
         texts = [renderer.decode(tokens, skip_special=True) for tokens in sampled]
         # Parsed by the renderer that rendered the prompt, as a run's replies are (SFT trained through it).
         parsed = [renderer.parse(t, prompt_tokens=prompt, tools=row.template_tools()) for t in sampled]
-        scored = [
-            score_reply(text, reference, has_tools=bool(row.tools), parsed=reply)
-            for text, reply in zip(texts, parsed, strict=True)
-        ]
-        records.append(
-            {
-                "row": row.row_number,
-                "turn": j,
-                "kind": scored[0][0],
-                "reference": reference_text(reference),
-                "base_reply": texts[0],
-                "adapter_reply": texts[1],
-                "base_score": scored[0][1],
-                "adapter_score": scored[1][1],
-                "base_exact": scored[0][2],
-                "adapter_exact": scored[1][2],
-            }
-        )
+        kinds, scores, exact = zip(
+            *(
+                score_reply(text, reference, has_tools=bool(row.tools), parsed=reply)
+                for text, reply in zip(texts, parsed, strict=True)
+            ),
+            strict=True,
+        )  # each (base, adapter); a record lists COLUMNS in order
+        records.append((row.row_number, j, kinds[0], reference_text(reference), *texts, *scores, *exact))
     return Comparison(pd.DataFrame(records, columns=list(COLUMNS)), source, max_tokens)

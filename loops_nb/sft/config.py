@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 
 from loops_nb.config.sections import ConfigPath, RecipeConfig, Section
 from loops_nb.run.optimizer import OptimizerSettings
+from loops_nb.sft.schedule import Schedule
 
 
 class SFTDataConfig(Section):
@@ -32,7 +33,7 @@ class SFTTrainingConfig(OptimizerSettings):
     learning_rate: float = Field(2e-4, gt=0)
     """Peak Adam learning rate."""
 
-    lr_schedule: Literal["constant", "linear", "cosine"] = "linear"
+    lr_schedule: Schedule = "linear"
     """How the learning rate decays after warm-up: `constant`, or `linear`/`cosine` from the peak down
     towards 0, which it reaches as the last step ends (so the last step still learns a little)."""
 

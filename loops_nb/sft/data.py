@@ -35,7 +35,8 @@ from pydantic import (
 )
 
 from loops_nb.errors import DataError
-from loops_nb.sft.refusal_wording import MAX_DEPTH, json_type, show, unreadable, validation_reason
+from loops_nb.sft.refusal_wording import FIRST_TOKEN, MAX_DEPTH, unreadable, validation_reason
+from loops_nb.validation_message import json_type, show
 
 ROLES = ("system", "user", "assistant", "tool")
 _BOM = b"\xef\xbb\xbf"
@@ -46,6 +47,15 @@ _TOKENIZED_KEYS = frozenset({"input_ids", "weights"})
 class _Strict(BaseModel):
     # Unknown keys are refused rather than ignored: a typo like "tool" for "tools" must not silently drop data.
     model_config = ConfigDict(extra="forbid")
+
+
+class _Row(_Strict):
+    _row_number: int = PrivateAttr(default=0)
+
+    @property
+    def row_number(self) -> int:
+        """1-based line number in the source file (0 when built in memory)."""
+        return self._row_number
 
 
 class FunctionCall(_Strict):
@@ -150,19 +160,13 @@ class Message(_Strict):
         return self.role == "assistant" and self.weight != 0
 
 
-class ChatRow(_Strict):
+class ChatRow(_Row):
     """A chat row: messages, optional tools, and free-form ``metadata`` that is carried but never rendered."""
 
     messages: list[Message]
     tools: list[ToolDef] | None = None
     parallel_tool_calls: bool | None = None  # accepted for OpenAI compatibility; templates don't read it
     metadata: dict[str, Any] | None = None
-    _row_number: int = PrivateAttr(default=0)
-
-    @property
-    def row_number(self) -> int:
-        """1-based line number in the source file (0 when built in memory)."""
-        return self._row_number
 
     @property
     def trained_turns(self) -> list[int]:
@@ -246,23 +250,12 @@ def _check_message(i: int, m: Message, tool_names: list[str] | None, call_ids: s
             raise ValueError(f"{at}.content: a {m.role} turn needs content")
 
 
-def _finite_weight(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"must be a finite number >= 0, got {show(value)}")
-    return float(value)
-
-
-class TokenizedRow(_Strict):
+class TokenizedRow(_Row):
     """An already tokenized row: ``input_ids`` and a loss weight per token (floats >= 0, same length)."""
 
     input_ids: list[int]
     weights: list[float]
     metadata: dict[str, Any] | None = None
-    _row_number: int = PrivateAttr(default=0)
-
-    @property
-    def row_number(self) -> int:
-        return self._row_number
 
     @field_validator("input_ids", mode="before")
     @classmethod
@@ -280,13 +273,10 @@ class TokenizedRow(_Strict):
     def _check_weights(cls, value: object) -> object:
         if not isinstance(value, list):
             raise ValueError(f"must be a list of numbers, got {json_type(value)}")
-        out = []
         for i, v in enumerate(value):
-            try:
-                out.append(_finite_weight(v))
-            except ValueError as exc:
-                raise ValueError(f"[{i}]: {exc}") from None
-        return out
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"[{i}]: must be a finite number >= 0, got {show(v)}")
+        return [float(v) for v in value]
 
     @model_validator(mode="after")
     def _check_lengths(self) -> TokenizedRow:
@@ -302,8 +292,7 @@ class TokenizedRow(_Strict):
             # A token's loss is the logprob of it given the tokens before it: input_ids[0] has none, so no
             # datum can target it (targets are input_ids[1:]).
             raise ValueError(
-                "weights: only input_ids[0] has a weight, and the first token can never train (its loss needs a "
-                "token before it); put the context it follows before it, or weight a later token"
+                f"weights: only input_ids[0] has a weight, and {FIRST_TOKEN}, or weight a later token"
             )
         return self
 
@@ -375,28 +364,33 @@ def parse_line(line: bytes | str, row_number: int) -> RowResult:
     return parse_row(obj, row_number)
 
 
-def is_blank(line: bytes) -> bool:
-    """Whether a line of a JSONL file holds no row (only whitespace, maybe after a byte order mark)."""
-    return not line.removeprefix(_BOM).strip()
+def jsonl_lines(path: str | Path) -> Iterator[tuple[int, int, bytes]]:
+    """``(row number, byte offset, line)`` of each non-blank line of a JSONL file, read one line at a time.
 
-
-def read_rows(path: str | Path) -> Iterator[RowResult]:
-    """Stream a JSONL file: one parsed row or `RefusedRow` per non-blank line, in order.
-
-    The file is read one line at a time, so memory stays flat however large it is, and a consumer that stops early
-    stops the reading. Blank lines are skipped but still counted, so row numbers are line numbers.
+    Blank lines (only whitespace, maybe after a byte order mark) are skipped but still counted, so row numbers are
+    line numbers. `DataError` at once when there is no such file.
     """
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such data file")
-    return _stream(path)
+    return _lines(path)
 
 
-def _stream(path: Path) -> Iterator[RowResult]:
+def _lines(path: Path) -> Iterator[tuple[int, int, bytes]]:
     with path.open("rb") as f:
+        offset = 0
         for row_number, line in enumerate(f, start=1):
-            if not is_blank(line):
-                yield parse_line(line, row_number)
+            start, offset = offset, offset + len(line)
+            if line.removeprefix(_BOM).strip():
+                yield row_number, start, line
+
+
+def read_rows(path: str | Path) -> Iterator[RowResult]:
+    """Stream a JSONL file: one parsed row or `RefusedRow` per non-blank line, in order (see `jsonl_lines`).
+
+    Memory stays flat however large the file is, and a consumer that stops early stops the reading.
+    """
+    return (parse_line(line, row_number) for row_number, _, line in jsonl_lines(path))
 
 
 def iter_rows(records: Iterable[Any]) -> Iterator[RowResult]:

@@ -30,7 +30,7 @@ from loops_nb.sft.batching import BatchPlan, SFTData, batch_id
 from loops_nb.sft.config import SFTConfig
 from loops_nb.sft.evaluation import EvalResult, example_datum, held_out_loss, weighted_nll
 from loops_nb.sft.outcome import SFTOutcome
-from loops_nb.sft.schedule import learning_rate
+from loops_nb.sft.schedule import training_rate
 from loops_nb.sft.targets import Example
 from loops_nb.step_record import StepRecord
 
@@ -70,16 +70,6 @@ class SFTRun(RecipeRun):
         self.evals = JsonlLog(run_dir.root / "evals.jsonl")
         self._eval_examples: list[Example] = []
 
-    def lr(self, step: int) -> float:
-        t = self.config.training
-        return learning_rate(
-            step,
-            total_steps=self.data.plan.total_steps,
-            peak=t.learning_rate,
-            schedule=t.lr_schedule,
-            warmup_steps=t.warmup_steps,
-        )
-
     def rewind(self, step: int) -> None:
         super().rewind(step)
         self.evals.keep(lambda r: r.get("step", 0) <= step)
@@ -110,7 +100,7 @@ class SFTRun(RecipeRun):
         step_started = time.perf_counter()
         batch = self.data.plan.batch(step)
         examples = await asyncio.to_thread(self.data.train.load, batch.indices, self.data.targets)
-        lr = self.lr(step)
+        lr = training_rate(self.config.training, step, self.data.plan.total_steps)
         fb = await self.trainer.forward_backward_async(
             [example_datum(e) for e in examples], loss_fn="cross_entropy"
         )

@@ -59,14 +59,6 @@ class SFTCheckReport(RecipeCheckReport):
         return out + self.plan_lines
 
 
-def _template_name(config: SFTConfig) -> str:
-    if config.model.chat_template:
-        return f"built-in {config.model.chat_template!r}"
-    if config.model.chat_template_file:
-        return f"from {config.model.chat_template_file}"
-    return "the tokenizer's own"
-
-
 def _renderer_line(config: SFTConfig) -> str:
     """Which renderer SFT trains through (the one RL and sampling render with), and why."""
     choice = model_renderer_choice(config.model)
@@ -84,24 +76,24 @@ async def _tokenizer(config: SFTConfig) -> Any:
     )
 
 
-def held_out_warning(config: SFTConfig, data: SFTData) -> str | None:
+def held_out_warnings(config: SFTConfig, data: SFTData) -> list[str]:
     """Why no held-out loss will be measured although held-out data is configured, naming the data and the first
-    reasons (None when there is held-out data to evaluate, or none was asked for)."""
+    reasons (none when there is held-out data to evaluate, or none was asked for)."""
     held = data.held_out
     if held.index is None or held.examples:
-        return None
+        return []
     where = str(held.path) if config.data.eval is not None else held.source
     why = "; ".join(f"row {n}: {reason}" for n, reason in held.refusals[:2])
     more = f" ({held.refused - 2:,} more refused)" if held.refused > 2 else ""
     if held.rows:
-        return (
+        return [
             f"the held-out data ({where}) yields no example: all {held.rows:,} rows are refused, so no held-out "
             f"loss will be measured; first reasons: {why}{more}"
-        )
-    return (
+        ]
+    return [
         f"the held-out data ({where}) has no row, so no held-out loss will be measured; raise data.eval_fraction "
         "or set data.eval to a held-out file"
-    )
+    ]
 
 
 def plan_lines(config: SFTConfig, data: SFTData, *, refusals_written: str | None = None) -> list[str]:
@@ -131,14 +123,7 @@ def plan_lines(config: SFTConfig, data: SFTData, *, refusals_written: str | None
         f"(seed {d.shuffle_seed}): {t.epochs} epoch(s) = {per_epoch} steps{capped} -> {plan.total_steps:,} "
         f"steps ({plan.epochs_covered:.2f} epochs)"
     )
-    lines.append(
-        describe_schedule(
-            total_steps=plan.total_steps,
-            peak=t.learning_rate,
-            schedule=t.lr_schedule,
-            warmup_steps=t.warmup_steps,
-        )
-    )
+    lines.append(describe_schedule(t, plan.total_steps))
     every = f"every {t.eval_every} steps, " if t.eval_every else ""
     save = f"every {t.save_every} steps and " if t.save_every else ""
     lines.append(
@@ -183,10 +168,13 @@ async def check(project: Project, *, refusals: str | Path | None = None, **_: ob
         report.refusals_file = str(sink.path)
         report.notes.append(f"{sink.count:,} refused row(s) written to {sink.path}")
     renderer = data.targets.renderer
+    template = (
+        f"built-in {m.chat_template!r}"
+        if m.chat_template
+        else (f"from {m.chat_template_file}" if m.chat_template_file else "the tokenizer's own")
+    )
     rendered_by = (
-        f"chat template {_template_name(config)}"
-        if isinstance(renderer, ChatRenderer)
-        else "the family's renderer"
+        f"chat template {template}" if isinstance(renderer, ChatRenderer) else "the family's renderer"
     )
     report.lines.append(
         f"tokenizer: {len(tokenizer):,} tokens; {rendered_by}; stop tokens "
@@ -202,9 +190,7 @@ async def check(project: Project, *, refusals: str | Path | None = None, **_: ob
     report.data = data.report
     report.plan_lines = plan_lines(config, data, refusals_written=report.refusals_file)
     report.total_steps = data.plan.total_steps
-    warning = held_out_warning(config, data)
-    if warning:
-        report.warnings.append(warning)
+    report.warnings += held_out_warnings(config, data)
     if not len(data.train):
         report.problems.append(f"no row of {config.data.train} trains (see the refusals above)")
     lines, warnings = await asyncio.to_thread(check_lines, config.compute, m, concurrent_sequences=0)
@@ -212,22 +198,6 @@ async def check(project: Project, *, refusals: str | Path | None = None, **_: ob
     report.warnings += warnings
     report.ok = not report.problems
     return report
-
-
-def _data_summary(data: SFTData) -> dict[str, Any]:
-    r = data.report
-    return {
-        "rows_read": r.rows_read,
-        "rows_refused": r.rows_refused,
-        "examples": len(data.train),
-        "tokens": data.train.total_tokens,
-        "trained_tokens": data.train.total_trained,
-        "held_out": data.held_out.source,
-        "held_out_rows": data.held_out.rows,
-        "eval_examples": min(data.held_out.examples, data.eval_cap),
-        "steps_per_epoch": data.plan.steps_per_epoch,
-        "total_steps": data.plan.total_steps,
-    }
 
 
 class SFTRecipe(Recipe):
@@ -249,11 +219,23 @@ class SFTRecipe(Recipe):
         return plan_lines(self.sft, self.data)
 
     def warnings(self) -> list[str]:
-        warning = held_out_warning(self.sft, self.data)
-        return [warning] if warning else []
+        return held_out_warnings(self.sft, self.data)
 
     def run_record(self) -> RunJson:
-        return {"data": _data_summary(self.data)}
+        data, report = self.data, self.data.report
+        summary = {
+            "rows_read": report.rows_read,
+            "rows_refused": report.rows_refused,
+            "examples": len(data.train),
+            "tokens": data.train.total_tokens,
+            "trained_tokens": data.train.total_trained,
+            "held_out": data.held_out.source,
+            "held_out_rows": data.held_out.rows,
+            "eval_examples": min(data.held_out.examples, data.eval_cap),
+            "steps_per_epoch": data.plan.steps_per_epoch,
+            "total_steps": data.plan.total_steps,
+        }
+        return {"data": summary}
 
     def finished(self, run_dir: RunDirectory, checkpoint: Checkpoint) -> SFTOutcome:
         # Its steps must still be the plan's, as on a resume: a changed plan is refused, not reported as this run.

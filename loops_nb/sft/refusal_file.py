@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import TracebackType
 from typing import IO
 
 from loops_nb.errors import UserError
@@ -47,7 +46,5 @@ class RefusalFile:
     def __enter__(self) -> RefusalFile:
         return self
 
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()

@@ -19,6 +19,7 @@ from loops_nb.validation_message import extend_path, json_type, problems, show
 # serializer (and Jinja's tojson) fail mid-render. 100 levels leaves ample room for real tool argument schemas.
 MAX_DEPTH = 100
 
+_KIND_WORDS = {"missing": "required field missing", "extra_forbidden": "unknown field"}
 _TYPE_WORDS = {
     "string_type": "a string",
     "int_type": "an integer",
@@ -35,20 +36,12 @@ def validation_reason(exc: ValidationError) -> str:
     """One line naming the first field at fault, e.g. ``messages[2].weight: must be 0 or 1, got 2``."""
     problem = problems(exc)[0]
     path = _cut(problem.path)
-    if problem.kind == "missing":
-        msg = "required field missing"
-    elif problem.kind == "extra_forbidden":
-        msg = "unknown field"
-    elif problem.kind in _TYPE_WORDS:
+    msg = _KIND_WORDS.get(problem.kind, problem.message)
+    if problem.kind in _TYPE_WORDS:
         msg = f"must be {_TYPE_WORDS[problem.kind]}, got {json_type(problem.given)}"
-    else:
-        msg = problem.message
-    # Model-level checks already name their field in the message.
-    if not path:
+    if not path:  # a model-level check names its field in the message
         return msg
-    if msg.startswith("["):
-        return f"{path}{msg}"
-    return f"{path}: {msg}"
+    return f"{path}{msg}" if msg.startswith("[") else f"{path}: {msg}"
 
 
 def unreadable(obj: object, root: str = "the row") -> str | None:
@@ -90,6 +83,10 @@ LENGTH_FIX = (
     "raise [model] max_seq_len (up to the model's context length) or split the conversation into shorter rows"
 )
 """What to do about an over-long row; the refusal says it (the renderer appends it to the reason)."""
+FIRST_TOKEN = (
+    "the first token can never train (its loss needs a token before it); put the context it follows before it"
+)
+"""Why a row whose only weighted token is its first cannot train, and what to do (data.py and targets.py say it)."""
 
 # What to do about each kind of refusal, by a pattern of its reason (first match wins). A reason that already
 # ends in its fix (``...; save the file as UTF-8``) matches an entry holding that same text, so `with_fix`

@@ -8,12 +8,13 @@ for previews.
 
 from __future__ import annotations
 
+import bisect
 import math
 from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from loops_nb.sft.data import RefusedRow, RowResult, read_rows
 from loops_nb.sft.refusal_wording import with_fix
@@ -71,7 +72,7 @@ class CheckReport:
         report = cls(batch_tokens=batch_tokens, batch_size=batch_size, epochs=epochs)
         steps, fill = 0, 0
         for result in renderer.render_rows(rows):
-            report._add(result, n_samples)
+            report.add(result, n_samples)
             if isinstance(result, RenderedRow) and batch_tokens:
                 for example in result.examples:
                     if fill and fill + example.n_tokens > batch_tokens:
@@ -84,38 +85,35 @@ class CheckReport:
         return report
 
     @classmethod
-    def from_file(cls, path: str | Path, renderer: SFTTargets, **kwargs: int | None) -> CheckReport:
+    def from_file(cls, path: str | Path, renderer: SFTTargets, **kwargs: Any) -> CheckReport:
         """`build` over a JSONL file, read line by line."""
-        report = cls.build(read_rows(path), renderer, **kwargs)  # type: ignore[arg-type]
+        report = cls.build(read_rows(path), renderer, **kwargs)
         report.source = str(path)
         return report
 
-    def _add(self, result: RenderedRow | RefusedRow, n_samples: int) -> None:
-        self.rows_read += 1
-        index = len(self._status)
-        self._row_numbers.append(result.row_number)
+    def add(self, result: RenderedRow | RefusedRow, n_samples: int = 3) -> None:
+        """Count one rendered row (or refusal); the first ``n_samples`` rendered rows are kept for previews."""
+        reason: str | None
         if isinstance(result, RefusedRow):
-            self._status.append(2)
-            self._n_examples.append(0)
-            self._tokens.append(0)
-            self._trained.append(0)
-            self._reasons[index] = result.reason
-            return
-        split = len(result.examples) > 1
-        self._status.append(1 if split else 0)
-        self._n_examples.append(len(result.examples))
-        tokens, trained = result.n_tokens, result.n_trained
+            examples, reason = [], result.reason
+        else:
+            examples, reason = result.examples, result.split_reason
+            self._keep_sample(result, len(examples) > 1, n_samples)
+        if reason:
+            self._reasons[len(self._status)] = reason
+        tokens, trained = sum(e.n_tokens for e in examples), sum(e.n_trained for e in examples)
+        self.rows_read += 1
+        self._row_numbers.append(result.row_number)
+        self._status.append(2 if isinstance(result, RefusedRow) else int(len(examples) > 1))
+        self._n_examples.append(len(examples))
         self._tokens.append(tokens)
         self._trained.append(trained)
-        if result.split_reason:
-            self._reasons[index] = result.split_reason
-        self.n_examples += len(result.examples)
+        self.n_examples += len(examples)
         self.tokens += tokens
         self.trained_tokens += trained
-        for example in result.examples:
+        for example in examples:
             self.max_length = max(self.max_length, example.n_tokens)
-            self.length_counts[_bin(example.n_tokens)] += 1
-        self._keep_sample(result, split, n_samples)
+            self.length_counts[bisect.bisect_left(LENGTH_BINS, example.n_tokens)] += 1
 
     def _keep_sample(self, result: RenderedRow, split: bool, n_samples: int) -> None:
         # Keep the first rows, but make room for one split row: it is the case a preview most needs to show.
@@ -243,13 +241,6 @@ def refusal_lines(
         where = f"all are in {written}" if written else "`loops check CONFIG --refusals FILE` writes them all"
         lines.append(f"    ... and {count - _LISTED_REFUSALS:,} more ({where})")
     return lines
-
-
-def _bin(n: int) -> int:
-    for i, edge in enumerate(LENGTH_BINS):
-        if n <= edge:
-            return i
-    return len(LENGTH_BINS)
 
 
 def _bin_labels() -> list[str]:

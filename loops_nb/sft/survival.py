@@ -99,72 +99,67 @@ def split_inline_reasoning(content: str) -> tuple[str, str]:
     return reasoning.split("<think>")[-1].strip(), answer.strip()
 
 
-def _missing_text(
-    at: str, text: str | None, rendered: str, where: str, w: Wording, fix: str | None = None
-) -> str | None:
-    needle = (text or "").strip()
-    if needle and not _found(needle, rendered):
-        return f"{at}: {w.who} dropped this text (it is not in the rendered {where}); {fix or w.text_fix}"
-    return None
+@dataclass(frozen=True)
+class RowChecks:
+    """Did the rendering keep what one row says? The target rule asks per trained turn and per example
+    (`TargetChecks`); each answer is a reason the row is refused, or None."""
 
+    row: ChatRow
+    wording: Wording = CHAT_TEMPLATE_WORDING
 
-def _missing_calls(at: str, m: Message, rendered: str, where: str, w: Wording) -> str | None:
-    for k, call in enumerate(m.tool_calls or ()):
-        fn = call.function
-        if not _found(fn.name, rendered):
-            return (
-                f"{at}.tool_calls[{k}]: {w.who} dropped this tool call (its name {show(fn.name)} is not in "
-                f"the rendered {where}); {w.tools_fix}"
-            )
-        for leaf in _leaves(fn.arguments):
-            if not _found(leaf, rendered):
-                return (
-                    f"{at}.tool_calls[{k}]: {w.who} dropped this tool call's arguments ({show(leaf)} is not "
-                    f"in the rendered {where}); {w.tools_fix}"
-                )
-    return None
-
-
-def check_trained_turn(
-    i: int, m: Message, turn_text: str, wording: Wording = CHAT_TEMPLATE_WORDING
-) -> str | None:
-    """A reason if trained turn ``i`` lost content, reasoning or a tool call in its own rendered turn."""
-    at, w = f"messages[{i}]", wording
-    reasoning, answer = split_inline_reasoning(m.content or "")
-    return (
-        _missing_text(f"{at}.content", answer, turn_text, "turn", w)
-        or _missing_text(f"{at}.content", reasoning, turn_text, "turn", w, w.reasoning_fix)
-        or _missing_text(
-            f"{at}.reasoning_content", m.reasoning_content, turn_text, "turn", w, w.reasoning_fix
+    def turn(self, i: int, text: str) -> str | None:
+        """A reason if trained turn ``i`` lost content, reasoning or a tool call in its own rendered turn."""
+        m, at, fix = self.row.messages[i], f"messages[{i}]", self.wording.reasoning_fix
+        reasoning, answer = split_inline_reasoning(m.content or "")
+        return (
+            self._text(f"{at}.content", answer, text, "turn")
+            or self._text(f"{at}.content", reasoning, text, "turn", fix)
+            or self._text(f"{at}.reasoning_content", m.reasoning_content, text, "turn", fix)
+            or self._calls(at, m, text, "turn")
         )
-        or _missing_calls(at, m, turn_text, "turn", w)
-    )
 
-
-def check_context(
-    row: ChatRow, upto: int, skip: set[int], text: str, wording: Wording = CHAT_TEMPLATE_WORDING
-) -> str | None:
-    """A reason if any message before index ``upto`` (other than those in ``skip``) or any tool definition is
-    missing from ``text``, the rendered example."""
-    w = wording
-    for i, m in enumerate(row.messages[:upto]):
-        if i in skip:
-            continue
-        at = f"messages[{i}]"
-        if m.role == "assistant":
+    def context(self, upto: int, skip: set[int], text: str) -> str | None:
+        """A reason if any message before index ``upto`` (other than those in ``skip``) or any tool definition is
+        missing from ``text``, the rendered example."""
+        for i, m in enumerate(self.row.messages[:upto]):
             # Earlier reasoning may legitimately be dropped (Qwen3); the answer and the calls may not.
-            reason = _missing_text(
-                f"{at}.content", split_inline_reasoning(m.content or "")[1], text, "conversation", w
+            content = split_inline_reasoning(m.content or "")[1] if m.role == "assistant" else m.content
+            at = f"messages[{i}]"
+            reason = i not in skip and (
+                self._text(f"{at}.content", content, text, "conversation")
+                or self._calls(at, m, text, "conversation")
             )
-            reason = reason or _missing_calls(at, m, text, "conversation", w)
-        else:
-            reason = _missing_text(f"{at}.content", m.content, text, "conversation", w)
-        if reason:
-            return reason
-    for t, tool in enumerate(row.tools or ()):
-        if not _found(tool.function.name, text):
-            return (
-                f"tools[{t}]: {w.who} dropped this tool definition ({show(tool.function.name)} is not in "
-                f"the rendered text); {w.tools_fix}"
-            )
-    return None
+            if reason:
+                return reason
+        for t, tool in enumerate(self.row.tools or ()):
+            if not _found(tool.function.name, text):
+                return (
+                    f"tools[{t}]: {self.wording.who} dropped this tool definition ({show(tool.function.name)} is "
+                    f"not in the rendered text); {self.wording.tools_fix}"
+                )
+        return None
+
+    def _text(
+        self, at: str, text: str | None, rendered: str, where: str, fix: str | None = None
+    ) -> str | None:
+        needle, w = (text or "").strip(), self.wording
+        if needle and not _found(needle, rendered):
+            return f"{at}: {w.who} dropped this text (it is not in the rendered {where}); {fix or w.text_fix}"
+        return None
+
+    def _calls(self, at: str, m: Message, rendered: str, where: str) -> str | None:
+        w = self.wording
+        for k, call in enumerate(m.tool_calls or ()):
+            fn = call.function
+            if not _found(fn.name, rendered):
+                return (
+                    f"{at}.tool_calls[{k}]: {w.who} dropped this tool call (its name {show(fn.name)} is not in "
+                    f"the rendered {where}); {w.tools_fix}"
+                )
+            for leaf in _leaves(fn.arguments):
+                if not _found(leaf, rendered):
+                    return (
+                        f"{at}.tool_calls[{k}]: {w.who} dropped this tool call's arguments ({show(leaf)} is not "
+                        f"in the rendered {where}); {w.tools_fix}"
+                    )
+        return None

@@ -9,20 +9,15 @@ which can never train.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from loops_nb.llm.target_rule import Refusal, alternation
 from loops_nb.sft.data import ChatRow, RefusedRow, Row, RowResult, TokenizedRow
-from loops_nb.sft.refusal_wording import LENGTH_FIX
-from loops_nb.sft.survival import (
-    CHAT_TEMPLATE_WORDING,
-    Wording,
-    check_context,
-    check_trained_turn,
-    family_wording,
-)
+from loops_nb.sft.refusal_wording import FIRST_TOKEN, LENGTH_FIX
+from loops_nb.sft.survival import CHAT_TEMPLATE_WORDING, RowChecks, family_wording
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -66,16 +61,14 @@ class Example:
         """The example as decoded runs of trained/untrained text, for previews."""
         out: list[Segment] = []
         start = 0
-        for i in range(1, len(self.input_ids) + 1):
-            if i == len(self.input_ids) or self._key(i) != self._key(start):
-                text = tokenizer.decode(self.input_ids[start:i], skip_special_tokens=False)
-                assert isinstance(text, str)  # a flat list of ids decodes to one string
-                out.append(Segment(text, self.weights[start] > 0, self.token_turns[start]))
-                start = i
+        keys = zip((w > 0 for w in self.weights), self.token_turns, strict=True)
+        for (trained, turn), run in itertools.groupby(keys):
+            end = start + sum(1 for _ in run)
+            text = tokenizer.decode(self.input_ids[start:end], skip_special_tokens=False)
+            assert isinstance(text, str)  # a flat list of ids decodes to one string
+            out.append(Segment(text, trained, turn))
+            start = end
         return out
-
-    def _key(self, i: int) -> tuple[bool, int]:
-        return self.weights[i] > 0, self.token_turns[i]
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,27 +107,11 @@ def build_example(
     """
     if not any(weights[1:]):
         at = f"messages[{turn_indices[0]}]: the turn" if turn_indices else "the row"
-        raise Refusal(
-            f"{at} trains only the first token of its example, and the first token can never train (its loss "
-            f"needs a token before it); put the context it follows before it"
-        )
+        raise Refusal(f"{at} trains only the first token of its example, and {FIRST_TOKEN}")
     if weights[0]:
         weights = [0.0, *weights[1:]]
         token_turns = [-1, *token_turns[1:]]
     return Example(ids, weights, row_number, turn_indices, token_turns, split_reason)
-
-
-class _RowChecks:
-    """The survival checks (survival.py) of one row, as the target rule asks them."""
-
-    def __init__(self, row: ChatRow, wording: Wording) -> None:
-        self.row, self.wording = row, wording
-
-    def turn(self, j: int, text: str) -> str | None:
-        return check_trained_turn(j, self.row.messages[j], text, self.wording)
-
-    def context(self, last: int, members: set[int], text: str) -> str | None:
-        return check_context(self.row, last, members, text, self.wording)
 
 
 class SFTTargets:
@@ -179,7 +156,7 @@ class SFTTargets:
     def _chat(self, row: ChatRow) -> RenderedRow:
         self._check_special_tokens(row)
         found = self.renderer.supervised_examples(
-            row.template_messages(), row.template_tools(), row.trained_turns, _RowChecks(row, self._wording)
+            row.template_messages(), row.template_tools(), row.trained_turns, RowChecks(row, self._wording)
         )
         built, why = found.examples, found.split_reason
         examples = []
