@@ -196,14 +196,16 @@ class PolicySampler:
         top_p: float,
         seed: int | None,
     ) -> ChatReply:
-        from baseten.loops import ModelInput, SamplingParams
+        from baseten.loops import SamplingParams
+
+        from loops_nb.llm.model_input import model_input
 
         if isinstance(messages, str):
             messages = [{"role": "user", "content": messages}]
         client = await self._sampling_client()
         renderer = self._owner._renderer
         assert renderer is not None
-        prompt = renderer.prompt_tokens(list(messages), tools)
+        prompt, images = renderer.render_prompt(list(messages), tools)
         if len(prompt) + max_tokens > self.run.model.max_seq_len:
             raise UserError(
                 f"the prompt is {len(prompt)} tokens; with max_tokens {max_tokens} it passes model.max_seq_len "
@@ -217,7 +219,7 @@ class PolicySampler:
             seed=seed,
         )
         response = await client.sample_async(
-            ModelInput.from_ints(prompt), num_samples=1, sampling_params=params
+            model_input(prompt, images), num_samples=1, sampling_params=params
         )
         sequence = response.sequences[0]
         tokens = list(sequence.tokens)

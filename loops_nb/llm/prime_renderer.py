@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from loops_nb.errors import ConfigError, RenderingError, UserError
 from loops_nb.llm.breaks import continuation_start
 from loops_nb.llm.chat_messages import ChatMessage, ToolCall, ToolSpec
-from loops_nb.llm.renderer import ParsedReply, TokenizerText
+from loops_nb.llm.renderer import ParsedReply, Renderer
 
 if TYPE_CHECKING:
     from renderers import ParsedResponse
@@ -38,7 +38,7 @@ PARSES_KEPT = 64
 """Parsed replies a renderer keeps: enough for the attempts sampling at once to each find its previous one."""
 
 
-class PrimeRenderer(TokenizerText):
+class PrimeRenderer(Renderer):
     """A `Renderer` for one model family, wrapping `renderers`' hand-written renderer `name` (`qwen3`, ...)."""
 
     extends_by_text = False
@@ -103,14 +103,6 @@ class PrimeRenderer(TokenizerText):
                 if bridged is not None:
                     return list(bridged.token_ids), ()
         return list(self.prime.render_ids(converted, tools=spec, add_generation_prompt=True)), ()
-
-    def prompt_tokens(
-        self,
-        messages: Sequence[ChatMessage],
-        tools: Sequence[ToolSpec] | None = None,
-        previous: ModelCall | None = None,
-    ) -> list[int]:
-        return self.render_prompt(messages, tools, previous)[0]
 
     def parse(
         self,

@@ -59,7 +59,8 @@ class ParsedReply:
 
 class Renderer(Protocol):
     """Messages in, prompt tokens out; sampled tokens in, reply out; a conversation in, its supervised targets
-    out. What every model call and every SFT example goes through."""
+    out. What every model call and every SFT example goes through. The renderers here subclass it for its
+    `prompt_tokens`, `encode` and `decode`."""
 
     name: str
     """`chat_template`, or the `renderers` name of a family's renderer (`qwen3`, `gpt-oss`, ...)."""
@@ -91,7 +92,7 @@ class Renderer(Protocol):
         previous: ModelCall | None = None,
     ) -> list[int]:
         """`render_prompt`'s token ids."""
-        ...
+        return self.render_prompt(messages, tools, previous)[0]
 
     def parse(
         self,
@@ -120,9 +121,17 @@ class Renderer(Protocol):
         """The tokens that end a trained turn (a row's text may not hold them)."""
         ...
 
-    def encode(self, text: str) -> list[int]: ...
+    # Text to ids and back exactly as every renderer needs it: no special tokens added on encode, no clean-up
+    # on decode (either would change sampled tokens' text).
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    def decode(self, tokens: Sequence[int], *, skip_special: bool = False) -> str: ...
+    def decode(self, tokens: Sequence[int], *, skip_special: bool = False) -> str:
+        text = self.tokenizer.decode(
+            list(tokens), skip_special_tokens=skip_special, clean_up_tokenization_spaces=False
+        )
+        assert isinstance(text, str)  # a flat list of ids decodes to one string
+        return text
 
 
 def call_keys(calls: Sequence[Mapping[str, Any]] | None) -> list[tuple[Any, Any]]:
@@ -139,24 +148,7 @@ def call_keys(calls: Sequence[Mapping[str, Any]] | None) -> list[tuple[Any, Any]
     return out
 
 
-class TokenizerText:
-    """Text to ids and back exactly as every renderer needs it: no special tokens added on encode, no clean-up
-    on decode (either would change sampled tokens' text)."""
-
-    tokenizer: PreTrainedTokenizerBase
-
-    def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    def decode(self, tokens: Sequence[int], *, skip_special: bool = False) -> str:
-        text = self.tokenizer.decode(
-            list(tokens), skip_special_tokens=skip_special, clean_up_tokenization_spaces=False
-        )
-        assert isinstance(text, str)  # a flat list of ids decodes to one string
-        return text
-
-
-class ChatRenderer(TokenizerText):
+class ChatRenderer(Renderer):
     """A tokenizer plus chat template: messages in, prompt tokens out; sampled tokens in, reply out; a
     conversation in, its targets out (`ChatTemplateTargets`).
 
@@ -196,30 +188,21 @@ class ChatRenderer(TokenizerText):
             list(messages), list(tools) if tools else None, add_generation_prompt=True
         )
 
-    def prompt_tokens(
-        self,
-        messages: Sequence[ChatMessage],
-        tools: Sequence[ToolSpec] | None = None,
-        previous: ModelCall | None = None,
-    ) -> list[int]:
-        """The prompt for the next call; extends `previous`'s prompt + completion (exact tokens) whenever the
-        text allows."""
-        text = self.render_text(messages, tools)
-        if previous is not None:
-            before = previous.prompt_tokens + previous.completion_tokens
-            prefix = self.decode(before)
-            if text.startswith(prefix):
-                return before + self.encode(text[len(prefix) :])
-        return self.encode(text)
-
     def render_prompt(
         self,
         messages: Sequence[ChatMessage],
         tools: Sequence[ToolSpec] | None = None,
         previous: ModelCall | None = None,
     ) -> tuple[list[int], tuple[Any, ...]]:
-        """The prompt's token ids and its images (`model_input.PromptImage`; none for a text model)."""
-        return self.prompt_tokens(messages, tools, previous), ()
+        """The prompt for the next call (no images: `VisionRenderer` has them); extends `previous`'s prompt +
+        completion (exact tokens) whenever the text allows."""
+        text = self.render_text(messages, tools)
+        if previous is not None:
+            before = previous.prompt_tokens + previous.completion_tokens
+            prefix = self.decode(before)
+            if text.startswith(prefix):
+                return before + self.encode(text[len(prefix) :]), ()
+        return self.encode(text), ()
 
     def parse(
         self,
