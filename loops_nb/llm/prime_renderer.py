@@ -181,10 +181,10 @@ class PrimeRenderer(Renderer):
         last one sees; this rule trains what the sampler's prompt is followed by.)"""
         from loops_nb.llm.target_rule import (
             Refusal,
-            SupervisedExample,
             SupervisedExamples,
             split_reason,
             turn_groups,
+            weighted_example,
         )
 
         converted = to_prime_messages(messages)
@@ -196,12 +196,7 @@ class PrimeRenderer(Renderer):
             reason = checks.context(members[-1], set(members), self.decode(ids))
             if reason:
                 raise Refusal(reason)
-            weights, token_turns = [0.0] * len(ids), [-1] * len(ids)
-            for j in members:
-                end, start = len(turns[j][0]), turns[j][1]
-                weights[start:end] = [1.0] * (end - start)
-                token_turns[start:end] = [j] * (end - start)
-            examples.append(SupervisedExample(ids, weights, token_turns, tuple(members)))
+            examples.append(weighted_example(ids, [(j, turns[j][1], len(turns[j][0])) for j in members]))
         why = split_reason(f"the {self.name} renderer") if len(groups) > 1 else None
         return SupervisedExamples(examples, why)
 

@@ -78,6 +78,15 @@ class SupervisedExample:
     turn_indices: tuple[int, ...]
 
 
+def weighted_example(ids: list[int], spans: Sequence[tuple[int, int, int]]) -> SupervisedExample:
+    """`ids` training, for each ``(turn, start, end)`` of `spans`, tokens ``start:end`` as that turn's."""
+    weights, token_turns = [0.0] * len(ids), [-1] * len(ids)
+    for turn, start, end in spans:
+        weights[start:end] = [1.0] * (end - start)
+        token_turns[start:end] = [turn] * (end - start)
+    return SupervisedExample(ids, weights, token_turns, tuple(turn for turn, _, _ in spans))
+
+
 @dataclass(frozen=True, slots=True)
 class SupervisedExamples:
     """A conversation's examples, in turn order, and why it became more than one (None when it did not)."""
@@ -148,9 +157,6 @@ class _Turn:
     stop_start: int
 
 
-_Built = tuple[list[int], list[float], list[int], tuple[int, ...]]
-
-
 class ChatTemplateTargets:
     """The target rule on a chat template's text. For trained turn ``j``:
 
@@ -205,7 +211,7 @@ class ChatTemplateTargets:
         groups = turn_groups({j: turn.text for j, turn in turns.items()})
 
         split_reasons = [split_reason("the chat template")] if len(groups) > 1 else []
-        built: list[_Built] = []
+        built: list[SupervisedExample] = []
         all_failed: list[int] = []
         for members in groups:
             base = turns[members[-1]].text
@@ -225,10 +231,8 @@ class ChatTemplateTargets:
                 f"{at}: the context tokenizes differently inside the conversation than on its own, so each such "
                 f"turn is trained in its own example, on exactly the tokens it was prompted with"
             )
-        built.sort(key=lambda b: b[3])
-        return SupervisedExamples(
-            [SupervisedExample(*b) for b in built], "; ".join(split_reasons) if len(built) > 1 else None
-        )
+        built.sort(key=lambda b: b.turn_indices)
+        return SupervisedExamples(built, "; ".join(split_reasons) if len(built) > 1 else None)
 
     def _render(
         self, messages: list[ChatMessage], tools: list[ToolSpec] | None, j: int, *, prompt: bool
@@ -269,7 +273,7 @@ class ChatTemplateTargets:
             raise Refusal(reason)
         return _Turn(j, full[: stop.end()], len(context), stop.start())
 
-    def _tokenize_group(self, base: str, turns: list[_Turn]) -> tuple[_Built | None, list[int]]:
+    def _tokenize_group(self, base: str, turns: list[_Turn]) -> tuple[SupervisedExample | None, list[int]]:
         """Tokenize ``base`` once and mark each turn's tokens; turns whose context does not tokenize as a prefix
         are returned as failed (to be trained on their own)."""
         ids, added = self._encoder.encode(base)
@@ -300,23 +304,12 @@ class ChatTemplateTargets:
                 spans.append((turn.index, first, stop + 1))
         if not spans:
             return None, failed
-        end = max(s[2] for s in spans)
-        weights = [0.0] * end
-        token_turns = [-1] * end
-        for index, first, stop_end in spans:
-            weights[first:stop_end] = [1.0] * (stop_end - first)
-            token_turns[first:stop_end] = [index] * (stop_end - first)
-        return (ids[:end], weights, token_turns, tuple(s[0] for s in spans)), failed
+        return weighted_example(ids[: max(s[2] for s in spans)], spans), failed
 
-    def _standalone(self, turn: _Turn) -> _Built:
+    def _standalone(self, turn: _Turn) -> SupervisedExample:
         context_ids, turn_ids = self._encode_many([turn.text[: turn.start], turn.text[turn.start :]])
-        n = len(turn_ids)
-        return (
-            context_ids + turn_ids,
-            [0.0] * len(context_ids) + [1.0] * n,
-            [-1] * len(context_ids) + [turn.index] * n,
-            (turn.index,),
-        )
+        ids = context_ids + turn_ids
+        return weighted_example(ids, [(turn.index, len(context_ids), len(ids))])
 
     def _encode_many(self, texts: list[str]) -> list[list[int]]:
         # One call per text, not encode_batch: these are a few short pieces, and waking the batch thread pool
