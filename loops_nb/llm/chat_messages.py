@@ -11,3 +11,16 @@ ToolSpec = dict[str, Any]
 ToolCall = dict[str, Any]
 """One call: `{"id", "type": "function", "function": {"name", "arguments"}}`, `arguments` a JSON string (an
 object once `renderers` has decoded it)."""
+
+
+def assistant_message(
+    content: str | None, tool_calls: list[ToolCall] | None = None, reasoning: str = ""
+) -> ChatMessage:
+    """An assistant turn in OpenAI shape, its reasoning as `reasoning_content` (which the family's template keeps
+    or drops as it does in training); reasoning and calls only where there are some."""
+    message: ChatMessage = {"role": "assistant", "content": content}
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    return message

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from loops_nb.errors import ModelAccessError
 from loops_nb.llm.breaks import classify_break
 from loops_nb.llm.capture import ModelCall, TokenCapture
-from loops_nb.llm.chat_messages import ChatMessage, ToolCall, ToolSpec
+from loops_nb.llm.chat_messages import ChatMessage, ToolCall, ToolSpec, assistant_message
 from loops_nb.llm.renderer import Renderer
 
 
@@ -46,14 +46,8 @@ class Reply:
 
     @property
     def message(self) -> ChatMessage:
-        """The assistant message in OpenAI shape, to append to the conversation (its reasoning as
-        `reasoning_content`, which the family's template keeps or drops as it does in training)."""
-        msg: ChatMessage = {"role": "assistant", "content": self.content}
-        if self.reasoning:
-            msg["reasoning_content"] = self.reasoning
-        if self.tool_calls:
-            msg["tool_calls"] = self.tool_calls
-        return msg
+        """The assistant message to append to the conversation (`assistant_message`)."""
+        return assistant_message(self.content, self.tool_calls, self.reasoning)
 
 
 @dataclass

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from loops_nb.llm.breaks import classify_break
 from loops_nb.llm.capture import ModelCall, extends
-from loops_nb.llm.chat_messages import ChatMessage, ToolCall
+from loops_nb.llm.chat_messages import ChatMessage, ToolCall, assistant_message
 from loops_nb.llm.renderer import CHAT_TEMPLATE, call_keys
 
 if TYPE_CHECKING:
@@ -125,11 +125,7 @@ def check_template(renderer: Renderer) -> TemplateCheck:
         if turn == 2:
             found.tool_call = _round_trip(target, reply.tool_calls, reply.tool_call_errors)
         # Sent back as `Reply.message` is: content, calls, reasoning.
-        sent_back: ChatMessage = {"role": "assistant", "content": reply.content}
-        if reply.tool_calls:
-            sent_back["tool_calls"] = reply.tool_calls
-        if reply.reasoning:
-            sent_back["reasoning_content"] = reply.reasoning
+        sent_back = assistant_message(reply.content, reply.tool_calls, reply.reasoning)
         conversation = [*conversation, sent_back, after]
         previous = call
     prompt, _ = renderer.render_prompt(conversation, SAMPLE_TOOLS, previous)

@@ -20,7 +20,7 @@ from openai.types.chat.chat_completion_chunk import ChoiceDelta
 from pydantic import BaseModel
 
 from loops_nb.errors import ModelAccessError
-from loops_nb.llm.chat_messages import ChatMessage, ToolCall, ToolSpec
+from loops_nb.llm.chat_messages import ChatMessage, ToolCall, ToolSpec, assistant_message
 
 ROLES = {"system", "developer", "user", "assistant", "tool"}
 MAX_CHOICES = 16
@@ -240,13 +240,9 @@ def wire(model: BaseModel) -> dict[str, object]:
 
 
 def choice_message(content: str, tool_calls: list[ToolCall], reasoning: str = "") -> ChatMessage:
-    """The assistant message of a choice; its reasoning as `reasoning_content`, as vLLM and DeepSeek send it."""
-    message: ChatMessage = {"role": "assistant", "content": content if content or not tool_calls else None}
-    if reasoning:
-        message["reasoning_content"] = reasoning
-    if tool_calls:
-        message["tool_calls"] = tool_calls
-    return message
+    """The assistant message of a choice (content null when it is only calls; its reasoning as
+    `reasoning_content`, as vLLM and DeepSeek send it)."""
+    return assistant_message(content if content or not tool_calls else None, tool_calls, reasoning)
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> CompletionUsage:

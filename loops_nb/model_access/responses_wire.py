@@ -34,7 +34,7 @@ from openai.types.responses.response_reasoning_item import Content as ReasoningT
 from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails
 from pydantic import BaseModel, ValidationError
 
-from loops_nb.llm.chat_messages import ChatMessage, ToolCall, ToolSpec
+from loops_nb.llm.chat_messages import ChatMessage, ToolCall, ToolSpec, assistant_message
 from loops_nb.model_access.chat_wire import (
     ChatRequest,
     InvalidAgentRequest,
@@ -113,9 +113,7 @@ def input_messages(value: object) -> list[ChatMessage]:
             if out and out[-1]["role"] == "assistant":
                 out[-1].setdefault("tool_calls", []).append(call)
             else:
-                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
-                if reasoning:
-                    out[-1]["reasoning_content"] = reasoning
+                out.append(assistant_message(None, [call], reasoning))
         elif kind == "function_call_output":
             output = item.get("output")
             content = (
