@@ -161,22 +161,19 @@ def _chat_choices(sampled: Sampled) -> list[Choice]:
 class ModelGateway:
     """OpenAI-compatible access to the run's policy for out-of-process agents, one lease per attempt."""
 
+    host = "127.0.0.1"
+    """Loopback only; the port is chosen when it starts."""
+
     def __init__(
         self,
-        registry: LeaseRegistry | None = None,
         *,
         model_name: str = "policy",
-        host: str = "127.0.0.1",
-        port: int = 0,
         max_body_bytes: int = MAX_BODY_BYTES,
         limits: ConnectionLimits | None = None,
     ) -> None:
-        if host not in {"127.0.0.1", "localhost", "::1"}:
-            raise ValueError(f"the model gateway binds loopback only, not {host!r}")
-        self.registry = registry or LeaseRegistry()
+        self.registry = LeaseRegistry()
         self.model_name = model_name
-        self.host = host
-        self.port = port
+        self.port = 0
         self.max_body_bytes = max_body_bytes
         self._http = LoopbackServer("model gateway", limits)
 
