@@ -110,11 +110,12 @@ class Renderer(Protocol):
         messages: list[ChatMessage],
         tools: list[ToolSpec] | None,
         trained_turns: Sequence[int],
-        checks: TargetChecks,
+        checks: TargetChecks | None = None,
     ) -> SupervisedExamples:
         """The training examples of a conversation whose `trained_turns` (assistant message indices) train, by
         the target rule (target_rule.py): each turn's own tokens through its stop token, after the prompt this
-        renderer samples it from. `Refusal` says why the conversation cannot train."""
+        renderer samples it from. `Refusal` says why the conversation cannot train; `checks` (none: nothing)
+        why what the row says did not survive."""
         ...
 
     def target_stop_tokens(self) -> list[str]:
@@ -239,7 +240,7 @@ class ChatRenderer(Renderer):
         messages: list[ChatMessage],
         tools: list[ToolSpec] | None,
         trained_turns: Sequence[int],
-        checks: TargetChecks,
+        checks: TargetChecks | None = None,
     ) -> SupervisedExamples:
         return self.targets().examples(messages, tools, trained_turns, checks)
 

@@ -205,7 +205,7 @@ class ChatTemplateTargets:
         messages: list[ChatMessage],
         tools: list[ToolSpec] | None,
         trained_turns: Sequence[int],
-        checks: TargetChecks,
+        checks: TargetChecks | None,
     ) -> SupervisedExamples:
         turns = {j: self._locate_turn(messages, tools, j, checks) for j in trained_turns}
         groups = turn_groups({j: turn.text for j, turn in turns.items()})
@@ -215,7 +215,7 @@ class ChatTemplateTargets:
         all_failed: list[int] = []
         for members in groups:
             base = turns[members[-1]].text
-            reason = checks.context(members[-1], set(members), base)
+            reason = checks and checks.context(members[-1], set(members), base)
             if reason:
                 raise Refusal(reason)
             ok, failed = self._tokenize_group(base, [turns[j] for j in members])
@@ -248,7 +248,7 @@ class ChatTemplateTargets:
         messages: list[ChatMessage],
         tools: list[ToolSpec] | None,
         j: int,
-        checks: TargetChecks,
+        checks: TargetChecks | None,
     ) -> _Turn:
         opening_turn(j)
         context = self._render(messages[:j], tools, j, prompt=True)
@@ -268,7 +268,7 @@ class ChatTemplateTargets:
                 f"messages[{j}]: the rendered turn has no stop token (looked for {', '.join(self.stop_tokens)}); "
                 f"the model could never learn to end it"
             )
-        reason = checks.turn(j, full[len(context) : stop.end()])
+        reason = checks and checks.turn(j, full[len(context) : stop.end()])
         if reason:
             raise Refusal(reason)
         return _Turn(j, full[: stop.end()], len(context), stop.start())

@@ -159,20 +159,20 @@ def _written_reply(
     prompt: list[int],
     reasoning: str,
 ) -> list[int] | None:
-    """The reply as the renderer writes `target`, through its stop token: a family's own `reply_tokens`; for a
-    chat template, the tokens after the prompt in a fresh rendering of the conversation with it. A prompt that
-    opens a reasoning block (Qwen3.6, gpt-oss) is answered with reasoning, as such a model writes it. None where
-    the reply cannot be told from the rendering."""
+    """The reply as the renderer writes `target`, through its stop token: for a family's renderer, the turn's
+    training target; for a chat template, the tokens after the prompt in a fresh rendering of the conversation
+    with it. A prompt that opens a reasoning block (Qwen3.6, gpt-oss) is answered with reasoning, as such a
+    model writes it. None where the reply cannot be told from the rendering."""
     from loops_nb.llm.prime_renderer import PrimeRenderer, TurnNotAfterPrompt
 
     if isinstance(renderer, PrimeRenderer):
-        # The family says how it writes the turn after its prompt; with reasoning, as a reasoning model
-        # answers (a family that writes none renders the same tokens either way).
+        # With reasoning, as a reasoning model answers (a family that writes none renders the same tokens).
+        turn = {**target, "reasoning_content": reasoning}
         try:
-            turn = {**target, "reasoning_content": reasoning}
-            return _through_stop(renderer, renderer.reply_tokens([*conversation, turn], SAMPLE_TOOLS))
+            found = renderer.supervised_examples([*conversation, turn], SAMPLE_TOOLS, [len(conversation)])
         except TurnNotAfterPrompt:
             return None
+        return [t for t, w in zip(found.examples[0].input_ids, found.examples[0].weights, strict=True) if w]
     # Against the prompt rendered afresh: the bridged one ends in the same generation prompt.
     base = renderer.prompt_tokens(conversation, SAMPLE_TOOLS)
     for turn in (target, {**target, "reasoning_content": reasoning}):
