@@ -35,12 +35,6 @@ class InvalidAgentRequest(ModelAccessError):
         self.code = code
 
 
-def error_body(
-    message: str, kind: str, param: str | None = None, code: str | None = None
-) -> dict[str, object]:
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
-
-
 @dataclass
 class ChatRequest:
     model: str
@@ -98,6 +92,15 @@ def text_content(value: object, where: str, kinds: tuple[str, ...] = ("text",)) 
     return "".join(texts)
 
 
+def chat_role(role: object, where: str, roles: set[str]) -> str:
+    """A message's role, one of `roles`, as chat templates know it: OpenAI's newer `developer` is `system`."""
+    if not isinstance(role, str) or role not in roles:
+        raise InvalidAgentRequest(
+            f"{where}.role: unknown role {role!r}; expected one of {sorted(roles)}", f"{where}.role"
+        )
+    return "system" if role == "developer" else role
+
+
 def _tool_call(call: object, where: str) -> ToolCall:
     fn = call.get("function") if isinstance(call, dict) else None
     if not isinstance(call, dict) or not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
@@ -121,12 +124,7 @@ def _message(raw: object, i: int) -> ChatMessage:
     if not isinstance(raw, dict):
         raise InvalidAgentRequest(f"{where} must be an object", where)
     role = raw.get("role")
-    if not isinstance(role, str) or role not in ROLES:
-        raise InvalidAgentRequest(
-            f"{where}.role: unknown role {role!r}; expected one of {sorted(ROLES)}", f"{where}.role"
-        )
-    # Chat templates know `system`; OpenAI's newer `developer` role means the same thing.
-    msg: ChatMessage = {"role": "system" if role == "developer" else role}
+    msg: ChatMessage = {"role": chat_role(role, where, ROLES)}
     content = raw.get("content")
     msg["content"] = None if content is None else text_content(content, f"{where}.content")
     if role == "assistant" and raw.get("tool_calls") is not None:
@@ -230,8 +228,9 @@ def parse_chat_request(raw: object) -> ChatRequest:
     return req
 
 
-def completion_id() -> str:
-    return "chatcmpl-" + secrets.token_hex(12)
+def new_id(prefix: str) -> str:
+    """A fresh object id, as OpenAI's look (`chatcmpl-...`, `resp_...`)."""
+    return prefix + secrets.token_hex(12)
 
 
 def wire(model: BaseModel) -> dict[str, object]:

@@ -64,11 +64,19 @@ def _error(
     param: str | None = None,
     code: str | None = None,
 ) -> Response:
-    return JSONResponse(chat_wire.error_body(message, kind, param, code), status_code=status)
+    return JSONResponse(
+        {"error": {"message": message, "type": kind, "param": param, "code": code}}, status_code=status
+    )
 
 
 def _unauthorized(message: str) -> Response:
     return _error(401, message, code="invalid_api_key")
+
+
+def _bearer_key(header: str) -> str:
+    """The key of an `Authorization: Bearer <key>` header; empty for any other."""
+    scheme, _, key = header.partition(" ")
+    return key.strip() if scheme.lower() == "bearer" else ""
 
 
 @dataclass
@@ -194,11 +202,10 @@ class ModelGateway:
 
     # -- HTTP -------------------------------------------------------------------------------------
     def _lease(self, request: Request) -> AttemptLease | Response:
-        header = request.headers.get("authorization", "")
-        scheme, _, key = header.partition(" ")
-        if scheme.lower() != "bearer" or not key.strip():
+        key = _bearer_key(request.headers.get("authorization", ""))
+        if not key:
             return _unauthorized("missing API key: send `Authorization: Bearer <lease key>`")
-        lease = self.registry.get(key.strip())
+        lease = self.registry.get(key)
         if lease is None:
             return _unauthorized("unknown or revoked lease key: a lease is valid only while its attempt runs")
         return lease
@@ -215,8 +222,8 @@ class ModelGateway:
         """A connection is proven (ConnectionGuard) by a request with a live lease key."""
         for name, value in headers:
             if name == b"authorization":
-                scheme, _, key = value.decode("latin-1").partition(" ")
-                return scheme.lower() == "bearer" and self.registry.get(key.strip()) is not None
+                key = _bearer_key(value.decode("latin-1"))
+                return bool(key) and self.registry.get(key) is not None
         return False
 
     async def _serve(
@@ -275,7 +282,7 @@ class ModelGateway:
             lease: AttemptLease, req: chat_wire.ChatRequest, sampled: Sampled
         ) -> dict[str, object] | list[str]:
             cid, model, choices = (
-                chat_wire.completion_id(),
+                chat_wire.new_id("chatcmpl-"),
                 req.model or self.model_name,
                 _chat_choices(sampled),
             )
