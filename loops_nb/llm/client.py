@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -80,7 +81,7 @@ class LoopsLLM:
         """Told of every failed sample before it is raised (the run uses it to see Loops itself gone)."""
         self.capture = capture if capture is not None else TokenCapture()
         self.defaults = defaults or SamplingDefaults()
-        self._seed = seed
+        self._seeds = itertools.count(seed + 1) if seed is not None else None
 
     async def chat(
         self,
@@ -135,7 +136,7 @@ class LoopsLLM:
             temperature=self.defaults.temperature if temperature is None else temperature,
             top_p=self.defaults.top_p if top_p is None else top_p,
             stop=stops,
-            seed=self._next_seed(),
+            seed=next(self._seeds) if self._seeds is not None else None,
         )
         client, version = self.policy.sampling_client, self.policy.version
         try:
@@ -183,12 +184,6 @@ class LoopsLLM:
                 )
             )
         return replies
-
-    def _next_seed(self) -> int | None:
-        if self._seed is None:
-            return None
-        self._seed += 1
-        return self._seed
 
 
 _current: contextvars.ContextVar[LoopsLLM] = contextvars.ContextVar("loops_nb_llm")
