@@ -258,16 +258,15 @@ class PolicySampler:
                 )
                 owner._connection = await run.connect()
             if self._client is None:
-                self._client = await self._new_client(owner._connection)
+                try:
+                    self._client = await checkpoint_sampling_client(
+                        owner._connection, self.run.model, self.checkpoint
+                    )
+                except UserError:
+                    raise
+                except Exception as exc:
+                    raise UserError(f"cannot serve {self.label} of {self.run.root}: {exc}") from None
         return self._client
-
-    async def _new_client(self, connection: LoopsConnection) -> SamplingClient:
-        try:
-            return await checkpoint_sampling_client(connection, self.run.model, self.checkpoint)
-        except UserError:
-            raise
-        except Exception as exc:
-            raise UserError(f"cannot serve {self.label} of {self.run.root}: {exc}") from None
 
     async def aclose(self) -> None:
         """Close the connection (and the embedded Loops it started); the handle and its siblings end."""

@@ -1,6 +1,7 @@
 """The chat data a renderer takes and gives back, named: OpenAI-shaped JSON objects, as agents, the gateway and
 SFT rows write them (a renderer reads the keys its format has and leaves the rest)."""
 
+import json
 from typing import Any
 
 ChatMessage = dict[str, Any]
@@ -11,6 +12,12 @@ ToolSpec = dict[str, Any]
 ToolCall = dict[str, Any]
 """One call: `{"id", "type": "function", "function": {"name", "arguments"}}`, `arguments` a JSON string (an
 object once `renderers` has decoded it)."""
+
+
+def tool_call(call_id: str, name: str, arguments: dict[str, Any]) -> ToolCall:
+    """A parsed call in OpenAI shape, its arguments a JSON string."""
+    arguments_json = json.dumps(arguments, ensure_ascii=False)
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments_json}}
 
 
 def assistant_message(

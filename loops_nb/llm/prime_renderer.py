@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from loops_nb.errors import ConfigError, UserError
 from loops_nb.llm.breaks import continuation_start
-from loops_nb.llm.chat_messages import ChatMessage, ToolCall, ToolSpec
+from loops_nb.llm.chat_messages import ChatMessage, ToolCall, ToolSpec, tool_call
 from loops_nb.llm.renderer import ParsedReply, Renderer
 from loops_nb.llm.target_rule import Refusal
 
@@ -243,16 +243,7 @@ def parsed_reply(parsed: ParsedResponse, text: str) -> ParsedReply:
     errors: list[str] = []
     for i, call in enumerate(parsed.tool_calls):
         if call.status == ToolCallParseStatus.OK and call.name and isinstance(call.arguments, dict):
-            calls.append(
-                {
-                    "id": call.id or f"call_{len(calls)}",
-                    "type": "function",
-                    "function": {
-                        "name": call.name,
-                        "arguments": json.dumps(call.arguments, ensure_ascii=False),
-                    },
-                }
-            )
+            calls.append(tool_call(call.id or f"call_{len(calls)}", call.name, call.arguments))
         else:
             errors.append(
                 f"tool call {i}: {_STATUS_TEXT.get(call.status, str(call.status))}: {call.raw[:200]!r}"
