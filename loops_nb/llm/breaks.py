@@ -27,8 +27,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from loops_nb.llm.capture import CAUSES as CAUSES  # steps.jsonl's causes, named where they are told apart
 from loops_nb.llm.capture import (
-    CAUSES,
     HISTORY_EDITED,
     REASONING_DROPPED,
     TEMPLATE_REWROTE_HISTORY,
@@ -43,18 +43,6 @@ from loops_nb.llm.renderer import call_keys
 
 if TYPE_CHECKING:
     from loops_nb.llm.renderer import Renderer
-
-__all__ = [
-    "CAUSES",
-    "HISTORY_EDITED",
-    "REASONING_DROPPED",
-    "TEMPLATE_REWROTE_HISTORY",
-    "TOOL_CALL_RERENDERED",
-    "TRUNCATION",
-    "SequenceBreak",
-    "classify_break",
-    "continuation_start",
-]
 
 
 def continuation_start(
