@@ -32,7 +32,14 @@ if TYPE_CHECKING:
     from loops_nb.llm.capture import ModelCall
     from loops_nb.llm.target_rule import ChatTemplateTargets, SupervisedExamples, TargetChecks
 
-END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>")
+END_OF_TURN_TOKENS = (
+    "<|im_end|>",  # ChatML: SmolLM2, Qwen
+    "<|eot_id|>",  # Llama 3
+    "<|eom_id|>",  # Llama 3.1 tool calls
+    "<end_of_turn>",  # Gemma
+    "<|end|>",  # Phi-3
+    "<|endoftext|>",
+)
 """Tokens that end an assistant turn in common chat templates; those in the vocabulary stop sampling."""
 
 

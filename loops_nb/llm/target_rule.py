@@ -30,22 +30,14 @@ import jinja2
 from loops_nb.errors import ConfigError, RenderingError
 from loops_nb.llm.added_token_encoder import AddedTokenEncoder
 from loops_nb.llm.chat_messages import ChatMessage, ToolSpec
+from loops_nb.llm.renderer import END_OF_TURN_TOKENS
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from loops_nb.llm.templates import ChatTemplate
 
-KNOWN_STOP_TOKENS = (
-    "<|im_end|>",  # ChatML: SmolLM2, Qwen
-    "<|eot_id|>",  # Llama 3
-    "<|eom_id|>",  # Llama 3.1 tool calls
-    "<end_of_turn>",  # Gemma
-    "<|end|>",  # Phi-3
-    "<|endoftext|>",
-    "<|end_of_text|>",
-    "</s>",
-)
+KNOWN_STOP_TOKENS = (*END_OF_TURN_TOKENS, "<|end_of_text|>", "</s>")
 """End-of-turn tokens of common chat formats; those the tokenizer has (plus its eos token) and the template
 writes are the chat template's target stops."""
 
