@@ -51,7 +51,8 @@ class ChatRequest:
     include_usage: bool = False
 
 
-def _bounded[N: (int, float)](body: dict[str, object], key: str, kind: type[N], low: N, high: N) -> N | None:
+def bounded[N: (int, float)](body: dict[str, object], key: str, kind: type[N], low: N, high: N) -> N | None:
+    """`body[key]`, an integer or a number (`kind`) between `low` and `high`; None when absent."""
     value = body.get(key)
     if value is None:
         return None
@@ -62,14 +63,6 @@ def _bounded[N: (int, float)](body: dict[str, object], key: str, kind: type[N], 
         bounds = f"{low} and {high}" if kind is int else f"{low:g} and {high:g}"
         raise InvalidAgentRequest(f"{key} must be between {bounds}, got {value}", key)
     return kind(value)
-
-
-def number(body: dict[str, object], key: str, low: float, high: float) -> float | None:
-    return _bounded(body, key, float, low, high)
-
-
-def integer(body: dict[str, object], key: str, low: int, high: int) -> int | None:
-    return _bounded(body, key, int, low, high)
 
 
 def text_content(value: object, where: str, kinds: tuple[str, ...] = ("text",)) -> str:
@@ -196,8 +189,8 @@ def sampling_request(
         model=model,
         messages=messages,
         parse_tools=choice != "none",
-        temperature=number(body, "temperature", 0.0, 2.0),
-        top_p=number(body, "top_p", 1e-9, 1.0),
+        temperature=bounded(body, "temperature", float, 0.0, 2.0),
+        top_p=bounded(body, "top_p", float, 1e-9, 1.0),
         max_tokens=max_tokens,
         stream=flag(body, "stream", False),
     )
@@ -217,13 +210,13 @@ def parse_chat_request(raw: object) -> ChatRequest:
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise InvalidAgentRequest("stream_options must be an object", "stream_options")
-    max_tokens = integer(body, "max_completion_tokens", 1, 1 << 20)
+    max_tokens = bounded(body, "max_completion_tokens", int, 1, 1 << 20)
     if max_tokens is None:
-        max_tokens = integer(body, "max_tokens", 1, 1 << 20)
+        max_tokens = bounded(body, "max_tokens", int, 1, 1 << 20)
     req = sampling_request(body, [_message(m, i) for i, m in enumerate(messages)], max_tokens)
     req.tools = _tools(body.get("tools"))
     req.stop = stop or None
-    req.n = integer(body, "n", 1, MAX_CHOICES) or 1
+    req.n = bounded(body, "n", int, 1, MAX_CHOICES) or 1
     req.include_usage = bool(options.get("include_usage", False))
     return req
 

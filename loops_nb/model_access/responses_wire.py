@@ -37,9 +37,9 @@ from loops_nb.llm.chat_messages import ChatMessage, ToolCall, ToolSpec, assistan
 from loops_nb.model_access.chat_wire import (
     ChatRequest,
     InvalidAgentRequest,
+    bounded,
     chat_role,
     flag,
-    integer,
     new_id,
     request_object,
     sampling_request,
@@ -196,7 +196,7 @@ def parse_responses_request(raw: object) -> ResponsesRequest:
         raise InvalidAgentRequest("metadata must map strings to strings", "metadata")
     messages = input_messages(body.get("input"))
     tools = function_tools(body.get("tools"))
-    chat = sampling_request(body, messages, integer(body, "max_output_tokens", 1, 1 << 20))
+    chat = sampling_request(body, messages, bounded(body, "max_output_tokens", int, 1, 1 << 20))
     chat.tools = chat_tools(tools)
     return ResponsesRequest(
         chat,
