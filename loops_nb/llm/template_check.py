@@ -109,12 +109,18 @@ def check_template(renderer: Renderer) -> TemplateCheck:
     found = TemplateCheck()
     conversation = SAMPLE_TURNS[:2]
     previous: ModelCall | None = None
-    for turn in (2, 4):
-        target, after = SAMPLE_TURNS[turn], SAMPLE_TURNS[turn + 1]
+    for turn in (2, 4, len(SAMPLE_TURNS)):  # the last: the prompt after the new user message
+        last = turn == len(SAMPLE_TURNS)
         prompt, _ = renderer.render_prompt(conversation, SAMPLE_TOOLS, previous)
         if previous is not None and not extends_previous(prompt, previous):
-            found.breaks[classify_break(renderer, conversation, SAMPLE_TOOLS, previous, prompt).cause] += 1
-            found.first_difference = found.first_difference or _difference(renderer, previous, prompt)
+            cut = classify_break(renderer, conversation, SAMPLE_TOOLS, previous, prompt)
+            found.breaks[cut.cause] += 1
+            found.family_drop = last and cut.cause == "reasoning_dropped" and renderer.name != CHAT_TEMPLATE
+            if not found.family_drop:
+                found.first_difference = found.first_difference or cut.first_difference
+        if last:
+            break
+        target, after = SAMPLE_TURNS[turn], SAMPLE_TURNS[turn + 1]
         completion = _written_reply(renderer, conversation, target, after, prompt, SAMPLE_REASONING[turn])
         if completion is None:
             found.unknown = turn
@@ -128,14 +134,6 @@ def check_template(renderer: Renderer) -> TemplateCheck:
         sent_back = assistant_message(reply.content, reply.tool_calls, reply.reasoning)
         conversation = [*conversation, sent_back, after]
         previous = call
-    prompt, _ = renderer.render_prompt(conversation, SAMPLE_TOOLS, previous)
-    assert previous is not None
-    if not extends_previous(prompt, previous):
-        cause = classify_break(renderer, conversation, SAMPLE_TOOLS, previous, prompt).cause
-        found.breaks[cause] += 1
-        found.family_drop = cause == "reasoning_dropped" and renderer.name != CHAT_TEMPLATE
-        if not found.family_drop:
-            found.first_difference = found.first_difference or _difference(renderer, previous, prompt)
     return found
 
 
@@ -143,12 +141,6 @@ def extends_previous(prompt: list[int], previous: ModelCall) -> bool:
     return extends(
         ModelCall(prompt, [], [], 0, "stop"), previous.prompt_tokens + previous.completion_tokens, ()
     )
-
-
-def _difference(renderer: Renderer, previous: ModelCall, prompt: list[int]) -> str:
-    from loops_nb.llm.capture import first_difference
-
-    return first_difference(previous.prompt_tokens + previous.completion_tokens, prompt, renderer.decode)
 
 
 def _written_reply(
