@@ -183,18 +183,18 @@ class PrimeRenderer(Renderer):
 
         opening_turn(j)
         who = f"the {self.name} renderer"
-        if self._kept is None:
-            kept = reasoning_kept(self.config)
-            self._kept = (
-                self
-                if kept == self.config
-                else PrimeRenderer(self.tokenizer, self.name, hub_id=self.hub_id, config=kept)
-            )
         try:
             context = list(self.prime.render_ids(messages[:j], tools=tools, add_generation_prompt=True))
         except Exception as exc:  # the family's renderer raises whatever its format refuses
             raise render_failed(who, exc, j, f"messages[:{j}] with the generation prompt") from None
         try:
+            if self._kept is None:
+                kept = reasoning_kept(self.config)
+                self._kept = (
+                    self
+                    if kept == self.config
+                    else PrimeRenderer(self.tokenizer, self.name, hub_id=self.hub_id, config=kept)
+                )
             prime, spec = self._kept.prime, tools or None
             opened = list(prime.render_ids(messages[:j], tools=spec, add_generation_prompt=True))
             written = list(prime.render_ids(messages[: j + 1], tools=spec))
