@@ -99,18 +99,6 @@ def tokenizer_problem(source: str, exc: BaseException) -> str:
     )
 
 
-def load_model_processor(model: ModelConfig, scope: str, *, cache_dir: Path | None = None) -> Any | None:
-    """The base model's processor when it is a vision-language model (the `vision` extra), else None."""
-    from loops_nb.llm.vision import load_processor
-
-    source = model.base_model
-    if scope == "local" or Path(source).expanduser().is_dir():
-        from loops_nb.local.model_store import resolve_model
-
-        source = str(resolve_model(source, cache_dir=cache_dir).path)
-    return load_processor(source, cache_dir=cache_dir)
-
-
 def template_override_key(model: ModelConfig) -> str | None:
     """The config key that replaces the tokenizer's template, if one does."""
     if model.chat_template is not None:
@@ -150,30 +138,30 @@ def load_model_renderer(
     (`choice`, else `model_renderer_choice`) is one, else the chat template: a `VisionRenderer` (images through
     the processor) for a vision-language model, a `ChatRenderer` otherwise. Its `why` says how it was chosen."""
     from loops_nb.llm.renderer import CHAT_TEMPLATE
+    from loops_nb.llm.vision import load_processor
 
     if choice is None:
         choice = model_renderer_choice(model)
     tokenizer = load_model_tokenizer(model, scope, cache_dir=cache_dir)
     if choice.name != CHAT_TEMPLATE:
         return text_renderer(model, tokenizer, choice)
-    processor = load_model_processor(model, scope, cache_dir=cache_dir)
-    if processor is None:
-        return text_renderer(model, tokenizer, choice)
-    from loops_nb.llm.vision import VisionRenderer
+    source = model.base_model  # a vision-language model's processor (the `vision` extra) comes from it
+    if scope == "local" or Path(source).expanduser().is_dir():
+        from loops_nb.local.model_store import resolve_model
 
-    check_chat_template(model, tokenizer, choice)
-    processor.tokenizer = tokenizer
-    renderer = VisionRenderer(processor, parser=family_parser(model, tokenizer))
-    renderer.why = choice.why
-    return renderer
+        source = str(resolve_model(source, cache_dir=cache_dir).path)
+    return text_renderer(model, tokenizer, choice, load_processor(source, cache_dir=cache_dir))
 
 
-def text_renderer(model: ModelConfig, tokenizer: Any, choice: RendererChoice) -> Renderer:
-    """`choice`'s renderer on an already loaded `tokenizer`, for text: the family's `PrimeRenderer` with
-    `[model] renderer_options`, or a `ChatRenderer` on the tokenizer's template (parsing replies by the family's
-    renderer where `renderers` has one: `family_parser`)."""
+def text_renderer(
+    model: ModelConfig, tokenizer: Any, choice: RendererChoice, processor: Any | None = None
+) -> Renderer:
+    """`choice`'s renderer on an already loaded `tokenizer`: the family's `PrimeRenderer` with `[model]
+    renderer_options`, or the tokenizer's template (parsing replies by the family's renderer where `renderers`
+    has one: `family_parser`) as a `ChatRenderer`, or a `VisionRenderer` on `processor` for images."""
     from loops_nb.llm.prime_renderer import PrimeRenderer
     from loops_nb.llm.renderer import CHAT_TEMPLATE, ChatRenderer
+    from loops_nb.llm.vision import VisionRenderer
 
     renderer: Renderer
     if choice.name != CHAT_TEMPLATE:
@@ -181,7 +169,11 @@ def text_renderer(model: ModelConfig, tokenizer: Any, choice: RendererChoice) ->
         renderer = PrimeRenderer(tokenizer, choice.name, hub_id=model.base_model, config=config)
     else:
         check_chat_template(model, tokenizer, choice)
-        renderer = ChatRenderer(tokenizer, parser=family_parser(model, tokenizer))
+        if processor is None:
+            renderer = ChatRenderer(tokenizer, parser=family_parser(model, tokenizer))
+        else:
+            processor.tokenizer = tokenizer
+            renderer = VisionRenderer(processor, parser=family_parser(model, tokenizer))
     renderer.why = choice.why
     return renderer
 

@@ -24,13 +24,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import functools
 import math
 import os
 import threading
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Concatenate
+from typing import TYPE_CHECKING, Any
 
 from loops_nb.errors import UserError
 from loops_nb.llm.chat_messages import ChatMessage, ToolCall, ToolSpec
@@ -107,21 +106,6 @@ class _Loop:
             self.loop.close()
 
 
-def _blocking[**P, T](
-    method: Callable[Concatenate[PolicySampler, P], Coroutine[Any, Any, T]],
-) -> Callable[Concatenate[PolicySampler, P], T]:
-    """``method`` run to its end on the handle's own loop, blocking the caller (who may have a loop running)."""
-
-    @functools.wraps(method)
-    def blocking(self: PolicySampler, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        return self._submit(method(self, *args, **kwargs)).result()
-
-    blocking.__doc__ = (
-        f"`{method.__name__}`, blocking until it is done (a script, or a cell that does not await)."
-    )
-    return blocking
-
-
 class PolicySampler:
     """A handle on one checkpoint of a run (``checkpoint``: ``latest``, a step, a name, a bt:// path, or
     ``base``); it connects on its first chat."""
@@ -178,7 +162,18 @@ class PolicySampler:
         future = self._submit(self._chat(messages, tools, max_tokens, temperature, top_p, seed))
         return await asyncio.wrap_future(future)
 
-    chat_sync = _blocking(chat)
+    def chat_sync(
+        self,
+        messages: Sequence[ChatMessage] | str,
+        *,
+        tools: Sequence[ToolSpec] | None = None,
+        max_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int | None = 0,
+    ) -> ChatReply:
+        """`chat`, blocking until it is done (a script, or a cell that does not await)."""
+        return self._submit(self._chat(messages, tools, max_tokens, temperature, top_p, seed)).result()
 
     def _submit[T](self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         loop = self._owner._loop
@@ -196,14 +191,16 @@ class PolicySampler:
         top_p: float,
         seed: int | None,
     ) -> ChatReply:
-        from baseten.loops import ModelInput, SamplingParams
+        from baseten.loops import SamplingParams
+
+        from loops_nb.llm.model_input import model_input
 
         if isinstance(messages, str):
             messages = [{"role": "user", "content": messages}]
         client = await self._sampling_client()
         renderer = self._owner._renderer
         assert renderer is not None
-        prompt = renderer.prompt_tokens(list(messages), tools)
+        prompt, images = renderer.render_prompt(list(messages), tools)
         if len(prompt) + max_tokens > self.run.model.max_seq_len:
             raise UserError(
                 f"the prompt is {len(prompt)} tokens; with max_tokens {max_tokens} it passes model.max_seq_len "
@@ -217,7 +214,7 @@ class PolicySampler:
             seed=seed,
         )
         response = await client.sample_async(
-            ModelInput.from_ints(prompt), num_samples=1, sampling_params=params
+            model_input(prompt, images), num_samples=1, sampling_params=params
         )
         sequence = response.sequences[0]
         tokens = list(sequence.tokens)
@@ -256,16 +253,15 @@ class PolicySampler:
                 )
                 owner._connection = await run.connect()
             if self._client is None:
-                self._client = await self._new_client(owner._connection)
+                try:
+                    self._client = await checkpoint_sampling_client(
+                        owner._connection, self.run.model, self.checkpoint
+                    )
+                except UserError:
+                    raise
+                except Exception as exc:
+                    raise UserError(f"cannot serve {self.label} of {self.run.root}: {exc}") from None
         return self._client
-
-    async def _new_client(self, connection: LoopsConnection) -> SamplingClient:
-        try:
-            return await checkpoint_sampling_client(connection, self.run.model, self.checkpoint)
-        except UserError:
-            raise
-        except Exception as exc:
-            raise UserError(f"cannot serve {self.label} of {self.run.root}: {exc}") from None
 
     async def aclose(self) -> None:
         """Close the connection (and the embedded Loops it started); the handle and its siblings end."""

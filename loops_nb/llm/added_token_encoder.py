@@ -28,10 +28,11 @@ class AddedTokenEncoder:
     added token in order."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, stop_re: re.Pattern[str]) -> None:
+        from loops_nb.llm.target_rule import alternation  # which imports this module
+
         self._backend = tokenizer.backend_tokenizer
         self.added_ids = frozenset(tokenizer.added_tokens_decoder)
-        contents = sorted({t.content for t in tokenizer.added_tokens_decoder.values()}, key=len, reverse=True)
-        self._added_re = re.compile("|".join(map(re.escape, contents)) or "(?!)")
+        self._added_re = alternation(t.content for t in tokenizer.added_tokens_decoder.values())
         self._stop_re = stop_re
         self._cache: dict[str, tuple[list[int], list[tuple[int, int, int]]]] = {}
         self._verify_left = _VERIFY_FIRST

@@ -27,8 +27,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from loops_nb.llm.capture import CAUSES as CAUSES  # steps.jsonl's causes, named where they are told apart
 from loops_nb.llm.capture import (
-    CAUSES,
     HISTORY_EDITED,
     REASONING_DROPPED,
     TEMPLATE_REWROTE_HISTORY,
@@ -43,18 +43,6 @@ from loops_nb.llm.renderer import call_keys
 
 if TYPE_CHECKING:
     from loops_nb.llm.renderer import Renderer
-
-__all__ = [
-    "CAUSES",
-    "HISTORY_EDITED",
-    "REASONING_DROPPED",
-    "TEMPLATE_REWROTE_HISTORY",
-    "TOOL_CALL_RERENDERED",
-    "TRUNCATION",
-    "SequenceBreak",
-    "classify_break",
-    "continuation_start",
-]
 
 
 def continuation_start(
@@ -87,33 +75,21 @@ def classify_break(
     prompt: Sequence[int],
 ) -> SequenceBreak:
     """Why `prompt` (rendered from `messages`) does not extend `previous`'s prompt + completion."""
-    return SequenceBreak(
-        _cause(renderer, messages, tools, previous, prompt),
-        first_difference(previous.prompt_tokens + previous.completion_tokens, prompt, renderer.decode),
-    )
-
-
-def _cause(
-    renderer: Renderer,
-    messages: Sequence[ChatMessage],
-    tools: Sequence[ToolSpec] | None,
-    previous: ModelCall,
-    prompt: Sequence[int],
-) -> str:
+    where = first_difference(previous.prompt_tokens + previous.completion_tokens, prompt, renderer.decode)
     if previous.finish_reason == "length":
-        return TRUNCATION
+        return SequenceBreak(TRUNCATION, where)
     # A call recorded without its messages (built by hand) cannot be checked for edits.
     if previous.messages and continuation_start(renderer, messages, tools, previous) is None:
-        return HISTORY_EDITED
+        return SequenceBreak(HISTORY_EDITED, where)
     rendered = renderer.decode(prompt)
     reply = renderer.parse(previous.completion_tokens, prompt_tokens=previous.prompt_tokens, tools=tools)
     # The previous reply's reasoning, or an earlier turn's sent back with it: a template drops them all at once.
     sent = [m.get("reasoning_content") for m in messages if m.get("role") == "assistant"]
     if any(r and str(r).strip() not in rendered for r in [reply.reasoning, *sent]):
-        return REASONING_DROPPED
+        return SequenceBreak(REASONING_DROPPED, where)
     if reply.tool_calls and _sampled_answer(renderer, previous) not in rendered:
-        return TOOL_CALL_RERENDERED
-    return TEMPLATE_REWROTE_HISTORY
+        return SequenceBreak(TOOL_CALL_RERENDERED, where)
+    return SequenceBreak(TEMPLATE_REWROTE_HISTORY, where)
 
 
 def _sampled_answer(renderer: Renderer, previous: ModelCall) -> str:

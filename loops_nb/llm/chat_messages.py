@@ -1,6 +1,7 @@
 """The chat data a renderer takes and gives back, named: OpenAI-shaped JSON objects, as agents, the gateway and
 SFT rows write them (a renderer reads the keys its format has and leaves the rest)."""
 
+import json
 from typing import Any
 
 ChatMessage = dict[str, Any]
@@ -11,3 +12,22 @@ ToolSpec = dict[str, Any]
 ToolCall = dict[str, Any]
 """One call: `{"id", "type": "function", "function": {"name", "arguments"}}`, `arguments` a JSON string (an
 object once `renderers` has decoded it)."""
+
+
+def tool_call(call_id: str, name: str, arguments: dict[str, Any]) -> ToolCall:
+    """A parsed call in OpenAI shape, its arguments a JSON string."""
+    arguments_json = json.dumps(arguments, ensure_ascii=False)
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments_json}}
+
+
+def assistant_message(
+    content: str | None, tool_calls: list[ToolCall] | None = None, reasoning: str = ""
+) -> ChatMessage:
+    """An assistant turn in OpenAI shape, its reasoning as `reasoning_content` (which the family's template keeps
+    or drops as it does in training); reasoning and calls only where there are some."""
+    message: ChatMessage = {"role": "assistant", "content": content}
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    return message

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -17,7 +18,7 @@ from typing import Any, Protocol
 from loops_nb.errors import ModelAccessError
 from loops_nb.llm.breaks import classify_break
 from loops_nb.llm.capture import ModelCall, TokenCapture
-from loops_nb.llm.chat_messages import ChatMessage, ToolCall, ToolSpec
+from loops_nb.llm.chat_messages import ChatMessage, ToolCall, ToolSpec, assistant_message
 from loops_nb.llm.renderer import Renderer
 
 
@@ -46,14 +47,8 @@ class Reply:
 
     @property
     def message(self) -> ChatMessage:
-        """The assistant message in OpenAI shape, to append to the conversation (its reasoning as
-        `reasoning_content`, which the family's template keeps or drops as it does in training)."""
-        msg: ChatMessage = {"role": "assistant", "content": self.content}
-        if self.reasoning:
-            msg["reasoning_content"] = self.reasoning
-        if self.tool_calls:
-            msg["tool_calls"] = self.tool_calls
-        return msg
+        """The assistant message to append to the conversation (`assistant_message`)."""
+        return assistant_message(self.content, self.tool_calls, self.reasoning)
 
 
 @dataclass
@@ -86,7 +81,7 @@ class LoopsLLM:
         """Told of every failed sample before it is raised (the run uses it to see Loops itself gone)."""
         self.capture = capture if capture is not None else TokenCapture()
         self.defaults = defaults or SamplingDefaults()
-        self._seed = seed
+        self._seeds = itertools.count(seed + 1) if seed is not None else None
 
     async def chat(
         self,
@@ -141,7 +136,7 @@ class LoopsLLM:
             temperature=self.defaults.temperature if temperature is None else temperature,
             top_p=self.defaults.top_p if top_p is None else top_p,
             stop=stops,
-            seed=self._next_seed(),
+            seed=next(self._seeds) if self._seeds is not None else None,
         )
         client, version = self.policy.sampling_client, self.policy.version
         try:
@@ -189,12 +184,6 @@ class LoopsLLM:
                 )
             )
         return replies
-
-    def _next_seed(self) -> int | None:
-        if self._seed is None:
-            return None
-        self._seed += 1
-        return self._seed
 
 
 _current: contextvars.ContextVar[LoopsLLM] = contextvars.ContextVar("loops_nb_llm")

@@ -21,10 +21,11 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from loops_nb.errors import ConfigError, RenderingError, UserError
+from loops_nb.errors import ConfigError, UserError
 from loops_nb.llm.breaks import continuation_start
-from loops_nb.llm.chat_messages import ChatMessage, ToolCall, ToolSpec
-from loops_nb.llm.renderer import ParsedReply, TokenizerText
+from loops_nb.llm.chat_messages import ChatMessage, ToolCall, ToolSpec, tool_call
+from loops_nb.llm.renderer import ParsedReply, Renderer
+from loops_nb.llm.target_rule import Refusal
 
 if TYPE_CHECKING:
     from renderers import ParsedResponse
@@ -38,7 +39,7 @@ PARSES_KEPT = 64
 """Parsed replies a renderer keeps: enough for the attempts sampling at once to each find its previous one."""
 
 
-class PrimeRenderer(TokenizerText):
+class PrimeRenderer(Renderer):
     """A `Renderer` for one model family, wrapping `renderers`' hand-written renderer `name` (`qwen3`, ...)."""
 
     extends_by_text = False
@@ -104,14 +105,6 @@ class PrimeRenderer(TokenizerText):
                     return list(bridged.token_ids), ()
         return list(self.prime.render_ids(converted, tools=spec, add_generation_prompt=True)), ()
 
-    def prompt_tokens(
-        self,
-        messages: Sequence[ChatMessage],
-        tools: Sequence[ToolSpec] | None = None,
-        previous: ModelCall | None = None,
-    ) -> list[int]:
-        return self.render_prompt(messages, tools, previous)[0]
-
     def parse(
         self,
         completion_tokens: Sequence[int],
@@ -141,36 +134,6 @@ class PrimeRenderer(TokenizerText):
                 self._parsed.pop(next(iter(self._parsed)))
         return copy.deepcopy(found)
 
-    # -- a turn as the family writes it --------------------------------------------------------------------
-
-    def reply_tokens(self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec] | None) -> list[int]:
-        """How the family writes the last of `messages` (an assistant turn) after its generation prompt for the
-        ones before: the tokens a model of the family samples there (SFT trains them; the preflight plays
-        them). Rendered with the turn's reasoning kept (gpt-oss drops a final answer's analysis from any
-        history; the generation prompt is the same). Where prompt and turn split a token differently at the
-        seam (Qwen3.6's `<think>\\n` before an empty `\\n\\n</think>`), the rest of the turn's text is
-        tokenized on its own. `TurnNotAfterPrompt` when the turn cannot follow the prompt at all."""
-        from loops_nb.llm.renderer_choice import reasoning_kept
-
-        if self._kept is None:
-            kept = reasoning_kept(self.config)
-            self._kept = (
-                self
-                if kept == self.config
-                else PrimeRenderer(self.tokenizer, self.name, hub_id=self.hub_id, config=kept)
-            )
-        spec, converted = (list(tools) if tools else None), to_prime_messages(messages)
-        prime = self._kept.prime
-        opened = list(prime.render_ids(converted[:-1], tools=spec, add_generation_prompt=True))
-        written = list(prime.render_ids(converted, tools=spec))
-        if written[: len(opened)] == opened:
-            return written[len(opened) :]
-        at = next(i for i, (a, b) in enumerate(zip(opened, written, strict=False)) if a != b)
-        prompt_text, turn_text = self.decode(opened[at:]), self.decode(written[at:])
-        if turn_text.startswith(prompt_text):
-            return self.encode(turn_text[len(prompt_text) :])
-        raise TurnNotAfterPrompt(prompt_text, turn_text)
-
     # -- supervised targets ---------------------------------------------------------------------------------
 
     def supervised_examples(
@@ -178,22 +141,17 @@ class PrimeRenderer(TokenizerText):
         messages: list[ChatMessage],
         tools: list[ToolSpec] | None,
         trained_turns: Sequence[int],
-        checks: TargetChecks,
+        checks: TargetChecks | None = None,
     ) -> SupervisedExamples:
         """The target rule (target_rule.py) in token ids: trained turn ``j``'s context is the family's
-        generation prompt after ``messages[:j]``, its own tokens `reply_tokens` through the first stop token.
+        generation prompt after ``messages[:j]``, its own tokens what the family writes after that prompt
+        (`_target_turn`) through the first stop token.
         A reasoning the family does not write in the configured mode (DeepSeek V4 chat mode) fails the caller's
         checks. (`renderers`' own `build_training_sample` marks what its renderer calls sampled over one render
         of the whole conversation: on Qwen3.6 that includes the ``<think>\\n`` the prompt already holds, on
         gpt-oss it leaves out the channel headers the model writes, and earlier turns train in the history the
         last one sees; this rule trains what the sampler's prompt is followed by.)"""
-        from loops_nb.llm.target_rule import (
-            Refusal,
-            SupervisedExample,
-            SupervisedExamples,
-            split_reason,
-            turn_groups,
-        )
+        from loops_nb.llm.target_rule import SupervisedExamples, split_reason, turn_groups, weighted_example
 
         converted = to_prime_messages(messages)
         turns = {j: self._target_turn(converted, tools, j, checks) for j in trained_turns}
@@ -201,15 +159,10 @@ class PrimeRenderer(TokenizerText):
         examples = []
         for members in groups:
             ids = turns[members[-1]][0]
-            reason = checks.context(members[-1], set(members), self.decode(ids))
+            reason = checks and checks.context(members[-1], set(members), self.decode(ids))
             if reason:
                 raise Refusal(reason)
-            weights, token_turns = [0.0] * len(ids), [-1] * len(ids)
-            for j in members:
-                end, start = len(turns[j][0]), turns[j][1]
-                weights[start:end] = [1.0] * (end - start)
-                token_turns[start:end] = [j] * (end - start)
-            examples.append(SupervisedExample(ids, weights, token_turns, tuple(members)))
+            examples.append(weighted_example(ids, [(j, turns[j][1], len(turns[j][0])) for j in members]))
         why = split_reason(f"the {self.name} renderer") if len(groups) > 1 else None
         return SupervisedExamples(examples, why)
 
@@ -217,10 +170,16 @@ class PrimeRenderer(TokenizerText):
         return [str(self.tokenizer.convert_ids_to_tokens(i)) for i in self.stop_token_ids]
 
     def _target_turn(
-        self, messages: list[ChatMessage], tools: list[ToolSpec] | None, j: int, checks: TargetChecks
+        self, messages: list[ChatMessage], tools: list[ToolSpec] | None, j: int, checks: TargetChecks | None
     ) -> tuple[list[int], int]:
-        """Turn `j` as (its context and own tokens through the stop token, where its own tokens start)."""
-        from loops_nb.llm.target_rule import Refusal, opening_turn, render_failed
+        """Turn `j` as (its context and own tokens through the stop token, where its own tokens start). Its own
+        tokens are how the family writes it after its generation prompt for the turns before: what a model of
+        the family samples there (SFT trains them; the preflight plays them). Rendered with the turn's
+        reasoning kept (gpt-oss drops a final answer's analysis from any history; the generation prompt is the
+        same). Where prompt and turn split a token differently at the seam (Qwen3.6's `<think>\\n` before an
+        empty `\\n\\n</think>`), the rest of the turn's text is tokenized on its own."""
+        from loops_nb.llm.renderer_choice import reasoning_kept
+        from loops_nb.llm.target_rule import opening_turn, render_failed
 
         opening_turn(j)
         who = f"the {self.name} renderer"
@@ -229,19 +188,34 @@ class PrimeRenderer(TokenizerText):
         except Exception as exc:  # the family's renderer raises whatever its format refuses
             raise render_failed(who, exc, j, f"messages[:{j}] with the generation prompt") from None
         try:
-            own = self.reply_tokens(messages[: j + 1], tools)
-        except TurnNotAfterPrompt as exc:
-            hint = (
-                ""
-                if messages[j].get("reasoning_content")
-                else "; the prompt opens the turn's reasoning: give the turn a reasoning_content"
-            )
-            raise Refusal(
-                f"messages[{j}]: {who} writes this turn unlike its generation prompt ({exc}), so the generated "
-                f"tokens cannot be located{hint}"
-            ) from None
+            if self._kept is None:
+                kept = reasoning_kept(self.config)
+                self._kept = (
+                    self
+                    if kept == self.config
+                    else PrimeRenderer(self.tokenizer, self.name, hub_id=self.hub_id, config=kept)
+                )
+            prime, spec = self._kept.prime, tools or None
+            opened = list(prime.render_ids(messages[:j], tools=spec, add_generation_prompt=True))
+            written = list(prime.render_ids(messages[: j + 1], tools=spec))
         except Exception as exc:
             raise render_failed(who, exc, j, f"messages[:{j + 1}]") from None
+        own = written[len(opened) :]
+        if written[: len(opened)] != opened:
+            at = next(i for i, (a, b) in enumerate(zip(opened, written, strict=False)) if a != b)
+            prompt_text, turn_text = self.decode(opened[at:]), self.decode(written[at:])
+            if not turn_text.startswith(prompt_text):
+                hint = (
+                    ""
+                    if messages[j].get("reasoning_content")
+                    else "; the prompt opens the turn's reasoning: give the turn a reasoning_content"
+                )
+                raise TurnNotAfterPrompt(
+                    f"messages[{j}]: {who} writes this turn unlike its generation prompt (the prompt has "
+                    f"{prompt_text[:40]!r} where the turn has {turn_text[:40]!r}), so the generated tokens "
+                    f"cannot be located{hint}"
+                )
+            own = self.encode(turn_text[len(prompt_text) :])
         stop = next((k for k, t in enumerate(own) if t in self.stop_token_ids), None)
         if stop is None:
             raise Refusal(
@@ -249,20 +223,15 @@ class PrimeRenderer(TokenizerText):
                 f"{', '.join(self.target_stop_tokens())}); the model could never learn to end it"
             )
         own = own[: stop + 1]
-        reason = checks.turn(j, self.decode(own))
+        reason = checks and checks.turn(j, self.decode(own))
         if reason:
             raise Refusal(reason)
         return context + own, len(context)
 
 
-class TurnNotAfterPrompt(RenderingError):
+class TurnNotAfterPrompt(Refusal):
     """An assistant turn the family writes unlike the generation prompt it follows (a gpt-oss prompt opens the
-    analysis channel; a turn without reasoning starts in another): what each has where they part."""
-
-    def __init__(self, prompt_text: str, turn_text: str) -> None:
-        super().__init__(f"the prompt has {prompt_text[:40]!r} where the turn has {turn_text[:40]!r}")
-        self.prompt_text = prompt_text
-        self.turn_text = turn_text
+    analysis channel; a turn without reasoning starts in another), so its generated tokens cannot be located."""
 
 
 def parsed_reply(parsed: ParsedResponse, text: str) -> ParsedReply:
@@ -274,16 +243,7 @@ def parsed_reply(parsed: ParsedResponse, text: str) -> ParsedReply:
     errors: list[str] = []
     for i, call in enumerate(parsed.tool_calls):
         if call.status == ToolCallParseStatus.OK and call.name and isinstance(call.arguments, dict):
-            calls.append(
-                {
-                    "id": call.id or f"call_{len(calls)}",
-                    "type": "function",
-                    "function": {
-                        "name": call.name,
-                        "arguments": json.dumps(call.arguments, ensure_ascii=False),
-                    },
-                }
-            )
+            calls.append(tool_call(call.id or f"call_{len(calls)}", call.name, call.arguments))
         else:
             errors.append(
                 f"tool call {i}: {_STATUS_TEXT.get(call.status, str(call.status))}: {call.raw[:200]!r}"

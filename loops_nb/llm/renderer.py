@@ -32,7 +32,14 @@ if TYPE_CHECKING:
     from loops_nb.llm.capture import ModelCall
     from loops_nb.llm.target_rule import ChatTemplateTargets, SupervisedExamples, TargetChecks
 
-END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>")
+END_OF_TURN_TOKENS = (
+    "<|im_end|>",  # ChatML: SmolLM2, Qwen
+    "<|eot_id|>",  # Llama 3
+    "<|eom_id|>",  # Llama 3.1 tool calls
+    "<end_of_turn>",  # Gemma
+    "<|end|>",  # Phi-3
+    "<|endoftext|>",
+)
 """Tokens that end an assistant turn in common chat templates; those in the vocabulary stop sampling."""
 
 
@@ -59,7 +66,8 @@ class ParsedReply:
 
 class Renderer(Protocol):
     """Messages in, prompt tokens out; sampled tokens in, reply out; a conversation in, its supervised targets
-    out. What every model call and every SFT example goes through."""
+    out. What every model call and every SFT example goes through. The renderers here subclass it for its
+    `prompt_tokens`, `encode` and `decode`."""
 
     name: str
     """`chat_template`, or the `renderers` name of a family's renderer (`qwen3`, `gpt-oss`, ...)."""
@@ -91,7 +99,7 @@ class Renderer(Protocol):
         previous: ModelCall | None = None,
     ) -> list[int]:
         """`render_prompt`'s token ids."""
-        ...
+        return self.render_prompt(messages, tools, previous)[0]
 
     def parse(
         self,
@@ -109,20 +117,29 @@ class Renderer(Protocol):
         messages: list[ChatMessage],
         tools: list[ToolSpec] | None,
         trained_turns: Sequence[int],
-        checks: TargetChecks,
+        checks: TargetChecks | None = None,
     ) -> SupervisedExamples:
         """The training examples of a conversation whose `trained_turns` (assistant message indices) train, by
         the target rule (target_rule.py): each turn's own tokens through its stop token, after the prompt this
-        renderer samples it from. `Refusal` says why the conversation cannot train."""
+        renderer samples it from. `Refusal` says why the conversation cannot train; `checks` (none: nothing)
+        why what the row says did not survive."""
         ...
 
     def target_stop_tokens(self) -> list[str]:
         """The tokens that end a trained turn (a row's text may not hold them)."""
         ...
 
-    def encode(self, text: str) -> list[int]: ...
+    # Text to ids and back exactly as every renderer needs it: no special tokens added on encode, no clean-up
+    # on decode (either would change sampled tokens' text).
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    def decode(self, tokens: Sequence[int], *, skip_special: bool = False) -> str: ...
+    def decode(self, tokens: Sequence[int], *, skip_special: bool = False) -> str:
+        text = self.tokenizer.decode(
+            list(tokens), skip_special_tokens=skip_special, clean_up_tokenization_spaces=False
+        )
+        assert isinstance(text, str)  # a flat list of ids decodes to one string
+        return text
 
 
 def call_keys(calls: Sequence[Mapping[str, Any]] | None) -> list[tuple[Any, Any]]:
@@ -139,24 +156,7 @@ def call_keys(calls: Sequence[Mapping[str, Any]] | None) -> list[tuple[Any, Any]
     return out
 
 
-class TokenizerText:
-    """Text to ids and back exactly as every renderer needs it: no special tokens added on encode, no clean-up
-    on decode (either would change sampled tokens' text)."""
-
-    tokenizer: PreTrainedTokenizerBase
-
-    def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    def decode(self, tokens: Sequence[int], *, skip_special: bool = False) -> str:
-        text = self.tokenizer.decode(
-            list(tokens), skip_special_tokens=skip_special, clean_up_tokenization_spaces=False
-        )
-        assert isinstance(text, str)  # a flat list of ids decodes to one string
-        return text
-
-
-class ChatRenderer(TokenizerText):
+class ChatRenderer(Renderer):
     """A tokenizer plus chat template: messages in, prompt tokens out; sampled tokens in, reply out; a
     conversation in, its targets out (`ChatTemplateTargets`).
 
@@ -196,30 +196,21 @@ class ChatRenderer(TokenizerText):
             list(messages), list(tools) if tools else None, add_generation_prompt=True
         )
 
-    def prompt_tokens(
-        self,
-        messages: Sequence[ChatMessage],
-        tools: Sequence[ToolSpec] | None = None,
-        previous: ModelCall | None = None,
-    ) -> list[int]:
-        """The prompt for the next call; extends `previous`'s prompt + completion (exact tokens) whenever the
-        text allows."""
-        text = self.render_text(messages, tools)
-        if previous is not None:
-            before = previous.prompt_tokens + previous.completion_tokens
-            prefix = self.decode(before)
-            if text.startswith(prefix):
-                return before + self.encode(text[len(prefix) :])
-        return self.encode(text)
-
     def render_prompt(
         self,
         messages: Sequence[ChatMessage],
         tools: Sequence[ToolSpec] | None = None,
         previous: ModelCall | None = None,
     ) -> tuple[list[int], tuple[Any, ...]]:
-        """The prompt's token ids and its images (`model_input.PromptImage`; none for a text model)."""
-        return self.prompt_tokens(messages, tools, previous), ()
+        """The prompt for the next call (no images: `VisionRenderer` has them); extends `previous`'s prompt +
+        completion (exact tokens) whenever the text allows."""
+        text = self.render_text(messages, tools)
+        if previous is not None:
+            before = previous.prompt_tokens + previous.completion_tokens
+            prefix = self.decode(before)
+            if text.startswith(prefix):
+                return before + self.encode(text[len(prefix) :]), ()
+        return self.encode(text), ()
 
     def parse(
         self,
@@ -256,7 +247,7 @@ class ChatRenderer(TokenizerText):
         messages: list[ChatMessage],
         tools: list[ToolSpec] | None,
         trained_turns: Sequence[int],
-        checks: TargetChecks,
+        checks: TargetChecks | None = None,
     ) -> SupervisedExamples:
         return self.targets().examples(messages, tools, trained_turns, checks)
 

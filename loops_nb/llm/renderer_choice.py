@@ -139,11 +139,7 @@ def choose_renderer(setting: str, base_model: str, *, template_override: str | N
         return RendererChoice(name, f"auto: {base_model} is a {name} model in `renderers`' table")
     if setting in _configs():
         return RendererChoice(setting, f"model.renderer = {setting!r}")
-    raise ConfigError(unknown_renderer(setting))
-
-
-def unknown_renderer(setting: str) -> str:
-    return (
+    raise ConfigError(
         f'model.renderer = {setting!r} is not a renderer: use "auto", "chat_template" or one of '
         f"`renderers`' {', '.join(renderer_names())}"
     )

@@ -30,22 +30,14 @@ import jinja2
 from loops_nb.errors import ConfigError, RenderingError
 from loops_nb.llm.added_token_encoder import AddedTokenEncoder
 from loops_nb.llm.chat_messages import ChatMessage, ToolSpec
+from loops_nb.llm.renderer import END_OF_TURN_TOKENS
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from loops_nb.llm.templates import ChatTemplate
 
-KNOWN_STOP_TOKENS = (
-    "<|im_end|>",  # ChatML: SmolLM2, Qwen
-    "<|eot_id|>",  # Llama 3
-    "<|eom_id|>",  # Llama 3.1 tool calls
-    "<end_of_turn>",  # Gemma
-    "<|end|>",  # Phi-3
-    "<|endoftext|>",
-    "<|end_of_text|>",
-    "</s>",
-)
+KNOWN_STOP_TOKENS = (*END_OF_TURN_TOKENS, "<|end_of_text|>", "</s>")
 """End-of-turn tokens of common chat formats; those the tokenizer has (plus its eos token) and the template
 writes are the chat template's target stops."""
 
@@ -76,6 +68,15 @@ class SupervisedExample:
     weights: list[float]
     token_turns: list[int]
     turn_indices: tuple[int, ...]
+
+
+def weighted_example(ids: list[int], spans: Sequence[tuple[int, int, int]]) -> SupervisedExample:
+    """`ids` training, for each ``(turn, start, end)`` of `spans`, tokens ``start:end`` as that turn's."""
+    weights, token_turns = [0.0] * len(ids), [-1] * len(ids)
+    for turn, start, end in spans:
+        weights[start:end] = [1.0] * (end - start)
+        token_turns[start:end] = [turn] * (end - start)
+    return SupervisedExample(ids, weights, token_turns, tuple(turn for turn, _, _ in spans))
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,9 +149,6 @@ class _Turn:
     stop_start: int
 
 
-_Built = tuple[list[int], list[float], list[int], tuple[int, ...]]
-
-
 class ChatTemplateTargets:
     """The target rule on a chat template's text. For trained turn ``j``:
 
@@ -199,17 +197,17 @@ class ChatTemplateTargets:
         messages: list[ChatMessage],
         tools: list[ToolSpec] | None,
         trained_turns: Sequence[int],
-        checks: TargetChecks,
+        checks: TargetChecks | None,
     ) -> SupervisedExamples:
         turns = {j: self._locate_turn(messages, tools, j, checks) for j in trained_turns}
         groups = turn_groups({j: turn.text for j, turn in turns.items()})
 
         split_reasons = [split_reason("the chat template")] if len(groups) > 1 else []
-        built: list[_Built] = []
+        built: list[SupervisedExample] = []
         all_failed: list[int] = []
         for members in groups:
             base = turns[members[-1]].text
-            reason = checks.context(members[-1], set(members), base)
+            reason = checks and checks.context(members[-1], set(members), base)
             if reason:
                 raise Refusal(reason)
             ok, failed = self._tokenize_group(base, [turns[j] for j in members])
@@ -225,10 +223,8 @@ class ChatTemplateTargets:
                 f"{at}: the context tokenizes differently inside the conversation than on its own, so each such "
                 f"turn is trained in its own example, on exactly the tokens it was prompted with"
             )
-        built.sort(key=lambda b: b[3])
-        return SupervisedExamples(
-            [SupervisedExample(*b) for b in built], "; ".join(split_reasons) if len(built) > 1 else None
-        )
+        built.sort(key=lambda b: b.turn_indices)
+        return SupervisedExamples(built, "; ".join(split_reasons) if len(built) > 1 else None)
 
     def _render(
         self, messages: list[ChatMessage], tools: list[ToolSpec] | None, j: int, *, prompt: bool
@@ -244,7 +240,7 @@ class ChatTemplateTargets:
         messages: list[ChatMessage],
         tools: list[ToolSpec] | None,
         j: int,
-        checks: TargetChecks,
+        checks: TargetChecks | None,
     ) -> _Turn:
         opening_turn(j)
         context = self._render(messages[:j], tools, j, prompt=True)
@@ -264,12 +260,12 @@ class ChatTemplateTargets:
                 f"messages[{j}]: the rendered turn has no stop token (looked for {', '.join(self.stop_tokens)}); "
                 f"the model could never learn to end it"
             )
-        reason = checks.turn(j, full[len(context) : stop.end()])
+        reason = checks and checks.turn(j, full[len(context) : stop.end()])
         if reason:
             raise Refusal(reason)
         return _Turn(j, full[: stop.end()], len(context), stop.start())
 
-    def _tokenize_group(self, base: str, turns: list[_Turn]) -> tuple[_Built | None, list[int]]:
+    def _tokenize_group(self, base: str, turns: list[_Turn]) -> tuple[SupervisedExample | None, list[int]]:
         """Tokenize ``base`` once and mark each turn's tokens; turns whose context does not tokenize as a prefix
         are returned as failed (to be trained on their own)."""
         ids, added = self._encoder.encode(base)
@@ -300,23 +296,12 @@ class ChatTemplateTargets:
                 spans.append((turn.index, first, stop + 1))
         if not spans:
             return None, failed
-        end = max(s[2] for s in spans)
-        weights = [0.0] * end
-        token_turns = [-1] * end
-        for index, first, stop_end in spans:
-            weights[first:stop_end] = [1.0] * (stop_end - first)
-            token_turns[first:stop_end] = [index] * (stop_end - first)
-        return (ids[:end], weights, token_turns, tuple(s[0] for s in spans)), failed
+        return weighted_example(ids[: max(s[2] for s in spans)], spans), failed
 
-    def _standalone(self, turn: _Turn) -> _Built:
+    def _standalone(self, turn: _Turn) -> SupervisedExample:
         context_ids, turn_ids = self._encode_many([turn.text[: turn.start], turn.text[turn.start :]])
-        n = len(turn_ids)
-        return (
-            context_ids + turn_ids,
-            [0.0] * len(context_ids) + [1.0] * n,
-            [-1] * len(context_ids) + [turn.index] * n,
-            (turn.index,),
-        )
+        ids = context_ids + turn_ids
+        return weighted_example(ids, [(turn.index, len(context_ids), len(ids))])
 
     def _encode_many(self, texts: list[str]) -> list[list[int]]:
         # One call per text, not encode_batch: these are a few short pieces, and waking the batch thread pool

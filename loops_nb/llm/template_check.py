@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from loops_nb.llm.breaks import classify_break
 from loops_nb.llm.capture import ModelCall, extends
-from loops_nb.llm.chat_messages import ChatMessage, ToolCall
+from loops_nb.llm.chat_messages import ChatMessage, ToolCall, assistant_message
 from loops_nb.llm.renderer import CHAT_TEMPLATE, call_keys
 
 if TYPE_CHECKING:
@@ -109,12 +109,18 @@ def check_template(renderer: Renderer) -> TemplateCheck:
     found = TemplateCheck()
     conversation = SAMPLE_TURNS[:2]
     previous: ModelCall | None = None
-    for turn in (2, 4):
-        target, after = SAMPLE_TURNS[turn], SAMPLE_TURNS[turn + 1]
+    for turn in (2, 4, len(SAMPLE_TURNS)):  # the last: the prompt after the new user message
+        last = turn == len(SAMPLE_TURNS)
         prompt, _ = renderer.render_prompt(conversation, SAMPLE_TOOLS, previous)
         if previous is not None and not extends_previous(prompt, previous):
-            found.breaks[classify_break(renderer, conversation, SAMPLE_TOOLS, previous, prompt).cause] += 1
-            found.first_difference = found.first_difference or _difference(renderer, previous, prompt)
+            cut = classify_break(renderer, conversation, SAMPLE_TOOLS, previous, prompt)
+            found.breaks[cut.cause] += 1
+            found.family_drop = last and cut.cause == "reasoning_dropped" and renderer.name != CHAT_TEMPLATE
+            if not found.family_drop:
+                found.first_difference = found.first_difference or cut.first_difference
+        if last:
+            break
+        target, after = SAMPLE_TURNS[turn], SAMPLE_TURNS[turn + 1]
         completion = _written_reply(renderer, conversation, target, after, prompt, SAMPLE_REASONING[turn])
         if completion is None:
             found.unknown = turn
@@ -125,21 +131,9 @@ def check_template(renderer: Renderer) -> TemplateCheck:
         if turn == 2:
             found.tool_call = _round_trip(target, reply.tool_calls, reply.tool_call_errors)
         # Sent back as `Reply.message` is: content, calls, reasoning.
-        sent_back: ChatMessage = {"role": "assistant", "content": reply.content}
-        if reply.tool_calls:
-            sent_back["tool_calls"] = reply.tool_calls
-        if reply.reasoning:
-            sent_back["reasoning_content"] = reply.reasoning
+        sent_back = assistant_message(reply.content, reply.tool_calls, reply.reasoning)
         conversation = [*conversation, sent_back, after]
         previous = call
-    prompt, _ = renderer.render_prompt(conversation, SAMPLE_TOOLS, previous)
-    assert previous is not None
-    if not extends_previous(prompt, previous):
-        cause = classify_break(renderer, conversation, SAMPLE_TOOLS, previous, prompt).cause
-        found.breaks[cause] += 1
-        found.family_drop = cause == "reasoning_dropped" and renderer.name != CHAT_TEMPLATE
-        if not found.family_drop:
-            found.first_difference = found.first_difference or _difference(renderer, previous, prompt)
     return found
 
 
@@ -147,12 +141,6 @@ def extends_previous(prompt: list[int], previous: ModelCall) -> bool:
     return extends(
         ModelCall(prompt, [], [], 0, "stop"), previous.prompt_tokens + previous.completion_tokens, ()
     )
-
-
-def _difference(renderer: Renderer, previous: ModelCall, prompt: list[int]) -> str:
-    from loops_nb.llm.capture import first_difference
-
-    return first_difference(previous.prompt_tokens + previous.completion_tokens, prompt, renderer.decode)
 
 
 def _written_reply(
@@ -163,20 +151,20 @@ def _written_reply(
     prompt: list[int],
     reasoning: str,
 ) -> list[int] | None:
-    """The reply as the renderer writes `target`, through its stop token: a family's own `reply_tokens`; for a
-    chat template, the tokens after the prompt in a fresh rendering of the conversation with it. A prompt that
-    opens a reasoning block (Qwen3.6, gpt-oss) is answered with reasoning, as such a model writes it. None where
-    the reply cannot be told from the rendering."""
+    """The reply as the renderer writes `target`, through its stop token: for a family's renderer, the turn's
+    training target; for a chat template, the tokens after the prompt in a fresh rendering of the conversation
+    with it. A prompt that opens a reasoning block (Qwen3.6, gpt-oss) is answered with reasoning, as such a
+    model writes it. None where the reply cannot be told from the rendering."""
     from loops_nb.llm.prime_renderer import PrimeRenderer, TurnNotAfterPrompt
 
     if isinstance(renderer, PrimeRenderer):
-        # The family says how it writes the turn after its prompt; with reasoning, as a reasoning model
-        # answers (a family that writes none renders the same tokens either way).
+        # With reasoning, as a reasoning model answers (a family that writes none renders the same tokens).
+        turn = {**target, "reasoning_content": reasoning}
         try:
-            turn = {**target, "reasoning_content": reasoning}
-            return _through_stop(renderer, renderer.reply_tokens([*conversation, turn], SAMPLE_TOOLS))
+            found = renderer.supervised_examples([*conversation, turn], SAMPLE_TOOLS, [len(conversation)])
         except TurnNotAfterPrompt:
             return None
+        return [t for t, w in zip(found.examples[0].input_ids, found.examples[0].weights, strict=True) if w]
     # Against the prompt rendered afresh: the bridged one ends in the same generation prompt.
     base = renderer.prompt_tokens(conversation, SAMPLE_TOOLS)
     for turn in (target, {**target, "reasoning_content": reasoning}):

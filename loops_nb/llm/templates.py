@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from loops_nb.errors import ConfigError
-from loops_nb.llm.chat_messages import ChatMessage, ToolCall, ToolSpec
+from loops_nb.llm.chat_messages import ChatMessage, ToolCall, ToolSpec, tool_call
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -178,14 +178,7 @@ class AssistantReply:
 
     def openai_tool_calls(self) -> list[ToolCall]:
         """The calls in OpenAI shape (``arguments`` as a JSON string, ids ``call_0``, ``call_1``, ...)."""
-        return [
-            {
-                "id": f"call_{i}",
-                "type": "function",
-                "function": {"name": c["name"], "arguments": json.dumps(c["arguments"], ensure_ascii=False)},
-            }
-            for i, c in enumerate(self.tool_calls)
-        ]
+        return [tool_call(f"call_{i}", c["name"], c["arguments"]) for i, c in enumerate(self.tool_calls)]
 
 
 def parse_assistant_text(

@@ -77,12 +77,6 @@ async def _probe() -> list[str]:
     return prefix
 
 
-def reset_isolation_probe() -> None:
-    """Probe again at the next launch (tests, or after installing bubblewrap)."""
-    global _isolation, _warned
-    _isolation, _warned = None, False
-
-
 # -- launching ------------------------------------------------------------------------------------
 async def start_agent_program(
     argv: Sequence[str],

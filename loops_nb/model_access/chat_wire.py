@@ -20,7 +20,7 @@ from openai.types.chat.chat_completion_chunk import ChoiceDelta
 from pydantic import BaseModel
 
 from loops_nb.errors import ModelAccessError
-from loops_nb.llm.chat_messages import ChatMessage, ToolCall, ToolSpec
+from loops_nb.llm.chat_messages import ChatMessage, ToolCall, ToolSpec, assistant_message
 
 ROLES = {"system", "developer", "user", "assistant", "tool"}
 MAX_CHOICES = 16
@@ -33,12 +33,6 @@ class InvalidAgentRequest(ModelAccessError):
         super().__init__(message)
         self.param = param
         self.code = code
-
-
-def error_body(
-    message: str, kind: str, param: str | None = None, code: str | None = None
-) -> dict[str, object]:
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 @dataclass
@@ -57,7 +51,8 @@ class ChatRequest:
     include_usage: bool = False
 
 
-def _bounded[N: (int, float)](body: dict[str, object], key: str, kind: type[N], low: N, high: N) -> N | None:
+def bounded[N: (int, float)](body: dict[str, object], key: str, kind: type[N], low: N, high: N) -> N | None:
+    """`body[key]`, an integer or a number (`kind`) between `low` and `high`; None when absent."""
     value = body.get(key)
     if value is None:
         return None
@@ -68,14 +63,6 @@ def _bounded[N: (int, float)](body: dict[str, object], key: str, kind: type[N], 
         bounds = f"{low} and {high}" if kind is int else f"{low:g} and {high:g}"
         raise InvalidAgentRequest(f"{key} must be between {bounds}, got {value}", key)
     return kind(value)
-
-
-def number(body: dict[str, object], key: str, low: float, high: float) -> float | None:
-    return _bounded(body, key, float, low, high)
-
-
-def integer(body: dict[str, object], key: str, low: int, high: int) -> int | None:
-    return _bounded(body, key, int, low, high)
 
 
 def text_content(value: object, where: str, kinds: tuple[str, ...] = ("text",)) -> str:
@@ -96,6 +83,15 @@ def text_content(value: object, where: str, kinds: tuple[str, ...] = ("text",)) 
             )
         texts.append(text)
     return "".join(texts)
+
+
+def chat_role(role: object, where: str, roles: set[str]) -> str:
+    """A message's role, one of `roles`, as chat templates know it: OpenAI's newer `developer` is `system`."""
+    if not isinstance(role, str) or role not in roles:
+        raise InvalidAgentRequest(
+            f"{where}.role: unknown role {role!r}; expected one of {sorted(roles)}", f"{where}.role"
+        )
+    return "system" if role == "developer" else role
 
 
 def _tool_call(call: object, where: str) -> ToolCall:
@@ -121,12 +117,7 @@ def _message(raw: object, i: int) -> ChatMessage:
     if not isinstance(raw, dict):
         raise InvalidAgentRequest(f"{where} must be an object", where)
     role = raw.get("role")
-    if not isinstance(role, str) or role not in ROLES:
-        raise InvalidAgentRequest(
-            f"{where}.role: unknown role {role!r}; expected one of {sorted(ROLES)}", f"{where}.role"
-        )
-    # Chat templates know `system`; OpenAI's newer `developer` role means the same thing.
-    msg: ChatMessage = {"role": "system" if role == "developer" else role}
+    msg: ChatMessage = {"role": chat_role(role, where, ROLES)}
     content = raw.get("content")
     msg["content"] = None if content is None else text_content(content, f"{where}.content")
     if role == "assistant" and raw.get("tool_calls") is not None:
@@ -198,8 +189,8 @@ def sampling_request(
         model=model,
         messages=messages,
         parse_tools=choice != "none",
-        temperature=number(body, "temperature", 0.0, 2.0),
-        top_p=number(body, "top_p", 1e-9, 1.0),
+        temperature=bounded(body, "temperature", float, 0.0, 2.0),
+        top_p=bounded(body, "top_p", float, 1e-9, 1.0),
         max_tokens=max_tokens,
         stream=flag(body, "stream", False),
     )
@@ -219,19 +210,20 @@ def parse_chat_request(raw: object) -> ChatRequest:
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise InvalidAgentRequest("stream_options must be an object", "stream_options")
-    max_tokens = integer(body, "max_completion_tokens", 1, 1 << 20)
+    max_tokens = bounded(body, "max_completion_tokens", int, 1, 1 << 20)
     if max_tokens is None:
-        max_tokens = integer(body, "max_tokens", 1, 1 << 20)
+        max_tokens = bounded(body, "max_tokens", int, 1, 1 << 20)
     req = sampling_request(body, [_message(m, i) for i, m in enumerate(messages)], max_tokens)
     req.tools = _tools(body.get("tools"))
     req.stop = stop or None
-    req.n = integer(body, "n", 1, MAX_CHOICES) or 1
+    req.n = bounded(body, "n", int, 1, MAX_CHOICES) or 1
     req.include_usage = bool(options.get("include_usage", False))
     return req
 
 
-def completion_id() -> str:
-    return "chatcmpl-" + secrets.token_hex(12)
+def new_id(prefix: str) -> str:
+    """A fresh object id, as OpenAI's look (`chatcmpl-...`, `resp_...`)."""
+    return prefix + secrets.token_hex(12)
 
 
 def wire(model: BaseModel) -> dict[str, object]:
@@ -240,13 +232,9 @@ def wire(model: BaseModel) -> dict[str, object]:
 
 
 def choice_message(content: str, tool_calls: list[ToolCall], reasoning: str = "") -> ChatMessage:
-    """The assistant message of a choice; its reasoning as `reasoning_content`, as vLLM and DeepSeek send it."""
-    message: ChatMessage = {"role": "assistant", "content": content if content or not tool_calls else None}
-    if reasoning:
-        message["reasoning_content"] = reasoning
-    if tool_calls:
-        message["tool_calls"] = tool_calls
-    return message
+    """The assistant message of a choice (content null when it is only calls; its reasoning as
+    `reasoning_content`, as vLLM and DeepSeek send it)."""
+    return assistant_message(content if content or not tool_calls else None, tool_calls, reasoning)
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> CompletionUsage:

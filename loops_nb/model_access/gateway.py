@@ -64,11 +64,19 @@ def _error(
     param: str | None = None,
     code: str | None = None,
 ) -> Response:
-    return JSONResponse(chat_wire.error_body(message, kind, param, code), status_code=status)
+    return JSONResponse(
+        {"error": {"message": message, "type": kind, "param": param, "code": code}}, status_code=status
+    )
 
 
 def _unauthorized(message: str) -> Response:
     return _error(401, message, code="invalid_api_key")
+
+
+def _bearer_key(header: str) -> str:
+    """The key of an `Authorization: Bearer <key>` header; empty for any other."""
+    scheme, _, key = header.partition(" ")
+    return key.strip() if scheme.lower() == "bearer" else ""
 
 
 @dataclass
@@ -161,22 +169,19 @@ def _chat_choices(sampled: Sampled) -> list[Choice]:
 class ModelGateway:
     """OpenAI-compatible access to the run's policy for out-of-process agents, one lease per attempt."""
 
+    host = "127.0.0.1"
+    """Loopback only; the port is chosen when it starts."""
+
     def __init__(
         self,
-        registry: LeaseRegistry | None = None,
         *,
         model_name: str = "policy",
-        host: str = "127.0.0.1",
-        port: int = 0,
         max_body_bytes: int = MAX_BODY_BYTES,
         limits: ConnectionLimits | None = None,
     ) -> None:
-        if host not in {"127.0.0.1", "localhost", "::1"}:
-            raise ValueError(f"the model gateway binds loopback only, not {host!r}")
-        self.registry = registry or LeaseRegistry()
+        self.registry = LeaseRegistry()
         self.model_name = model_name
-        self.host = host
-        self.port = port
+        self.port = 0
         self.max_body_bytes = max_body_bytes
         self._http = LoopbackServer("model gateway", limits)
 
@@ -197,11 +202,10 @@ class ModelGateway:
 
     # -- HTTP -------------------------------------------------------------------------------------
     def _lease(self, request: Request) -> AttemptLease | Response:
-        header = request.headers.get("authorization", "")
-        scheme, _, key = header.partition(" ")
-        if scheme.lower() != "bearer" or not key.strip():
+        key = _bearer_key(request.headers.get("authorization", ""))
+        if not key:
             return _unauthorized("missing API key: send `Authorization: Bearer <lease key>`")
-        lease = self.registry.get(key.strip())
+        lease = self.registry.get(key)
         if lease is None:
             return _unauthorized("unknown or revoked lease key: a lease is valid only while its attempt runs")
         return lease
@@ -218,8 +222,8 @@ class ModelGateway:
         """A connection is proven (ConnectionGuard) by a request with a live lease key."""
         for name, value in headers:
             if name == b"authorization":
-                scheme, _, key = value.decode("latin-1").partition(" ")
-                return scheme.lower() == "bearer" and self.registry.get(key.strip()) is not None
+                key = _bearer_key(value.decode("latin-1"))
+                return bool(key) and self.registry.get(key) is not None
         return False
 
     async def _serve(
@@ -278,7 +282,7 @@ class ModelGateway:
             lease: AttemptLease, req: chat_wire.ChatRequest, sampled: Sampled
         ) -> dict[str, object] | list[str]:
             cid, model, choices = (
-                chat_wire.completion_id(),
+                chat_wire.new_id("chatcmpl-"),
                 req.model or self.model_name,
                 _chat_choices(sampled),
             )

@@ -16,7 +16,6 @@ Unknown top-level fields are ignored, as in chat completions.
 from __future__ import annotations
 
 import json
-import secrets
 import time
 from dataclasses import dataclass
 
@@ -34,12 +33,14 @@ from openai.types.responses.response_reasoning_item import Content as ReasoningT
 from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails
 from pydantic import BaseModel, ValidationError
 
-from loops_nb.llm.chat_messages import ChatMessage, ToolCall, ToolSpec
+from loops_nb.llm.chat_messages import ChatMessage, ToolCall, ToolSpec, assistant_message
 from loops_nb.model_access.chat_wire import (
     ChatRequest,
     InvalidAgentRequest,
+    bounded,
+    chat_role,
     flag,
-    integer,
+    new_id,
     request_object,
     sampling_request,
     text_content,
@@ -89,15 +90,10 @@ def input_messages(value: object) -> list[ChatMessage]:
             reasoning = _reasoning_text(item)
             continue
         if kind == "message":
-            role = item.get("role")
-            if role not in INPUT_ROLES:
-                raise InvalidAgentRequest(
-                    f"{where}.role: unknown role {role!r}; expected one of {sorted(INPUT_ROLES)}",
-                    f"{where}.role",
-                )
-            # Chat templates know `system`; `developer` means the same thing.
-            content = text_content(item.get("content"), f"{where}.content", TEXT_PARTS)
-            out.append({"role": "system" if role == "developer" else role, "content": content})
+            role = chat_role(item.get("role"), where, INPUT_ROLES)
+            out.append(
+                {"role": role, "content": text_content(item.get("content"), f"{where}.content", TEXT_PARTS)}
+            )
             if role == "assistant" and reasoning:
                 out[-1]["reasoning_content"] = reasoning
         elif kind == "function_call":
@@ -113,9 +109,7 @@ def input_messages(value: object) -> list[ChatMessage]:
             if out and out[-1]["role"] == "assistant":
                 out[-1].setdefault("tool_calls", []).append(call)
             else:
-                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
-                if reasoning:
-                    out[-1]["reasoning_content"] = reasoning
+                out.append(assistant_message(None, [call], reasoning))
         elif kind == "function_call_output":
             output = item.get("output")
             content = (
@@ -202,7 +196,7 @@ def parse_responses_request(raw: object) -> ResponsesRequest:
         raise InvalidAgentRequest("metadata must map strings to strings", "metadata")
     messages = input_messages(body.get("input"))
     tools = function_tools(body.get("tools"))
-    chat = sampling_request(body, messages, integer(body, "max_output_tokens", 1, 1 << 20))
+    chat = sampling_request(body, messages, bounded(body, "max_output_tokens", int, 1, 1 << 20))
     chat.tools = chat_tools(tools)
     return ResponsesRequest(
         chat,
@@ -217,10 +211,6 @@ def parse_responses_request(raw: object) -> ResponsesRequest:
 
 
 # -- replies ----------------------------------------------------------------------------------------
-def _id(prefix: str) -> str:
-    return prefix + secrets.token_hex(12)
-
-
 def output_items(content: str, tool_calls: list[ToolCall], reasoning: str = "") -> list[ResponseOutputItem]:
     """A reply as output items: its reasoning (when there is some), its text as a message (unless it is only
     tool calls), then each call.
@@ -233,22 +223,22 @@ def output_items(content: str, tool_calls: list[ToolCall], reasoning: str = "") 
         text = ReasoningText(type="reasoning_text", text=reasoning)
         items.append(
             ResponseReasoningItem(
-                id=_id("rs_"), type="reasoning", status="completed", summary=[], content=[text]
+                id=new_id("rs_"), type="reasoning", status="completed", summary=[], content=[text]
             )
         )
     if content or not tool_calls:
         part = ResponseOutputText(type="output_text", text=content, annotations=[], logprobs=[])
         items.append(
             ResponseOutputMessage(
-                id=_id("msg_"), type="message", role="assistant", status="completed", content=[part]
+                id=new_id("msg_"), type="message", role="assistant", status="completed", content=[part]
             )
         )
     for call in tool_calls:
         items.append(
             ResponseFunctionToolCall(
-                id=_id("fc_"),
+                id=new_id("fc_"),
                 type="function_call",
-                call_id=_id("call_"),
+                call_id=new_id("call_"),
                 name=call["function"]["name"],
                 arguments=call["function"]["arguments"],
                 status="completed",
@@ -263,7 +253,7 @@ def response(
     """A Response object; `truncated` (the completion hit its token limit) makes it `incomplete`."""
     now = int(time.time())
     return Response(
-        id=_id("resp_"),
+        id=new_id("resp_"),
         object="response",
         created_at=now,
         status="incomplete" if truncated else "completed",

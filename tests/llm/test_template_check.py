@@ -65,7 +65,7 @@ def test_every_family_plays_the_whole_sample_attempt(
     name: str, family_tokenizer: Callable[[str], Any]
 ) -> None:
     """Qwen3.6 and gpt-oss open reasoning in their prompts: their replies are played as the family writes them
-    after the prompt (`PrimeRenderer.reply_tokens`), so the check runs every turn and finds no break inside the
+    after the prompt (the turn's training target), so the check runs every turn and finds no break inside the
     tool round trip."""
     line, warnings = template_report(PrimeRenderer(family_tokenizer(name), name))
     assert "2 model calls" in line and line.endswith("tool call round trip ok"), line
