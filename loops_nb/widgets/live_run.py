@@ -30,32 +30,149 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shlex
 import time
 import uuid
 from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from enum import StrEnum
 from html import escape
+from pathlib import Path
 from typing import Any, TextIO
 
 from loops_nb.observers import TerminalReporter, eta
-from loops_nb.run_events import (
-    AttemptFinished,
-    EvalRecord,
-    ProgressTick,
-    RunEnded,
-    RunStarted,
-    StepRollouts,
-)
+from loops_nb.run_events import AttemptFinished, EvalRecord, ProgressTick, RunEnded, RunStarted, StepRollouts
+from loops_nb.runs_table import duration
 from loops_nb.step_record import StepRecord
 from loops_nb.widgets.attempts_log import AttemptsLog
 from loops_nb.widgets.environment import DisplayFn, LiveDisplay, ipython_display, resolve_output
 from loops_nb.widgets.run_chart import LiveChart, RunChart
 from loops_nb.widgets.run_health import RunHealth
-from loops_nb.widgets.run_state import RunPanelState, RunState
 from loops_nb.widgets.stop_control import StopControl
 from loops_nb.widgets.style import plural
 from loops_nb.widgets.token_counts import TokenCounts
 
 log = logging.getLogger("loops_nb.widgets")
+
+
+class RunState(StrEnum):
+    """``waiting`` until the loop starts, ``running``, ``stopping`` once Stop is pressed (the loop stops at the next
+    step boundary); it ends ``completed``, ``stopped``, ``failed`` (the cause kept beside it) or ``cancelled`` (a
+    background task cancelled before its loop said how it ended): the words the loop's ``on_end`` uses."""
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+# Still going: the clock runs and the panel says what the current step is doing.
+LIVE_STATES = frozenset({RunState.RUNNING, RunState.STOPPING})
+# Nothing to resume: the run finished, or has not stopped yet.
+NOTHING_TO_RESUME = frozenset({RunState.COMPLETED, RunState.RUNNING, RunState.WAITING})
+
+
+@dataclass
+class RunPanelState:
+    """The run's description (``info``), its last progress tick, where it stands and its clock. Steps are counted
+    as steps done (the last record's step + 1), the CLI's "step 1/3"; steps.jsonl counts from 0."""
+
+    info: RunStarted = field(default_factory=RunStarted)
+    progress: ProgressTick | None = None
+    state: RunState = RunState.WAITING
+    error: str | None = None  # why a failed run failed, when it said
+    step: int | None = None  # steps done
+    started: float | None = None
+    step_started: float | None = None  # when the step now running began (the heartbeat shows it)
+    ended: float | None = None
+    resume_step: int | None = None  # a failed run's last checkpoint (on_end says)
+
+    @property
+    def status(self) -> str:
+        """The state in words, with a failure's cause: what the panel prints and `LiveRun.status` gives."""
+        if self.state is RunState.FAILED and self.error:
+            return f"failed: {self.error}"
+        return self.state.value
+
+    @property
+    def live(self) -> bool:
+        return self.state in LIVE_STATES
+
+    def start(self, started: RunStarted) -> None:
+        self.info = started
+        if self.state is not RunState.STOPPING:  # Stop may be pressed before the run has set itself up
+            self.state = RunState.RUNNING
+        self.started = self.step_started = time.monotonic()
+        self.step = self.info.start_step or 0
+
+    def stepped(self, step: int) -> None:
+        """Step ``step`` (0-based) ended; a producer without ``on_start`` starts the clock here."""
+        if self.started is None:
+            self.started = time.monotonic()
+            self.state = RunState.RUNNING
+        self.step = step + 1
+        self.step_started = time.monotonic()
+
+    def stop_requested(self) -> None:
+        if self.state in (RunState.RUNNING, RunState.WAITING):
+            self.state = RunState.STOPPING
+
+    def end(self, end: RunEnded) -> None:
+        """The loop's `RunEnded`: how the run ended, after how many steps, where it can resume."""
+        said = end.status or RunState.COMPLETED
+        try:
+            self.state, self.error = RunState(said), None
+        except ValueError:  # a word the loop never sends: shown as a failure rather than lost
+            self.state, self.error = RunState.FAILED, said
+        if self.state is RunState.FAILED and end.error:
+            self.error = end.error
+        if end.resume_step is not None:
+            self.resume_step = end.resume_step
+        self.ended = time.monotonic()
+        if end.steps is not None:
+            self.step = end.steps
+
+    def failed(self, error: str) -> None:
+        self.state, self.error = RunState.FAILED, error
+
+    def cancelled(self) -> None:
+        self.state = RunState.CANCELLED
+
+    def resume_hint(self) -> str | None:
+        """How to go on with a run that stopped or failed before its last step (None otherwise)."""
+        total = self.info.max_steps or 0
+        if not self.info.run_dir or self.state in NOTHING_TO_RESUME:
+            return None
+        if total and (self.step or 0) >= total:
+            return None
+        name = self.info.run_dir.rstrip("/").rsplit("/", 1)[-1]
+        where = f" (step {self.resume_step})" if self.resume_step is not None else ""
+        config = _shell_path(self.info.config) or "<config>"
+        return (
+            f'To resume from its last checkpoint{where}, set run_name = "{name}" in the parameters cell and run '
+            f"the notebook again, or run: loops run {config} --output.run_name {name}"
+        )
+
+    def final_line(self) -> str:
+        """One line for what is left where the Stop button was."""
+        text = f"run {self.status} after {plural(self.step or 0, 'step')}"
+        hint = self.resume_hint()
+        return f"{text}. {hint}" if hint else text
+
+
+def _shell_path(path: str | None) -> str | None:
+    """``path`` as a shell argument: relative to the working directory when it is under it."""
+    if not path:
+        return None
+    try:
+        text = str(Path(path).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        text = str(path)
+    return shlex.quote(text)
+
 
 # The states a heartbeat keeps beating in: the run may still be starting, or stopping.
 _BEATING = frozenset({RunState.WAITING, RunState.RUNNING, RunState.STOPPING})
@@ -289,11 +406,11 @@ class LiveRun:
         parts.append(f"{done}/{total} steps" if total else plural(done, "step"))
         now = run.ended or time.monotonic()
         if run.started is not None:
-            parts.append(f"{_duration(now - run.started)} elapsed")
+            parts.append(f"{duration(int(now - run.started))} elapsed")
             if run.state is RunState.RUNNING and total:
                 parts.append(f"ETA {eta(done - start, total - start, now - run.started)}")
         if run.live and run.step_started is not None and (not total or done < total):
-            parts.append(f"step {done + 1} running for {_duration(now - run.step_started)}")
+            parts.append(f"step {done + 1} running for {duration(int(now - run.step_started))}")
         if run.live and run.progress is not None:
             flight = run.progress.in_flight
             parts.append(
@@ -355,12 +472,3 @@ class LiveRun:
 
     def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, str]:
         return {"text/plain": str(self), "text/html": self.to_html()}
-
-
-def _duration(seconds: float) -> str:
-    seconds = int(seconds)
-    return (
-        f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-        if seconds >= 3600
-        else f"{seconds // 60}m{seconds % 60:02d}s"
-    )
