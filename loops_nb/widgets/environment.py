@@ -232,7 +232,7 @@ class Widget:
     def __repr__(self) -> str:
         return f"<{type(self).__name__}: {self.summary()}>"
 
-    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, str]:
+    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, object]:
         return {"text/plain": self.plain_text(), "text/html": self.to_html()}
 
     def show(self, **options: Unpack[DisplayOptions]) -> LiveDisplay:
