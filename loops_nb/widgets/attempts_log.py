@@ -15,6 +15,7 @@ it) gets its buffered attempts shown at each ``flush``, which `LiveRun` calls on
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from dataclasses import dataclass
 from typing import cast
 
 from loops_nb.run_events import AttemptFinished, StepRollouts
@@ -25,14 +26,14 @@ from loops_nb.widgets.style import fmt, plural
 _PENDING_LIMIT = 4096  # attempts that never reach a step (async overshoot, stale re-queues) must not pile up
 
 
+@dataclass(repr=False, eq=False)
 class StepAttempts(Widget):
     """One step's attempts as a static output: header line, then a row per attempt with its transcript."""
 
-    def __init__(self, step: int | None, rows: list[AttemptRow], *, max_rows: int, max_chars: int) -> None:
-        self.step = step
-        self.rows = rows
-        self.max_rows = max_rows
-        self.max_chars = max_chars
+    step: int | None
+    rows: list[AttemptRow]
+    max_rows: int
+    max_chars: int
 
     def summary(self) -> str:
         trained = sum(1 for r in self.rows if r.get("trained"))

@@ -20,6 +20,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from html import escape
 from typing import Literal, Protocol, TextIO, TypedDict, Unpack
 
@@ -126,17 +127,13 @@ class LiveDisplay:
         self._last = -float("inf")
         self._stale = False
         self._timer: asyncio.TimerHandle | None = None
-        self._shown = False
-
-    @property
-    def shown(self) -> bool:
-        return self._shown
+        self.shown = False
 
     def show(self) -> LiveDisplay:
         """Display the object (once; later calls do nothing)."""
-        if self._shown:
+        if self.shown:
             return self
-        self._shown = True
+        self.shown = True
         if self.output == "display":
             display_fn = self._display_fn or ipython_display
             self.handle = display_fn(self.obj, display_id=True)
@@ -148,7 +145,7 @@ class LiveDisplay:
 
     def update(self, *, force: bool = False) -> bool:
         """Re-render if the last render is at least one interval old (or ``force``); returns whether it did."""
-        if not self._shown:
+        if not self.shown:
             self.show()
             return True
         if self.output == "off":
@@ -167,7 +164,7 @@ class LiveDisplay:
     def finalize(self) -> None:
         """Render the final state, whatever the throttle says; in text mode only if something changed."""
         self._cancel()
-        if not self._shown:
+        if not self.shown:
             self.show()
             return
         printing = self.output == "text" and self.text_interval_s is not None
@@ -239,12 +236,12 @@ class Widget:
         return LiveDisplay(self, **options).show()
 
 
+@dataclass(repr=False, eq=False)
 class TextLine(Widget):
     """One grey line of text, left where a live part was (a retired Stop button, a folded step of attempts)."""
 
-    def __init__(self, text: str, colour: str = "#6b7280") -> None:
-        self.text = text
-        self.colour = colour
+    text: str
+    colour: str = "#6b7280"
 
     def summary(self) -> str:
         return self.text

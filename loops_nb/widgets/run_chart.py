@@ -273,7 +273,7 @@ class LiveChart(LiveDisplay):
                 log.info("no live chart here; showing the static figure", exc_info=True)
                 self.live = False
             else:
-                self._shown = True
+                self.shown = True
                 self.handle = (self._display_fn or ipython_display)(self.figure, display_id=True)
                 return self
         super().show()

@@ -16,35 +16,20 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from html import escape
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from loops_nb.widgets.environment import Widget
 from loops_nb.widgets.style import FONT, fmt
+
+if TYPE_CHECKING:
+    from loops_nb.policy_sampler import ChatReply
 
 _MONO = "font:12px/1.5 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace"
 
 Prompt = str | Sequence[Mapping[str, Any]]
 """A prompt: a string (one user message), or chat messages (``{"role": ..., "content": ...}``)."""
-
-
-class ShownReply(Protocol):
-    """What the widget reads of a reply (`loops_nb.policy_sampler.ChatReply` has it)."""
-
-    @property
-    def text(self) -> str: ...
-    @property
-    def token_texts(self) -> Sequence[str]: ...
-    @property
-    def logprobs(self) -> Sequence[float | None]: ...
-    @property
-    def prompt_tokens(self) -> int: ...
-    @property
-    def completion_tokens(self) -> int: ...
-    @property
-    def mean_logprob(self) -> float | None: ...
-    @property
-    def stop_reason(self) -> str: ...
 
 
 class Sampler(Protocol):
@@ -54,9 +39,9 @@ class Sampler(Protocol):
     @property
     def label(self) -> str: ...
     @property
-    def chat(self) -> Callable[..., Awaitable[ShownReply]]: ...
+    def chat(self) -> Callable[..., Awaitable[ChatReply]]: ...
     @property
-    def chat_sync(self) -> Callable[..., ShownReply]: ...
+    def chat_sync(self) -> Callable[..., ChatReply]: ...
 
 
 def _prompt_text(prompt: Prompt) -> str:
@@ -66,15 +51,13 @@ def _prompt_text(prompt: Prompt) -> str:
     return str(last[-1].get("content", "")) if last else ""
 
 
+@dataclass(eq=False)
 class SideBySide(Widget):
     """``replies[i][j]``: the reply of model ``labels[j]`` to ``prompts[i]``."""
 
-    def __init__(
-        self, prompts: Sequence[Prompt], labels: Sequence[str], replies: Sequence[Sequence[ShownReply]]
-    ) -> None:
-        self.prompts = list(prompts)
-        self.labels = list(labels)
-        self.replies = [list(r) for r in replies]
+    prompts: Sequence[Prompt]
+    labels: Sequence[str]
+    replies: Sequence[Sequence[ChatReply]]
 
     def totals(self) -> list[tuple[int, float | None]]:
         """Per model: reply tokens over all prompts, and the mean logprob of those tokens."""
@@ -139,7 +122,7 @@ class SideBySide(Widget):
         return str(self)
 
 
-def _tokens_html(reply: ShownReply) -> str:
+def _tokens_html(reply: ChatReply) -> str:
     spans = []
     for n, (text, logprob) in enumerate(zip(reply.token_texts, reply.logprobs, strict=True)):
         if logprob is None or not math.isfinite(logprob):
@@ -158,21 +141,21 @@ def _tokens_html(reply: ShownReply) -> str:
 async def side_by_side(prompts: Sequence[Prompt] | str, *samplers: Sampler, **sampling: object) -> SideBySide:
     """Ask every sampler every prompt (a string, or a message list) with the same ``sampling`` settings
     (``max_tokens``, ``temperature``, ...), concurrently."""
-    if isinstance(prompts, str):
-        prompts = [prompts]
-    if not samplers:
-        raise ValueError("side_by_side needs at least one sampler (e.g. policy.base(), policy)")
+    prompts = _prompts(prompts, samplers)
     replies = await asyncio.gather(*(s.chat(p, **sampling) for p in prompts for s in samplers))
     k = len(samplers)
     rows = [replies[i * k : (i + 1) * k] for i in range(len(prompts))]
-    return SideBySide(list(prompts), [s.label for s in samplers], rows)
+    return SideBySide(prompts, [s.label for s in samplers], rows)
 
 
 def side_by_side_sync(prompts: Sequence[Prompt] | str, *samplers: Sampler, **sampling: object) -> SideBySide:
     """`side_by_side` for a cell or script that does not await: each sampler's ``chat_sync``, one at a time."""
-    if isinstance(prompts, str):
-        prompts = [prompts]
+    prompts = _prompts(prompts, samplers)
+    rows = [[s.chat_sync(p, **sampling) for s in samplers] for p in prompts]
+    return SideBySide(prompts, [s.label for s in samplers], rows)
+
+
+def _prompts(prompts: Sequence[Prompt] | str, samplers: Sequence[Sampler]) -> list[Prompt]:
     if not samplers:
         raise ValueError("side_by_side needs at least one sampler (e.g. policy.base(), policy)")
-    rows = [[s.chat_sync(p, **sampling) for s in samplers] for p in prompts]
-    return SideBySide(list(prompts), [s.label for s in samplers], rows)
+    return [prompts] if isinstance(prompts, str) else list(prompts)
