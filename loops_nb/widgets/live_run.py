@@ -41,15 +41,29 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from loops_nb.observers import TerminalReporter, eta
-from loops_nb.run_events import AttemptFinished, EvalRecord, ProgressTick, RunEnded, RunStarted, StepRollouts
+from loops_nb.run_events import (
+    AttemptFinished,
+    EvalRecord,
+    ProgressTick,
+    RunEnded,
+    RunEvent,
+    RunStarted,
+    StepRollouts,
+)
 from loops_nb.runs_table import duration
 from loops_nb.step_record import StepRecord
 from loops_nb.widgets.attempts_log import AttemptsLog
-from loops_nb.widgets.environment import DisplayFn, LiveDisplay, ipython_display, resolve_output
+from loops_nb.widgets.environment import (
+    DisplayFn,
+    DisplayOptions,
+    LiveDisplay,
+    ipython_display,
+    resolve_output,
+)
 from loops_nb.widgets.run_chart import LiveChart, RunChart
 from loops_nb.widgets.run_health import RunHealth
 from loops_nb.widgets.stop_control import StopControl
-from loops_nb.widgets.style import plural
+from loops_nb.widgets.style import GREY, UI, div, plural, tag
 from loops_nb.widgets.token_counts import TokenCounts
 
 log = logging.getLogger("loops_nb.widgets")
@@ -174,8 +188,7 @@ def _shell_path(path: str | None) -> str | None:
     return shlex.quote(text)
 
 
-# The states a heartbeat keeps beating in: the run may still be starting, or stopping.
-_BEATING = frozenset({RunState.WAITING, RunState.RUNNING, RunState.STOPPING})
+_BEATING = LIVE_STATES | {RunState.WAITING}  # a heartbeat beats while the run may still start, or stop
 # Any state not named here (a failure, a cancel, still waiting) is drawn in red.
 _STATE_COLOUR = {
     RunState.RUNNING: "#0969da",
@@ -184,6 +197,7 @@ _STATE_COLOUR = {
     RunState.COMPLETED: "#1a7f37",
 }
 _FAILURE_COLOUR = "#cf222e"
+_NOTE = "border-radius:4px;background:#fff8c5;color:#1f2328"
 
 
 class LiveRun:
@@ -214,14 +228,10 @@ class LiveRun:
         shows = display_fn or ipython_display
         self.run = RunPanelState()
         self.chart = RunChart()
-        self.chart_display = LiveChart(
-            self.chart,
-            live=live_chart,
-            display_fn=display_fn,
-            max_hz=max_hz,
-            output=self.output,
-            text_interval_s=None,
+        options = DisplayOptions(
+            max_hz=max_hz, output=self.output, text_interval_s=None, display_fn=display_fn
         )
+        self.chart_display = LiveChart(self.chart, live=live_chart, **options)
         self.tokens = TokenCounts()
         self.anchor = f"loops-attempts-{uuid.uuid4().hex[:8]}"
         self.attempts = AttemptsLog(
@@ -230,9 +240,7 @@ class LiveRun:
             max_rows=attempts,
         )
         self.health = RunHealth(attempts_anchor=self.anchor)
-        self._display = LiveDisplay(
-            self, max_hz=max_hz, output=self.output, text_interval_s=None, display_fn=display_fn
-        )
+        self._display = LiveDisplay(self, **options)
         self._reporter = TerminalReporter(stream) if self.output == "text" else None
         self.stop_control = StopControl(stop_event, display_fn=shows)
         self.heartbeat_s = heartbeat_s
@@ -251,9 +259,7 @@ class LiveRun:
         self.run.start(started)
         with contextlib.suppress(RuntimeError):  # called without a loop (a synchronous test)
             self._loop = asyncio.get_running_loop()
-        self.chart.on_start(self.run.info)
-        if self._reporter:
-            self._reporter.on_start(self.run.info)
+        self._tell(started, self.chart, self._reporter)
         if self._display.shown:  # shown before the run started (run_in_background, or by hand): refresh it
             self._display.update(force=True)
         else:
@@ -266,17 +272,12 @@ class LiveRun:
         self.run.stepped(record.step)
         if not self.attempts.got_rollouts:  # a producer without on_rollouts: show its attempts per step
             self.attempts.flush(record.step)
-        self.chart.on_step(record)
+        self._tell(record, self.chart, self.tokens, self.health, self._reporter)
         self._chart_changed()
-        self.tokens.on_step(record)
-        self.health.on_step(record)
-        if self._reporter:
-            self._reporter.on_step(record)
         self._display.update()
 
     def on_attempt(self, attempt: AttemptFinished) -> None:
-        self.attempts.on_attempt(attempt)
-        self.health.on_attempt(attempt)
+        self._tell(attempt, self.attempts, self.health)
         self._display.update()
 
     def on_rollouts(self, rollouts: StepRollouts) -> None:
@@ -286,25 +287,28 @@ class LiveRun:
 
     def on_progress(self, tick: ProgressTick) -> None:
         self.run.progress = tick
-        if self._reporter:
-            self._reporter.on_progress(tick)
+        self._tell(tick, self._reporter)
         self._display.update()
 
     def on_eval(self, evaluation: EvalRecord) -> None:
         """RL's eval reward (`[eval]`) or SFT's held-out loss before training joins the chart."""
-        self.chart.on_eval(evaluation)
+        self._tell(evaluation, self.chart, self._reporter)
         self._chart_changed()
-        if self._reporter:
-            self._reporter.on_eval(evaluation)
         self._display.update()
 
     def on_end(self, ended: RunEnded) -> None:
         self.run.end(ended)
         if not self.attempts.got_rollouts:
             self.attempts.flush(self.run.step - 1 if self.run.step else None)
-        if self._reporter:
-            self._reporter.on_end(ended)
+        self._tell(ended, self._reporter)
         self.finalize()
+
+    @staticmethod
+    def _tell(event: RunEvent | StepRecord, *parts: object) -> None:
+        """Hand ``event`` to each of ``parts`` (None: a part this run has not, the text reporter in a kernel)."""
+        for part in parts:
+            if part is not None:
+                getattr(part, event.hook)(event)
 
     # -- display and control ----------------------------------------------------------------------------------
 
@@ -437,38 +441,31 @@ class LiveRun:
 
     def to_html(self) -> str:
         colour = _STATE_COLOUR.get(self.run.state, _FAILURE_COLOUR)
-        head = (
-            f'<div style="font:600 13px system-ui,sans-serif;margin-bottom:6px">'
-            f'<span style="display:inline-block;width:8px;height:8px;border-radius:50%;background:{colour};'
-            f'margin-right:6px"></span>{escape(self.progress_line())}</div>'
+        dot = f"display:inline-block;width:8px;height:8px;border-radius:50%;background:{colour};margin-right:6px"
+        head = div(
+            tag("span", "", dot) + escape(self.progress_line()), f"font:600 13px {UI};margin-bottom:6px"
         )
         if self.run.info.run_dir:
-            run_dir = escape(self.run.info.run_dir)
-            head += f'<div style="font:11px monospace;color:#6b7280;margin-bottom:6px">{run_dir}</div>'
+            head += div(escape(self.run.info.run_dir), f"font:11px monospace;color:{GREY};margin-bottom:6px")
         chart = ""
         if self.chart.kind is not None:  # the chart has an output of its own: its numbers in words
-            chart = f'<div style="font:11px monospace;color:#374151">{escape(self.chart.summary())}</div>'
-
+            chart = div(escape(self.chart.summary()), "font:11px monospace;color:#374151")
         # The numbers and the token table side by side (they wrap on a narrow page); health hints are long lines.
-        top = (
-            f'<div style="display:flex;flex-wrap:wrap;gap:18px;align-items:flex-start">'
-            f"<div>{chart}</div><div>{self.tokens.to_html()}</div></div>"
+        top = div(
+            div(chart) + div(self.tokens.to_html()),
+            "display:flex;flex-wrap:wrap;gap:18px;align-items:flex-start",
         )
-        health = f'<div style="margin-top:6px">{self.health.to_html()}</div>'
-        attempts = ""
+        health = div(self.health.to_html(), "margin-top:6px")
+        attempts = resume = ""
         if self.attempts.seen or self.attempts.steps_shown:
             where = " · each trained step's attempts below, newest last" if self.attempts.display_fn else ""
             attempts = (
-                f'<div id="{self.anchor}" style="font:12px system-ui,sans-serif;color:#374151;margin-top:8px">'
+                f'<div id="{self.anchor}" style="font:12px {UI};color:#374151;margin-top:8px">'
                 f"{escape(self.attempts.summary())}{where}</div>"
             )
-        resume = ""
-        if self.run.resume_hint():
-            resume = (
-                f'<div style="font:12px system-ui,sans-serif;margin-top:8px;padding:4px 8px;border-radius:4px;'
-                f'background:#fff8c5;color:#1f2328">{escape(str(self.run.resume_hint()))}</div>'
-            )
-        return f'<div style="padding:4px 0">{head}{top}{health}{attempts}{resume}</div>'
+        if hint := self.run.resume_hint():
+            resume = div(escape(hint), f"font:12px {UI};margin-top:8px;padding:4px 8px;{_NOTE}")
+        return div(head + top + health + attempts + resume, "padding:4px 0")
 
     def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, str]:
         return {"text/plain": str(self), "text/html": self.to_html()}

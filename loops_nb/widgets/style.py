@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from html import escape
 
+UI = "system-ui,sans-serif"
+GREY = "#6b7280"
 FONT = "font-family:system-ui,-apple-system,'Segoe UI',sans-serif;font-size:11px"
 _BLOCKS = "▁▂▃▄▅▆▇█"
 
@@ -38,3 +41,13 @@ def sparkline(values: Sequence[float | None], width: int = 24) -> str:
     lo, hi = min(vals), max(vals)
     span = hi - lo or 1.0
     return "".join(_BLOCKS[min(7, int((v - lo) / span * 7.999))] for v in vals)
+
+
+def tag(name: str, inner: str, style: str = "", title: str | None = None) -> str:
+    """``<name title="…" style="…">inner</name>``: ``inner`` is HTML (escape text first), ``title`` plain text."""
+    hover = f' title="{escape(title)}"' if title is not None else ""
+    return f"<{name}{hover}{f' style="{style}"' if style else ''}>{inner}</{name}>"
+
+
+def div(inner: str, style: str = "") -> str:
+    return tag("div", inner, style)
