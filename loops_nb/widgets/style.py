@@ -51,3 +51,9 @@ def tag(name: str, inner: str, style: str = "", title: str | None = None) -> str
 
 def div(inner: str, style: str = "") -> str:
     return tag("div", inner, style)
+
+
+def heading(title: str, note: str = "") -> str:
+    """A widget's title line, in bold, and a grey ``note`` (HTML) after it."""
+    grey = tag("span", f" · {note}", f"font-weight:400;color:{GREY}") if note else ""
+    return div(escape(title) + grey, f"font:600 12px {UI};margin:2px 0")
