@@ -21,11 +21,12 @@ from html import escape
 from typing import TYPE_CHECKING, Any, Protocol
 
 from loops_nb.widgets.environment import Widget
-from loops_nb.widgets.style import FONT, fmt
+from loops_nb.widgets.style import FONT, GREY, div, fmt, heading, tag
 
 if TYPE_CHECKING:
     from loops_nb.policy_sampler import ChatReply
 
+_GREY = f"font-weight:400;color:{GREY}"
 _MONO = "font:12px/1.5 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace"
 
 Prompt = str | Sequence[Mapping[str, Any]]
@@ -92,31 +93,27 @@ class SideBySide(Widget):
 
     def to_html(self) -> str:
         cell = "padding:4px 8px;border-bottom:1px solid #e5e7eb;vertical-align:top;text-align:left"
-        head = f'<th style="{cell};color:#374151">prompt</th>' + "".join(
-            f'<th style="{cell};color:#374151">{escape(label)} '
-            f'<span style="font-weight:400;color:#6b7280">{tokens} tokens · mean logprob {fmt(mean, 3)}</span></th>'
+        head = tag("th", "prompt", f"{cell};color:#374151") + "".join(
+            tag(
+                "th",
+                f"{escape(label)} " + tag("span", f"{tokens} tokens · mean logprob {fmt(mean, 3)}", _GREY),
+                f"{cell};color:#374151",
+            )
             for label, (tokens, mean) in zip(self.labels, self.totals(), strict=True)
         )
         rows = []
         for prompt, row in zip(self.prompts, self.replies, strict=True):
-            cells = [f'<td style="{cell};color:#57606a;max-width:260px">{escape(_prompt_text(prompt))}</td>']
+            cells = [tag("td", escape(_prompt_text(prompt)), f"{cell};color:#57606a;max-width:260px")]
             for reply in row:
                 meta = (
-                    f'<div style="color:#6b7280;{FONT}">{reply.prompt_tokens} prompt + {reply.completion_tokens} '
-                    f"reply tokens · mean logprob {fmt(reply.mean_logprob, 3)} · stop {escape(reply.stop_reason)}"
-                    "</div>"
+                    f"{reply.prompt_tokens} prompt + {reply.completion_tokens} reply tokens · mean logprob "
+                    f"{fmt(reply.mean_logprob, 3)} · stop {escape(reply.stop_reason)}"
                 )
-                cells.append(
-                    f'<td style="{cell};max-width:420px"><div style="{_MONO};white-space:pre-wrap;'
-                    f'word-wrap:break-word">{_tokens_html(reply)}</div>{meta}</td>'
-                )
-            rows.append(f"<tr>{''.join(cells)}</tr>")
-        return (
-            f'<div style="{FONT};color:#1f2328"><div style="font-weight:600;font-size:12px;margin:2px 0">'
-            f"{escape(self.summary())}"
-            '<span style="font-weight:400;color:#6b7280"> · hover a token for its logprob</span></div>'
-            f'<table style="border-collapse:collapse;font-size:12px"><tr>{head}</tr>{"".join(rows)}</table></div>'
-        )
+                tokens = div(_tokens_html(reply), f"{_MONO};white-space:pre-wrap;word-wrap:break-word")
+                cells.append(tag("td", tokens + div(meta, f"color:{GREY};{FONT}"), f"{cell};max-width:420px"))
+            rows.append(tag("tr", "".join(cells)))
+        table = tag("table", tag("tr", head) + "".join(rows), "border-collapse:collapse;font-size:12px")
+        return div(heading(self.summary(), "hover a token for its logprob") + table, f"{FONT};color:#1f2328")
 
     def plain_text(self) -> str:
         return str(self)
@@ -131,10 +128,8 @@ def _tokens_html(reply: ChatReply) -> str:
             p = math.exp(logprob)
             title = f"token {n + 1}: {text!r} · logprob {logprob:.3f} · p {p:.3f}"
             alpha = 0.08 + 0.32 * p  # likelier tokens darker
-        spans.append(
-            f'<span title="{escape(title)}" style="background:rgba(37,99,235,{alpha:.2f});'
-            f'border-right:1px solid rgba(255,255,255,0.8)">{escape(text)}</span>'
-        )
+        style = f"background:rgba(37,99,235,{alpha:.2f});border-right:1px solid rgba(255,255,255,0.8)"
+        spans.append(tag("span", escape(text), style, title))
     return "".join(spans)
 
 
