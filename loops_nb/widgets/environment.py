@@ -80,7 +80,8 @@ def resolve_output(mode: str | None = None, display_fn: object = None) -> Litera
 
 
 class DisplayOptions(TypedDict, total=False):
-    """The options a widget's ``show(**options)`` passes on to its `LiveDisplay`."""
+    """A `LiveDisplay`'s options, which a widget's ``show(**options)`` passes on: ``max_hz`` (default 2),
+    ``mode``, ``text_interval_s`` (default 30), ``stream``, ``display_fn``, ``output``, ``clock`` (a monotonic one)."""
 
     max_hz: float
     mode: str | None
@@ -103,27 +104,17 @@ class LiveDisplay:
     ``update(obj)``. ``output`` skips the environment check (``display``, ``text`` or ``off``).
     """
 
-    def __init__(
-        self,
-        obj: object,
-        *,
-        max_hz: float = 2.0,
-        mode: str | None = None,
-        text_interval_s: float | None = 30.0,
-        stream: TextIO | None = None,
-        display_fn: DisplayFn | None = None,
-        output: Literal["display", "text", "off"] | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, obj: object, **options: Unpack[DisplayOptions]) -> None:
         self.obj = obj
+        max_hz = options.get("max_hz", 2.0)
         self.min_interval = 1.0 / max_hz if max_hz > 0 else 0.0
-        self.output = output or resolve_output(mode, display_fn)
-        self.text_interval_s = text_interval_s
-        self.stream = stream
+        self._display_fn = options.get("display_fn")
+        self.output = options.get("output") or resolve_output(options.get("mode"), self._display_fn)
+        self.text_interval_s = options.get("text_interval_s", 30.0)
+        self.stream = options.get("stream")
         self.handle: DisplayHandle | None = None
         self.renders = 0  # how many times the object was rendered (display + updates, or printed lines)
-        self._display_fn = display_fn
-        self._clock = clock
+        self._clock = options.get("clock", time.monotonic)
         self._last = -float("inf")
         self._stale = False
         self._timer: asyncio.TimerHandle | None = None
