@@ -39,7 +39,7 @@ from loops_nb.widgets.series import (
     series_table,
     traces,
 )
-from loops_nb.widgets.style import fmt, number, sparkline
+from loops_nb.widgets.style import fmt, number, plural, sparkline
 
 if TYPE_CHECKING:
     from loops_nb.widgets.live_figure import LiveFigure
@@ -109,18 +109,17 @@ class RunChart(Widget):
         spread = None
         if metric.spread:
             prefix = metric.key.rsplit("/", 1)[0]
+
+            def at(name: str) -> list[float | None]:  # the spread's values at the curve's steps
+                return [self.points(Metric(f"{prefix}/{name}", "", "")).get(x) for x in xs]
+
             if self.spread == "std":
-                stds = self.points(Metric(f"{prefix}/std", "", ""))
-                std = [stds.get(x) for x in xs]
+                std = at("std")
                 lows = [None if y is None or s is None else y - s for y, s in zip(ys, std, strict=True)]
                 highs = [None if y is None or s is None else y + s for y, s in zip(ys, std, strict=True)]
                 hover = [h if s is None else f"{h} ± {fmt(s, 3)}" for h, s in zip(hover, std, strict=True)]
             else:
-                lo, hi = (
-                    self.points(Metric(f"{prefix}/min", "", "")),
-                    self.points(Metric(f"{prefix}/max", "", "")),
-                )
-                lows, highs = [lo.get(x) for x in xs], [hi.get(x) for x in xs]
+                lows, highs = at("min"), at("max")
                 hover = [
                     h if a is None or b is None else f"{h} [{fmt(a, 3)}, {fmt(b, 3)}]"
                     for h, a, b in zip(hover, lows, highs, strict=True)
@@ -206,7 +205,7 @@ class RunChart(Widget):
         main, evaluation = (self.points(m) for m in CURVES[self.kind].metrics)
         values = [v for v in main.values() if v is not None]
         last = values[-1] if values else None
-        text = f"{self.kind}: {_steps(len(values))}, last {fmt(last, 3)}"
+        text = f"{self.kind}: {plural(len(values), 'step')}, last {fmt(last, 3)}"
         if self.kind == "reward":
             text += f", best {fmt(max(values) if values else None, 3)}"
         if evaluation.get(0) is not None:
@@ -311,7 +310,3 @@ def _hover(metric: Metric, x: int, y: float | None) -> str:
         return f"step {x}: {metric.name} {fmt(y)}"
     what = metric.name.removeprefix("eval ")
     return f"eval {'before training' if x == 0 else f'after {x} steps'}: {what} {fmt(y)}"
-
-
-def _steps(n: int) -> str:
-    return "1 step" if n == 1 else f"{n} steps"
