@@ -21,7 +21,7 @@ from typing import cast
 from loops_nb.run_events import AttemptFinished, StepRollouts
 from loops_nb.widgets.attempt_rows import AttemptRow, attempts_html, merge_rollout, text_table
 from loops_nb.widgets.environment import DisplayFn, DisplayHandle, TextLine, Widget
-from loops_nb.widgets.style import fmt, plural
+from loops_nb.widgets.style import GREY, div, fmt, plural
 
 _PENDING_LIMIT = 4096  # attempts that never reach a step (async overshoot, stale re-queues) must not pile up
 
@@ -57,19 +57,10 @@ class StepAttempts(Widget):
     def to_html(self) -> str:
         shown = self.rows[: self.max_rows]
         more = len(self.rows) - len(shown)
-        tail = (
-            f'<div style="color:#6b7280">… {plural(more, "more attempt")} of this step in rollouts.jsonl</div>'
-            if more > 0
-            else ""
-        )
-        return attempts_html(
-            self.summary(),
-            "click a row for its transcript",
-            shown,
-            self.max_chars,
-            style=";margin-top:4px",
-            tail=tail,
-        )
+        tail = div(f"… {plural(more, 'more attempt')} of this step in rollouts.jsonl", f"color:{GREY}")
+        note = "click a row for its transcript"
+        tail = tail if more > 0 else ""
+        return attempts_html(self.summary(), note, shown, self.max_chars, style=";margin-top:4px", tail=tail)
 
 
 class AttemptsLog:

@@ -141,12 +141,6 @@ class RunPanelState:
         if end.steps is not None:
             self.step = end.steps
 
-    def failed(self, error: str) -> None:
-        self.state, self.error = RunState.FAILED, error
-
-    def cancelled(self) -> None:
-        self.state = RunState.CANCELLED
-
     def resume_hint(self) -> str | None:
         """How to go on with a run that stopped or failed before its last step (None otherwise)."""
         total = self.info.max_steps or 0
@@ -349,9 +343,9 @@ class LiveRun:
         """How a background run ended, recorded here since nobody may ever await the task: a cancel, or an
         exception the run's own ``on_end`` could not report."""
         if task.cancelled():
-            self.run.cancelled()
+            self.run.state = RunState.CANCELLED
         elif (exc := task.exception()) is not None:
-            self.run.failed(f"{type(exc).__name__}: {exc}")
+            self.run.state, self.run.error = RunState.FAILED, f"{type(exc).__name__}: {exc}"
             log.error("background run failed", exc_info=exc)
         elif not self.run.live:
             return  # on_end already finalized
