@@ -98,16 +98,16 @@ def _from_example(example: Example, suffix: str) -> TokenSequence:
     )
 
 
-def _sampled(tokens: Sequence[int], sampled: Sequence[bool], label: str) -> TokenSequence:
-    return TokenSequence(list(tokens), [1.0 if s else 0.0 for s in sampled], label)
+def _sampled(
+    tokens: Sequence[int], sampled: Sequence[bool], label: str, note: str | None = None
+) -> TokenSequence:
+    return TokenSequence(list(tokens), [1.0 if s else 0.0 for s in sampled], label, note=note)
 
 
 def _call(
     prompt: Sequence[int], completion: Sequence[int], label: str, note: str | None = None
 ) -> TokenSequence:
-    return TokenSequence(
-        [*prompt, *completion], [0.0] * len(prompt) + [1.0] * len(completion), label, note=note
-    )
+    return _sampled([*prompt, *completion], [False] * len(prompt) + [True] * len(completion), label, note)
 
 
 def _from_mapping(item: Mapping[str, Any], tokenizer: Tokenizer | None) -> TokenSequence:
@@ -115,13 +115,7 @@ def _from_mapping(item: Mapping[str, Any], tokenizer: Tokenizer | None) -> Token
     if "weights" in item:
         ids = item.get("input_ids", item.get("tokens"))
         return TokenSequence(
-            ids,
-            item["weights"],
-            label,
-            turns=item.get("turns"),
-            note=item.get("note"),
-            text=item.get("text"),
-            offsets=item.get("offsets"),
+            ids, item["weights"], label, **{k: item.get(k) for k in ("turns", "note", "text", "offsets")}
         )
     if "sampled" in item or "mask" in item:
         ids = item.get("tokens", item.get("input_ids"))
