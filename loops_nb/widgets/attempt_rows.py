@@ -17,9 +17,9 @@ from collections.abc import Iterable, Mapping
 from html import escape
 from typing import Any, TypedDict, cast
 
-from loops_nb.widgets.style import GREY, div, fmt, heading, tag
+from loops_nb.widgets.style import GREY, MONOSPACE, div, fmt, heading, tag
 
-MONO = "font:12px/1.45 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace"
+MONO = f"font:12px/1.45 {MONOSPACE}"
 # (name, width in characters): rendered as em at 0.62em per monospace character.
 COLUMNS = (
     ("step", 5),

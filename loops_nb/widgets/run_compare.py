@@ -31,12 +31,8 @@ _STATUS_COLOR = {"failed": "#b91c1c", "running": "#2563eb"}
 
 def default_metrics(runs: Runs) -> list[str]:
     """``reward/mean`` and ``loss`` where any run logged them, then every ``eval/*`` measure."""
-    keys: dict[str, None] = {}
-    for run in runs:
-        for key in run.metric_keys():
-            keys.setdefault(key, None)
-    chosen = [k for k in CURVE_KEYS if k in keys]
-    return chosen + [k for k in keys if is_eval_measure(k)]
+    keys = dict.fromkeys(key for run in runs for key in run.metric_keys())
+    return [k for k in CURVE_KEYS if k in keys] + [k for k in keys if is_eval_measure(k)]
 
 
 class RunComparison(Widget):

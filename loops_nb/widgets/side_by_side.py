@@ -21,13 +21,13 @@ from html import escape
 from typing import TYPE_CHECKING, Any, Protocol
 
 from loops_nb.widgets.environment import Widget
-from loops_nb.widgets.style import FONT, GREY, div, fmt, heading, tag
+from loops_nb.widgets.style import FONT, GREY, MONOSPACE, div, fmt, heading, tag
 
 if TYPE_CHECKING:
     from loops_nb.policy_sampler import ChatReply
 
 _GREY = f"font-weight:400;color:{GREY}"
-_MONO = "font:12px/1.5 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace"
+_MONO = f"font:12px/1.5 {MONOSPACE}"
 
 Prompt = str | Sequence[Mapping[str, Any]]
 """A prompt: a string (one user message), or chat messages (``{"role": ..., "content": ...}``)."""

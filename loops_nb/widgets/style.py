@@ -7,8 +7,9 @@ from collections.abc import Sequence
 from html import escape
 
 UI = "system-ui,sans-serif"
+MONOSPACE = "ui-monospace,SFMono-Regular,Menlo,Consolas,monospace"
 GREY = "#6b7280"
-FONT = "font-family:system-ui,-apple-system,'Segoe UI',sans-serif;font-size:11px"
+FONT = f"font:11px {UI}"
 _BLOCKS = "▁▂▃▄▅▆▇█"
 
 

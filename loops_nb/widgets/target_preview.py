@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from html import escape
 
 from loops_nb.widgets.environment import Widget
-from loops_nb.widgets.style import GREY, UI, div, fmt, plural, tag
+from loops_nb.widgets.style import GREY, MONOSPACE, UI, div, fmt, plural, tag
 from loops_nb.widgets.token_sequence import Tokenizer, TokenSequence, as_sequences
 
 Decode = Callable[[list[int]], str]
@@ -37,7 +37,7 @@ _CONTEXT = 4  # tokens decoded before a token so that decoders that strip a lead
 _MAX_GROUP = 8  # a byte-level character needs at most 4 tokens; stop merging well after that
 _SPAN = "outline:1px solid rgba(0,0,0,0.08);border-radius:2px"
 _BOX = (
-    "font:12px/1.6 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;white-space:pre-wrap;"
+    f"font:12px/1.6 {MONOSPACE};white-space:pre-wrap;"
     "word-break:break-all;border:1px solid #d0d7de;border-radius:6px;padding:6px 8px;margin:2px 0 10px"
 )
 

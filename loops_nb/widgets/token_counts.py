@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING
 
 from loops_nb.step_record import StepRecord
 from loops_nb.widgets.environment import Widget
-from loops_nb.widgets.style import GREY, div, plural, tag
+from loops_nb.widgets.style import GREY, MONOSPACE, div, plural, tag
 
 if TYPE_CHECKING:
     from loops_nb.sft.report import CheckReport
 
 PREFIX = "tokens/"
-_TABLE = "border-collapse:collapse;font:12px/1.4 ui-monospace,SFMono-Regular,Menlo,monospace"
+_TABLE = f"border-collapse:collapse;font:12px/1.4 {MONOSPACE}"
 _CELL = "padding:1px 10px;text-align:right;border-bottom:1px solid #e5e7eb"
 _HEAD = "padding:1px 10px;text-align:right;border-bottom:1px solid #9ca3af;color:#374151;font-weight:600"
 # The denominator of the trained share: RL samples tokens, SFT batches contain them.
