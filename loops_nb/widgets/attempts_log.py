@@ -110,7 +110,7 @@ class AttemptsLog:
             if rollout.get("trained"):
                 self.trained += 1
             rows.append(row)
-        self._show(StepAttempts(rollouts.step, rows, **self._limits()))
+        self._show(rollouts.step, rows)
 
     def flush(self, step: int | None = None) -> None:
         """Show the buffered attempts as one block (for producers that send no ``on_rollouts``)."""
@@ -120,7 +120,7 @@ class AttemptsLog:
         self.pending.clear()
         for row in rows:
             row.setdefault("step", step)
-        self._show(StepAttempts(step, rows, **self._limits()))
+        self._show(step, rows)
 
     def summary(self) -> str:
         if not self.seen and not self.steps_shown:
@@ -133,11 +133,8 @@ class AttemptsLog:
             parts.append(f"{len(self.pending):,} waiting for their step to train")
         return ", ".join(parts)
 
-    def _limits(self) -> dict[str, int]:
-        return {"max_rows": self.max_rows, "max_chars": self.max_chars}
-
-    def _show(self, block: StepAttempts) -> None:
-        self.latest = block
+    def _show(self, step: int | None, rows: list[AttemptRow]) -> None:
+        self.latest = block = StepAttempts(step, rows, self.max_rows, self.max_chars)
         self.steps_shown += 1
         if self.display_fn is None:
             return
@@ -145,10 +142,6 @@ class AttemptsLog:
         self.blocks.append((block, handle))
         while len(self.blocks) > self.keep_steps:
             old, old_handle = self.blocks.popleft()
-            if old_handle is not None:
-                # One line, so a long run's notebook stays small.
-                old_handle.update(
-                    TextLine(
-                        f"{old.summary()} (transcripts in the run's transcripts/ folder and rollouts.jsonl)"
-                    )
-                )
+            if old_handle is not None:  # one line, so a long run's notebook stays small
+                where = "(transcripts in the run's transcripts/ folder and rollouts.jsonl)"
+                old_handle.update(TextLine(f"{old.summary()} {where}"))

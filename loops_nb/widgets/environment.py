@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from html import escape
 from typing import Literal, Protocol, TextIO, TypedDict, Unpack
 
+from loops_nb.widgets.style import GREY, UI, div
+
 log = logging.getLogger("loops_nb.widgets")
 
 Environment = Literal["kernel", "ipython", "script"]
@@ -232,13 +234,13 @@ class TextLine(Widget):
     """One grey line of text, left where a live part was (a retired Stop button, a folded step of attempts)."""
 
     text: str
-    colour: str = "#6b7280"
+    colour: str = GREY
 
     def summary(self) -> str:
         return self.text
 
     def to_html(self) -> str:
-        return f'<div style="font:12px system-ui,sans-serif;color:{self.colour}">{escape(self.text)}</div>'
+        return div(escape(self.text), f"font:12px {UI};color:{self.colour}")
 
 
 def ipython_display(obj: object, *, display_id: bool = True) -> DisplayHandle | None:
