@@ -102,10 +102,8 @@ class RunHealth(Widget):
             elif delta > 0.1 * scale:
                 status, hint = "ok", f"rising ({delta:+.3g} {over})"
             elif delta < -0.1 * scale:
-                status, hint = (
-                    "warn",
-                    f"falling ({delta:+.3g} {over}): read transcripts; check KL and the learning rate",
-                )
+                status = "warn"
+                hint = f"falling ({delta:+.3g} {over}): read transcripts; check KL and the learning rate"
             else:
                 status = "warn" if len(values) >= 2 * self.window else "info"
                 hint = f"flat ({delta:+.3g} {over}): is there signal? see group variance below"
@@ -121,20 +119,15 @@ class RunHealth(Widget):
             share = statistics.fmean(zero)
             hint = f"{share:.0%} of groups had identical rewards (they train nothing)"
             if share >= ZERO_VARIANCE_BAD:
-                status, hint = (
-                    "bad",
-                    f"{hint}: almost no learning signal; tasks too easy or too hard, or reward too coarse",
-                )
+                status = "bad"
+                hint += ": almost no learning signal; tasks too easy or too hard, or reward too coarse"
             elif share >= ZERO_VARIANCE_WARN:
-                status, hint = (
-                    "warn",
-                    f"{hint}: weak signal; a larger group size or a finer-grained reward helps",
-                )
+                status = "warn"
+                hint += ": weak signal; a larger group size or a finer-grained reward helps"
             else:
                 status = "ok"
-        return Check(
-            "reward/group_std_mean", status, fmt(stds[-1], 3) if stds else "-", hint, sparkline(stds)
-        )
+        value = fmt(stds[-1], 3) if stds else "-"
+        return Check("reward/group_std_mean", status, value, hint, sparkline(stds))
 
     def _discards(self) -> Check:
         recent = self.records[-self.window :]
@@ -165,21 +158,12 @@ class RunHealth(Widget):
             status, hint = "warn", "sampler and trainer drift apart; watch it"
         else:
             status, hint = "ok", "sampler and trainer agree"
-        return Check(
-            "kl/sample_train_v1",
-            status,
-            fmt(values[-1], 3),
-            f"{hint} (max |kl| {fmt(worst, 2)} in the last {min(len(values), self.window)} steps)",
-            sparkline(values),
-        )
+        hint += f" (max |kl| {fmt(worst, 2)} in the last {min(len(values), self.window)} steps)"
+        return Check("kl/sample_train_v1", status, fmt(values[-1], 3), hint, sparkline(values))
 
     def _transcripts(self) -> Check:
-        return Check(
-            "transcripts",
-            "info",
-            str(self.attempts_seen),
-            "attempts seen: read a few below; reward can rise for the wrong reason",
-        )
+        hint = "attempts seen: read a few below; reward can rise for the wrong reason"
+        return Check("transcripts", "info", str(self.attempts_seen), hint)
 
     def _loss(self) -> Check:
         values = self._series("loss")

@@ -73,23 +73,17 @@ class TokenCounts(Widget):
         }
         counts.columns = list(counts.totals)
         share = _share(report.trained_tokens, report.tokens)
+        split = f"{report.rows_trained:,} / {report.rows_split:,} / {report.rows_refused:,}"
         rows = [
             ("tokens", f"{report.tokens:,}"),
             ("trained", f"{report.trained_tokens:,}{share}"),
             ("untrained (context, masked)", f"{report.untrained_tokens:,}"),
             ("examples", f"{report.n_examples:,}"),
-            (
-                "rows: train / split / refused",
-                f"{report.rows_trained:,} / {report.rows_split:,} / {report.rows_refused:,}",
-            ),
+            ("rows: train / split / refused", split),
         ]
         if report.n_examples:
-            rows.append(
-                (
-                    "example length: mean / max",
-                    f"{report.tokens / report.n_examples:,.0f} / {report.max_length:,}",
-                )
-            )
+            mean = report.tokens / report.n_examples
+            rows.append(("example length: mean / max", f"{mean:,.0f} / {report.max_length:,}"))
         if report.total_steps is not None:
             rows.append(("steps (estimate)", f"~{report.total_steps:,}"))
         counts.report_rows = rows
