@@ -421,8 +421,8 @@ class LiveRun:
         lines += [str(self.health), self.tokens.summary()]
         if self.attempts.seen:
             lines.append(self.attempts.summary())
-        if self.run.resume_hint():
-            lines.append(str(self.run.resume_hint()))
+        if hint := self.run.resume_hint():
+            lines.append(hint)
         return "\n".join(lines)
 
     def to_html(self) -> str:

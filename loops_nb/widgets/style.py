@@ -1,4 +1,5 @@
-"""How the widgets write what they show: the font, a short number, a count of things, a sparkline."""
+"""How the widgets write what they show: fonts and grey, a short number, a count of things, a sparkline, and the
+inline-styled HTML tags (`tag`, `div`, `heading`) that JupyterLab's sanitizer keeps."""
 
 from __future__ import annotations
 
@@ -46,8 +47,10 @@ def sparkline(values: Sequence[float | None], width: int = 24) -> str:
 
 def tag(name: str, inner: str, style: str = "", title: str | None = None) -> str:
     """``<name title="…" style="…">inner</name>``: ``inner`` is HTML (escape text first), ``title`` plain text."""
-    hover = f' title="{escape(title)}"' if title is not None else ""
-    return f"<{name}{hover}{f' style="{style}"' if style else ''}>{inner}</{name}>"
+    attrs = (f' title="{escape(title)}"' if title is not None else "") + (
+        f' style="{style}"' if style else ""
+    )
+    return f"<{name}{attrs}>{inner}</{name}>"
 
 
 def div(inner: str, style: str = "") -> str:
