@@ -18,9 +18,9 @@ from html import escape
 from typing import Any, cast
 
 from loops_nb.run_events import AttemptRow
-from loops_nb.widgets.style import fmt
+from loops_nb.widgets.style import GREY, MONOSPACE, div, fmt, heading, tag
 
-MONO = "font:12px/1.45 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace"
+MONO = f"font:12px/1.45 {MONOSPACE}"
 # (name, width in characters): rendered as em at 0.62em per monospace character.
 COLUMNS = (
     ("step", 5),
@@ -35,6 +35,7 @@ COLUMNS = (
     ("secs", 6),
 )
 _EM_PER_CHAR = 0.62
+_LABEL = "color:#57606a"
 _PRE = (
     "white-space:pre-wrap;overflow-wrap:break-word;margin:2px 0 6px;padding:4px 6px;border-radius:4px;"
     "max-height:360px;overflow-y:auto"
@@ -127,20 +128,15 @@ def attempts_html(
     tail: str = "",
 ) -> str:
     """A title line with a grey ``note``, then the rows (`AttemptsTable`, and each step of `AttemptsLog`)."""
-    return (
-        f'<div{anchor} style="{MONO};color:#1f2328{style}">'
-        f'<div style="font:600 12px system-ui,sans-serif;margin:2px 0">{escape(title)}'
-        f'<span style="font-weight:400;color:#6b7280"> · {note}</span></div>'
-        f"{rows_html(rows, max_chars=max_chars)}{tail}</div>"
-    )
+    body = heading(title, note) + rows_html(rows, max_chars=max_chars) + tail
+    return f'<div{anchor} style="{MONO};color:#1f2328{style}">{body}</div>'
 
 
 def rows_html(rows: Iterable[AttemptRow], *, max_chars: int = 4000) -> str:
     """The header and one ``<details>`` per attempt, transcript inside (sanitizer-proof)."""
     head = "".join(_cell(name, name, width, "#374151;font-weight:600") for name, width in COLUMNS)
-    out = [f'<div style="padding-left:14px;border-bottom:1px solid #9ca3af;white-space:nowrap">{head}</div>']
-    out.extend(row_html(r, max_chars=max_chars) for r in rows)
-    return "".join(out)
+    head = div(head, "padding-left:14px;border-bottom:1px solid #9ca3af;white-space:nowrap")
+    return head + "".join(row_html(r, max_chars=max_chars) for r in rows)
 
 
 def row_html(r: AttemptRow, *, max_chars: int = 4000) -> str:
@@ -149,52 +145,46 @@ def row_html(r: AttemptRow, *, max_chars: int = 4000) -> str:
         _cell(text, hover, width, status_colour if name == "status" else "#1f2328")
         for (text, hover), (name, width) in zip(cells(r), COLUMNS, strict=True)
     )
-    summary = (
-        f'<summary style="cursor:pointer;white-space:nowrap;border-bottom:1px solid #f3f4f6">{row}</summary>'
-    )
-    return f'<details>{summary}<div style="padding:4px 0 8px 14px">{transcript_html(r, max_chars)}</div></details>'
+    summary = tag("summary", row, "cursor:pointer;white-space:nowrap;border-bottom:1px solid #f3f4f6")
+    return tag("details", summary + div(transcript_html(r, max_chars), "padding:4px 0 8px 14px"))
 
 
 def transcript_html(r: AttemptRow, max_chars: int) -> str:
-    parts = []
-    parts.append(f'<div style="color:#57606a">attempt {escape(str(r.get("attempt", "")))}</div>')
+    parts = [div(f"attempt {escape(str(r.get('attempt', '')))}", _LABEL)]
     if r.get("detail"):
-        parts.append(f'<div style="color:#57606a">detail: {escape(_clip(str(r["detail"]), 500))}</div>')
+        parts.append(div(f"detail: {escape(_clip(str(r['detail']), 500))}", _LABEL))
     text = r.get("text")
     calls = (text.get("calls") if isinstance(text, Mapping) else None) or []
     if not calls:
         parts.append(
-            '<div style="color:#6b7280">no transcript recorded (output.trace = "full" keeps '
-            "one per attempt)</div>"
+            div('no transcript recorded (output.trace = "full" keeps one per attempt)', f"color:{GREY}")
         )
     for n, call in enumerate(calls, 1):
         trained = call.get("trained", r.get("trained"))
         finish = call.get("finish_reason") or "-"
         state = {True: "trained", False: "not trained", None: "training pending"}.get(trained, "not trained")
         label = f"call {n}/{len(calls)} · finish {finish} · {state}"
-        parts.append(f'<div style="color:#57606a;margin-top:4px">{escape(label)}</div>')
-        parts.append(
-            f'<div style="{_PRE};background:#f6f8fa;color:#57606a" title="prompt">'
-            f"{escape(_clip(str(call.get('prompt', '')), max_chars, keep='end'))}</div>"
-        )
+        prompt = escape(_clip(str(call.get("prompt", "")), max_chars, keep="end"))
         bg = "rgba(46,160,67,0.18)" if trained is True else "#f6f8fa"
+        parts.append(div(escape(label), f"{_LABEL};margin-top:4px"))
+        parts.append(tag("div", prompt, f"{_PRE};background:#f6f8fa;color:#57606a", "prompt"))
         parts.append(
-            f'<div style="{_PRE};background:{bg}" title="completion">'
-            f"{escape(_clip(str(call.get('completion', '')), max_chars))}</div>"
+            tag(
+                "div",
+                escape(_clip(str(call.get("completion", "")), max_chars)),
+                f"{_PRE};background:{bg}",
+                "completion",
+            )
         )
         if call.get("tool_calls"):
-            parts.append(
-                f'<div style="color:#57606a">tool calls: {escape(_clip(str(call["tool_calls"]), 1000))}</div>'
-            )
+            parts.append(div(f"tool calls: {escape(_clip(str(call['tool_calls']), 1000))}", _LABEL))
     return "".join(parts)
 
 
 def _cell(text: str, hover: str, width: int, colour: str) -> str:
     em = f"{width * _EM_PER_CHAR + 0.6:.2f}em"  # + a gap between columns
-    return (
-        f'<span title="{escape(hover)}" style="display:inline-block;width:{em};overflow:hidden;'
-        f'text-overflow:ellipsis;white-space:nowrap;vertical-align:top;color:{colour}">{escape(text)}</span>'
-    )
+    style = f"display:inline-block;width:{em};overflow:hidden;text-overflow:ellipsis;white-space:nowrap"
+    return tag("span", escape(text), f"{style};vertical-align:top;color:{colour}", hover)
 
 
 def _ellipsis(text: str, width: int) -> str:

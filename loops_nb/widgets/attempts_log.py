@@ -15,24 +15,25 @@ it) gets its buffered attempts shown at each ``flush``, which `LiveRun` calls on
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from dataclasses import dataclass
 from typing import cast
 
 from loops_nb.run_events import AttemptFinished, StepRollouts
 from loops_nb.widgets.attempt_rows import AttemptRow, attempts_html, merge_rollout, text_table
 from loops_nb.widgets.environment import DisplayFn, DisplayHandle, TextLine, Widget
-from loops_nb.widgets.style import fmt, plural
+from loops_nb.widgets.style import GREY, div, fmt, plural
 
 _PENDING_LIMIT = 4096  # attempts that never reach a step (async overshoot, stale re-queues) must not pile up
 
 
+@dataclass(repr=False, eq=False)
 class StepAttempts(Widget):
     """One step's attempts as a static output: header line, then a row per attempt with its transcript."""
 
-    def __init__(self, step: int | None, rows: list[AttemptRow], *, max_rows: int, max_chars: int) -> None:
-        self.step = step
-        self.rows = rows
-        self.max_rows = max_rows
-        self.max_chars = max_chars
+    step: int | None
+    rows: list[AttemptRow]
+    max_rows: int
+    max_chars: int
 
     def summary(self) -> str:
         trained = sum(1 for r in self.rows if r.get("trained"))
@@ -56,19 +57,10 @@ class StepAttempts(Widget):
     def to_html(self) -> str:
         shown = self.rows[: self.max_rows]
         more = len(self.rows) - len(shown)
-        tail = (
-            f'<div style="color:#6b7280">… {plural(more, "more attempt")} of this step in rollouts.jsonl</div>'
-            if more > 0
-            else ""
-        )
-        return attempts_html(
-            self.summary(),
-            "click a row for its transcript",
-            shown,
-            self.max_chars,
-            style=";margin-top:4px",
-            tail=tail,
-        )
+        tail = div(f"… {plural(more, 'more attempt')} of this step in rollouts.jsonl", f"color:{GREY}")
+        note = "click a row for its transcript"
+        tail = tail if more > 0 else ""
+        return attempts_html(self.summary(), note, shown, self.max_chars, style=";margin-top:4px", tail=tail)
 
 
 class AttemptsLog:
@@ -118,7 +110,7 @@ class AttemptsLog:
             if rollout.get("trained"):
                 self.trained += 1
             rows.append(row)
-        self._show(StepAttempts(rollouts.step, rows, **self._limits()))
+        self._show(rollouts.step, rows)
 
     def flush(self, step: int | None = None) -> None:
         """Show the buffered attempts as one block (for producers that send no ``on_rollouts``)."""
@@ -128,7 +120,7 @@ class AttemptsLog:
         self.pending.clear()
         for row in rows:
             row.setdefault("step", step)
-        self._show(StepAttempts(step, rows, **self._limits()))
+        self._show(step, rows)
 
     def summary(self) -> str:
         if not self.seen and not self.steps_shown:
@@ -141,11 +133,8 @@ class AttemptsLog:
             parts.append(f"{len(self.pending):,} waiting for their step to train")
         return ", ".join(parts)
 
-    def _limits(self) -> dict[str, int]:
-        return {"max_rows": self.max_rows, "max_chars": self.max_chars}
-
-    def _show(self, block: StepAttempts) -> None:
-        self.latest = block
+    def _show(self, step: int | None, rows: list[AttemptRow]) -> None:
+        self.latest = block = StepAttempts(step, rows, self.max_rows, self.max_chars)
         self.steps_shown += 1
         if self.display_fn is None:
             return
@@ -153,10 +142,6 @@ class AttemptsLog:
         self.blocks.append((block, handle))
         while len(self.blocks) > self.keep_steps:
             old, old_handle = self.blocks.popleft()
-            if old_handle is not None:
-                # One line, so a long run's notebook stays small.
-                old_handle.update(
-                    TextLine(
-                        f"{old.summary()} (transcripts in the run's transcripts/ folder and rollouts.jsonl)"
-                    )
-                )
+            if old_handle is not None:  # one line, so a long run's notebook stays small
+                where = "(transcripts in the run's transcripts/ folder and rollouts.jsonl)"
+                old_handle.update(TextLine(f"{old.summary()} {where}"))

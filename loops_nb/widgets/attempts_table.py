@@ -124,10 +124,8 @@ class AttemptsTable(Widget):
         if not self.seen:
             return "attempts: none yet"
         shown = f", the last {len(self.rows)} shown" if len(self.rows) < self.seen else ""
-        return (
-            f"{plural(self.seen, 'attempt')}{shown}: mean reward {fmt(self.mean_reward, 3)}, "
-            f"{self.discarded:,} discarded"
-        )
+        mean = fmt(self.mean_reward, 3)
+        return f"{plural(self.seen, 'attempt')}{shown}: mean reward {mean}, {self.discarded:,} discarded"
 
     def __str__(self) -> str:
         lines = [self.summary()]

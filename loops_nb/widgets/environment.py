@@ -20,8 +20,11 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from html import escape
 from typing import Literal, Protocol, TextIO, TypedDict, Unpack
+
+from loops_nb.widgets.style import GREY, UI, div
 
 log = logging.getLogger("loops_nb.widgets")
 
@@ -79,7 +82,8 @@ def resolve_output(mode: str | None = None, display_fn: object = None) -> Litera
 
 
 class DisplayOptions(TypedDict, total=False):
-    """The options a widget's ``show(**options)`` passes on to its `LiveDisplay`."""
+    """A `LiveDisplay`'s options, which a widget's ``show(**options)`` passes on: ``max_hz`` (default 2),
+    ``mode``, ``text_interval_s`` (default 30), ``stream``, ``display_fn``, ``output``, ``clock`` (a monotonic one)."""
 
     max_hz: float
     mode: str | None
@@ -102,41 +106,27 @@ class LiveDisplay:
     ``update(obj)``. ``output`` skips the environment check (``display``, ``text`` or ``off``).
     """
 
-    def __init__(
-        self,
-        obj: object,
-        *,
-        max_hz: float = 2.0,
-        mode: str | None = None,
-        text_interval_s: float | None = 30.0,
-        stream: TextIO | None = None,
-        display_fn: DisplayFn | None = None,
-        output: Literal["display", "text", "off"] | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, obj: object, **options: Unpack[DisplayOptions]) -> None:
         self.obj = obj
+        max_hz = options.get("max_hz", 2.0)
         self.min_interval = 1.0 / max_hz if max_hz > 0 else 0.0
-        self.output = output or resolve_output(mode, display_fn)
-        self.text_interval_s = text_interval_s
-        self.stream = stream
+        self._display_fn = options.get("display_fn")
+        self.output = options.get("output") or resolve_output(options.get("mode"), self._display_fn)
+        self.text_interval_s = options.get("text_interval_s", 30.0)
+        self.stream = options.get("stream")
         self.handle: DisplayHandle | None = None
         self.renders = 0  # how many times the object was rendered (display + updates, or printed lines)
-        self._display_fn = display_fn
-        self._clock = clock
+        self._clock = options.get("clock", time.monotonic)
         self._last = -float("inf")
         self._stale = False
         self._timer: asyncio.TimerHandle | None = None
-        self._shown = False
-
-    @property
-    def shown(self) -> bool:
-        return self._shown
+        self.shown = False
 
     def show(self) -> LiveDisplay:
         """Display the object (once; later calls do nothing)."""
-        if self._shown:
+        if self.shown:
             return self
-        self._shown = True
+        self.shown = True
         if self.output == "display":
             display_fn = self._display_fn or ipython_display
             self.handle = display_fn(self.obj, display_id=True)
@@ -148,7 +138,7 @@ class LiveDisplay:
 
     def update(self, *, force: bool = False) -> bool:
         """Re-render if the last render is at least one interval old (or ``force``); returns whether it did."""
-        if not self._shown:
+        if not self.shown:
             self.show()
             return True
         if self.output == "off":
@@ -167,7 +157,7 @@ class LiveDisplay:
     def finalize(self) -> None:
         """Render the final state, whatever the throttle says; in text mode only if something changed."""
         self._cancel()
-        if not self._shown:
+        if not self.shown:
             self.show()
             return
         printing = self.output == "text" and self.text_interval_s is not None
@@ -232,25 +222,25 @@ class Widget:
     def __repr__(self) -> str:
         return f"<{type(self).__name__}: {self.summary()}>"
 
-    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, str]:
+    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, object]:
         return {"text/plain": self.plain_text(), "text/html": self.to_html()}
 
     def show(self, **options: Unpack[DisplayOptions]) -> LiveDisplay:
         return LiveDisplay(self, **options).show()
 
 
+@dataclass(repr=False, eq=False)
 class TextLine(Widget):
     """One grey line of text, left where a live part was (a retired Stop button, a folded step of attempts)."""
 
-    def __init__(self, text: str, colour: str = "#6b7280") -> None:
-        self.text = text
-        self.colour = colour
+    text: str
+    colour: str = GREY
 
     def summary(self) -> str:
         return self.text
 
     def to_html(self) -> str:
-        return f'<div style="font:12px system-ui,sans-serif;color:{self.colour}">{escape(self.text)}</div>'
+        return div(escape(self.text), f"font:12px {UI};color:{self.colour}")
 
 
 def ipython_display(obj: object, *, display_id: bool = True) -> DisplayHandle | None:

@@ -30,35 +30,151 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shlex
 import time
 import uuid
 from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from enum import StrEnum
 from html import escape
+from pathlib import Path
 from typing import Any, TextIO
 
 from loops_nb.observers import TerminalReporter, eta
-from loops_nb.run_events import (
-    AttemptFinished,
-    EvalRecord,
-    ProgressTick,
-    RunEnded,
-    RunStarted,
-    StepRollouts,
-)
+from loops_nb.run_events import AttemptFinished, EvalRecord, ProgressTick, RunEnded, RunStarted, StepRollouts
+from loops_nb.runs_table import duration
 from loops_nb.step_record import StepRecord
 from loops_nb.widgets.attempts_log import AttemptsLog
-from loops_nb.widgets.environment import DisplayFn, LiveDisplay, ipython_display, resolve_output
+from loops_nb.widgets.environment import (
+    DisplayFn,
+    DisplayOptions,
+    LiveDisplay,
+    ipython_display,
+    resolve_output,
+)
 from loops_nb.widgets.run_chart import LiveChart, RunChart
 from loops_nb.widgets.run_health import RunHealth
-from loops_nb.widgets.run_state import RunPanelState, RunState
 from loops_nb.widgets.stop_control import StopControl
-from loops_nb.widgets.style import plural
+from loops_nb.widgets.style import GREY, UI, div, plural, tag
 from loops_nb.widgets.token_counts import TokenCounts
 
 log = logging.getLogger("loops_nb.widgets")
 
-# The states a heartbeat keeps beating in: the run may still be starting, or stopping.
-_BEATING = frozenset({RunState.WAITING, RunState.RUNNING, RunState.STOPPING})
+
+class RunState(StrEnum):
+    """``waiting`` until the loop starts, ``running``, ``stopping`` once Stop is pressed (the loop stops at the next
+    step boundary); it ends ``completed``, ``stopped``, ``failed`` (the cause kept beside it) or ``cancelled`` (a
+    background task cancelled before its loop said how it ended): the words the loop's ``on_end`` uses."""
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+# Still going: the clock runs and the panel says what the current step is doing.
+LIVE_STATES = frozenset({RunState.RUNNING, RunState.STOPPING})
+# Nothing to resume: the run finished, or has not stopped yet.
+NOTHING_TO_RESUME = frozenset({RunState.COMPLETED, RunState.RUNNING, RunState.WAITING})
+
+
+@dataclass
+class RunPanelState:
+    """The run's description (``info``), its last progress tick, where it stands and its clock. Steps are counted
+    as steps done (the last record's step + 1), the CLI's "step 1/3"; steps.jsonl counts from 0."""
+
+    info: RunStarted = field(default_factory=RunStarted)
+    progress: ProgressTick | None = None
+    state: RunState = RunState.WAITING
+    error: str | None = None  # why a failed run failed, when it said
+    step: int | None = None  # steps done
+    started: float | None = None
+    step_started: float | None = None  # when the step now running began (the heartbeat shows it)
+    ended: float | None = None
+    resume_step: int | None = None  # a failed run's last checkpoint (on_end says)
+
+    @property
+    def status(self) -> str:
+        """The state in words, with a failure's cause: what the panel prints and `LiveRun.status` gives."""
+        if self.state is RunState.FAILED and self.error:
+            return f"failed: {self.error}"
+        return self.state.value
+
+    @property
+    def live(self) -> bool:
+        return self.state in LIVE_STATES
+
+    def start(self, started: RunStarted) -> None:
+        self.info = started
+        if self.state is not RunState.STOPPING:  # Stop may be pressed before the run has set itself up
+            self.state = RunState.RUNNING
+        self.started = self.step_started = time.monotonic()
+        self.step = self.info.start_step or 0
+
+    def stepped(self, step: int) -> None:
+        """Step ``step`` (0-based) ended; a producer without ``on_start`` starts the clock here."""
+        if self.started is None:
+            self.started = time.monotonic()
+            self.state = RunState.RUNNING
+        self.step = step + 1
+        self.step_started = time.monotonic()
+
+    def stop_requested(self) -> None:
+        if self.state in (RunState.RUNNING, RunState.WAITING):
+            self.state = RunState.STOPPING
+
+    def end(self, end: RunEnded) -> None:
+        """The loop's `RunEnded`: how the run ended, after how many steps, where it can resume."""
+        said = end.status or RunState.COMPLETED
+        try:
+            self.state, self.error = RunState(said), None
+        except ValueError:  # a word the loop never sends: shown as a failure rather than lost
+            self.state, self.error = RunState.FAILED, said
+        if self.state is RunState.FAILED and end.error:
+            self.error = end.error
+        if end.resume_step is not None:
+            self.resume_step = end.resume_step
+        self.ended = time.monotonic()
+        if end.steps is not None:
+            self.step = end.steps
+
+    def resume_hint(self) -> str | None:
+        """How to go on with a run that stopped or failed before its last step (None otherwise)."""
+        total = self.info.max_steps or 0
+        if not self.info.run_dir or self.state in NOTHING_TO_RESUME:
+            return None
+        if total and (self.step or 0) >= total:
+            return None
+        name = self.info.run_dir.rstrip("/").rsplit("/", 1)[-1]
+        where = f" (step {self.resume_step})" if self.resume_step is not None else ""
+        config = _shell_path(self.info.config) or "<config>"
+        return (
+            f'To resume from its last checkpoint{where}, set run_name = "{name}" in the parameters cell and run '
+            f"the notebook again, or run: loops run {config} --output.run_name {name}"
+        )
+
+    def final_line(self) -> str:
+        """One line for what is left where the Stop button was."""
+        text = f"run {self.status} after {plural(self.step or 0, 'step')}"
+        hint = self.resume_hint()
+        return f"{text}. {hint}" if hint else text
+
+
+def _shell_path(path: str | None) -> str | None:
+    """``path`` as a shell argument: relative to the working directory when it is under it."""
+    if not path:
+        return None
+    try:
+        text = str(Path(path).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        text = str(path)
+    return shlex.quote(text)
+
+
+_BEATING = LIVE_STATES | {RunState.WAITING}  # a heartbeat beats while the run may still start, or stop
 # Any state not named here (a failure, a cancel, still waiting) is drawn in red.
 _STATE_COLOUR = {
     RunState.RUNNING: "#0969da",
@@ -67,6 +183,7 @@ _STATE_COLOUR = {
     RunState.COMPLETED: "#1a7f37",
 }
 _FAILURE_COLOUR = "#cf222e"
+_NOTE = "border-radius:4px;background:#fff8c5;color:#1f2328"
 
 
 class LiveRun:
@@ -97,14 +214,10 @@ class LiveRun:
         shows = display_fn or ipython_display
         self.run = RunPanelState()
         self.chart = RunChart()
-        self.chart_display = LiveChart(
-            self.chart,
-            live=live_chart,
-            display_fn=display_fn,
-            max_hz=max_hz,
-            output=self.output,
-            text_interval_s=None,
+        options = DisplayOptions(
+            max_hz=max_hz, output=self.output, text_interval_s=None, display_fn=display_fn
         )
+        self.chart_display = LiveChart(self.chart, live=live_chart, **options)
         self.tokens = TokenCounts()
         self.anchor = f"loops-attempts-{uuid.uuid4().hex[:8]}"
         self.attempts = AttemptsLog(
@@ -113,9 +226,7 @@ class LiveRun:
             max_rows=attempts,
         )
         self.health = RunHealth(attempts_anchor=self.anchor)
-        self._display = LiveDisplay(
-            self, max_hz=max_hz, output=self.output, text_interval_s=None, display_fn=display_fn
-        )
+        self._display = LiveDisplay(self, **options)
         self._reporter = TerminalReporter(stream) if self.output == "text" else None
         self.stop_control = StopControl(stop_event, display_fn=shows)
         self.heartbeat_s = heartbeat_s
@@ -134,9 +245,7 @@ class LiveRun:
         self.run.start(started)
         with contextlib.suppress(RuntimeError):  # called without a loop (a synchronous test)
             self._loop = asyncio.get_running_loop()
-        self.chart.on_start(self.run.info)
-        if self._reporter:
-            self._reporter.on_start(self.run.info)
+        self._tell(started, self.chart, self._reporter)
         if self._display.shown:  # shown before the run started (run_in_background, or by hand): refresh it
             self._display.update(force=True)
         else:
@@ -149,17 +258,12 @@ class LiveRun:
         self.run.stepped(record.step)
         if not self.attempts.got_rollouts:  # a producer without on_rollouts: show its attempts per step
             self.attempts.flush(record.step)
-        self.chart.on_step(record)
+        self._tell(record, self.chart, self.tokens, self.health, self._reporter)
         self._chart_changed()
-        self.tokens.on_step(record)
-        self.health.on_step(record)
-        if self._reporter:
-            self._reporter.on_step(record)
         self._display.update()
 
     def on_attempt(self, attempt: AttemptFinished) -> None:
-        self.attempts.on_attempt(attempt)
-        self.health.on_attempt(attempt)
+        self._tell(attempt, self.attempts, self.health)
         self._display.update()
 
     def on_rollouts(self, rollouts: StepRollouts) -> None:
@@ -169,25 +273,28 @@ class LiveRun:
 
     def on_progress(self, tick: ProgressTick) -> None:
         self.run.progress = tick
-        if self._reporter:
-            self._reporter.on_progress(tick)
+        self._tell(tick, self._reporter)
         self._display.update()
 
     def on_eval(self, evaluation: EvalRecord) -> None:
         """RL's eval reward (`[eval]`) or SFT's held-out loss before training joins the chart."""
-        self.chart.on_eval(evaluation)
+        self._tell(evaluation, self.chart, self._reporter)
         self._chart_changed()
-        if self._reporter:
-            self._reporter.on_eval(evaluation)
         self._display.update()
 
     def on_end(self, ended: RunEnded) -> None:
         self.run.end(ended)
         if not self.attempts.got_rollouts:
             self.attempts.flush(self.run.step - 1 if self.run.step else None)
-        if self._reporter:
-            self._reporter.on_end(ended)
+        self._tell(ended, self._reporter)
         self.finalize()
+
+    @staticmethod
+    def _tell(event: Any, *parts: object) -> None:
+        """Hand ``event`` (a `RunEvent` or `StepRecord`) to each of ``parts`` (None: one this run has not)."""
+        for part in parts:
+            if part is not None:
+                getattr(part, event.hook)(event)
 
     # -- display and control ----------------------------------------------------------------------------------
 
@@ -236,9 +343,9 @@ class LiveRun:
         """How a background run ended, recorded here since nobody may ever await the task: a cancel, or an
         exception the run's own ``on_end`` could not report."""
         if task.cancelled():
-            self.run.cancelled()
+            self.run.state = RunState.CANCELLED
         elif (exc := task.exception()) is not None:
-            self.run.failed(f"{type(exc).__name__}: {exc}")
+            self.run.state, self.run.error = RunState.FAILED, f"{type(exc).__name__}: {exc}"
             log.error("background run failed", exc_info=exc)
         elif not self.run.live:
             return  # on_end already finalized
@@ -289,11 +396,11 @@ class LiveRun:
         parts.append(f"{done}/{total} steps" if total else plural(done, "step"))
         now = run.ended or time.monotonic()
         if run.started is not None:
-            parts.append(f"{_duration(now - run.started)} elapsed")
+            parts.append(f"{duration(int(now - run.started))} elapsed")
             if run.state is RunState.RUNNING and total:
                 parts.append(f"ETA {eta(done - start, total - start, now - run.started)}")
         if run.live and run.step_started is not None and (not total or done < total):
-            parts.append(f"step {done + 1} running for {_duration(now - run.step_started)}")
+            parts.append(f"step {done + 1} running for {duration(int(now - run.step_started))}")
         if run.live and run.progress is not None:
             flight = run.progress.in_flight
             parts.append(
@@ -314,53 +421,37 @@ class LiveRun:
         lines += [str(self.health), self.tokens.summary()]
         if self.attempts.seen:
             lines.append(self.attempts.summary())
-        if self.run.resume_hint():
-            lines.append(str(self.run.resume_hint()))
+        if hint := self.run.resume_hint():
+            lines.append(hint)
         return "\n".join(lines)
 
     def to_html(self) -> str:
         colour = _STATE_COLOUR.get(self.run.state, _FAILURE_COLOUR)
-        head = (
-            f'<div style="font:600 13px system-ui,sans-serif;margin-bottom:6px">'
-            f'<span style="display:inline-block;width:8px;height:8px;border-radius:50%;background:{colour};'
-            f'margin-right:6px"></span>{escape(self.progress_line())}</div>'
+        dot = f"display:inline-block;width:8px;height:8px;border-radius:50%;background:{colour};margin-right:6px"
+        head = div(
+            tag("span", "", dot) + escape(self.progress_line()), f"font:600 13px {UI};margin-bottom:6px"
         )
         if self.run.info.run_dir:
-            run_dir = escape(self.run.info.run_dir)
-            head += f'<div style="font:11px monospace;color:#6b7280;margin-bottom:6px">{run_dir}</div>'
+            head += div(escape(self.run.info.run_dir), f"font:11px monospace;color:{GREY};margin-bottom:6px")
         chart = ""
         if self.chart.kind is not None:  # the chart has an output of its own: its numbers in words
-            chart = f'<div style="font:11px monospace;color:#374151">{escape(self.chart.summary())}</div>'
-
+            chart = div(escape(self.chart.summary()), "font:11px monospace;color:#374151")
         # The numbers and the token table side by side (they wrap on a narrow page); health hints are long lines.
-        top = (
-            f'<div style="display:flex;flex-wrap:wrap;gap:18px;align-items:flex-start">'
-            f"<div>{chart}</div><div>{self.tokens.to_html()}</div></div>"
+        top = div(
+            div(chart) + div(self.tokens.to_html()),
+            "display:flex;flex-wrap:wrap;gap:18px;align-items:flex-start",
         )
-        health = f'<div style="margin-top:6px">{self.health.to_html()}</div>'
-        attempts = ""
+        health = div(self.health.to_html(), "margin-top:6px")
+        attempts = resume = ""
         if self.attempts.seen or self.attempts.steps_shown:
             where = " · each trained step's attempts below, newest last" if self.attempts.display_fn else ""
             attempts = (
-                f'<div id="{self.anchor}" style="font:12px system-ui,sans-serif;color:#374151;margin-top:8px">'
+                f'<div id="{self.anchor}" style="font:12px {UI};color:#374151;margin-top:8px">'
                 f"{escape(self.attempts.summary())}{where}</div>"
             )
-        resume = ""
-        if self.run.resume_hint():
-            resume = (
-                f'<div style="font:12px system-ui,sans-serif;margin-top:8px;padding:4px 8px;border-radius:4px;'
-                f'background:#fff8c5;color:#1f2328">{escape(str(self.run.resume_hint()))}</div>'
-            )
-        return f'<div style="padding:4px 0">{head}{top}{health}{attempts}{resume}</div>'
+        if hint := self.run.resume_hint():
+            resume = div(escape(hint), f"font:12px {UI};margin-top:8px;padding:4px 8px;{_NOTE}")
+        return div(head + top + health + attempts + resume, "padding:4px 0")
 
     def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, str]:
         return {"text/plain": str(self), "text/html": self.to_html()}
-
-
-def _duration(seconds: float) -> str:
-    seconds = int(seconds)
-    return (
-        f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-        if seconds >= 3600
-        else f"{seconds // 60}m{seconds % 60:02d}s"
-    )

@@ -27,7 +27,7 @@ from loops_nb.run_dir import JsonlLog
 from loops_nb.run_events import EvalRecord, RunStarted
 from loops_nb.runs_table import read_run
 from loops_nb.step_record import StepRecord
-from loops_nb.widgets.environment import DisplayHandle, DisplayOptions, LiveDisplay, ipython_display
+from loops_nb.widgets.environment import DisplayOptions, LiveDisplay, Widget, ipython_display
 from loops_nb.widgets.series import (
     CURVES,
     VIEWS,
@@ -39,7 +39,7 @@ from loops_nb.widgets.series import (
     series_table,
     traces,
 )
-from loops_nb.widgets.style import fmt, number, sparkline
+from loops_nb.widgets.style import fmt, number, plural, sparkline
 
 if TYPE_CHECKING:
     from loops_nb.widgets.live_figure import LiveFigure
@@ -49,7 +49,7 @@ _UIREVISION = "loops_nb-run-chart"  # constant: plotly keeps zoom and the chosen
 _BEST = {"reward": max, "loss": min}
 
 
-class RunChart:
+class RunChart(Widget):
     """The per-step chart of one run: a run observer (``on_start``, ``on_step``, ``on_eval``) or `from_run`.
 
     ``recipe`` (``"rl"`` or ``"sft"``) picks the curve; without it the run's first event decides. ``spread`` is
@@ -109,18 +109,17 @@ class RunChart:
         spread = None
         if metric.spread:
             prefix = metric.key.rsplit("/", 1)[0]
+
+            def at(name: str) -> list[float | None]:  # the spread's values at the curve's steps
+                return [self.points(Metric(f"{prefix}/{name}", "", "")).get(x) for x in xs]
+
             if self.spread == "std":
-                stds = self.points(Metric(f"{prefix}/std", "", ""))
-                std = [stds.get(x) for x in xs]
+                std = at("std")
                 lows = [None if y is None or s is None else y - s for y, s in zip(ys, std, strict=True)]
                 highs = [None if y is None or s is None else y + s for y, s in zip(ys, std, strict=True)]
                 hover = [h if s is None else f"{h} ± {fmt(s, 3)}" for h, s in zip(hover, std, strict=True)]
             else:
-                lo, hi = (
-                    self.points(Metric(f"{prefix}/min", "", "")),
-                    self.points(Metric(f"{prefix}/max", "", "")),
-                )
-                lows, highs = [lo.get(x) for x in xs], [hi.get(x) for x in xs]
+                lows, highs = at("min"), at("max")
                 hover = [
                     h if a is None or b is None else f"{h} [{fmt(a, 3)}, {fmt(b, 3)}]"
                     for h, a, b in zip(hover, lows, highs, strict=True)
@@ -206,7 +205,7 @@ class RunChart:
         main, evaluation = (self.points(m) for m in CURVES[self.kind].metrics)
         values = [v for v in main.values() if v is not None]
         last = values[-1] if values else None
-        text = f"{self.kind}: {_steps(len(values))}, last {fmt(last, 3)}"
+        text = f"{self.kind}: {plural(len(values), 'step')}, last {fmt(last, 3)}"
         if self.kind == "reward":
             text += f", best {fmt(max(values) if values else None, 3)}"
         if evaluation.get(0) is not None:
@@ -223,9 +222,6 @@ class RunChart:
             parts.append(f"last step {fmt(seconds, 3)} s")
         return " · ".join(parts)
 
-    def __repr__(self) -> str:
-        return f"<RunChart: {self.summary()}>"
-
     def __str__(self) -> str:
         main = self.points(CURVES[self.kind].metrics[0]) if self.kind is not None else {}
         return f"{self.summary()} {sparkline(list(main.values()))}".rstrip()
@@ -238,10 +234,9 @@ class RunChart:
         )
 
     def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, object]:
-        bundle: dict[str, object] = {"text/plain": self.summary(), "text/html": self.to_html()}
+        bundle = super()._repr_mimebundle_()
         if any(s.has_points() for _, series in self.views() for s in series):
-            figure = self.to_plotly()
-            bundle["application/vnd.plotly.v1+json"] = {"data": figure["data"], "layout": figure["layout"]}
+            bundle["application/vnd.plotly.v1+json"] = self.to_plotly()
         return bundle
 
     def show(self, *, live: bool | None = None, **options: Unpack[DisplayOptions]) -> LiveChart:
@@ -251,25 +246,18 @@ class RunChart:
         return LiveChart(self, live=live, **options).show()
 
 
-class LiveChart:
+class LiveChart(LiveDisplay):
     """A `RunChart` on screen: a `LiveFigure` fed each update's values, or, where no widget can be shown, the
-    static figure through a throttled `LiveDisplay` (``options``). ``finalize`` leaves the static figure, which
-    a saved notebook keeps."""
+    static figure re-rendered in place (``options``: a `LiveDisplay`'s). ``finalize`` leaves the static figure,
+    which a saved notebook keeps."""
 
     def __init__(
         self, chart: RunChart, *, live: bool | None = None, **options: Unpack[DisplayOptions]
     ) -> None:
+        super().__init__(chart, **options)
         self.chart = chart
-        self.static = LiveDisplay(chart, **options)
-        display_fn = options.get("display_fn")
-        self.live = self.static.output == "display" and (display_fn is None if live is None else live)
+        self.live = self.output == "display" and (options.get("display_fn") is None if live is None else live)
         self.figure: LiveFigure | None = None  # while it is shown
-        self._display_fn = display_fn or ipython_display
-        self._handle: DisplayHandle | None = None
-
-    @property
-    def shown(self) -> bool:
-        return self._handle is not None or self.static.shown
 
     def show(self) -> LiveChart:
         """Display the chart (once; later calls do nothing)."""
@@ -284,31 +272,34 @@ class LiveChart:
                 log.info("no live chart here; showing the static figure", exc_info=True)
                 self.live = False
             else:
-                self._handle = self._display_fn(self.figure, display_id=True)
+                self.shown = True
+                self.handle = (self._display_fn or ipython_display)(self.figure, display_id=True)
                 return self
-        self.static.show()
+        super().show()
         return self
 
-    def update(self, *, force: bool = False) -> None:
+    def update(self, *, force: bool = False) -> bool:
         """Send the chart's new values to the screen."""
         try:
-            if self.figure is not None:
-                self.figure.figure = self.chart.to_plotly(every=True)
-            else:
-                self.static.update(force=force)
+            if self.figure is None:
+                return super().update(force=force)
+            self.figure.figure = self.chart.to_plotly(every=True)
+            return True
         except Exception:  # a chart glitch must never surface in the training loop
             log.exception("live chart update failed")
+            return False
 
     def finalize(self) -> None:
         """The output becomes the static figure (plotly, the table, text); the widget is closed. Again: nothing
         (a notebook calls ``live.finalize()`` after the run's own ``on_end`` did)."""
         if self.figure is None:
-            if self._handle is None:  # the static figure, re-rendered; a retired widget's output is final
-                self.static.finalize()
+            if not (self.live and self.shown):  # a retired widget's output is final
+                self.live = False
+                super().finalize()
             return
         try:
-            if self._handle is not None:
-                self._handle.update(self.chart)
+            if self.handle is not None:
+                self.handle.update(self.chart)
         finally:
             self.figure.retire()
             self.figure = None
@@ -319,7 +310,3 @@ def _hover(metric: Metric, x: int, y: float | None) -> str:
         return f"step {x}: {metric.name} {fmt(y)}"
     what = metric.name.removeprefix("eval ")
     return f"eval {'before training' if x == 0 else f'after {x} steps'}: {what} {fmt(y)}"
-
-
-def _steps(n: int) -> str:
-    return "1 step" if n == 1 else f"{n} steps"

@@ -21,9 +21,9 @@ from html import escape
 from typing import Any, Unpack
 
 from loops_nb.runs_table import Runs, duration, is_eval_measure, read_runs
-from loops_nb.widgets.environment import DisplayOptions, LiveDisplay
+from loops_nb.widgets.environment import DisplayOptions, LiveDisplay, Widget
 from loops_nb.widgets.series import CURVE_KEYS, Series, series_table, traces
-from loops_nb.widgets.style import FONT, fmt, sparkline
+from loops_nb.widgets.style import FONT, div, fmt, heading, sparkline, tag
 
 PALETTE = ("#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#db2777", "#65a30d", "#4b5563")
 _STATUS_COLOR = {"failed": "#b91c1c", "running": "#2563eb"}
@@ -31,15 +31,11 @@ _STATUS_COLOR = {"failed": "#b91c1c", "running": "#2563eb"}
 
 def default_metrics(runs: Runs) -> list[str]:
     """``reward/mean`` and ``loss`` where any run logged them, then every ``eval/*`` measure."""
-    keys: dict[str, None] = {}
-    for run in runs:
-        for key in run.metric_keys():
-            keys.setdefault(key, None)
-    chosen = [k for k in CURVE_KEYS if k in keys]
-    return chosen + [k for k in keys if is_eval_measure(k)]
+    keys = dict.fromkeys(key for run in runs for key in run.metric_keys())
+    return [k for k in CURVE_KEYS if k in keys] + [k for k in keys if is_eval_measure(k)]
 
 
-class RunComparison:
+class RunComparison(Widget):
     """The runs ``patterns`` name, their curves overlaid per metric."""
 
     def __init__(
@@ -86,8 +82,10 @@ class RunComparison:
     def summary(self) -> str:
         return f"RunComparison({len(self.runs)} runs; {', '.join(self.metrics) or 'no metrics'})"
 
-    def __repr__(self) -> str:
-        return self.summary()
+    __repr__ = summary
+
+    def plain_text(self) -> str:
+        return str(self)
 
     def __str__(self) -> str:
         lines = [self.summary(), *self.runs.describe()]
@@ -106,15 +104,12 @@ class RunComparison:
     # -- html ---------------------------------------------------------------------------------------------
 
     def to_html(self) -> str:
-        out = [f'<div style="{FONT};color:#1f2328">']
-        out.append(f'<div style="font-weight:600;font-size:12px;margin:2px 0">{escape(self.summary())}</div>')
-        out.append(self._table_html())
+        out = [heading(self.summary()), self._table_html()]
         for metric in self.metrics:
             series = self.series(metric)
             if any(s.has_points() for s in series):
-                out.append(f'<div style="margin-top:6px">{series_table(series, title=metric)}</div>')
-        out.append("</div>")
-        return "".join(out)
+                out.append(div(series_table(series, title=metric), "margin-top:6px"))
+        return div("".join(out), f"{FONT};color:#1f2328")
 
     def table(self) -> dict[str, list[str]]:
         """The runs table, column by column (one value per run): what both the HTML and the plotly table show;
@@ -140,26 +135,18 @@ class RunComparison:
     def _table_html(self) -> str:
         cell = "padding:2px 8px;border-bottom:1px solid #e5e7eb;text-align:left;white-space:nowrap"
         table = self.table()
-        head = "".join(f'<th style="{cell};color:#374151">{escape(c)}</th>' for c in table)
+        head = "".join(tag("th", escape(c), f"{cell};color:#374151") for c in table)
         rows = []
         for i, (run, color) in enumerate(zip(self.runs, self.colors(), strict=True)):
             tds = []
             for column, values in table.items():
                 text = values[i]
-                c = (
-                    color
-                    if column in ("run", "differs")
-                    else _STATUS_COLOR.get(text)
-                    if column == "status"
-                    else None
-                )
+                c = {"run": color, "differs": color, "status": _STATUS_COLOR.get(text)}.get(column)
                 title = str(run.path) if column == "run" else text
                 bold = f";color:{c};font-weight:600" if c else ""
-                tds.append(f'<td title="{escape(title)}" style="{cell}{bold}">{escape(text)}</td>')
-            rows.append(f"<tr>{''.join(tds)}</tr>")
-        return (
-            f'<table style="border-collapse:collapse;font-size:12px"><tr>{head}</tr>{"".join(rows)}</table>'
-        )
+                tds.append(tag("td", escape(text), f"{cell}{bold}", title))
+            rows.append(tag("tr", "".join(tds)))
+        return tag("table", tag("tr", head) + "".join(rows), "border-collapse:collapse;font-size:12px")
 
     # -- plotly -------------------------------------------------------------------------------------------
 
@@ -215,7 +202,7 @@ class RunComparison:
         }
 
     def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, object]:
-        bundle: dict[str, object] = {"text/plain": str(self), "text/html": self.to_html()}
+        bundle = super()._repr_mimebundle_()
         figure = self.to_plotly()
         if len(figure["data"]) > 1:  # a table and at least one curve
             bundle["application/vnd.plotly.v1+json"] = figure

@@ -21,7 +21,7 @@ from typing import Literal
 from loops_nb.run_events import AttemptFinished
 from loops_nb.step_record import StepRecord
 from loops_nb.widgets.environment import Widget
-from loops_nb.widgets.style import fmt, sparkline
+from loops_nb.widgets.style import UI, fmt, plural, sparkline, tag
 
 Status = Literal["ok", "warn", "bad", "info", "wait"]
 _GLYPH: dict[str, tuple[str, str]] = {
@@ -34,6 +34,7 @@ _GLYPH: dict[str, tuple[str, str]] = {
 KL_WARN, KL_BAD = 0.01, 0.1
 ZERO_VARIANCE_WARN, ZERO_VARIANCE_BAD = 0.5, 0.9
 DISCARD_WARN, DISCARD_BAD = 0.1, 0.5
+_PAD = "padding:1px 6px"
 
 
 @dataclass(frozen=True)
@@ -78,15 +79,19 @@ class RunHealth(Widget):
     def _series(self, key: str) -> list[float]:
         return [float(r[key]) for r in self.records if key in r]
 
+    def _trend(self, values: list[float]) -> tuple[list[float], float]:
+        """The last ``window`` values, and how far the mean of their second half is from their first's."""
+        recent = values[-self.window :]
+        half = len(recent) // 2
+        return recent, statistics.fmean(recent[half:]) - statistics.fmean(recent[:half]) if half else 0.0
+
     def _reward(self) -> Check:
         values = self._series("reward/mean")
-        recent = values[-self.window :]
+        recent, delta = self._trend(values)
         status: Status
         if len(values) < 4:
             status, hint = "wait", "too few steps for a trend"
         else:
-            half = len(recent) // 2
-            delta = statistics.fmean(recent[half:]) - statistics.fmean(recent[:half])
             stds = self._series("reward/std")[-self.window :]
             scale = (
                 statistics.fmean(stds) if stds and statistics.fmean(stds) > 0 else max(abs(recent[-1]), 1e-3)
@@ -97,10 +102,8 @@ class RunHealth(Widget):
             elif delta > 0.1 * scale:
                 status, hint = "ok", f"rising ({delta:+.3g} {over})"
             elif delta < -0.1 * scale:
-                status, hint = (
-                    "warn",
-                    f"falling ({delta:+.3g} {over}): read transcripts; check KL and the learning rate",
-                )
+                status = "warn"
+                hint = f"falling ({delta:+.3g} {over}): read transcripts; check KL and the learning rate"
             else:
                 status = "warn" if len(values) >= 2 * self.window else "info"
                 hint = f"flat ({delta:+.3g} {over}): is there signal? see group variance below"
@@ -116,20 +119,15 @@ class RunHealth(Widget):
             share = statistics.fmean(zero)
             hint = f"{share:.0%} of groups had identical rewards (they train nothing)"
             if share >= ZERO_VARIANCE_BAD:
-                status, hint = (
-                    "bad",
-                    f"{hint}: almost no learning signal; tasks too easy or too hard, or reward too coarse",
-                )
+                status = "bad"
+                hint += ": almost no learning signal; tasks too easy or too hard, or reward too coarse"
             elif share >= ZERO_VARIANCE_WARN:
-                status, hint = (
-                    "warn",
-                    f"{hint}: weak signal; a larger group size or a finer-grained reward helps",
-                )
+                status = "warn"
+                hint += ": weak signal; a larger group size or a finer-grained reward helps"
             else:
                 status = "ok"
-        return Check(
-            "reward/group_std_mean", status, fmt(stds[-1], 3) if stds else "-", hint, sparkline(stds)
-        )
+        value = fmt(stds[-1], 3) if stds else "-"
+        return Check("reward/group_std_mean", status, value, hint, sparkline(stds))
 
     def _discards(self) -> Check:
         recent = self.records[-self.window :]
@@ -160,29 +158,18 @@ class RunHealth(Widget):
             status, hint = "warn", "sampler and trainer drift apart; watch it"
         else:
             status, hint = "ok", "sampler and trainer agree"
-        return Check(
-            "kl/sample_train_v1",
-            status,
-            fmt(values[-1], 3),
-            f"{hint} (max |kl| {fmt(worst, 2)} in the last {min(len(values), self.window)} steps)",
-            sparkline(values),
-        )
+        hint += f" (max |kl| {fmt(worst, 2)} in the last {min(len(values), self.window)} steps)"
+        return Check("kl/sample_train_v1", status, fmt(values[-1], 3), hint, sparkline(values))
 
     def _transcripts(self) -> Check:
-        return Check(
-            "transcripts",
-            "info",
-            str(self.attempts_seen),
-            "attempts seen: read a few below; reward can rise for the wrong reason",
-        )
+        hint = "attempts seen: read a few below; reward can rise for the wrong reason"
+        return Check("transcripts", "info", str(self.attempts_seen), hint)
 
     def _loss(self) -> Check:
         values = self._series("loss")
         if len(values) < 4:
             return Check("loss", "wait", fmt(values[-1], 3) if values else "-", "too few steps for a trend")
-        recent = values[-self.window :]
-        half = len(recent) // 2
-        delta = statistics.fmean(recent[half:]) - statistics.fmean(recent[:half])
+        recent, delta = self._trend(values)
         status: Status = "ok" if delta < 0 else "warn"
         hint = (
             f"falling ({delta:+.3g})"
@@ -208,8 +195,7 @@ class RunHealth(Widget):
     def summary(self) -> str:
         counts = Counter(c.status for c in self.checks())
         parts = ", ".join(f"{counts[s]} {s}" for s in ("ok", "warn", "bad") if counts[s])
-        steps = "1 step" if len(self.records) == 1 else f"{len(self.records)} steps"
-        return f"health over {steps}{': ' + parts if parts else ''}"
+        return f"health over {plural(len(self.records), 'step')}{': ' + parts if parts else ''}"
 
     def __str__(self) -> str:
         lines = [self.summary()]
@@ -224,14 +210,12 @@ class RunHealth(Widget):
             hint = escape(c.hint)
             if c.name == "transcripts" and self.attempts_anchor:
                 hint = f'<a href="#{escape(self.attempts_anchor)}" style="color:#0969da">{hint}</a>'
-            rows.append(
-                f'<tr><td style="padding:1px 6px;color:{colour};font-weight:700" title="{c.status}">{glyph}</td>'
-                f'<td style="padding:1px 6px;white-space:nowrap;text-align:left">{escape(c.name)}</td>'
-                f'<td style="padding:1px 6px;text-align:right;font-weight:600;white-space:nowrap">{escape(c.value)}</td>'
-                f'<td style="padding:1px 6px;color:#57606a;letter-spacing:-1px;white-space:nowrap">{escape(c.trend)}</td>'
-                f'<td style="padding:1px 6px;color:#1f2328;text-align:left">{hint}</td></tr>'
-            )
-        return (
-            '<table style="border-collapse:collapse;font:12px/1.5 system-ui,sans-serif">'
-            f"{''.join(rows)}</table>"
-        )
+            cells = [tag("td", glyph, f"{_PAD};color:{colour};font-weight:700", c.status)]
+            cells += [
+                tag("td", escape(c.name), f"{_PAD};white-space:nowrap;text-align:left"),
+                tag("td", escape(c.value), f"{_PAD};text-align:right;font-weight:600;white-space:nowrap"),
+                tag("td", escape(c.trend), f"{_PAD};color:#57606a;letter-spacing:-1px;white-space:nowrap"),
+                tag("td", hint, f"{_PAD};color:#1f2328;text-align:left"),
+            ]
+            rows.append(tag("tr", "".join(cells)))
+        return tag("table", "".join(rows), f"border-collapse:collapse;font:12px/1.5 {UI}")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from html import escape
 from typing import Any, Literal
 
-from loops_nb.widgets.style import FONT, fmt
+from loops_nb.widgets.style import FONT, GREY, div, fmt, tag
 
 CurveKind = Literal["reward", "loss"]
 EVAL_COLOR = "#7c3aed"
@@ -181,26 +181,22 @@ def series_table(series: Sequence[Series], *, title: str = "", max_rows: int = 4
         stride = -(-len(steps) // max_rows)
         steps = sorted({*steps[::stride], steps[-1]})
     cell = "padding:1px 8px;text-align:right;border-bottom:1px solid #e5e7eb;white-space:nowrap"
-    head = f'<th style="{cell}">step</th>' + "".join(
-        f'<th style="{cell};color:{s.color}">{escape(s.name)}</th>' for s in drawn
-    )
+    rows = [
+        tag("th", "step", cell) + "".join(tag("th", escape(s.name), f"{cell};color:{s.color}") for s in drawn)
+    ]
     where = [{x: i for i, x in enumerate(s.xs)} for s in drawn]
-    rows = []
     for step in steps:
-        tds = [f'<td style="{cell};color:#6b7280">{step}</td>']
+        tds = tag("td", str(step), f"{cell};color:{GREY}")
         for s, index in zip(drawn, where, strict=True):
             at = index.get(step)
-            value = None if at is None else s.ys[at]
-            if value is None or at is None:
-                tds.append(f'<td style="{cell}"></td>')
+            if at is None or s.ys[at] is None:
+                tds += tag("td", "", cell)
             else:
-                tds.append(f'<td title="{escape(s.hover[at])}" style="{cell}">{fmt(value)}</td>')
-        rows.append(f"<tr>{''.join(tds)}</tr>")
-    caption = f'<div style="font-weight:600;margin:2px 0">{escape(title)}</div>' if title else ""
-    return (
-        f'<div style="{FONT};color:#1f2328">{caption}<table style="border-collapse:collapse">'
-        f"<tr>{head}</tr>{''.join(rows)}</table></div>"
-    )
+                tds += tag("td", fmt(s.ys[at]), cell, s.hover[at])
+        rows.append(tds)
+    caption = div(escape(title), "font-weight:600;margin:2px 0") if title else ""
+    table = tag("table", "".join(tag("tr", r) for r in rows), "border-collapse:collapse")
+    return div(caption + table, f"{FONT};color:#1f2328")
 
 
 def _rgba(color: str, alpha: float) -> str:

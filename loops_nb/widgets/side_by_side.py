@@ -16,35 +16,21 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from html import escape
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from loops_nb.widgets.environment import Widget
-from loops_nb.widgets.style import FONT, fmt
+from loops_nb.widgets.style import FONT, GREY, MONOSPACE, div, fmt, heading, tag
 
-_MONO = "font:12px/1.5 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace"
+if TYPE_CHECKING:
+    from loops_nb.policy_sampler import ChatReply
+
+_GREY = f"font-weight:400;color:{GREY}"
+_MONO = f"font:12px/1.5 {MONOSPACE}"
 
 Prompt = str | Sequence[Mapping[str, Any]]
 """A prompt: a string (one user message), or chat messages (``{"role": ..., "content": ...}``)."""
-
-
-class ShownReply(Protocol):
-    """What the widget reads of a reply (`loops_nb.policy_sampler.ChatReply` has it)."""
-
-    @property
-    def text(self) -> str: ...
-    @property
-    def token_texts(self) -> Sequence[str]: ...
-    @property
-    def logprobs(self) -> Sequence[float | None]: ...
-    @property
-    def prompt_tokens(self) -> int: ...
-    @property
-    def completion_tokens(self) -> int: ...
-    @property
-    def mean_logprob(self) -> float | None: ...
-    @property
-    def stop_reason(self) -> str: ...
 
 
 class Sampler(Protocol):
@@ -54,9 +40,9 @@ class Sampler(Protocol):
     @property
     def label(self) -> str: ...
     @property
-    def chat(self) -> Callable[..., Awaitable[ShownReply]]: ...
+    def chat(self) -> Callable[..., Awaitable[ChatReply]]: ...
     @property
-    def chat_sync(self) -> Callable[..., ShownReply]: ...
+    def chat_sync(self) -> Callable[..., ChatReply]: ...
 
 
 def _prompt_text(prompt: Prompt) -> str:
@@ -66,15 +52,13 @@ def _prompt_text(prompt: Prompt) -> str:
     return str(last[-1].get("content", "")) if last else ""
 
 
+@dataclass(eq=False)
 class SideBySide(Widget):
     """``replies[i][j]``: the reply of model ``labels[j]`` to ``prompts[i]``."""
 
-    def __init__(
-        self, prompts: Sequence[Prompt], labels: Sequence[str], replies: Sequence[Sequence[ShownReply]]
-    ) -> None:
-        self.prompts = list(prompts)
-        self.labels = list(labels)
-        self.replies = [list(r) for r in replies]
+    prompts: Sequence[Prompt]
+    labels: Sequence[str]
+    replies: Sequence[Sequence[ChatReply]]
 
     def totals(self) -> list[tuple[int, float | None]]:
         """Per model: reply tokens over all prompts, and the mean logprob of those tokens."""
@@ -109,37 +93,33 @@ class SideBySide(Widget):
 
     def to_html(self) -> str:
         cell = "padding:4px 8px;border-bottom:1px solid #e5e7eb;vertical-align:top;text-align:left"
-        head = f'<th style="{cell};color:#374151">prompt</th>' + "".join(
-            f'<th style="{cell};color:#374151">{escape(label)} '
-            f'<span style="font-weight:400;color:#6b7280">{tokens} tokens · mean logprob {fmt(mean, 3)}</span></th>'
+        head = tag("th", "prompt", f"{cell};color:#374151") + "".join(
+            tag(
+                "th",
+                f"{escape(label)} " + tag("span", f"{tokens} tokens · mean logprob {fmt(mean, 3)}", _GREY),
+                f"{cell};color:#374151",
+            )
             for label, (tokens, mean) in zip(self.labels, self.totals(), strict=True)
         )
         rows = []
         for prompt, row in zip(self.prompts, self.replies, strict=True):
-            cells = [f'<td style="{cell};color:#57606a;max-width:260px">{escape(_prompt_text(prompt))}</td>']
+            cells = [tag("td", escape(_prompt_text(prompt)), f"{cell};color:#57606a;max-width:260px")]
             for reply in row:
                 meta = (
-                    f'<div style="color:#6b7280;{FONT}">{reply.prompt_tokens} prompt + {reply.completion_tokens} '
-                    f"reply tokens · mean logprob {fmt(reply.mean_logprob, 3)} · stop {escape(reply.stop_reason)}"
-                    "</div>"
+                    f"{reply.prompt_tokens} prompt + {reply.completion_tokens} reply tokens · mean logprob "
+                    f"{fmt(reply.mean_logprob, 3)} · stop {escape(reply.stop_reason)}"
                 )
-                cells.append(
-                    f'<td style="{cell};max-width:420px"><div style="{_MONO};white-space:pre-wrap;'
-                    f'word-wrap:break-word">{_tokens_html(reply)}</div>{meta}</td>'
-                )
-            rows.append(f"<tr>{''.join(cells)}</tr>")
-        return (
-            f'<div style="{FONT};color:#1f2328"><div style="font-weight:600;font-size:12px;margin:2px 0">'
-            f"{escape(self.summary())}"
-            '<span style="font-weight:400;color:#6b7280"> · hover a token for its logprob</span></div>'
-            f'<table style="border-collapse:collapse;font-size:12px"><tr>{head}</tr>{"".join(rows)}</table></div>'
-        )
+                tokens = div(_tokens_html(reply), f"{_MONO};white-space:pre-wrap;word-wrap:break-word")
+                cells.append(tag("td", tokens + div(meta, f"color:{GREY};{FONT}"), f"{cell};max-width:420px"))
+            rows.append(tag("tr", "".join(cells)))
+        table = tag("table", tag("tr", head) + "".join(rows), "border-collapse:collapse;font-size:12px")
+        return div(heading(self.summary(), "hover a token for its logprob") + table, f"{FONT};color:#1f2328")
 
     def plain_text(self) -> str:
         return str(self)
 
 
-def _tokens_html(reply: ShownReply) -> str:
+def _tokens_html(reply: ChatReply) -> str:
     spans = []
     for n, (text, logprob) in enumerate(zip(reply.token_texts, reply.logprobs, strict=True)):
         if logprob is None or not math.isfinite(logprob):
@@ -148,31 +128,29 @@ def _tokens_html(reply: ShownReply) -> str:
             p = math.exp(logprob)
             title = f"token {n + 1}: {text!r} · logprob {logprob:.3f} · p {p:.3f}"
             alpha = 0.08 + 0.32 * p  # likelier tokens darker
-        spans.append(
-            f'<span title="{escape(title)}" style="background:rgba(37,99,235,{alpha:.2f});'
-            f'border-right:1px solid rgba(255,255,255,0.8)">{escape(text)}</span>'
-        )
+        style = f"background:rgba(37,99,235,{alpha:.2f});border-right:1px solid rgba(255,255,255,0.8)"
+        spans.append(tag("span", escape(text), style, title))
     return "".join(spans)
 
 
 async def side_by_side(prompts: Sequence[Prompt] | str, *samplers: Sampler, **sampling: object) -> SideBySide:
     """Ask every sampler every prompt (a string, or a message list) with the same ``sampling`` settings
     (``max_tokens``, ``temperature``, ...), concurrently."""
-    if isinstance(prompts, str):
-        prompts = [prompts]
-    if not samplers:
-        raise ValueError("side_by_side needs at least one sampler (e.g. policy.base(), policy)")
+    prompts = _prompts(prompts, samplers)
     replies = await asyncio.gather(*(s.chat(p, **sampling) for p in prompts for s in samplers))
     k = len(samplers)
     rows = [replies[i * k : (i + 1) * k] for i in range(len(prompts))]
-    return SideBySide(list(prompts), [s.label for s in samplers], rows)
+    return SideBySide(prompts, [s.label for s in samplers], rows)
 
 
 def side_by_side_sync(prompts: Sequence[Prompt] | str, *samplers: Sampler, **sampling: object) -> SideBySide:
     """`side_by_side` for a cell or script that does not await: each sampler's ``chat_sync``, one at a time."""
-    if isinstance(prompts, str):
-        prompts = [prompts]
+    prompts = _prompts(prompts, samplers)
+    rows = [[s.chat_sync(p, **sampling) for s in samplers] for p in prompts]
+    return SideBySide(prompts, [s.label for s in samplers], rows)
+
+
+def _prompts(prompts: Sequence[Prompt] | str, samplers: Sequence[Sampler]) -> list[Prompt]:
     if not samplers:
         raise ValueError("side_by_side needs at least one sampler (e.g. policy.base(), policy)")
-    rows = [[s.chat_sync(p, **sampling) for s in samplers] for p in prompts]
-    return SideBySide(list(prompts), [s.label for s in samplers], rows)
+    return [prompts] if isinstance(prompts, str) else list(prompts)

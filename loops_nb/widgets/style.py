@@ -1,11 +1,16 @@
-"""How the widgets write what they show: the font, a short number, a count of things, a sparkline."""
+"""How the widgets write what they show: fonts and grey, a short number, a count of things, a sparkline, and the
+inline-styled HTML tags (`tag`, `div`, `heading`) that JupyterLab's sanitizer keeps."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from html import escape
 
-FONT = "font-family:system-ui,-apple-system,'Segoe UI',sans-serif;font-size:11px"
+UI = "system-ui,sans-serif"
+MONOSPACE = "ui-monospace,SFMono-Regular,Menlo,Consolas,monospace"
+GREY = "#6b7280"
+FONT = f"font:11px {UI}"
 _BLOCKS = "▁▂▃▄▅▆▇█"
 
 
@@ -38,3 +43,21 @@ def sparkline(values: Sequence[float | None], width: int = 24) -> str:
     lo, hi = min(vals), max(vals)
     span = hi - lo or 1.0
     return "".join(_BLOCKS[min(7, int((v - lo) / span * 7.999))] for v in vals)
+
+
+def tag(name: str, inner: str, style: str = "", title: str | None = None) -> str:
+    """``<name title="…" style="…">inner</name>``: ``inner`` is HTML (escape text first), ``title`` plain text."""
+    attrs = (f' title="{escape(title)}"' if title is not None else "") + (
+        f' style="{style}"' if style else ""
+    )
+    return f"<{name}{attrs}>{inner}</{name}>"
+
+
+def div(inner: str, style: str = "") -> str:
+    return tag("div", inner, style)
+
+
+def heading(title: str, note: str = "") -> str:
+    """A widget's title line, in bold, and a grey ``note`` (HTML) after it."""
+    grey = tag("span", f" · {note}", f"font-weight:400;color:{GREY}") if note else ""
+    return div(escape(title) + grey, f"font:600 12px {UI};margin:2px 0")

@@ -21,12 +21,13 @@ ends each sequence with ``(N tokens, M trained)``.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from html import escape
 
 from loops_nb.widgets.environment import Widget
-from loops_nb.widgets.style import fmt
+from loops_nb.widgets.style import GREY, MONOSPACE, UI, div, fmt, plural, tag
 from loops_nb.widgets.token_sequence import Tokenizer, TokenSequence, as_sequences
 
 Decode = Callable[[list[int]], str]
@@ -36,7 +37,7 @@ _CONTEXT = 4  # tokens decoded before a token so that decoders that strip a lead
 _MAX_GROUP = 8  # a byte-level character needs at most 4 tokens; stop merging well after that
 _SPAN = "outline:1px solid rgba(0,0,0,0.08);border-radius:2px"
 _BOX = (
-    "font:12px/1.6 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;white-space:pre-wrap;"
+    f"font:12px/1.6 {MONOSPACE};white-space:pre-wrap;"
     "word-break:break-all;border:1px solid #d0d7de;border-radius:6px;padding:6px 8px;margin:2px 0 10px"
 )
 
@@ -64,7 +65,7 @@ class TargetPreview(Widget):
 
     def summary(self) -> str:
         return (
-            f"TargetPreview({_count(len(self.sequences), 'sequence')}, {self.n_tokens} tokens, "
+            f"TargetPreview({plural(len(self.sequences), 'sequence')}, {self.n_tokens} tokens, "
             f"{self.n_trained} trained, {self.n_tokens - self.n_trained} not trained)"
         )
 
@@ -82,7 +83,7 @@ class TargetPreview(Widget):
     def __str__(self) -> str:
         blocks = [self._text(i) for i in range(len(self.sequences))]
         if self.hidden_sequences:
-            blocks.append(f"… {_count(self.hidden_sequences, 'more sequence')}")
+            blocks.append(f"… {plural(self.hidden_sequences, 'more sequence')}")
         return "\n\n".join(blocks)
 
     def _text(self, index: int) -> str:
@@ -120,42 +121,37 @@ class TargetPreview(Widget):
     # -- HTML --------------------------------------------------------------------------------------------------
 
     def to_html(self) -> str:
-        legend = (
-            f'<span style="background:rgba(46,160,67,0.75);{_SPAN}">&nbsp;trained&nbsp;</span> '
-            f'<span style="background:rgba(218,54,51,0.75);{_SPAN}">&nbsp;negative&nbsp;</span> '
-            f'<span style="{_SPAN}">&nbsp;masked&nbsp;</span>'
+        colours = (
+            ("trained", "background:rgba(46,160,67,0.75);"),
+            ("negative", "background:rgba(218,54,51,0.75);"),
         )
-        out = [
-            f'<div style="font:12px system-ui,sans-serif;color:#1f2328"><div style="margin-bottom:4px">'
-            f"<b>{escape(self.summary())}</b> &nbsp; {legend} &nbsp; "
-            f'<span style="color:#6b7280">hover a token for its id and weight</span></div>'
-        ]
+        legend = " ".join(
+            tag("span", f"&nbsp;{name}&nbsp;", f"{bg}{_SPAN}") for name, bg in (*colours, ("masked", ""))
+        )
+        hover = tag("span", "hover a token for its id and weight", f"color:{GREY}")
+        out = [div(f"<b>{escape(self.summary())}</b> &nbsp; {legend} &nbsp; {hover}", "margin-bottom:4px")]
         out.extend(self._html(i) for i in range(len(self.sequences)))
         if self.hidden_sequences:
-            out.append(f'<div style="color:#6b7280">… {_count(self.hidden_sequences, "more sequence")}</div>')
-        out.append("</div>")
-        return "".join(out)
+            out.append(div(f"… {plural(self.hidden_sequences, 'more sequence')}", f"color:{GREY}"))
+        return div("".join(out), f"font:12px {UI};color:#1f2328")
 
     def _html(self, index: int) -> str:
         seq = self.sequences[index]
-        head = [f'<div style="font-weight:600">{escape(self._header(seq))}</div>']
+        head = [div(escape(self._header(seq)), "font-weight:600")]
         if seq.turns is not None:
-            per_turn: dict[int, int] = {}
-            for t, w in zip(seq.turns, seq.weights, strict=True):
-                if t >= 0 and w != 0:
-                    per_turn[t] = per_turn.get(t, 0) + 1
+            per_turn = Counter(t for t, w in zip(seq.turns, seq.weights, strict=True) if t >= 0 and w != 0)
             if per_turn:
                 text = ", ".join(f"messages[{t}]: {k} tokens" for t, k in sorted(per_turn.items()))
-                head.append(f'<div style="color:#57606a">trained turns: {escape(text)}</div>')
+                head.append(div(f"trained turns: {escape(text)}", "color:#57606a"))
         if seq.note:
-            head.append(f'<div style="color:#9a6700;font-style:italic">{escape(seq.note)}</div>')
+            head.append(div(escape(seq.note), "color:#9a6700;font-style:italic"))
         spans = [self._span(p) for p in self.pieces(index)]
         more = len(seq.input_ids) - min(len(seq.input_ids), self.max_tokens)
         if more:
             hidden = seq.weights[self.max_tokens :]
             trained = sum(1 for w in hidden if w > 0)
-            spans.append(f'<span style="color:#6b7280"> … {more} more tokens ({trained} trained)</span>')
-        return f'{"".join(head)}<div style="{_BOX}">{"".join(spans)}</div>'
+            spans.append(tag("span", f" … {more} more tokens ({trained} trained)", f"color:{GREY}"))
+        return "".join(head) + div("".join(spans), _BOX)
 
     def _span(self, piece: _Piece) -> str:
         w = piece.weight
@@ -261,7 +257,3 @@ def _decoder(tokenizer: Tokenizer) -> Decode:
         return text if isinstance(text, str) else "".join(text)  # one sequence decodes to one string
 
     return decode
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}{'' if n == 1 else 's'}"

@@ -14,12 +14,13 @@ from typing import TYPE_CHECKING
 
 from loops_nb.step_record import StepRecord
 from loops_nb.widgets.environment import Widget
+from loops_nb.widgets.style import GREY, MONOSPACE, div, plural, tag
 
 if TYPE_CHECKING:
     from loops_nb.sft.report import CheckReport
 
 PREFIX = "tokens/"
-_TABLE = "border-collapse:collapse;font:12px/1.4 ui-monospace,SFMono-Regular,Menlo,monospace"
+_TABLE = f"border-collapse:collapse;font:12px/1.4 {MONOSPACE}"
 _CELL = "padding:1px 10px;text-align:right;border-bottom:1px solid #e5e7eb"
 _HEAD = "padding:1px 10px;text-align:right;border-bottom:1px solid #9ca3af;color:#374151;font-weight:600"
 # The denominator of the trained share: RL samples tokens, SFT batches contain them.
@@ -72,23 +73,17 @@ class TokenCounts(Widget):
         }
         counts.columns = list(counts.totals)
         share = _share(report.trained_tokens, report.tokens)
+        split = f"{report.rows_trained:,} / {report.rows_split:,} / {report.rows_refused:,}"
         rows = [
             ("tokens", f"{report.tokens:,}"),
             ("trained", f"{report.trained_tokens:,}{share}"),
             ("untrained (context, masked)", f"{report.untrained_tokens:,}"),
             ("examples", f"{report.n_examples:,}"),
-            (
-                "rows: train / split / refused",
-                f"{report.rows_trained:,} / {report.rows_split:,} / {report.rows_refused:,}",
-            ),
+            ("rows: train / split / refused", split),
         ]
         if report.n_examples:
-            rows.append(
-                (
-                    "example length: mean / max",
-                    f"{report.tokens / report.n_examples:,.0f} / {report.max_length:,}",
-                )
-            )
+            mean = report.tokens / report.n_examples
+            rows.append(("example length: mean / max", f"{mean:,.0f} / {report.max_length:,}"))
         if report.total_steps is not None:
             rows.append(("steps (estimate)", f"~{report.total_steps:,}"))
         counts.report_rows = rows
@@ -114,8 +109,7 @@ class TokenCounts(Widget):
             return "tokens: no steps yet"
         parts = [f"{_label(k)} {self.totals[k]:,}" for k in self.columns]
         share = f" ({self.trained_share:.1%} trained)" if self.trained_share is not None else ""
-        steps = f"{len(self.steps)} step" if len(self.steps) == 1 else f"{len(self.steps)} steps"
-        return f"tokens over {steps}: {', '.join(parts)}{share}"
+        return f"tokens over {plural(len(self.steps), 'step')}: {', '.join(parts)}{share}"
 
     def __str__(self) -> str:
         if self.report_rows is not None:
@@ -130,27 +124,25 @@ class TokenCounts(Widget):
 
     def to_html(self) -> str:
         if self.report_rows is not None:
-            body = "".join(
-                f'<tr><td style="{_CELL};text-align:left;color:#374151">{escape(k)}</td>'
-                f'<td style="{_CELL}">{escape(v)}</td></tr>'
+            key = f"{_CELL};text-align:left;color:#374151"
+            rows = [
+                tag("tr", tag("td", escape(k), key) + tag("td", escape(v), _CELL))
                 for k, v in self.report_rows
-            )
-            return f'<div><table style="{_TABLE}">{body}</table>{self._share_bar()}</div>'
-        if not self.steps:
-            return f'<div style="font:12px monospace;color:#6b7280">{escape(self.summary())}</div>'
-        header, *grid = self._grid()
-        head = "".join(f'<th style="{_HEAD}">{escape(h)}</th>' for h in header)
-        skipped = len(self.steps) - self.recent
-        rows: list[str] = []
-        if skipped > 0:
-            rows.append(
-                f'<tr><td colspan="{len(self.columns) + 1}" style="{_CELL};color:#9ca3af">'
-                f"… {skipped} earlier step{'s' if skipped != 1 else ''}</td></tr>"
-            )
-        for n, row in enumerate(grid, 1):
-            bold = ";font-weight:600" if n == len(grid) else ""  # the totals
-            rows.append("<tr>" + "".join(f'<td style="{_CELL}{bold}">{cell}</td>' for cell in row) + "</tr>")
-        return f'<div><table style="{_TABLE}"><tr>{head}</tr>{"".join(rows)}</table>{self._share_bar()}</div>'
+            ]
+        elif not self.steps:
+            return div(escape(self.summary()), f"font:12px monospace;color:{GREY}")
+        else:
+            header, *grid = self._grid()
+            rows = [tag("tr", "".join(tag("th", escape(h), _HEAD) for h in header))]
+            if (skipped := len(self.steps) - self.recent) > 0:
+                rows.append(
+                    f'<tr><td colspan="{len(self.columns) + 1}" style="{_CELL};color:#9ca3af">'
+                    f"… {plural(skipped, 'earlier step')}</td></tr>"
+                )
+            for n, row in enumerate(grid, 1):
+                bold = ";font-weight:600" if n == len(grid) else ""  # the totals
+                rows.append(tag("tr", "".join(tag("td", cell, f"{_CELL}{bold}") for cell in row)))
+        return div(tag("table", "".join(rows), _TABLE) + self._share_bar())
 
     def _grid(self) -> list[list[str]]:
         """The header, the recent steps and the totals, as the text and the HTML table show them."""
@@ -163,12 +155,10 @@ class TokenCounts(Widget):
         if share is None:
             return ""
         pct = max(0.0, min(share, 1.0)) * 100
-        return (
-            f'<div title="trained share of tokens: {share:.1%}" style="margin-top:4px;width:240px;height:8px;'
-            f'background:#e5e7eb;border-radius:4px;overflow:hidden"><div style="width:{pct:.1f}%;height:8px;'
-            f'background:rgba(46,160,67,0.75)"></div></div>'
-            f'<div style="font:11px monospace;color:#6b7280">{share:.1%} of tokens trained</div>'
-        )
+        bar = div("", f"width:{pct:.1f}%;height:8px;background:rgba(46,160,67,0.75)")
+        track = "margin-top:4px;width:240px;height:8px;background:#e5e7eb;border-radius:4px;overflow:hidden"
+        label = div(f"{share:.1%} of tokens trained", f"font:11px monospace;color:{GREY}")
+        return tag("div", bar, track, f"trained share of tokens: {share:.1%}") + label
 
 
 def _label(key: str) -> str:

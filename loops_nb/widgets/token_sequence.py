@@ -3,14 +3,17 @@
 A `TokenSequence` is what a preview needs: ids, one loss weight per token (0 = masked), and a label. SFT examples
 carry their weights and per-token turns; RL captures know which tokens were sampled (they train, the context
 does not). `as_sequences` turns any of these, or an iterable of them, into sequences, duck-typed so that the
-widgets do not import the SFT or RL packages.
+widgets do not import the SFT or RL packages (their types only, to check this module).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, cast
+
+if TYPE_CHECKING:
+    from loops_nb.sft.targets import Example
 
 
 class Tokenizer(Protocol):
@@ -19,24 +22,6 @@ class Tokenizer(Protocol):
 
     def decode(self, ids: list[int], /, *, skip_special_tokens: bool = ...) -> str | list[str]: ...
     def encode(self, text: str, /, *, add_special_tokens: bool = ...) -> list[int]: ...
-
-
-@runtime_checkable
-class RenderedExample(Protocol):
-    """What a preview reads of an SFT example (`loops_nb.sft.targets.Example`)."""
-
-    @property
-    def input_ids(self) -> Sequence[int]: ...
-    @property
-    def weights(self) -> Sequence[float]: ...
-    @property
-    def token_turns(self) -> Sequence[int]: ...
-    @property
-    def turn_indices(self) -> Sequence[int]: ...
-    @property
-    def row_number(self) -> int: ...
-    @property
-    def split_reason(self) -> str | None: ...
 
 
 @dataclass(frozen=True)
@@ -83,8 +68,8 @@ def as_sequences(item: object, tokenizer: Tokenizer | None = None) -> list[Token
         return [
             _from_example(e, f" · example {i + 1}/{k}" if k > 1 else "") for i, e in enumerate(item.examples)
         ]
-    if isinstance(item, RenderedExample):  # Example
-        return [_from_example(item, "")]
+    if hasattr(item, "input_ids") and hasattr(item, "token_turns"):  # Example
+        return [_from_example(cast("Example", item), "")]
     if hasattr(item, "sequences") and hasattr(item, "calls"):  # TokenCapture
         return [_sampled(s.tokens, s.sampled, f"sequence {i + 1}") for i, s in enumerate(item.sequences())]
     if hasattr(item, "tokens") and hasattr(item, "sampled"):  # CapturedSequence
@@ -98,7 +83,7 @@ def as_sequences(item: object, tokenizer: Tokenizer | None = None) -> list[Token
     raise TypeError(f"cannot preview a {type(item).__name__}")
 
 
-def _from_example(example: RenderedExample, suffix: str) -> TokenSequence:
+def _from_example(example: Example, suffix: str) -> TokenSequence:
     turns = tuple(example.turn_indices)
     trains = f" · trains messages{list(turns)}" if turns else ""
     # The first token is never a target (nothing precedes it), so it is never shown as trained.
@@ -113,16 +98,16 @@ def _from_example(example: RenderedExample, suffix: str) -> TokenSequence:
     )
 
 
-def _sampled(tokens: Sequence[int], sampled: Sequence[bool], label: str) -> TokenSequence:
-    return TokenSequence(list(tokens), [1.0 if s else 0.0 for s in sampled], label)
+def _sampled(
+    tokens: Sequence[int], sampled: Sequence[bool], label: str, note: str | None = None
+) -> TokenSequence:
+    return TokenSequence(list(tokens), [1.0 if s else 0.0 for s in sampled], label, note=note)
 
 
 def _call(
     prompt: Sequence[int], completion: Sequence[int], label: str, note: str | None = None
 ) -> TokenSequence:
-    return TokenSequence(
-        [*prompt, *completion], [0.0] * len(prompt) + [1.0] * len(completion), label, note=note
-    )
+    return _sampled([*prompt, *completion], [False] * len(prompt) + [True] * len(completion), label, note)
 
 
 def _from_mapping(item: Mapping[str, Any], tokenizer: Tokenizer | None) -> TokenSequence:
@@ -130,13 +115,7 @@ def _from_mapping(item: Mapping[str, Any], tokenizer: Tokenizer | None) -> Token
     if "weights" in item:
         ids = item.get("input_ids", item.get("tokens"))
         return TokenSequence(
-            ids,
-            item["weights"],
-            label,
-            turns=item.get("turns"),
-            note=item.get("note"),
-            text=item.get("text"),
-            offsets=item.get("offsets"),
+            ids, item["weights"], label, **{k: item.get(k) for k in ("turns", "note", "text", "offsets")}
         )
     if "sampled" in item or "mask" in item:
         ids = item.get("tokens", item.get("input_ids"))
