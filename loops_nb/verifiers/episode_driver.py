@@ -49,7 +49,7 @@ class LoadError(Exception):
     """A load-time problem the kit reports as is: exit 3, one line on stderr."""
 
 
-def _one_line(text: str) -> str:
+def _one_line(text: object) -> str:
     return " ".join(str(text).split())[:1000]
 
 

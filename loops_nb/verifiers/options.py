@@ -6,7 +6,7 @@ factory = "loops_nb.verifiers:create_runtime"
 [runtime.options]
 env_id = "reverse-text"                     # the environment's id, as `vf.load_environment` takes it
 packages = ["reverse-text"]                 # what provides it, installed beside verifiers
-env_args = { num_train_examples = 200 }     # keyword arguments of its `load_environment`
+env_args = { num_tasks = 64 }     # the taskset's config fields (`--env.taskset.*` in verifiers)
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class VerifiersOptions(BaseModel):
     (`reverse-text`, `primeintellect/reverse-text`, or the module name of a local environment)."""
 
     env_args: dict[str, JsonValue] = Field(default_factory=dict)
-    """Keyword arguments of the environment's `load_environment(**env_args)`."""
+    """The taskset's config fields (verifiers 0.4 `--env.taskset.*`); a key the taskset lacks is refused."""
 
     harness: dict[str, JsonValue] | None = None
     """The harness the episode's agent runs in (`{ id = "null" }`: the plain chat loop). Empty: the
@@ -59,7 +59,8 @@ class VerifiersOptions(BaseModel):
     `$LOOPS_NB_VERIFIERS_CACHE`, else `~/.cache/loops_nb/verifiers`."""
 
     split: Literal["train", "eval"] = "train"
-    """Which of the environment's datasets the tasks come from (`eval`: its eval dataset)."""
+    """Passed to the taskset as its `split` field, where it has one; verifiers 0.4 tasksets have no split of
+    their own, so a taskset without that field gives the same tasks for both."""
 
     limit: int | None = Field(None, ge=1)
     """At most this many tasks (the first ones of the split). Empty: all of them."""
