@@ -22,12 +22,15 @@ import contextlib
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loops_nb.errors import RunFailed, UserError
 from loops_nb.local.model_store import DTYPES
+
+if TYPE_CHECKING:
+    from loops_nb.project import Project
 
 EXIT_USER_ERROR = 2
 
@@ -144,14 +147,14 @@ def _print_help(command: str, config: str | None) -> None:
     print(knob_help(recipe))
 
 
-def _say(lines: Any, status: int = 0) -> int:
+def _say(lines: Iterable[str], status: int = 0) -> int:
     """Print a report's lines; returns `status` (the command's exit status)."""
     for line in lines:
         print(line)
     return status
 
 
-async def _check(project: Any, args: argparse.Namespace) -> int:
+async def _check(project: Project, args: argparse.Namespace) -> int:
     refusals = args.refusals
     if refusals is not None and project.recipe != "sft":
         raise UserError(f"--refusals is for SFT configs; {project.path} is a {project.recipe} config")
@@ -159,13 +162,13 @@ async def _check(project: Any, args: argparse.Namespace) -> int:
     return _say(report.describe(), 0 if getattr(report, "ok", True) else 1)
 
 
-async def _train(project: Any, args: argparse.Namespace) -> int:
+async def _train(project: Project, args: argparse.Namespace) -> int:
     outcome = await project.train()
     failed = getattr(outcome, "status", None) == "failed"
     return _say(outcome.describe() if hasattr(outcome, "describe") else [str(outcome)], int(failed))
 
 
-async def _eval(project: Any, args: argparse.Namespace) -> int:
+async def _eval(project: Project, args: argparse.Namespace) -> int:
     return _say((await project.evaluate(checkpoint=args.checkpoint, out=args.out)).describe())
 
 

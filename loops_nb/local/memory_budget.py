@@ -22,7 +22,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from loops_nb.local.lora_targets import DEFAULT_TARGETS
 
@@ -78,7 +78,7 @@ def resolve_budget(budget_mb: int | None, weight_bytes: int) -> int:
     return budget_mb * MIB if budget_mb else default_budget(weight_bytes)
 
 
-def attention_shape(config: Any) -> tuple[int, int, int, int]:
+def attention_shape(config: object) -> tuple[int, int, int, int]:
     """(layers, heads, kv_heads, head_dim) of a model's text decoder, from its config (or its `text_config`)."""
     text = getattr(config, "text_config", None) or config
     heads = int(getattr(text, "num_attention_heads", None) or 1)

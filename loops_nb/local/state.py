@@ -146,7 +146,7 @@ class LocalLoopsState:
 
         return is_vision_model(self.model_path(base_model))
 
-    def _load[T](self, make: Callable[..., T], base_model: str, **options: Any) -> T:
+    def _load[T](self, make: Callable[..., T], base_model: str, **options: object) -> T:
         """`make(model_dir, device=, dtype=, ...)`: a sampler or trainer on the server's device and budget.
 
         Loaded on the compute lane, so no other thread starts an OpenMP pool (see `compute_lane`)."""

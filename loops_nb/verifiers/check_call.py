@@ -11,14 +11,19 @@ line.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from loops_nb.llm.capture import TokenCapture
-from loops_nb.llm.client import LoopsLLM, SamplingDefaults
+from loops_nb.llm.client import LoopsLLM, Reply, SamplingDefaults
 from loops_nb.model_access.gateway import ModelGateway
 from loops_nb.runtime import Attempt, AttemptServices
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from baseten.loops import ModelInput, SamplingParams
+
+    from loops_nb.llm.chat_messages import ChatMessage, ToolSpec
     from loops_nb.llm.renderer import Renderer
     from loops_nb.verifiers.runtime import VerifiersRuntime
 
@@ -52,7 +57,9 @@ class FixedReplyPolicy:
     def sampling_client(self) -> FixedReplyPolicy:
         return self
 
-    async def sample_async(self, prompt: Any, num_samples: int, sampling_params: Any) -> _Response:
+    async def sample_async(
+        self, prompt: ModelInput, num_samples: int, sampling_params: SamplingParams
+    ) -> _Response:
         self.prompts.append(list(prompt.to_ints()))
         return _Response([_Sequence(list(self.tokens), [0.0] * len(self.tokens))] * num_samples)
 
@@ -62,9 +69,21 @@ class _CheckLLM(LoopsLLM):
 
     tools_offered: list[int]
 
-    async def sample(self, messages: Any, *, tools: Any = None, **kwargs: Any) -> Any:
+    async def sample(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        tools: Sequence[ToolSpec] | None = None,
+        n: int = 1,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        stop: Sequence[str] | None = None,
+    ) -> list[Reply]:
         self.tools_offered = [*getattr(self, "tools_offered", []), len(tools or [])]
-        return await super().sample(messages, tools=tools, **kwargs)
+        return await super().sample(
+            messages, tools=tools, n=n, max_tokens=max_tokens, temperature=temperature, top_p=top_p, stop=stop
+        )
 
 
 async def check_episode(runtime: VerifiersRuntime, renderer: Renderer | None) -> tuple[list[str], list[str]]:

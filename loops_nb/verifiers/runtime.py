@@ -20,7 +20,7 @@ import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from loops_nb.errors import ConfigError, UserError
 from loops_nb.llm.chat_messages import ChatMessage
@@ -215,7 +215,7 @@ class VerifiersRuntime(RolloutRuntime):
             self._server = None
 
 
-def create_runtime(**options: Any) -> VerifiersRuntime:
+def create_runtime(**options: object) -> VerifiersRuntime:
     """`[runtime] factory = "loops_nb.verifiers:create_runtime"`: `[runtime.options]` are VerifiersOptions."""
     parsed = VerifiersOptions.parse(options)
     if not parsed.verifiers.strip():

@@ -41,7 +41,15 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from loops_nb.observers import TerminalReporter, eta
-from loops_nb.run_events import AttemptFinished, EvalRecord, ProgressTick, RunEnded, RunStarted, StepRollouts
+from loops_nb.run_events import (
+    AttemptFinished,
+    EvalRecord,
+    ProgressTick,
+    RunEnded,
+    RunEvent,
+    RunStarted,
+    StepRollouts,
+)
 from loops_nb.runs_table import duration
 from loops_nb.step_record import StepRecord
 from loops_nb.widgets.attempts_log import AttemptsLog
@@ -290,7 +298,7 @@ class LiveRun:
         self.finalize()
 
     @staticmethod
-    def _tell(event: Any, *parts: object) -> None:
+    def _tell(event: RunEvent | StepRecord, *parts: object) -> None:
         """Hand ``event`` (a `RunEvent` or `StepRecord`) to each of ``parts`` (None: one this run has not)."""
         for part in parts:
             if part is not None:
