@@ -81,7 +81,7 @@ async def test_a_reply_is_scored_by_the_environments_rubric(
     runtime = create_runtime(**options())
     listing = await runtime.listing()
     assert listing.verifiers_version.startswith("0.4.")
-    assert listing.rubric.functions == ["names_game"]
+    assert listing.rubric.functions == ["names_game", "short_answer"]
     right, wrong = scripted("Monopoly"), scripted("Chess")
     _, scored = await episode(runtime, gateway, right)
     assert scored.discarded is None, scored.detail
