@@ -1,22 +1,13 @@
 """The Loops built-in losses, computed from per-token logprobs of a padded batch.
 
-Each loss takes a `LossBatch` (B datums right-padded to T positions: current logprobs `lp`, the datums'
-`loss_fn_inputs` as tensors and a validity mask) and returns a `LossOutput`: the loss *summed* over
-tokens and datums (differentiable), the number of units it covers (active tokens; pairs for dpo) and the
-per-token logprobs to send back. Summing instead of averaging is what makes gradient accumulation exact:
-the trainer backpropagates raw sums and `optim_step` divides by the accumulated count once (protocol §5.4),
-so fb(A) + fb(B) equals fb(A ∪ B).
-
-Output logprobs follow the wire conventions (§5.5): cross_entropy puts NaN (→ JSON null) only where the
-target is -100, dpo where a position is ignored; the RL losses put 0.0 where the position is inactive (A = 0 or weight 0), which is
-what `bl/rl_metrics.py` expects.
-
-The RL formulas are the Tinker/prime-rl ones quoted in the protocol notes (§5.4); `sg` is stop-gradient.
-Validation of names and config keys lives in `datum_wire.py` so it can run at submit time without torch maths.
-
-The batch plumbing the trainer needs around them lives here too, so it can be tested without a model:
-`collate` (right-padding parsed datums), `micro_batches` (packing by a padded-token budget),
-`needed_positions` (where the LM head must run) and `target_logprobs` (logits → logprobs, top-k).
+Each loss takes a `LossBatch` (B datums right-padded to T positions) and returns a `LossOutput`: the loss
+*summed* over tokens and datums, the units it covers (active tokens; pairs for dpo) and the logprobs to send
+back. Summing makes gradient accumulation exact: `optim_step` divides by the accumulated count once, so
+fb(A) + fb(B) equals fb(A ∪ B). Output logprobs follow the wire conventions: NaN (JSON null) where
+cross_entropy's target is -100 or a dpo position is ignored, 0.0 where an RL position is inactive (what
+`bl/rl_metrics.py` expects). The RL formulas are Tinker's and prime-rl's; `sg` is stop-gradient. Names and
+config keys are checked in `datum_wire`; the batch plumbing around the losses (`collate`, `micro_batches`,
+`needed_positions`, `target_logprobs`) lives here so it is tested without a model.
 """
 
 from __future__ import annotations
@@ -29,17 +20,6 @@ import torch
 import torch.nn.functional as F
 
 from loops_nb.local.datum_wire import IGNORE_INDEX, RL_LOSSES, LossInputs, ParsedDatum, resolve_loss_config
-
-__all__ = [
-    "LOSSES",
-    "LossBatch",
-    "LossOutput",
-    "collate",
-    "compute_loss",
-    "micro_batches",
-    "needed_positions",
-    "target_logprobs",
-]
 
 
 @dataclass(kw_only=True)
@@ -240,21 +220,18 @@ def compute_loss(loss_fn: str, batch: LossBatch, loss_fn_config: Mapping[str, An
     return LOSSES[loss_fn](batch, resolve_loss_config(loss_fn, loss_fn_config))
 
 
-def needed_positions(
-    loss_fn: str,
-    cfg: Mapping[str, Any],
-    valid: torch.Tensor,
-    weights: torch.Tensor,
-    advantages: torch.Tensor | None,
-) -> torch.Tensor:
-    """[B, T] bool: positions whose logprob the loss or the response needs.
+def needed_positions(batch: LossBatch, loss_fn: str, top_k: int) -> torch.Tensor:
+    """[B, T] bool: positions whose logprob the loss or the response needs (every real one for a top-k).
 
     The trainer only runs the LM head there, which skips padding, prompts and (for RL) A = 0 tokens.
     """
+    assert batch.real is not None
+    if top_k:
+        return batch.real
     # cross_entropy returns a logprob for every valid target, weight 0 or not (see `cross_entropy`).
-    active = valid if loss_fn == "cross_entropy" else valid & (weights != 0)
-    if loss_fn in RL_LOSSES and advantages is not None:
-        active = active & (advantages != 0)
+    active = batch.valid if loss_fn == "cross_entropy" else batch.valid & (batch.weights != 0)
+    if loss_fn in RL_LOSSES and batch.advantages is not None:
+        active = active & (batch.advantages != 0)
     return active.any(-1) if active.dim() == 3 else active
 
 
@@ -267,14 +244,10 @@ def _rl_inputs(b: LossBatch) -> tuple[torch.Tensor, torch.Tensor]:
     return b.logprobs, b.advantages
 
 
-def _rl_active(b: LossBatch) -> torch.Tensor:
-    assert b.advantages is not None
-    return b.valid & (b.weights != 0) & (b.advantages != 0)
-
-
 def _rl_output(b: LossBatch, per_token: torch.Tensor) -> LossOutput:
     """Weight, gate on activity (A ≠ 0, w ≠ 0) and sum; the returned logprobs are 0.0 where inactive."""
-    active = _rl_active(b)
+    assert b.advantages is not None
+    active = b.valid & (b.weights != 0) & (b.advantages != 0)
     # `where`, not multiplication by the mask: an inactive q can be anything, and 0 · inf would be NaN.
     loss = torch.where(active, b.weights * per_token, 0.0).sum()
     return LossOutput(loss, int(active.sum()), _masked(b.lp, active, 0.0))

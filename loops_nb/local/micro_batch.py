@@ -151,17 +151,7 @@ class LogprobModel:
         return self.lm(attention_mask=mask, use_cache=False, **inputs).logits[pos]
 
 
-def positions_needed(batch: LossBatch, loss_fn: str, cfg: Mapping[str, Any], top_k: int) -> torch.Tensor:
-    """[B, T] bool: where the model's logprobs are needed (every real position when the top-k is asked)."""
-    assert batch.real is not None
-    if top_k:
-        return batch.real
-    return needed_positions(loss_fn, cfg, batch.valid, batch.weights, batch.advantages)
-
-
-def prompt_keys(
-    rows: Sequence[ParsedDatum], loss_fn: str, cfg: Mapping[str, Any], top_k: int
-) -> list[PromptKey]:
+def prompt_keys(rows: Sequence[ParsedDatum], loss_fn: str, top_k: int) -> list[PromptKey]:
     """Each datum's prompt as the shared forward will group it (`shared_prefix.prompt_key`), for the planner
     to keep a prompt's rows in one micro-batch. Each is collated alone: a row's needed positions do not
     depend on the rows padded beside it."""
@@ -169,7 +159,7 @@ def prompt_keys(
     for datum in rows:
         batch = collate([datum], torch.device("cpu"), torch.float32)
         assert batch.tokens is not None
-        keys.append(prompt_key(batch.tokens[0], positions_needed(batch, loss_fn, cfg, top_k)[0]))
+        keys.append(prompt_key(batch.tokens[0], needed_positions(batch, loss_fn, top_k)[0]))
     return keys
 
 
@@ -177,7 +167,7 @@ def run_micro_batch(model: LogprobModel, job: MicroBatch) -> MicroBatchResult:
     """One padded forward (+ backward, which accumulates into the parameters' `.grad`) over `job.rows`."""
     rows = job.rows
     batch = collate(rows, model.device, model.dtype)
-    need = positions_needed(batch, job.loss_fn, job.loss_config, job.top_k)
+    need = needed_positions(batch, job.loss_fn, job.top_k)
     pos = need.nonzero(as_tuple=True)
     top: TopK | None = None
     computed = 0

@@ -1,32 +1,13 @@
 """The local trainer's compute core: one frozen base model, one PEFT LoRA adapter, one AdamW.
 
-`LoraTrainer` implements the semantics of the Loops trainer ops (protocol notes §3.2, §5.4-5.6) with no
-HTTP: `init` (= `/init_trainer_server`), `forward`, `forward_backward`, `optim_step`, `save_state`,
-`load_state` and `save_adapter` (for `/save_weights_for_sampler`). They take and answer the SDK's own
-models (`Datum`, `AdamParams`, `ForwardBackwardOutput`, ...). The HTTP layer validates requests with
-`datum_wire.parse_datums` at submit time and may hand the parsed datums straight to these methods.
-
-It holds the run's state (adapter, optimizer, step, pending gradients) and sequences the work of the
-modules beside it: `lora_adapter` (which layers get LoRA, a fresh adapter, its weights out),
-`activation_memory` (micro-batches that fit the memory budget), `micro_batch` (one padded forward and
-backward) and `trainer_checkpoints` (files on disk).
-
-Design notes:
-
-* Gradients of several `forward_backward` calls accumulate as raw sums together with their count of
-  active tokens; `optim_step` divides once. So split requests equal one request over the union, which is
-  what the SDK's auto-chunking assumes (bl/training_client.py:1096-1102).
-* The model stays in eval mode (and LoRA dropout is 0), so training-time logprobs equal the sampler's,
-  which the RL importance ratios need.
-* Memory is bounded by a budget, not by the request (see `memory_budget`, `activation_memory`): a
-  request's datums are sorted by length (a shared prompt's rows kept together, `prefix_packing`) and
-  packed into micro-batches whose activations fit the budget, measured once per adapter as bytes per
-  token; a sequence too long for the budget alone has its decoder layers recomputed in the backward.
-* The base weights are shared with the sampler and every other trainer on the same model
-  (`shared_base`); a trainer owns only its adapter, optimizer and activations.
-* Not thread-safe: the caller runs ops one at a time (the HTTP layer's FIFO worker does). Across
-  trainers, `COMPUTE_LOCK` runs one forward/backward at a time, so several runs on one `loops serve`
-  never hold several activation budgets at once.
+`LoraTrainer` implements the Loops trainer ops with no HTTP (`init`, `forward`, `forward_backward`,
+`optim_step`, `save_state`, `load_state`, `save_adapter`), taking and answering the SDK's own models.
+Gradients accumulate as raw sums with their count of active tokens and `optim_step` divides once, so split
+requests equal one request over the union (what the SDK's auto-chunking assumes). The model stays in eval
+mode with LoRA dropout 0, so training-time logprobs equal the sampler's. Memory is bounded by a budget,
+not the request (`activation_memory`; docs/reference/local_loops.md "Memory and precision"). Not
+thread-safe: the HTTP layer's FIFO worker runs ops one at a time, and `COMPUTE_LOCK` runs one trainer's
+forward/backward at a time across runs.
 """
 
 from __future__ import annotations
@@ -53,7 +34,7 @@ from peft import PeftModel
 from loops_nb.local import lm_head
 from loops_nb.local.activation_memory import ActivationCost, checkpointed, plan_micro_batches
 from loops_nb.local.bad_request import BadRequest
-from loops_nb.local.datum_wire import ParsedDatum, datum_too_long, parse_datums, resolve_loss_config
+from loops_nb.local.datum_wire import ParsedDatum, parse_datums, resolve_loss_config
 from loops_nb.local.image_chunks import VisionInputs, max_positions
 from loops_nb.local.kv_cache import cache_is_full_attention
 from loops_nb.local.lora_adapter import (
@@ -117,10 +98,9 @@ class LoraTrainer:
         self.vision = VisionInputs.load(self.model_path, base)
         """The processor and image token when the model is a vision-language model (image chunks)."""
         self.vocab_size: int = base.get_output_embeddings().weight.shape[0]
-        self.model_positions: int | None = max_positions(base.config)
-        self.max_length: int | None = self.model_positions
+        limits = [n for n in (max_positions(base.config), max_seq_len) if n]
+        self.max_length = min(limits) if limits else None
         """Longest datum accepted: the model's positions, or the run's max_seq_len when shorter."""
-        self.set_max_seq_len(max_seq_len)
         self.target_modules = list(target_modules) if target_modules else discover_target_modules(base)
         self.lora_alpha = lora_alpha
         self.max_batch_tokens = max_batch_tokens
@@ -145,11 +125,6 @@ class LoraTrainer:
         self._normalized: bool | None = None  # mode of the pending gradients; None = no fb since last step
 
     # ------------------------------------------------------------------------------------------ state
-
-    def set_max_seq_len(self, max_seq_len: int | None) -> None:
-        """Refuse datums longer than `max_seq_len` (never more than the model's own positions)."""
-        limits = [n for n in (self.model_positions, max_seq_len) if n]
-        self.max_length = min(limits) if limits else None
 
     @property
     def step(self) -> int:
@@ -223,7 +198,7 @@ class LoraTrainer:
         computed = tokens = 0
         # Gradients of this request go to fresh buffers and are added to the pending ones only on success,
         # so a request that fails half-way leaves the accumulated gradients as they were.
-        plan = self.plan(datums, loss_fn, backward=backward, loss_config=cfg, top_k=top_k_logprobs)
+        plan = self.plan(datums, loss_fn, backward=backward, top_k=top_k_logprobs)
         params = self.lora_parameters()
         pending = [p.grad for p in params]
         if backward:
@@ -275,20 +250,13 @@ class LoraTrainer:
     """`forward` that also accumulates the gradient for the next `optim_step`."""
 
     def plan(
-        self,
-        datums: Sequence[ParsedDatum],
-        loss_fn: str,
-        *,
-        backward: bool,
-        loss_config: Mapping[str, Any] | None = None,
-        top_k: int = 0,
+        self, datums: Sequence[ParsedDatum], loss_fn: str, *, backward: bool, top_k: int = 0
     ) -> list[tuple[list[int], bool]]:
         """Micro-batches (datum indices, whether to recompute layers) whose activations fit the budget
         (see `activation_memory.plan_micro_batches`); where the rows' prompts will be shared, a prompt's
         rows are kept together and priced as the shared forward runs them."""
         # Only text rows under a plain head share (`LogprobModel`): pricing others as shared would understate.
         shares = self._shares_prompts and self._plain_head and not any(d.images for d in datums)
-        cfg = resolve_loss_config(loss_fn, loss_config)
         return plan_micro_batches(
             [d.length for d in datums],
             self.activation_cost(),
@@ -296,7 +264,7 @@ class LoraTrainer:
             max_tokens=self.max_batch_tokens,
             group=2 if loss_fn == "dpo" else 1,
             backward=backward,
-            prompts=prompt_keys(datums, loss_fn, cfg, top_k) if shares else None,
+            prompts=prompt_keys(datums, loss_fn, top_k) if shares else None,
         )
 
     @property
@@ -316,16 +284,11 @@ class LoraTrainer:
 
     def _parsed(self, data: Sequence[Datum] | Sequence[ParsedDatum], loss_fn: str) -> list[ParsedDatum]:
         parsed = [d for d in data if isinstance(d, ParsedDatum)]
-        if not data or len(parsed) < len(data):
-            datums = [d for d in data if isinstance(d, Datum)]
-            limits = {"vocab_size": self.vocab_size, "max_length": self.max_length}
-            return parse_datums(datums, loss_fn, **limits, allow_images=self.vision is not None)
-        if loss_fn == "dpo" and len(parsed) % 2:
-            raise BadRequest(f"dpo needs an even number of datums, got {len(parsed)}")
-        for i, datum in enumerate(parsed):
-            if self.max_length is not None and datum.length > self.max_length:
-                raise datum_too_long(f"data[{i}]", datum.length, self.max_length)
-        return parsed
+        if data and len(parsed) == len(data):
+            return parsed  # parsed at submit (`trainer_ops.prepare`), against this run's limits
+        datums = [d for d in data if isinstance(d, Datum)]
+        limits = {"vocab_size": self.vocab_size, "max_length": self.max_length}
+        return parse_datums(datums, loss_fn, **limits, allow_images=self.vision is not None)
 
     def _micro_batch(self, job: MicroBatch) -> MicroBatchResult:
         """One micro-batch on the adapter as it is now (the budget and model may change between calls)."""
