@@ -1,25 +1,12 @@
 """`ConnectionGuard`: the limits a loopback HTTP server keeps against clients that connect and say nothing.
 
-uvicorn alone holds a connection open for as long as its client stays silent before or inside its
-request headers, and accepts connections until the process runs out of file descriptors; after that
-nobody is served, the run's own clients with the right key included. The guard adds, per server:
-
-- a header deadline: a request's headers must be complete `header_timeout` seconds after the
-  connection opens (or, on a kept-alive connection, after the next request's first byte);
-- a body idle timeout: a request body that stops arriving for `body_idle_timeout` seconds is dropped
-  (time the server itself stopped reading, to apply back-pressure, is not counted);
-- a cap on unproven connections: a connection is proven once it sends a request that carries the
-  server's key (`authorizes(headers)`). While `max_unproven` unproven connections are open, a new one
-  closes the oldest unproven one, so a flood of silent or keyless connections holds at most
-  `max_unproven` descriptors and a client with the key always gets in; a proven connection is never
-  evicted;
-- a refused request's unread body: uvicorn reads and drops it to keep the connection; past
-  `DISCARD_LIMIT_BYTES` the connection is closed instead.
-
-`GuardedH11Protocol` is uvicorn's h11 protocol with these hooks; `guard.protocol_class()` gives the
-class to pass as uvicorn's `http`. It also puts `CLIENT_CONNECTED` in each request's ASGI scope: a
-function telling the app whether the client is still connected, which ASGI itself cannot say once a
-response has been sent (uvicorn drops what an app sends to a client that left, silently).
+uvicorn alone holds a silent connection open indefinitely and accepts connections until the process runs
+out of descriptors. The guard adds a header deadline, a body idle timeout (back-pressure pauses not
+counted), a cap on unproven connections (not yet sent a request with the server's key: a new one closes
+the oldest unproven, so a client with the key always gets in) and a cap on a refused request's unread body
+(`DISCARD_LIMIT_BYTES`); docs/reference/local_loops.md lists the numbers. `guard.protocol_class()` is the
+uvicorn `http` class; it also puts `CLIENT_CONNECTED` in each request's scope, which tells the app whether
+its client is still there (ASGI cannot say so once a response has been sent).
 """
 
 from __future__ import annotations

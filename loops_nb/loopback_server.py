@@ -1,14 +1,10 @@
 """An ASGI app served by uvicorn on its own thread and event loop, bound to a loopback port.
 
 The embedded Loops and the model gateway both run this way, so neither blocks (nor is blocked by) a
-notebook's running event loop or the CLI's. uvicorn captures signals only on the main thread, so the
-caller's own Ctrl-C handling stays in charge.
-
-Against clients that connect and stall, each server has a `ConnectionGuard` (header and body
-timeouts, a cap on connections that have not shown the key); an app names how a request shows it by
-setting `app.state.authorizes` to a function of the request headers. When the process runs out of
-descriptors anyway, asyncio logs every failed accept (up to 4096 a second, with a traceback each);
-`AcceptErrorLog` lets one line through per `ACCEPT_ERROR_LOG_SECONDS` with the count it held back.
+notebook's or the CLI's event loop; uvicorn captures signals only on the main thread, so the caller keeps
+Ctrl-C. Each server has a `ConnectionGuard` (an app names how a request shows its key in
+`app.state.authorizes`), and `AcceptErrorLog` rate-limits asyncio's failed-accept reports (up to 4096 a
+second, with a traceback each) when descriptors run out anyway.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Reading a JSON request body on a loopback server: size-limited while it streams, every bad body a 4xx.
 
-Both the embedded Loops and the model gateway read bodies this way. The limit is checked as chunks
-arrive, so a body without a Content-Length (chunked) is refused at the limit instead of after being
-read whole. JSON that Python cannot parse for any reason (syntax, bad UTF-8, nesting deeper than the
-parser's recursion allows, an integer over Python's 4300-digit conversion limit) is the caller's
-mistake, never a server error.
+The limit is checked as chunks arrive, so a chunked body is refused at the limit, not after being read
+whole; JSON Python cannot parse for any reason (syntax, bad UTF-8, nesting, a 4300-digit integer) is the
+caller's mistake, never a server error. The embedded Loops and the model gateway both read bodies here.
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """The embedded Loops' HTTP surface: control plane, trainers and samplers on one loopback port.
 
-Routes follow baseten-loops 0.32.0 (see ../shared/reference/loops_local_protocol.md):
-- control plane, as `ServiceClient(base_url=...)` calls it: `/v1/loops/sessions`, `/trainers`,
-  `/samplers`, `/deployments/{id}`, `/checkpoints`, `/runs/{id}/deactivate`, `/capabilities`;
-- each run's trainer under `/trainers/{run_id}/` (op submits, `/operations/{id}` long-polls);
-- samplers under `/samplers/{sampler_id}/` (`/sample`, `/v1/models`, `/trainers_policy_version`); which
-  sampler an id names and which adapter serves a `/sample` is `sampler_routing`'s.
-
-Request bodies are validated into pydantic models: the SDK's own where it has them (`Datum`, `AdamParams`,
-via `op_requests`), ours where it builds plain dicts. Errors are answered by Starlette's exception handlers
-(`EXCEPTION_HANDLERS`): a caller's mistake is a 422 with a `detail` that names the problem, since the SDK
-retries 400, 404, 408 and 502 for up to an hour, so those statuses are never used for a caller's mistake. A run whose
-live state died with an earlier server process is answered 410 Gone (`RunLost`, see run_records):
-the SDK raises that at once too, so a run stops instead of hanging or training on a fresh adapter.
+Routes follow baseten-loops 0.32.0 (docs/reference/local_loops.md lists each): the control plane under
+`/v1/loops/`, each run's trainer under `/trainers/{run_id}/` (op submits, `/operations/{id}` long-polls),
+samplers under `/samplers/{sampler_id}/` (`sampler_routing` picks the engine and adapter). Bodies are
+validated into pydantic models (the SDK's own where it has them). A caller's mistake is a 422 naming the
+problem, since the SDK retries 400, 404, 408 and 502 for up to an hour; a run whose live state died with
+an earlier server process is a 410 (`RunLost`), which the SDK also raises at once.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """How long one model call takes on the embedded Loops on this machine: an estimate for `loops check`.
 
-Agents' timeouts are written for GPUs: a Harbor task gives its agent 60-120 s, and on a laptop CPU one
-Terminus-2 call of SmolLM2 takes about half a minute when eight attempts sample at once. `loops check`
-compares a task's agent timeout with the calls it expects, from this estimate.
-
-The estimate times the model's largest linear layer here (on one thread, at the batch sizes the sampler
-runs: one row per concurrent sequence while decoding, many while prefilling) and scales it to every linear
-weight of the model and to torch's threads. Deliberate simplifications: attention over the cache, the
-sampler's own overheads and imperfect thread scaling are left out, so it errs short (SmolLM2, eight
-Terminus-2 attempts at once: about 22 s estimated against 33 s measured); a call decodes all `max_tokens`.
+Agents' timeouts are written for GPUs, so `loops check` compares a task's agent timeout with this estimate
+(docs/reference/harbor.md). It times the model's largest linear layer on one thread, at the sampler's batch
+sizes, and scales it to every linear weight and to torch's threads; attention, the sampler's overheads and
+imperfect thread scaling are left out, so it errs short (SmolLM2, eight Terminus-2 attempts: 22 s
+estimated, 33 s measured). A call decodes all `max_tokens`.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """A checkpoint's files over HTTP: what the SDK's `get_checkpoint_archive_url` and `download_checkpoint` read.
 
-On Baseten, `GET /v1/loops/checkpoints/{id}/files` lists presigned S3 URLs and `/source` says the files
-come from S3 (bl/_checkpoints.py). The SDK then fetches each URL *without* the API key (presigned URLs
-carry their own auth; bl/_checkpoint_download.py `_download_presigned`). The local equivalent of a
-presigned URL is a link back to this server whose query carries an expiry and an HMAC over the file and
-the expiry, keyed with a secret of this server process: anyone holding the link may fetch that one file
-until it expires, and nothing else, exactly as with S3.
-
-The files are the checkpoint's directory as the trainer wrote it: a PEFT adapter (`adapter_model.safetensors`,
-`adapter_config.json`) for sampler weights; the adapter under `adapter/` plus `optimizer.pt`, `rng.pt` and
-`trainer_state.json` for trainer state. The server's own index file (`checkpoint.json`) is not listed.
+On Baseten, `/files` lists presigned S3 URLs that the SDK fetches *without* the API key. The local
+equivalent is a link back to this server whose query carries an expiry and an HMAC over the file and the
+expiry, keyed with a per-process secret: whoever holds it may fetch that one file until it expires. The
+files are the checkpoint's directory as the trainer wrote it, less the server's index (`checkpoint.json`).
 """
 
 from __future__ import annotations

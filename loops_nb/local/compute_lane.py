@@ -1,31 +1,13 @@
 """One thread for all of the embedded Loops' torch work: model loads, trainer ops, sampler batches.
 
-Why one thread: torch's CPU kernels run their parallel loops through OpenMP, and libgomp keeps a
-separate pool of worker threads for every thread that has ever entered a parallel region. As soon as
-those pools together hold more threads than there are cores, libgomp stops letting idle workers spin and
-puts them to sleep after every region, so each of the thousands of small parallel regions in a forward
-pays a futex wake-up. Measured on a 2-core host (SmolLM2-135M, float32): 20,000 element-wise ops on a
-59 x 576 tensor took 0.5 s on a thread alone and 5.4 s on a second thread once the main thread had its
-own pool; a 16-datum `forward_backward` took 8.4 s alone and 13.5 s inside the quickstart, where the
-trainer's op worker, the sampler's worker and the model-loading thread each had a pool.
-
-`COMPUTE_LANE.run(fn)` runs `fn` on the lane's thread and returns its result (inline when already on
-it), one call at a time in arrival order. Callers keep their own threads for ordering and waiting (the
-trainer's op queue, the sampler's scheduler); only the compute moves. A sampler batch holds the lane
-until it finishes and admits no new requests while other work waits (`contended`), so trainer ops wait
-at most one batch.
-
-The lane keeps the process's OpenMP threads to itself (`isolate_threads`, called when a CPU state starts):
-it computes with torch's thread count as it was, and every other thread computes on one, so it has no
-pool of workers to compete with. Without that, torch work anywhere else in the process (a notebook cell
-in the kernel, a caller's own reference model) starts a second pool that lives as long as its thread:
-measured, one main-thread op on a large tensor made the lane's small element-wise ops 9x slower for
-good (1.70 s against 0.19 s for 20,000), and the same op after `isolate_threads` left them at 0.21 s.
-A thread that already has a pool of its own keeps it, so isolating after the fact does not help; that is
-why a state isolates as it starts, before any model loads.
-
-On CUDA the threads only launch kernels and the GPU can overlap a trainer's and a sampler's work, so a
-state on CUDA turns the lane off (`enabled = False`): `run` then calls `fn` on the caller's thread.
+Why one thread: libgomp keeps a pool of OpenMP workers for every thread that has entered a parallel
+region, and once the pools hold more threads than there are cores, every small parallel region of a
+forward pays a futex wake-up (a 16-datum `forward_backward`: 8.4 s alone, 13.5 s beside two other pools).
+`COMPUTE_LANE.run(fn)` runs `fn` on the lane's thread (inline when already on it), one call at a time;
+callers keep their own threads for ordering and waiting. `isolate_threads` gives the lane torch's thread
+count and every other thread one, so no second pool starts; a thread that already has a pool keeps it,
+which is why a state isolates as it starts. On CUDA the lane is off (`enabled = False`). The whole story
+with its measurements: docs/reference/local_loops.md, "Memory and precision".
 """
 
 from __future__ import annotations

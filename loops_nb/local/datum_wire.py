@@ -1,15 +1,9 @@
 """Turn the SDK's `Datum`s, as `/forward` and `/forward_backward` receive them, into the trainer's tensors.
 
-The body is validated into the SDK's own `Datum` model first (`op_requests`), so the structure is settled:
-a `model_input` of chunks plus `loss_fn_inputs`, a dict of `TensorData` whose `data` is normally flat but
-may be nested, with JSON `null` for masked float positions (protocol notes §5.1-5.4). This module checks
-what the model alone cannot (lengths, shapes, token ranges, the inputs each loss needs) and rejects what
-the trainer cannot use, naming the datum and key at fault.
-
-It is deliberately cheap (no model, only torch tensor construction) because the HTTP layer runs it at
-submit time: a 422 there fails the client at once, whereas an error found later only surfaces when the
-operation is polled. It also owns the loss-function *contract* (names, required inputs, config defaults);
-`losses.py` owns the maths.
+The body is already the SDK's `Datum` model (`op_requests`); this checks what the model alone cannot
+(lengths, shapes, token ranges, the inputs each loss needs), naming the datum and key at fault. It is cheap
+(no model) because it runs at submit time, where a 422 fails the client at once instead of at the poll.
+It also owns the loss-function *contract* (names, required inputs, config defaults); `losses` the maths.
 """
 
 from __future__ import annotations
@@ -173,15 +167,6 @@ def tensor_data(values: torch.Tensor) -> TensorData:
 # --------------------------------------------------------------------------------------------- internals
 
 
-def datum_too_long(where: str, length: int, limit: int) -> BadRequest:
-    """The refusal of a datum longer than the run accepts (checked before anything is allocated)."""
-    return BadRequest(
-        f"{where}.model_input: {length} tokens exceed this run's limit of {limit} (its max_seq_len, or the "
-        "model's context if smaller); shorten or split the datum, or create the training client with a "
-        "larger max_seq_len"
-    )
-
-
 def _parse_datum(
     i: int,
     datum: Datum,
@@ -196,8 +181,12 @@ def _parse_datum(
     n = len(tokens)
     if n == 0:
         raise BadRequest(f"{where}.model_input: empty; a datum needs at least one token")
-    if max_length is not None and n > max_length:
-        raise datum_too_long(where, n, max_length)
+    if max_length is not None and n > max_length:  # refused before anything is allocated
+        raise BadRequest(
+            f"{where}.model_input: {n} tokens exceed this run's limit of {max_length} (its max_seq_len, or "
+            "the model's context if smaller); shorten or split the datum, or create the training client "
+            "with a larger max_seq_len"
+        )
     try:
         token_t = torch.tensor(tokens)
     except (TypeError, ValueError, RuntimeError, OverflowError):

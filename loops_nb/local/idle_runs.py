@@ -1,14 +1,9 @@
 """Idle runs on a long-lived `loops serve` move their trainer to disk, and come back on their next call.
 
-A notebook that created a training client and was then left open keeps its run alive for days. With the
-base weights shared, what such a run still holds is its adapter, the adapter's gradient buffers and AdamW's
-two moments: about 5x the adapter, per run, forever. `IdleRunReaper` saves that state (the trainer's own
-`save_state`, into the run's state directory) once a run has had no trainer op for `idle_seconds`, and drops
-the trainer. The next op of that run reloads it first, so the caller sees the same adapter, optimizer and
-step as if nothing had happened; only that first op is slower.
-
-A run with gradients accumulated since its last `optim_step` is never moved (they are not part of a saved
-state), and the move runs on the run's own op queue, so it never races one of its ops.
+A run left open in a notebook holds its adapter, its gradient buffers and AdamW's two moments forever.
+`IdleRunReaper` saves that state (the trainer's own `save_state`) after `idle_seconds` without a trainer op
+and drops the trainer; the run's next op reloads it, so only that op is slower. A run with gradients
+waiting for `optim_step` is never moved, and the move runs on the run's op queue, never racing its ops.
 """
 
 from __future__ import annotations

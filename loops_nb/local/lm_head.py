@@ -1,16 +1,10 @@
 """Target logprobs through the LM head without materialising full-vocabulary logits for every position.
 
-A 49k-token vocabulary makes the logits of one position 200 KB in fp32; a plain `log_softmax` over a
-batch of 4k positions keeps 800 MB for autograd and as much again for its gradient, more than the model.
-`target_logprobs` instead runs the head over `chunk` positions at a time and, when a gradient will be
-needed, forms each position's expected output embedding (`softmax @ W`) while the chunk's logits exist, as
-fused linear cross-entropy kernels form their gradient in the forward. The gradient of a target's logprob
-with respect to the hidden state is `W[target] - softmax @ W`, so the backward is a gather and a product:
-it never runs the head again, and what it keeps is one hidden-sized vector a position, not a logit row.
-The memory no longer grows with the vocabulary times the positions.
-
-The head weights are frozen (LoRA never targets the output head here), so only the hidden states get a
-gradient.
+`target_logprobs` runs the head over `chunk` positions at a time and, when a gradient is needed, forms each
+position's expected output embedding (`softmax @ W`) while the chunk's logits exist, as fused linear
+cross-entropy kernels do. The gradient of a target's logprob with respect to the hidden state is
+`W[target] - softmax @ W`, so the backward is a gather and a product and keeps one hidden-sized vector a
+position, not a logit row. The head weights are frozen (LoRA never targets the head here).
 """
 
 from __future__ import annotations

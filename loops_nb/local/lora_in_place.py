@@ -1,18 +1,11 @@
 """LoRA linear layers that add their update into the base layer's output in place.
 
-PEFT's LoRA `Linear.forward` computes `result + lora_B(lora_A(dropout(x))) * scaling`: three new tensors the
-size of the layer's output (B's product, its scaled copy and the sum) for each adapted linear, seven per
-decoder layer. In a trainer step every block of 1 MiB or more is a fresh mapping that the kernel faults in
-page by page (`allocator`), and these sums were a third of the step's allocations. `add_update_in_place`
-gives a model's LoRA layers a forward that computes the same `x W^T + b + scaling * (x A^T) B^T` with one
-`addmm_` into the base product (autograd is unchanged: the base product is not saved for the backward).
-
-Measured on the quickstart's second step (`forward_backward` of 64 rows sharing a prompt, 1,067 positions,
-one thread): 20.6 -> 18.4 s, of which system time 5.1 -> 3.5 s; decoding 64 rows 299 -> 289 ms a token.
-
-Only the plain case takes this path: one active adapter, no DoRA or other variant, no dropout at work, no
-LoRA bias, the input in the adapter's dtype and a base that is exactly `torch.nn.Linear`. Everything else
-(mixed-adapter batches, a bf16 product layer, a merged or disabled adapter) runs PEFT's own forward.
+PEFT's LoRA `Linear.forward` makes three output-sized tensors per adapted linear (B's product, its scaled
+copy, the sum); `add_update_in_place` computes the same `x W^T + b + scaling * (x A^T) B^T` with one
+`addmm_` into the base product (those sums were a third of a trainer step's allocations; the quickstart's
+second step went from 20.6 to 18.4 s on one thread). Only the plain case takes this path: one active
+adapter, no variant, no dropout at work, no LoRA bias, the input in the adapter's dtype and a base that is
+exactly `torch.nn.Linear`; everything else runs PEFT's own forward.
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """One micro-batch of a trainer request: a padded forward, the loss, and its backward when training.
 
-A request's datums are packed into micro-batches that fit the memory budget (`activation_memory`); each
-runs here on its own. Text rows are right-padded and run without an attention mask (causal attention never
-lets a real token see the padding after it), which keeps attention on the memory-lean fused kernel. The
-target logprobs are read at the positions the loss needs only, in one of three ways:
-
-* a plain LM head (logits are exactly `lm_head(last_hidden_state)`): the decoder runs alone and the head
-  runs over the selected positions in chunks (`lm_head`), so full-vocabulary logits never exist for a
-  whole batch;
-* a head that is more than a linear layer (soft-capping, scaling): the whole model's logits, then the
-  selected positions;
-* image chunks: the whole model on image features placed at their positions (`vision`), with an attention
-  mask when the rows differ in length.
+Text rows are right-padded and run without an attention mask (a real token never sees the padding after
+it), which keeps the fused attention kernel. Target logprobs are read only where the loss needs them: under
+a plain LM head the decoder runs alone and the head runs in chunks over those positions (`lm_head`); a head
+that is more than a linear layer, or image chunks (`vision`, with a mask when lengths differ), take the
+whole model's logits.
 """
 
 from __future__ import annotations

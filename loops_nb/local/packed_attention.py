@@ -1,23 +1,11 @@
 """Attention for a packed group: its prompt, then each row's own tokens end to end (`shared_prefix.packed_hidden`).
 
-A packed group runs as one sequence under a 4D mask in which a row's token sees the prompt and its own row's
-earlier tokens only. SDPA with that mask computes every query against every key: on the quickstart's step (a
-44-token prompt shared by 64 rows of about 16 tokens, 1,067 positions) 95% of its products are masked, and
-attention was 29% of the trainer's `forward_backward` (4.8 of 16.4 s, profiled on one thread).
-
-`packed_attention` computes only what the mask allows, with the same result within float rounding:
-
-* the prompt's own causal attention (SDPA, `is_causal`);
-* every row token's scores against the prompt's keys, one product for all rows ([M, P] for M row tokens);
-* each row's scores against its own keys, the rows padded to the longest ([R, S, S]);
-* one softmax over both score sets of a token, and the two weighted sums of values.
-
-It takes over from SDPA only where that is both right and small: the decoder was called with `packed_rows`
-(a `PackedRows`; `packed_hidden` passes it through transformers' attention kwargs), the layer has no sliding
-window, soft-capping or sinks, dropout is off, and its scores ([heads, M, P + S]) are no bigger than the
-mask's cells (so a few long rows, where the padded form would be large, keep SDPA). Anything else goes to
-transformers' SDPA function unchanged, with the mask the caller built, so a trainer whose model uses this
-implementation (`use_packed_attention`) behaves exactly as before for every other forward.
+Under the group's 4D mask, SDPA computes every query against every key, 95% of them masked on the
+quickstart's step. `packed_attention` computes only what the mask allows, with the same result within
+float rounding: the prompt's causal attention, every row token against the prompt's keys in one product,
+each row against its own keys (rows padded to the longest), one softmax over both. It takes over only when
+called with `packed_rows`, on a layer with no sliding window, soft-capping or sinks, with dropout off and
+scores no bigger than the mask; everything else goes to transformers' SDPA function unchanged.
 """
 
 from __future__ import annotations

@@ -1,16 +1,12 @@
 """How the sampler prefills the jobs that start (or join) a decode batch.
 
-- Jobs whose prompt extends a sequence the prefix cache keeps (an agent's next call: its history, then a
-  tool result) are prefilled from the kept keys and values: only the new tokens run, once for all the jobs
-  with that same prompt. One prefill per prompt, not per job: the quickstart's 64 attempts of a step each
-  send the same 44-token prompt, which the previous step's kept sequences extend when the policy has not
-  changed; prefilled one job at a time they took 13 s a step to sample instead of 8.5 s.
-- The other plain jobs are prefilled together, shortest first, in groups whose padded size stays under
-  `max_prefill_tokens` (one long prompt does not pad a group of short ones).
+- Jobs whose prompt extends a sequence the prefix cache keeps run only their new tokens, once for all the
+  jobs with that same prompt (the quickstart's 64 attempts a step send one prompt).
+- The other plain jobs are prefilled together, shortest first, in groups under `max_prefill_tokens`.
 - A job asking for prompt logprobs needs logits at every position: it is prefilled alone.
 
-The resulting batches are merged into one (left-padded), on models whose cache allows it; other models
-prefill every job together in one batch, as before the cache existed.
+The batches are then merged into one (left-padded) where the model's cache allows; other models prefill
+every job together in one batch.
 """
 
 from __future__ import annotations

@@ -1,25 +1,13 @@
 """Micro-batches that keep a shared prompt's rows together, priced as the shared forward runs them.
 
-`losses.micro_batches` packs rows longest-first by padded tokens (rows x longest row). With prompts shared
-(`shared_prefix`) that measure is wrong twice over: a GRPO group of 16 samples of one 44-token prompt is
-spread over micro-batches of a row or two, so no micro-batch holds two rows of a prompt and nothing is
-shared; and a micro-batch that does hold a group runs its prompt once, so rows x longest overstates it.
-
-Here the units (a datum, or a dpo pair) are ordered prompt by prompt, each prompt's longest first, then the
-rows that share no prompt, longest first, and filled greedily into micro-batches whose cost fits the budget.
-The cost is what `shared_prefix.forward_size` says the forward will run, the same grouping rule included:
-
-    bytes = per_token x positions run (each group's prompt once; a group that packs, its rows' own tokens
-            end to end; a longer group, its rows' suffixes padded to its longest; the rows that share
-            nothing padded to theirs)
-          + per_repeated x row x prompt tokens (a longer group's prompt keys and values, expanded for every
-            row in the attention)
-          + MASK_CELL_BYTES x a packed group's length squared (its attention mask)
-
-A group that fits a micro-batch is never split: it starts a new one when the current one has no room for it.
-A group too large for any is split over consecutive micro-batches (each part shares its prompt again when
-it has two rows or more), and fills what the last one left. Rows whose loss needs no position (every
-advantage 0) go to one micro-batch of their own, which runs no model.
+`losses.micro_batches` packs rows by padded tokens (rows x longest row), which would spread a GRPO group
+over micro-batches of a row or two (so nothing is shared) and overstate a group that runs its prompt once.
+Here units (a datum, or a dpo pair) go prompt by prompt, each prompt's longest first, then the rows that
+share nothing, greedily into micro-batches whose cost fits the budget. The cost is what
+`shared_prefix.forward_size` says the forward runs: bytes a token x positions run, plus a longer group's
+prompt keys and values expanded per row, plus `MASK_CELL_BYTES` x a packed group's length squared. A group
+that fits a micro-batch is never split; one that fits none is split over consecutive ones. Rows whose loss
+needs no position go to one micro-batch of their own, which runs no model.
 """
 
 from __future__ import annotations

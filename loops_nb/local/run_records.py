@@ -1,16 +1,10 @@
 """What a `loops serve` remembers across its own restarts: one small record per run and per sampler.
 
-A run's trainer (the LoRA weights and optimizer since its last checkpoint) lives only in the server
-process. When that process dies and a new one starts on the same state directory, the run's
-checkpoints are still on disk but its live state is gone. Without a record, the new process would
-call the run "unknown", which reads like a client bug; with it, every request for the run is answered
-`RunLost`: a terminal error that says the trainer restarted and the run must be resumed from its last
-checkpoint. The SDK raises it at once instead of retrying, so a run neither hangs nor carries on
-against a trainer that has silently forgotten its weights.
-
-A standalone (base-model) sampler holds no state of its own, so its record lets a restarted server
-serve it again: a client holding its id rides the restart out. Each saved checkpoint's record
-(`CheckpointRecord`, in its directory) is what `list_checkpoints` answers, on this process or a later one.
+A run's live trainer dies with the server process; its record lets a new process on the same state
+directory answer the run `RunLost` (410, which the SDK raises at once) instead of "unknown", so a run
+neither hangs nor trains on against forgotten weights. A standalone sampler holds no state, so its record
+lets a restarted server serve it again. Each checkpoint's `CheckpointRecord` is what `list_checkpoints`
+answers (docs/reference/failures.md, restarts).
 """
 
 from __future__ import annotations
