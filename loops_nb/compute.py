@@ -29,12 +29,9 @@ BASETEN_URL = "https://api.baseten.co"
 LOCAL_SERVER_READY_TIMEOUT_SECONDS = 600.0
 """How long the SDK waits on a `loops serve` that stopped answering before a call fails.
 
-The SDK retries connection errors and "not ready" answers for an hour by default, sized for Baseten
-cold starts; a separate local server has none past its own start, so a dead one would stall a run
-for hours (each attempt and each trainer call waiting out the hour). The same bound also caps how
-long one trainer op may take from submit to result, so it is minutes, not seconds; it is the SDK's
-own default for a `TrainingClient`. The embedded server runs in the run's process and cannot vanish
-alone, so it keeps the SDK default.
+The SDK's default hour is sized for Baseten cold starts; a dead local server would stall a run for hours.
+The bound also caps one trainer op from submit to result, so it is minutes. The embedded server lives in
+the run's process and cannot vanish alone, so it keeps the SDK default.
 """
 
 
@@ -84,17 +81,8 @@ class LoopsConnection:
             else:
                 from loops_nb.local.embedded import EmbeddedLoops
 
-                embedded = EmbeddedLoops(
-                    host=compute.local.host,
-                    port=compute.local.port,
-                    state_dir=state_dir,
-                    cache_dir=compute.local.cache_dir,
-                    device=compute.local.device,
-                    dtype=compute.local.dtype,
-                    memory_budget_mb=compute.local.memory_budget_mb,
-                    max_batch_sequences=compute.local.max_batch_sequences,
-                    prefix_cache_mb=compute.local.prefix_cache_mb,
-                )
+                # Every `[compute.local]` key is an `EmbeddedLoops` option of the same name.
+                embedded = EmbeddedLoops(state_dir=state_dir, **compute.local.model_dump())
                 await embedded.astart()
                 base_url, api_key = embedded.url, embedded.api_key
         else:

@@ -35,12 +35,6 @@ Headers = list[tuple[bytes, bytes]]
 """Request headers as uvicorn hands them to the app: lower-cased names, raw values."""
 
 
-def _default_max_unproven() -> int:
-    # Well under the descriptor limit, which the run's own files, pipes and clients also need.
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    return max(16, min(256, soft // 8)) if soft != resource.RLIM_INFINITY else 256
-
-
 @dataclass(frozen=True)
 class ConnectionLimits:
     header_timeout: float = 10.0
@@ -51,7 +45,11 @@ class ConnectionLimits:
     """Most open connections that have not yet sent a request with the key (0: from the fd limit)."""
 
     def resolved_max_unproven(self) -> int:
-        return self.max_unproven if self.max_unproven > 0 else _default_max_unproven()
+        if self.max_unproven > 0:
+            return self.max_unproven
+        # Well under the descriptor limit, which the run's own files, pipes and clients also need.
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        return max(16, min(256, soft // 8)) if soft != resource.RLIM_INFINITY else 256
 
 
 class ConnectionGuard:

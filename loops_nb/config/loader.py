@@ -51,10 +51,6 @@ class ConfigSource:
     """Dotted overrides applied on top of the file."""
 
     @property
-    def directory(self) -> Path:
-        return self.path.parent
-
-    @property
     def shipped(self) -> bool:
         """Whether the file read is the copy shipped with loops_nb, not one the user has."""
         return self.path != self.given and not self.given.exists()
@@ -67,7 +63,7 @@ class ConfigSource:
         env = ", ".join(str(p) for p in self.env_files) or "none"
         return [
             f"Config: {self.given}{arrow}",
-            f"  paths, modules: beside {self.directory}",
+            f"  paths, modules: beside {self.path.parent}",
             f"  .env: {env}",
             f"  runs: {output_dir}",
         ]

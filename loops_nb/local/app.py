@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import hmac
 import json
 import logging
 import re
@@ -29,7 +28,7 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from loops_nb.connection_guard import api_key_authorizes
+from loops_nb.connection_guard import Headers, api_key_authorizes
 from loops_nb.errors import UserError
 from loops_nb.local import trainer_ops
 from loops_nb.local.bad_request import BadRequest, RunDeactivated
@@ -71,19 +70,16 @@ def _answer(body: BaseModel) -> JSONResponse:
 class ApiKeyMiddleware:
     """Refuse requests that do not carry the server's key (`Authorization: Api-Key <key>`)."""
 
-    def __init__(self, app: ASGIApp, api_key: str | None) -> None:
+    def __init__(self, app: ASGIApp, authorizes: Callable[[Headers], bool]) -> None:
         self.app = app
-        self.api_key = api_key
+        self.authorizes = authorizes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # Checkpoint file links carry their own signature instead of the key, as presigned URLs do.
-        if scope["type"] == "http" and self.api_key and not scope["path"].startswith(FILE_LINK_PREFIX):
-            headers = dict(scope["headers"])
-            auth = headers.get(b"authorization", b"").decode("latin-1")
-            token = auth.split(" ", 1)[1] if " " in auth else ""
-            if not hmac.compare_digest(token.encode(), self.api_key.encode()):
-                await _error(401, "missing or wrong API key for this Loops server")(scope, receive, send)
-                return
+        keyless = scope["type"] != "http" or scope["path"].startswith(FILE_LINK_PREFIX)
+        if not keyless and not self.authorizes(scope["headers"]):
+            await _error(401, "missing or wrong API key for this Loops server")(scope, receive, send)
+            return
         await self.app(scope, receive, send)
 
 
@@ -212,10 +208,7 @@ class LoopsRoutes:
         checkpoint_id = request.path_params["checkpoint_id"]
         relative_path = request.path_params["relative_path"]
         q = request.query_params
-        try:
-            self.links.check(checkpoint_id, relative_path, q.get("expires", ""), q.get("signature", ""))
-        except LinkRefused as exc:
-            return _error(403, str(exc))
+        self.links.check(checkpoint_id, relative_path, q.get("expires", ""), q.get("signature", ""))
         directory = self.state.checkpoint_by_id(checkpoint_id)
         return FileResponse(file_in_checkpoint(directory, relative_path))
 
@@ -247,7 +240,7 @@ class LoopsRoutes:
         models = sorted(offline | {r.base_model for r in self.state.runs.values()})
         supported = [
             SupportedModel(
-                model_name=m, max_context_length=await asyncio.to_thread(self.state.known_context_length, m)
+                model_name=m, max_context_length=await asyncio.to_thread(self.state.max_positions, m)
             )
             for m in models
         ]
@@ -290,22 +283,16 @@ class LoopsRoutes:
         return JSONResponse({"policy_version": step})
 
     # -- sampler ------------------------------------------------------------------------------
-    def _sampler(self, request: Request) -> tuple[str, str | None]:
-        return self.samplers.lookup(request.path_params["sampler_id"])
-
     async def sample(self, request: Request) -> Response:
         from loops_nb.local.sampler import SampleRequest
 
-        base_model, paired_run = self._sampler(request)
+        base_model, paired_run = self.samplers.lookup(request.path_params["sampler_id"])
         sample_request = SampleRequest.model_validate(await _body(request))
         run_id = request.headers.get("x-run-id") or paired_run
         min_version = request.headers.get("x-min-policy-version")
         checkpoint = request.headers.get("x-checkpoint-path")
         engine = await asyncio.to_thread(self.state.sampler, base_model)
-        try:
-            adapter, served = await self.samplers.serving_adapter(engine, run_id, min_version, checkpoint)
-        except PolicyNotPublished as exc:
-            return _error(408, str(exc))
+        adapter, served = await self.samplers.serving_adapter(engine, run_id, min_version, checkpoint)
         sampling = asyncio.ensure_future(engine.sample_async(sample_request, adapter))
         try:
             # A client that gives up (an attempt past its timeout) closes the connection; stop its decoding
@@ -321,14 +308,14 @@ class LoopsRoutes:
         return JSONResponse(result.to_wire(), headers={"x-trainers-policy-version": str(served)})
 
     async def sampler_models(self, request: Request) -> Response:
-        base_model, run_id = self._sampler(request)
+        base_model, run_id = self.samplers.lookup(request.path_params["sampler_id"])
         data = [{"id": base_model, "parent": None}]
         if run_id:
             data.append({"id": run_id, "parent": base_model})
         return JSONResponse({"object": "list", "data": data})
 
     async def sampler_policy_version(self, request: Request) -> Response:
-        _, run_id = self._sampler(request)
+        _, run_id = self.samplers.lookup(request.path_params["sampler_id"])
         version = self.state.runs[run_id].published_version if run_id in self.state.runs else 0
         return JSONResponse({"policy_version": version})
 
@@ -395,6 +382,8 @@ EXCEPTION_HANDLERS: dict[Any, Callable[[Request, Exception], Awaitable[Response]
     ValidationError: _invalid_body,
     RecursionError: _too_deep,
     RunLost: _refused(410),
+    LinkRefused: _refused(403),  # as S3 answers a bad presigned URL
+    PolicyNotPublished: _refused(408),  # the SDK retries a 408: the version may come yet
     # No route for the path (404), or not for the method (405): say so, in the SDK's error shape.
     404: _not_served,
     405: _not_served,
@@ -405,6 +394,7 @@ EXCEPTION_HANDLERS: dict[Any, Callable[[Request, Exception], Awaitable[Response]
 
 def build_app(state: LocalLoopsState, api_key: str | None) -> Starlette:
     r = LoopsRoutes(state)
+    authorizes = api_key_authorizes(api_key or None)
     table = [
         ("POST", "/v1/loops/sessions", r.create_session),
         ("POST", "/v1/loops/trainers", r.create_trainer),
@@ -429,8 +419,8 @@ def build_app(state: LocalLoopsState, api_key: str | None) -> Starlette:
     ]
     app = Starlette(
         routes=[Route(path, handler, methods=[method]) for method, path, handler in table],
-        middleware=[Middleware(ApiKeyMiddleware, api_key=api_key)],
+        middleware=[Middleware(ApiKeyMiddleware, authorizes=authorizes)],
         exception_handlers=EXCEPTION_HANDLERS,
     )
-    app.state.authorizes = api_key_authorizes(api_key)  # proves a connection to the LoopbackServer's guard
+    app.state.authorizes = authorizes  # proves a connection to the LoopbackServer's guard
     return app

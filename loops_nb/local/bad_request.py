@@ -1,9 +1,7 @@
 """The embedded Loops' one family of "the caller's request cannot be served as sent" errors.
 
-Every route answers a `BadRequest` with 422 and its message: the SDK raises a 422 at once, while it
-retries 400, 404, 408 and 502 for up to an hour (bl/retry.py), so a caller's mistake never uses those.
-Subclasses exist only where the error carries more than its message (the field at fault, the run that was
-deactivated); handlers catch the family, never a member.
+Every route answers a `BadRequest` with 422 and its message (the SDK raises a 422 at once, where it retries
+400, 404, 408 and 502 for an hour). Subclasses exist only where the error carries more than its message.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """The model forward a sampler decode batch calls (`sampler_batch.Forward`): the text one, and the one of
 an image prompt's batch.
 
-A batch calls its forward once for the prefill (logits at every position only when prompt logprobs were
-asked for, else at the last) and once per decode step, with its KV cache. An image prompt needs more: image
-features and multimodal rotary positions at the prefill, then each row's text position shifted by the
-prefill's rotary delta at every step. `generate` keeps that delta on the model; a batch keeps it here, so
-batches never share it.
+A batch calls its forward once for the prefill and once per decode step, with its KV cache. An image prompt
+also needs image features and multimodal rotary positions at the prefill, then each row's position shifted
+by the prefill's rotary delta; `generate` keeps that delta on the model, a batch keeps it here.
 """
 
 from __future__ import annotations

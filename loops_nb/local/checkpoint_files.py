@@ -65,15 +65,6 @@ class LinkRefused(TrainerError):
     """A file link that is not valid (answered 403, as S3 answers a bad presigned URL)."""
 
 
-def checkpoint_files(directory: Path) -> list[Path]:
-    """The checkpoint's files, relative to its directory, in a stable order."""
-    return sorted(
-        p.relative_to(directory)
-        for p in directory.rglob("*")
-        if p.is_file() and p.relative_to(directory).as_posix() != INDEX_FILE
-    )
-
-
 def files_page(
     links: CheckpointFileLinks,
     origin: str,
@@ -85,7 +76,11 @@ def files_page(
     """One page of the files' links, size and mtime."""
     if page_size < 1 or page_token < 0:
         raise BadRequest(f"page_size must be >= 1 and page_token >= 0, got {page_size} and {page_token}")
-    files = checkpoint_files(directory)
+    files = sorted(  # relative to the checkpoint, in a stable order
+        p.relative_to(directory)
+        for p in directory.rglob("*")
+        if p.is_file() and p.relative_to(directory).as_posix() != INDEX_FILE
+    )
     page = files[page_token : page_token + page_size]
     entries = []
     for relative in page:

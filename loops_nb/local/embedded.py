@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from loops_nb.errors import UserError
 from loops_nb.local.allocator import tune_malloc
 from loops_nb.local.app import build_app
+from loops_nb.local.model_store import default_cache_dir
 from loops_nb.local.state import LocalLoopsState
 from loops_nb.loopback_server import LoopbackServer
 
@@ -27,11 +28,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
-
-
-def default_state_dir() -> Path:
-    base = Path(os.environ.get("LOOPS_NB_CACHE", Path.home() / ".cache" / "loops_nb"))
-    return base / "local_loops"
 
 
 class EmbeddedLoops:
@@ -67,7 +63,7 @@ class EmbeddedLoops:
         self.port = port
         self.api_key = api_key or f"loops-local-{secrets.token_urlsafe(18)}"
         self.state = LocalLoopsState(
-            Path(state_dir) if state_dir is not None else default_state_dir(),
+            Path(state_dir) if state_dir is not None else default_cache_dir() / "local_loops",
             cache_dir=Path(cache_dir) if cache_dir is not None else None,
             device=device,
             dtype=dtype,

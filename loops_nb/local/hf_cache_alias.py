@@ -1,10 +1,9 @@
 """Make a model the loops_nb cache built (the dequantised offline default, a built test model) loadable by
 its Hub id, offline, through the standard Hugging Face cache.
 
-The Loops SDK loads its tokenizer with `AutoTokenizer.from_pretrained(<hub id>)`, and so does transformers
-for anyone who names the model by its id. `ensure_hf_cache_alias` gives the cached directory a snapshot in
-the HF cache (symlinks, under the revision `model_store.ALIAS_REVISION`) that `refs/main` points at, so that
-id resolves with the Hub unreachable. A model the HF cache already holds for real is never touched.
+The SDK loads its tokenizer with `AutoTokenizer.from_pretrained(<hub id>)`, so the cached directory gets a
+snapshot in the HF cache (symlinks, revision `model_store.ALIAS_REVISION`) that `refs/main` points at. A
+model the HF cache already holds for real is never touched.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""One run on the embedded Loops: its LoRA trainer, the op queue its trainer ops run on, and what its paired
-sampler serves.
+"""One run on the embedded Loops: its LoRA trainer, its op queue and what its paired sampler serves.
 
-A record of its own (not part of `state`) so that what acts on a single run, such as moving an idle run's
-trainer to disk (`idle_runs`), needs the run and not the whole server.
+A record of its own, so what acts on one run (`idle_runs`) needs the run, not the whole server.
 """
 
 from __future__ import annotations

