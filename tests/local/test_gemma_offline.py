@@ -19,8 +19,7 @@ import torch
 from loops_nb.errors import UserError
 from loops_nb.llm.templates import BUILTIN_TEMPLATES, GEMMA_CHAT_TEMPLATE, parse_assistant_text
 from loops_nb.local import model_store
-from loops_nb.local.gguf_parts import PackagedFile, join_parts
-from loops_nb.local.offline_models import GEMMA_MODEL, OFFLINE_MODELS
+from loops_nb.local.offline_models import GEMMA_MODEL, OFFLINE_MODELS, PackagedFile, join_parts
 
 GEMMA = OFFLINE_MODELS[GEMMA_MODEL]
 needs_gemma = pytest.mark.skipif(
