@@ -21,17 +21,12 @@ PREFILL_ROWS = 256
 
 @dataclass(frozen=True)
 class CallTime:
-    """The estimated seconds of one model call, and what they are made of."""
+    """The estimated seconds of one model call (prefill and decode), and the call they are for."""
 
-    prefill_seconds: float
-    decode_seconds: float
+    seconds: float
     prompt_tokens: int
     new_tokens: int
     concurrent: int
-
-    @property
-    def seconds(self) -> float:
-        return self.prefill_seconds + self.decode_seconds
 
     def describe(self) -> str:
         return (
@@ -75,13 +70,8 @@ class LocalCallSpeed:
         )
 
     def call(self, prompt_tokens: int, new_tokens: int) -> CallTime:
-        return CallTime(
-            prompt_tokens * self.prefill_seconds_per_token,
-            new_tokens * self.decode_seconds_per_token,
-            prompt_tokens,
-            new_tokens,
-            self.concurrent,
-        )
+        seconds = prompt_tokens * self.prefill_seconds_per_token + new_tokens * self.decode_seconds_per_token
+        return CallTime(seconds, prompt_tokens, new_tokens, self.concurrent)
 
 
 def _products_per_second(out: int, inp: int, rows: int) -> float:
