@@ -146,7 +146,7 @@ class LoopsConnection:
             await self.embedded.astop()
 
 
-def deactivate_run(run_id: str, base_url: str, api_key: str | None) -> dict[str, Any]:
+def deactivate_run(run_id: str, base_url: str, api_key: str | None) -> None:
     """End a Loops run (and its paired sampler); its checkpoints stay."""
     import httpx
 
@@ -160,4 +160,3 @@ def deactivate_run(run_id: str, base_url: str, api_key: str | None) -> dict[str,
     if resp.status_code >= 400:
         detail = resp.text[:300]
         raise UserError(f"deactivating {run_id} failed ({resp.status_code}): {detail}")
-    return resp.json() if resp.content else {}

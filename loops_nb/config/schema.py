@@ -26,6 +26,8 @@ class RecipeRegistry(Mapping[str, type[RecipeConfig]]):
         self._recipe_modules: dict[str, str] = {}
 
     def register(self, name: str, model: str | type[RecipeConfig], recipe_module: str | None = None) -> None:
+        """Make `recipe = "<name>"` load ``model`` (a `RecipeConfig` subclass or its `module:Class` path), and
+        run with the `check` / `train` of ``recipe_module`` (default: ``recipe`` beside the model's module)."""
         self._paths[name] = model if isinstance(model, str) else f"{model.__module__}:{model.__qualname__}"
         self._models.pop(name, None)  # a path is imported on first use
         self._recipe_modules.pop(name, None)
@@ -65,7 +67,4 @@ RECIPES = RecipeRegistry({"rl": "loops_nb.rl.config:RLConfig", "sft": "loops_nb.
 """Recipe name -> its config model."""
 
 
-def register_recipe(name: str, model: str | type[RecipeConfig], recipe_module: str | None = None) -> None:
-    """Make `recipe = "<name>"` load ``model`` (a `RecipeConfig` subclass or its `module:Class` path), and run
-    with the `check` / `train` of ``recipe_module`` (default: ``recipe`` beside the model's module)."""
-    RECIPES.register(name, model, recipe_module)
+register_recipe = RECIPES.register
