@@ -44,20 +44,16 @@ class ConnectionLimits:
     max_unproven: int = 0
     """Most open connections that have not yet sent a request with the key (0: from the fd limit)."""
 
-    def resolved_max_unproven(self) -> int:
-        if self.max_unproven > 0:
-            return self.max_unproven
-        # Well under the descriptor limit, which the run's own files, pipes and clients also need.
-        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-        return max(16, min(256, soft // 8)) if soft != resource.RLIM_INFINITY else 256
-
 
 class ConnectionGuard:
     """One server's limits, and its unproven connections oldest first (lives on the server's loop)."""
 
     def __init__(self, limits: ConnectionLimits, authorizes: Callable[[Headers], bool] | None) -> None:
         self.limits = limits
-        self.max_unproven = limits.resolved_max_unproven()
+        # By default well under the descriptor limit, which the run's own files, pipes and clients also need.
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        default = max(16, min(256, soft // 8)) if soft != resource.RLIM_INFINITY else 256
+        self.max_unproven = limits.max_unproven if limits.max_unproven > 0 else default
         self.authorizes = authorizes
         self.unproven: OrderedDict[int, GuardedH11Protocol] = OrderedDict()
 

@@ -62,8 +62,6 @@ class LoopbackServer:
     def __init__(self, name: str, limits: ConnectionLimits | None = None) -> None:
         self.name = name
         self.limits = limits or ConnectionLimits()
-        self.guard: ConnectionGuard | None = None
-        self.port: int | None = None
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -83,12 +81,12 @@ class LoopbackServer:
         except OSError as exc:
             sock.close()
             raise UserError(f"cannot bind the {self.name} to {host}:{port}: {exc.strerror}") from None
-        self.port = sock.getsockname()[1]
+        bound: int = sock.getsockname()[1]
         state = getattr(app, "state", None)
-        self.guard = ConnectionGuard(self.limits, getattr(state, "authorizes", None))
+        guard = ConnectionGuard(self.limits, getattr(state, "authorizes", None))
         config = uvicorn.Config(
             app,
-            http=self.guard.protocol_class(),
+            http=guard.protocol_class(),
             log_level="warning",
             access_log=False,
             timeout_keep_alive=75,
@@ -111,7 +109,7 @@ class LoopbackServer:
                 self.stop()
                 raise RuntimeError(f"the {self.name} did not start; see the log above")
             time.sleep(0.01)
-        return self.port
+        return bound
 
     def stop(self, join_timeout: float = 30.0) -> None:
         server, thread = self._server, self._thread

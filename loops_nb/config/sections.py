@@ -126,9 +126,6 @@ class LocalLoopsConfig(Section):
     Default: as much as `memory_budget_mb` gives the sampler's KV cache. 0 turns the cache off."""
 
 
-SIZING_KEYS = ("replicas", "sampler_replicas", "spot", "reuse")
-
-
 class ComputeConfig(Section):
     scope: Literal["serverless", "dedicated", "local"] = "local"
     """Where the trainer and sampler run. `serverless`: Baseten's shared pool (billed per token,
@@ -161,7 +158,9 @@ class ComputeConfig(Section):
     @model_validator(mode="after")
     def _sizing_is_dedicated_only(self) -> ComputeConfig:
         if self.scope != "dedicated":
-            given = [k for k in SIZING_KEYS if getattr(self, k) is not None]
+            given = [
+                k for k in ("replicas", "sampler_replicas", "spot", "reuse") if getattr(self, k) is not None
+            ]
             if given:
                 raise ValueError(
                     f"{', '.join('compute.' + k for k in given)}: sizes a deployment, which only "

@@ -9,6 +9,7 @@ by the prefill's rotary delta; `generate` keeps that delta on the model, a batch
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -38,15 +39,14 @@ class BatchForward:
         return growing_cache(self.model.config)
 
     def text(self, ids: Tensor, mask: Tensor, positions: Tensor, cache: DynamicCache, every: bool) -> Tensor:
-        output = self.model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
-            use_cache=True,
-            logits_to_keep=0 if every else 1,
-            **{self._cache_kwarg: cache},
-        )
-        return output.logits
+        return self._logits({"input_ids": ids, "position_ids": positions}, mask, cache, every)
+
+    def _logits(self, inputs: Mapping[str, Any], mask: Tensor, cache: DynamicCache, every: bool) -> Tensor:
+        """Logits at every position (`every`, for prompt logprobs) or at the last one only."""
+        kept = 0 if every else 1
+        return self.model(
+            attention_mask=mask, use_cache=True, logits_to_keep=kept, **inputs, **{self._cache_kwarg: cache}
+        ).logits
 
     def image_prompt(self, job: Job) -> Forward:
         """The forward of an image prompt's batch (`job` decodes alone: one prompt, its `n` rows)."""
@@ -64,13 +64,6 @@ class BatchForward:
                 inputs.setdefault("position_ids", positions)
             elif "value" in delta:
                 inputs["position_ids"] = (positions + delta["value"])[None].expand(3, -1, -1)
-            output = self.model(
-                attention_mask=mask,
-                use_cache=True,
-                logits_to_keep=0 if every else 1,
-                **inputs,
-                **{self._cache_kwarg: cache},
-            )
-            return output.logits
+            return self._logits(inputs, mask, cache, every)
 
         return forward

@@ -41,8 +41,8 @@ class CheckpointFileLinks:
         message = f"{checkpoint_id}\n{relative_path}\n{expires}".encode()
         return hmac.new(self._secret, message, hashlib.sha256).hexdigest()
 
-    def url(self, origin: str, checkpoint_id: str, relative_path: str, now: float | None = None) -> str:
-        expires = int(now if now is not None else time.time()) + URL_LIFETIME_SECONDS
+    def url(self, origin: str, checkpoint_id: str, relative_path: str) -> str:
+        expires = int(time.time()) + URL_LIFETIME_SECONDS
         signature = self._signature(checkpoint_id, relative_path, expires)
         path = f"{FILE_LINK_PREFIX}{quote(checkpoint_id)}/{quote(relative_path)}"
         return f"{origin}{path}?expires={expires}&signature={signature}"

@@ -59,11 +59,8 @@ class ComputeLane:
         return future.result()  # type: ignore[return-value]
 
     def isolate_threads(self) -> None:
-        """Give the lane torch's current intra-op thread count and every other thread one (idempotent).
-
-        "Every other thread" is the calling thread and every thread whose first torch work comes later;
-        a thread that computed on several threads before keeps its pool (see the module docstring).
-        """
+        """Give the lane torch's current intra-op thread count, and one to the caller and every thread whose
+        first torch work comes later (idempotent); a thread that has a pool already keeps it."""
         with self._isolate_lock:
             if self.threads is not None:
                 return

@@ -43,8 +43,7 @@ _REQUIRED: dict[str, tuple[str, ...]] = {
     "dpo": ("weights", "ref_logprobs"),
 }
 
-_FLOAT_DTYPES = {"float32", "float16", "bfloat16", "float64"}
-_INT_DTYPES = {"int64", "int32", "int8"}
+_NUMBER_DTYPES = {"float32", "float16", "bfloat16", "float64", "int64", "int32", "int8", "bool"}
 
 
 @dataclass(kw_only=True)
@@ -296,7 +295,7 @@ def _tensor(where: str, td: TensorData, *, integer: bool = False) -> torch.Tenso
             if t.dtype == torch.bool or (t.is_floating_point() and not bool((t == t.round()).all())):
                 raise BadRequest(f"{where}: expected integer token ids, got dtype {td.dtype!r}")
             return t.to(torch.int64).reshape(shape)
-        if td.dtype not in _FLOAT_DTYPES | _INT_DTYPES | {"bool"}:
+        if td.dtype not in _NUMBER_DTYPES:
             raise BadRequest(f"{where}: unsupported dtype {td.dtype!r}")
         try:
             t = torch.tensor(data, dtype=torch.float32)

@@ -18,9 +18,9 @@ ROW_BYTES_FACTOR = 3
 """Logit-sized buffers a chunk holds at once (logits, their exp and the gradient), for sizing chunks."""
 
 
-def head_chunk(budget_bytes: int, vocab: int, element_bytes: int = 4) -> int:
-    """Positions per chunk so that one chunk's logit buffers fit `budget_bytes` (at least 16)."""
-    return max(16, budget_bytes // max(1, vocab * element_bytes * ROW_BYTES_FACTOR))
+def head_chunk(budget_bytes: int, vocab: int) -> int:
+    """Positions per chunk so that one chunk's float32 logit buffers fit `budget_bytes` (at least 16)."""
+    return max(16, budget_bytes // max(1, vocab * 4 * ROW_BYTES_FACTOR))
 
 
 def target_logprobs(

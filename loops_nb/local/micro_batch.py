@@ -116,7 +116,7 @@ class LogprobModel:
             pixels = self.vision.pixels(chunks, "model_input image")
             extra = self.vision.inputs(tokens, mask, pixels)
             extra.pop("rope_deltas", None)
-            logits = self._logits(mask, pos, extra).to(self.dtype)
+            logits = self.lm(attention_mask=mask, use_cache=False, **extra).logits[pos].to(self.dtype)
             return (*target_logprobs(logits, targets, top_k), total)
         if self.plain_head:
             decoder = self.lm.get_decoder()
@@ -134,14 +134,8 @@ class LogprobModel:
                 hidden[pos], head, targets, chunk=self.head_chunk, dtype=self.dtype, top_k=top_k
             )
             return picked, top, computed
-        logits = self._logits(None, pos, {"input_ids": tokens}).to(self.dtype)
+        logits = self.lm(input_ids=tokens, use_cache=False).logits[pos].to(self.dtype)
         return (*target_logprobs(logits, targets, top_k), total)
-
-    def _logits(
-        self, mask: torch.Tensor | None, pos: tuple[torch.Tensor, ...], inputs: Mapping[str, Any]
-    ) -> torch.Tensor:
-        """Full-model logits [M, V] at the selected positions (`inputs`: ids, or embeddings and positions)."""
-        return self.lm(attention_mask=mask, use_cache=False, **inputs).logits[pos]
 
 
 def prompt_keys(rows: Sequence[ParsedDatum], loss_fn: str, top_k: int) -> list[PromptKey]:

@@ -36,6 +36,7 @@ _BT_URI = re.compile(
     r"^bt://loops:(?P<run>[A-Za-z0-9_.-]+)/(?P<kind>weights|sampler_weights)/(?P<name>[^/]+)/?$"
 )
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_.@+-]{1,128}$")
+PUBLISHED_RETENTION = 3  # published sampler weights kept per run (`prune_published`)
 
 
 def checkpoint_name(name: str) -> str:
@@ -60,11 +61,9 @@ class LocalLoopsState:
         memory_budget_mb: int | None = None,
         max_batch_sequences: int = 64,
         prefix_cache_mb: int | None = None,
-        published_retention: int = 3,
         idle_run_seconds: float | None = None,
     ) -> None:
         self.state_dir = state_dir
-        self.published_retention = published_retention
         self.cache_dir = cache_dir
         self.device = device
         self.dtype = dtype
@@ -241,7 +240,7 @@ class LocalLoopsState:
             return True
 
     def prune_published(self, run: LocalRun, keep: str) -> None:
-        """Delete published sampler weights older than the last `published_retention` ones.
+        """Delete published sampler weights older than the last `PUBLISHED_RETENTION` ones.
 
         RL publishes a policy every step; on a laptop those copies would fill the disk. Weights saved
         with `save_weights_for_sampler` (no version bump) and trainer state are never pruned.
@@ -249,7 +248,7 @@ class LocalLoopsState:
         if keep in run.published_names:
             run.published_names.remove(keep)
         run.published_names.append(keep)
-        while len(run.published_names) > self.published_retention:
+        while len(run.published_names) > PUBLISHED_RETENTION:
             old = run.published_names.pop(0)
             shutil.rmtree(self.checkpoint_dir(run.id, "sampler_weights", old), ignore_errors=True)
 

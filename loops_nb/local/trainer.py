@@ -80,12 +80,9 @@ class LoraTrainer:
         device: torch.device | None = None,
         dtype: torch.dtype | None = None,
         bf16_products: bool = False,
-        target_modules: list[str] | None = None,
-        lora_alpha: int = LORA_ALPHA,
         max_batch_tokens: int = 16384,
         memory_budget_mb: int | None = None,
         max_seq_len: int | None = None,
-        seed: int = 0,
     ) -> None:
         self.device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
         if dtype is None:  # as `[compute.local] dtype = "auto"`: bf16 where the hardware is fast at it
@@ -101,13 +98,12 @@ class LoraTrainer:
         limits = [n for n in (max_positions(base.config), max_seq_len) if n]
         self.max_length = min(limits) if limits else None
         """Longest datum accepted: the model's positions, or the run's max_seq_len when shorter."""
-        self.target_modules = list(target_modules) if target_modules else discover_target_modules(base)
-        self.lora_alpha = lora_alpha
+        self.target_modules = discover_target_modules(base)
+        self.lora_alpha = LORA_ALPHA  # a loaded state brings its own, with its targets
         self.max_batch_tokens = max_batch_tokens
         self.memory_budget = resolve_budget(memory_budget_mb, weight_bytes(base))
         """Bytes one micro-batch's activations may take (the LM head's chunks take a quarter of it)."""
         self._cost: ActivationCost | None = None
-        self.seed = seed
         self._plain_head = has_plain_head(base.config)
         self.share_prefixes = True
         """Rows of a micro-batch that share a prompt run it once (`shared_prefix`); False runs every row whole."""
@@ -153,9 +149,7 @@ class LoraTrainer:
         """Start over with a fresh LoRA of `lora_rank` (B = 0, so it equals the base), fresh AdamW, step 0.
 
         The rank was checked where it arrived (`op_requests.LoraRank`)."""
-        self._new_adapter(
-            lora_rank, self.lora_alpha, self.target_modules, self.seed if seed is None else seed
-        )
+        self._new_adapter(lora_rank, self.lora_alpha, self.target_modules, seed or 0)
         return InitTrainerServerResponse(step=0, lora_rank=lora_rank)
 
     def _new_adapter(self, rank: int, alpha: int, targets: list[str], seed: int) -> None:
@@ -365,17 +359,13 @@ class LoraTrainer:
         write_trainer_state(Path(path), model, self._optimizer, meta)
 
     def load_state(self, path: str | Path, *, with_optimizer: bool, restore_rng: bool = True) -> int:
-        """Restore a `save_state` checkpoint; without the optimizer: weights only, fresh AdamW, step 0.
-        `restore_rng=False` leaves the process's torch RNG alone (a parked run coming back).
-
-        Returns the step the trainer is now at.
-        """
+        """Restore a `save_state` checkpoint and return the step it is at; without the optimizer: weights only,
+        fresh AdamW, step 0. `restore_rng=False` leaves the process's torch RNG alone (a parked run's return)."""
         path = Path(path)
         saved = read_trainer_state(path, with_optimizer=with_optimizer)
         meta = saved.meta
-        self._new_adapter(
-            int(meta["lora_rank"]), int(meta["lora_alpha"]), list(meta["target_modules"]), self.seed
-        )
+        # The seed is moot: the saved weights replace the fresh adapter's.
+        self._new_adapter(int(meta["lora_rank"]), int(meta["lora_alpha"]), list(meta["target_modules"]), 0)
         load_adapter_weights(self.model, saved.weights, path)
         if with_optimizer:
             assert self._optimizer is not None and saved.optimizer is not None and saved.rng is not None

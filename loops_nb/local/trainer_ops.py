@@ -37,8 +37,6 @@ from loops_nb.local.state import LocalLoopsState, checkpoint_name
 if TYPE_CHECKING:
     from loops_nb.local.trainer import LoraTrainer
 
-OpFn = Callable[[], BaseModel]
-
 
 def _trainer(state: LocalLoopsState, run: LocalRun) -> LoraTrainer:
     if run.trainer is None and run.parked_step is not None:
@@ -48,7 +46,7 @@ def _trainer(state: LocalLoopsState, run: LocalRun) -> LoraTrainer:
     return run.trainer
 
 
-def prepare(state: LocalLoopsState, run: LocalRun, op: str, body: object) -> OpFn:
+def prepare(state: LocalLoopsState, run: LocalRun, op: str, body: object) -> Callable[[], BaseModel]:
     """Validate a submit of `op` (one of `OP_REQUESTS`, which the app checked) cheaply and return its work.
 
     A bad body raises `ValidationError` or `BadRequest`, which the app answers 422 at once."""
