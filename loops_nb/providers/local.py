@@ -1,15 +1,10 @@
 """The `local` provider: Harbor trials in bubblewrap sandboxes on this machine (no Docker, no network).
 
-`LocalSandboxEnvironment` is a Harbor environment (`EnvironmentConfig(import_path=...)`, or
-`harbor run -e loops_nb.providers.local:LocalSandboxEnvironment`). Each trial gets a host directory
-behind the sandbox's writable paths and one long-lived `bwrap` whose namespaces every `exec` shares, so
-background processes (tmux) survive between commands (see `bubblewrap.py` for what that sandbox is and
-is not). The task's Dockerfile is read, not built: `WORKDIR` and `ENV` are honoured,
-`COPY`/`ADD` of files from `environment/` into writable paths are replayed, and anything that needs an
-image build (`RUN`, `FROM` another stage's files, a `docker_image`) refuses the task with the line at
-fault, unless `[providers.local] ignore_dockerfile = true`. What a task needs beside its one container
-(compose services, MCP servers, a provider's own environment, an ENTRYPOINT) is refused always
-(`local_task_fit.py`).
+`LocalSandboxEnvironment` is a Harbor environment (`EnvironmentConfig(import_path=...)`). Each trial gets a
+host directory behind the sandbox's writable paths and one long-lived `bwrap` whose namespaces every `exec`
+shares, so background processes survive between commands. The task's Dockerfile is read, not built
+(dockerfile_plan.py); what one sandbox cannot start is refused by name (local_task_fit.py).
+docs/reference/harbor.md, "The local sandbox", has what it is and is not.
 """
 
 from __future__ import annotations
@@ -22,16 +17,14 @@ import uuid
 from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path, PurePosixPath
-from typing import Literal
 
 from harbor.environments.base import BaseEnvironment, ExecResult
 from harbor.environments.capabilities import EnvironmentCapabilities
 from harbor.environments.options import EnvironmentOptions
 from harbor.models.trial.paths import EnvironmentPaths
-from pydantic import Field
 
 from loops_nb.errors import SandboxError
-from loops_nb.providers.bubblewrap import BubblewrapSandbox, SandboxDied, bwrap_path
+from loops_nb.providers.bubblewrap import BubblewrapSandbox, bwrap_path
 from loops_nb.providers.dockerfile_plan import read_dockerfile
 from loops_nb.providers.journalled import JournalledSandbox
 from loops_nb.providers.local_task_fit import DEFAULT_WORKDIR, static_problems, writable_paths
@@ -42,24 +35,17 @@ from loops_nb.providers.local_verifier import (
     verifier_env,
     verifier_failure,
 )
+from loops_nb.providers.provider_config import LocalProviderConfig
+from loops_nb.providers.sandbox_session import SandboxDied
 
 logger = logging.getLogger(__name__)
 
 
-class LocalSandboxOptions(EnvironmentOptions):
+class LocalSandboxOptions(EnvironmentOptions, LocalProviderConfig):
+    """Harbor's options of the environment: `[providers.local]`'s fields, and the run's journal."""
+
     loops_journal: str | None = None
     """The run's resource journal (set by loops_nb; absent when Harbor is used directly)."""
-    scratch_dir: str | None = None
-    """Where sandbox directories are made (default: the system temp directory)."""
-    network: Literal["none", "host"] = "none"
-    """`none`: no sandbox has network; `host`: sandboxes share the host's, except `no-network` tasks."""
-    hidden_paths: list[str] = Field(default_factory=list)
-    """Host paths covered by an empty directory inside the sandbox."""
-    ignore_dockerfile: bool = False
-    """Run tasks whose Dockerfile needs a build anyway, on the host's tools (never waives a compose
-    service, an MCP server, a provider's own environment or an ENTRYPOINT)."""
-    keep_sandboxes: bool = False
-    """Leave sandbox directories behind (still journalled) for debugging."""
 
 
 class TaskNeedsImage(SandboxError):

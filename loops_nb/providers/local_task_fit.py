@@ -1,13 +1,10 @@
 """What of a Harbor task the local sandbox can start, and why it refuses the rest.
 
-The local provider runs each trial in one bubblewrap sandbox on this machine: no image build, no second
-container, no server beside the agent. A task that needs one of those would start without it and its
-verifier would grade a world that is missing a piece: a correct solution scores 0 and the run trains on
-rewards that mean nothing. So each such need is refused by name, with the providers that can run the task,
-by `loops check` (every problem) and again by the sandbox's `start()` (the first), so no trial starts
-without it. `[providers.local] ignore_dockerfile = true` waives only the image build (the host already has
-what `RUN` installs); it never waives a helper service, an MCP server, a provider's own environment or an
-ENTRYPOINT, which no host provides by having the right tools.
+A task that needs an image build, a second container or a server beside the agent would start without it,
+and its verifier would grade a world missing a piece: a correct solution scores 0 and the run trains on
+rewards that mean nothing. So each such need is refused by name, by `loops check` (every problem) and by the
+sandbox's `start()` (the first). `ignore_dockerfile` waives only the image build: no host provides a helper
+service, an MCP server, a provider's own environment or an ENTRYPOINT by having the right tools.
 """
 
 from __future__ import annotations
