@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from loops_nb.llm.breaks import classify_break
-from loops_nb.llm.capture import ModelCall, extends
+from loops_nb.llm.capture import ModelCall
 from loops_nb.llm.chat_messages import ChatMessage, ToolCall, assistant_message
 from loops_nb.llm.renderer import CHAT_TEMPLATE, call_keys
 
@@ -112,7 +112,8 @@ def check_template(renderer: Renderer) -> TemplateCheck:
     for turn in (2, 4, len(SAMPLE_TURNS)):  # the last: the prompt after the new user message
         last = turn == len(SAMPLE_TURNS)
         prompt, _ = renderer.render_prompt(conversation, SAMPLE_TOOLS, previous)
-        if previous is not None and not extends_previous(prompt, previous):
+        sent = previous.prompt_tokens + previous.completion_tokens if previous is not None else []
+        if previous is not None and prompt[: len(sent)] != sent:
             cut = classify_break(renderer, conversation, SAMPLE_TOOLS, previous, prompt)
             found.breaks[cut.cause] += 1
             found.family_drop = last and cut.cause == "reasoning_dropped" and renderer.name != CHAT_TEMPLATE
@@ -135,12 +136,6 @@ def check_template(renderer: Renderer) -> TemplateCheck:
         conversation = [*conversation, sent_back, after]
         previous = call
     return found
-
-
-def extends_previous(prompt: list[int], previous: ModelCall) -> bool:
-    return extends(
-        ModelCall(prompt, [], [], 0, "stop"), previous.prompt_tokens + previous.completion_tokens, ()
-    )
 
 
 def _written_reply(
