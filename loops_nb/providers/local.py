@@ -27,7 +27,7 @@ from loops_nb.errors import SandboxError
 from loops_nb.providers.bubblewrap import BubblewrapSandbox, bwrap_path
 from loops_nb.providers.dockerfile_plan import read_dockerfile
 from loops_nb.providers.journalled import JournalledSandbox
-from loops_nb.providers.local_task_fit import DEFAULT_WORKDIR, static_problems, writable_paths
+from loops_nb.providers.local_task_fit import sandbox_paths, static_problems
 from loops_nb.providers.local_verifier import (
     PROBLEMS_FILE,
     VerifierCannotRun,
@@ -95,8 +95,7 @@ class LocalSandboxEnvironment(JournalledSandbox, BaseEnvironment):
         scratch = Path(options.scratch_dir or tempfile.gettempdir()) / "loops_nb_sandboxes"
         root = scratch / f"{self.session_id}-{uuid.uuid4().hex[:8]}"
         self._journal_intent(session=self.session_id, task=self.environment_name, path=str(root))
-        workdir = self.task_env_config.workdir or plan.workdir or DEFAULT_WORKDIR
-        writable = writable_paths(plan, workdir, self.os, self.task_env_config.skills_dir)
+        workdir, writable = sandbox_paths(plan, self.task_env_config)
         host_binds = {
             str(m["target"]): Path(m["source"]) for m in self._host_mounts if m.get("type") == "bind"
         }
@@ -177,8 +176,9 @@ class LocalSandboxEnvironment(JournalledSandbox, BaseEnvironment):
         merged = self._merge_env(env)
         paths = self._paths
         verifier = self._tests_uploaded and is_verifier_command(command, paths.tests_dir, paths.verifier_dir)
-        if verifier:
-            merged = self._verifier_env(merged)
+        if verifier:  # the offline tools (local_verifier.py), and a fresh problems file
+            sandbox.host_path(str(paths.verifier_dir / PROBLEMS_FILE)).unlink(missing_ok=True)
+            merged = verifier_env(merged, paths.verifier_dir, "host" if sandbox.network else "none")
         try:
             result = await sandbox.run(command, cwd, merged, timeout_sec)
         except TimeoutError:
@@ -187,16 +187,10 @@ class LocalSandboxEnvironment(JournalledSandbox, BaseEnvironment):
             self._died = exc  # every later exec, upload and download raises too (see _require)
             raise
         if verifier:
-            why = verifier_failure(result.return_code, sandbox.host_path(str(self._paths.verifier_dir)))
+            why = verifier_failure(result.return_code, sandbox.host_path(str(paths.verifier_dir)))
             if why:
                 raise VerifierCannotRun(why)
         return ExecResult(stdout=result.stdout, stderr=result.stderr, return_code=result.return_code)
-
-    def _verifier_env(self, env: dict[str, str] | None) -> dict[str, str]:
-        """The verifier's run gets the offline tools (local_verifier.py) and a fresh problems file."""
-        sandbox = self._require()
-        sandbox.host_path(str(self._paths.verifier_dir / PROBLEMS_FILE)).unlink(missing_ok=True)
-        return verifier_env(env, self._paths.verifier_dir, "host" if sandbox.network else "none")
 
     async def upload_file(self, source_path: Path | str, target_path: str) -> None:
         host = self._require().host_path(target_path)

@@ -19,7 +19,7 @@ from harbor.models.trial.paths import EnvironmentPaths
 from loops_nb.providers.dockerfile_plan import DockerfilePlan, read_dockerfile
 
 if TYPE_CHECKING:
-    from harbor.models.task.config import EnvironmentConfig, TaskOS
+    from harbor.models.task.config import EnvironmentConfig
 
 DEFAULT_WORKDIR = "/app"
 COMPOSE_FILE = "docker-compose.yaml"
@@ -58,12 +58,12 @@ def local_refusal(task: str, plan: DockerfilePlan, docker_image: str | None) -> 
     )
 
 
-def writable_paths(
-    plan: DockerfilePlan, workdir: str, task_os: TaskOS | None = None, skills_dir: str | None = None
-) -> list[str]:
-    """Every path a local sandbox can write: Harbor's, the workdir, each WORKDIR, the task's skills folder
-    (`[environment] skills_dir`, which its Dockerfile fills) and /tmp."""
-    paths = EnvironmentPaths.for_os(task_os) if task_os is not None else EnvironmentPaths()
+def sandbox_paths(plan: DockerfilePlan, env_config: EnvironmentConfig) -> tuple[str, list[str]]:
+    """The task's working directory (task.toml's, else the last WORKDIR, else /app), and every path a local
+    sandbox can write: Harbor's, the workdir, each WORKDIR, the task's skills folder (`[environment]
+    skills_dir`, which its Dockerfile fills) and /tmp."""
+    workdir = env_config.workdir or plan.workdir or DEFAULT_WORKDIR
+    paths = EnvironmentPaths.for_os(env_config.os)
     harbor_paths = (
         paths.agent_dir,
         paths.verifier_dir,
@@ -71,8 +71,15 @@ def writable_paths(
         paths.tests_dir,
         paths.solution_dir,
     )
-    skills = [skills_dir] if skills_dir else []
-    return [*(str(p) for p in harbor_paths), "/installed-agent", *plan.workdirs, workdir, *skills, "/tmp"]
+    skills = [env_config.skills_dir] if env_config.skills_dir else []
+    return workdir, [
+        *(str(p) for p in harbor_paths),
+        "/installed-agent",
+        *plan.workdirs,
+        workdir,
+        *skills,
+        "/tmp",
+    ]
 
 
 def static_problems(
@@ -187,8 +194,7 @@ def _provider_variables(task_env: Mapping[str, str], services: Mapping[str, obje
 def _copy_problems(
     task: str, environment_dir: Path, env_config: EnvironmentConfig, plan: DockerfilePlan
 ) -> list[str]:
-    workdir = env_config.workdir or plan.workdir or DEFAULT_WORKDIR
-    writable = writable_paths(plan, workdir, env_config.os, env_config.skills_dir)
+    _, writable = sandbox_paths(plan, env_config)
     root = environment_dir.resolve()
     problems: list[str] = []
     for source, dest in plan.copies:

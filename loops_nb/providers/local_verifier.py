@@ -100,10 +100,9 @@ def verifier_warnings(task: str, test_script: Path, network: bool) -> list[str]:
                     "on a machine with network)"
                 )
         for match in _APT_INSTALL.finditer(line):
-            packages = [
-                re.split(r"[=:]", w, maxsplit=1)[0] for w in match["args"].split() if not w.startswith("-")
+            missing = [
+                p for p in toolbox.apt_packages(match["args"].split()) if not toolbox.host_has_package(p)
             ]
-            missing = [p for p in packages if not toolbox.host_has_package(p)]
             if missing:
                 warnings.append(
                     f"{where} line {number} installs {', '.join(missing)} with apt, which this host lacks "

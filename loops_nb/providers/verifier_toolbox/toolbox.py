@@ -305,7 +305,7 @@ def apt(args: list[str]) -> int:
     if not words or words[0] != "install":
         note(f"apt-get {' '.join(words[:1])}: nothing to do (the host's packages are the image)")
         return 0
-    packages = [re.split(r"[=:]", w, maxsplit=1)[0] for w in words[1:]]
+    packages = apt_packages(words[1:])
     missing = [p for p in packages if not host_has_package(p)]
     if missing:
         return problem(
@@ -313,6 +313,11 @@ def apt(args: list[str]) -> int:
         )
     note(f"apt-get install: the host already has {', '.join(packages)}")
     return 0
+
+
+def apt_packages(words: list[str]) -> list[str]:
+    """The packages `apt-get install WORDS` names: options dropped, versions and architectures cut off."""
+    return [re.split(r"[=:]", w, maxsplit=1)[0] for w in words if not w.startswith("-")]
 
 
 def host_has_package(package: str) -> bool:
