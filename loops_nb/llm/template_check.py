@@ -1,12 +1,9 @@
 """`loops check`'s template preflight: an attempt's turns played through the configured renderer on a sample
-tool conversation, before any run pays for what the renderer does to it.
+tool conversation (docs/reference/renderers.md), before any run pays for what the renderer does to it.
 
-The conversation is the shape agents have: system, user, an assistant tool call, the tool's result, the
-assistant's answer, a new user message. Each assistant turn is "sampled" as the renderer itself writes it
-(the tokens the fresh rendering of the conversation holds after the prompt, up to its stop token), the reply
-is parsed as a run parses it and sent back, and the next prompt is rendered from the previous call, as
-`llm().chat` does. Counted: the breaks an attempt of this shape will have (each by cause, breaks.py), and
-whether the tool call parses back as the call that was written. Any problem is a warning naming the fix.
+Each assistant turn is "sampled" as the renderer itself writes it, parsed as a run parses it and sent back,
+and the next prompt is rendered from the previous call, as `llm().chat` does. Counted: the breaks an attempt
+of this shape will have, by cause, and whether the tool call parses back as the call that was written.
 """
 
 from __future__ import annotations

@@ -243,19 +243,14 @@ def _xml_call(body: str, tools: Sequence[Mapping[str, Any]] | None) -> dict[str,
     args: dict[str, Any] = {}
     for param in _XML_PARAMETER_RE.finditer(inner):
         # The template writes each value between two newlines; only those are markup.
-        value = param.group(2).removeprefix("\n").removesuffix("\n")
         key = param.group(1).strip()
-        args[key] = value if key in strings else _json_or_text(value)
+        args[key] = param.group(2).removeprefix("\n").removesuffix("\n")
+        if key not in strings:
+            with contextlib.suppress(json.JSONDecodeError):
+                args[key] = json.loads(args[key])
     if _XML_PARAMETER_RE.sub("", inner).strip():
         return f"text outside <parameter=...> blocks in <function={name}>"
     return {"name": name, "arguments": args}
-
-
-def _json_or_text(value: str) -> Any:
-    try:
-        return json.loads(value)
-    except json.JSONDecodeError:
-        return value
 
 
 def _string_parameters(tools: Sequence[Mapping[str, Any]] | None, name: str) -> set[str]:

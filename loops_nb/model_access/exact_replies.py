@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from loops_nb.llm.renderer import call_keys as tool_key
+from loops_nb.llm.renderer import call_keys
 
 if TYPE_CHECKING:
     from loops_nb.llm.capture import ModelCall
@@ -30,7 +30,7 @@ def restore_exact(lease: AttemptLease, messages: list[ChatMessage]) -> list[Chat
     out = []
     for msg in messages:
         if msg["role"] == "assistant":
-            key = (msg.get("content") or "", tool_key(msg.get("tool_calls")))
+            key = (msg.get("content") or "", call_keys(msg.get("tool_calls")))
             for known in lease.returned:
                 if (known.content, known.tool_calls) == key:
                     msg = {"role": "assistant", "content": known.exact_text}

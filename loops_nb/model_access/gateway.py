@@ -29,9 +29,10 @@ import loops_nb.model_access.responses_wire as responses_wire
 from loops_nb.connection_guard import ConnectionLimits, Headers
 from loops_nb.llm.chat_messages import ChatMessage, ToolCall
 from loops_nb.llm.client import ContextTooLong
+from loops_nb.llm.renderer import call_keys
 from loops_nb.loopback_server import LoopbackServer
 from loops_nb.model_access.delivery import ClientGone, DeliveringResponse, Exchange, LeaseEnded
-from loops_nb.model_access.exact_replies import exact_text, restore_exact, tool_key
+from loops_nb.model_access.exact_replies import exact_text, restore_exact
 from loops_nb.model_access.leases import AttemptLease, LeaseRegistry, ReturnedReply
 from loops_nb.request_body import BodyRefused, parse_json, read_limited
 
@@ -118,7 +119,7 @@ def _delivered(lease: AttemptLease, sampled: Sampled) -> None:
     """A reply reached its agent: it is the attempt's turn, and may come back in a later conversation."""
     lease.calls += 1
     content, tool_calls, _ = answer(sampled.replies[0], sampled.parse_tools)
-    lease.returned.append(ReturnedReply(content, tool_key(tool_calls), sampled.exact_text))
+    lease.returned.append(ReturnedReply(content, call_keys(tool_calls), sampled.exact_text))
 
 
 def _withdrawn(lease: AttemptLease, sampled: Sampled) -> None:
