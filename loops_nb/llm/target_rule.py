@@ -142,18 +142,10 @@ class _Turn:
 
 
 class ChatTemplateTargets:
-    """The target rule on a chat template's text. For trained turn ``j``:
-
-    1. ``context = render(messages[:j], add_generation_prompt=True)`` is the prompt the model was given, and
-       ``full = render(messages[:j+1])`` adds the turn. ``context`` must be a text prefix of ``full`` (else the
-       generation prompt disagrees with the rendered turn and the row is refused); the turn is what follows, up
-       to and including its first stop token.
-    2. Turns are grouped (`turn_groups`) on that text.
-    3. Each example's text is tokenized once, with offsets. Token-level prefix property: the tokens before a turn
-       must be exactly the tokens of its context tokenized alone. Added tokens split text into independently
-       tokenized pieces, so only the piece from the last added token before the turn needs re-tokenizing to
-       check this; a turn that fails (a regex that splits ``\\n\\n`` differently at the end of a string) becomes
-       its own example, built as ``tokens(context) + tokens(turn)``.
+    """The target rule on a chat template's text (docs/reference/sft.md, "Locating a turn"): each trained turn
+    located between its generation prompt and its first stop token, turns grouped (`turn_groups`) on that text,
+    each example tokenized once and each turn's context checked to tokenize as a prefix, re-tokenizing only the
+    piece after the last added token before it; a turn that fails is its own example.
 
     This costs two renders per trained turn and one tokenization per example (plus tiny pieces), not a
     re-tokenization of every prefix. ``stop_tokens``: the tokens that end a generated turn; by default the eos
