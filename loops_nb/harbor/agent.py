@@ -1,20 +1,10 @@
 """`LoopsAgent`: a Harbor agent whose model calls go through loops_nb, so every trial trains.
 
-Subclass it and implement Harbor's `run`; call the model with `self.llm` (or `llm()`), and act on the
-sandbox through `environment.exec(...)`:
-
-    from loops_nb.harbor import LoopsAgent
-
-    class OneCall(LoopsAgent):
-        async def run(self, instruction, environment, context):
-            reply = await self.llm.chat([{"role": "user", "content": instruction}])
-            self.transcript += [{"role": "user", "content": instruction}, reply.message]
-            await self.write_file(environment, "/app/answer.txt", reply.content)
-
-The agent object lives in the training process (Harbor runs only what it `exec`s in the sandbox), so
-`self.llm` is the attempt's own model handle and each sampled token is captured exactly. Harbor builds
-agents from an import path and JSON kwargs; the runtime passes `loops_attempt`, a key into this
-process's table of running attempts, plus the `[runtime.options] agent_kwargs`.
+Subclass it, implement Harbor's `run`, call the model with `self.llm` and act on the sandbox through
+`environment.exec(...)` (docs/reference/harbor.md, "Writing a LoopsAgent"). The agent object lives in the
+training process (Harbor runs only what it `exec`s in the sandbox), so `self.llm` is the attempt's own model
+handle and each sampled token is captured exactly. Harbor builds agents from an import path and JSON kwargs;
+the runtime passes `loops_attempt`, a key into this process's table of running attempts.
 """
 
 from __future__ import annotations

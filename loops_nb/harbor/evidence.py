@@ -1,11 +1,9 @@
 """A Harbor `TrialResult` as loops_nb `Evidence`: Harbor's reward files become the episode reward.
 
-The verifier writes `/logs/verifier/reward.txt` (one number) or `reward.json` (named numbers); Harbor
-reads them into `verifier_result.rewards`. The reward is the `reward_key` entry (the only entry when
-there is one); the other entries become metrics `harbor/<name>`. A trial Harbor says has no valid reward
-(no reward file, a verifier error or timeout, an environment that never started, an agent that raised)
-is a discarded attempt with its reason and Harbor's message, never a crash of the run. So is a trial
-whose agent raised: Harbor would grade it, but loops_nb never trains on an agent's crash.
+The reward is the `reward_key` entry of the verifier's rewards (the only entry when there is one); the others
+become metrics `harbor/<name>`. A trial without a valid reward, or whose agent raised (Harbor would grade
+it; loops_nb never trains on an agent's crash), is a discarded attempt with its reason, never a crash of the
+run. docs/reference/harbor.md, "Rewards and discards", maps each Harbor error to its reason.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """`HarborRuntime`: Harbor as one RolloutRuntime among others. Each attempt is one Harbor trial.
 
-Harbor brings the environment (a sandbox built from the task), the instruction and the verifier; the
-user brings only the agent, a `LoopsAgent` subclass named by import path. `[runtime] factory =
-"loops_nb.harbor:create_runtime"` with `[runtime.options]`:
-
-    tasks = "tasks/hidden_game"        # a task directory, or a directory of them (relative to the config)
-    dataset = "terminal-bench@2.0"     # or a Harbor registry dataset (needs network to resolve)
-    agent = "agent:OneCall"            # the agent class (modules beside the config are importable)
-    provider = "local"                 # a [providers.<name>] table: local, docker, blaxel, daytona
-
-Trials run with the run's sandbox journal, so `loops cleanup` can release what a crash left behind.
+Harbor brings the environment, the instruction and the verifier; the user brings only the agent, a
+`LoopsAgent` subclass named by import path (`[runtime] factory = "loops_nb.harbor:create_runtime"`, its
+`[runtime.options]` in docs/reference/harbor.md). Trials run with the run's sandbox journal, so `loops
+cleanup` can release what a crash left behind.
 """
 
 from __future__ import annotations
@@ -40,7 +34,8 @@ if TYPE_CHECKING:
 
     from loops_nb.harbor.agent import LoopsAgent
 
-# litellm (a Harbor dependency) otherwise fetches its cost map from GitHub on import, offline or not.
+# litellm (a Harbor dependency; Terminus-2 imports it) otherwise fetches its cost map from GitHub on import,
+# offline or not. Every agent module is in this package, so its import runs this first.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 

@@ -1,12 +1,8 @@
 """`LoopsProgramAgent`: the Harbor local-program pattern. The agent is its own program on this machine.
 
-Each trial launches `command` with `OPENAI_BASE_URL` / `OPENAI_API_KEY` set to the attempt's gateway
-lease (the run starts the gateway when `[runtime.options] model_access = "openai_http"`), writes the
-instruction to its stdin, and puts what it prints into the sandbox at `output_path`, where the task's
-verifier looks. The program can be anything that speaks OpenAI chat completions; the tokens it samples
-through the gateway are captured and trained exactly as an in-process agent's. It is launched as every
-agent program is (`loops_nb/model_access/agent_program.py`): an allowlisted environment and, where
-bubblewrap works, a PID namespace of its own, so it cannot read the run's or another trial's secrets.
+Each trial launches `command` as every agent program is launched (model_access/agent_program.py: its
+attempt's lease, an allowlisted environment, a PID namespace of its own), writes the instruction to its stdin,
+and puts what it prints into the sandbox at `output_path`, where the task's verifier looks.
 """
 
 from __future__ import annotations

@@ -1,23 +1,11 @@
 """`ShellAgent`: a reusable multi-turn terminal agent with two tools, `shell` and `write_file`.
 
-    [runtime.options]
-    agent = "loops_nb.harbor.shell_agent:ShellAgent"
-    agent_kwargs = { max_turns = 12, command_timeout = 60, max_output_chars = 4000 }
-
-Each turn sends the conversation and the two tools to the model; the tool calls in the reply run in the
-trial's sandbox (`environment.exec`, any Harbor backend) and their results go back as `tool` messages.
-The agent stops when the model answers without a tool call, or after `max_turns` model calls; the task's
-verifier then grades what the sandbox holds. Every turn is appended to `self.transcript` as it happens, so
-an attempt cut off by the task's agent timeout still shows what it did.
-
-What the model gets wrong is answered, never raised: an unknown tool, bad arguments, a `<tool_call>` block
-that does not parse, a command that runs past `command_timeout`, or a non-zero exit all come back as text
-the model reads on its next turn (that is how a policy under training learns to stop doing them). A
-sandbox that fails for any other reason raises, and the attempt is discarded rather than trained on.
-
-Each `shell` command is a fresh `bash -c` in the task's working directory (on every backend): files
-persist between commands, `cd`, exported variables and background processes do not. The system prompt
-says so. SmolLM2 needs `[model] chat_template = "chatml-tools"` (its own template ignores tools).
+Each turn's tool calls run in the trial's sandbox (`environment.exec`, any Harbor backend); it stops when the
+model answers without a call, or after `max_turns` calls. Every turn is appended to `self.transcript` as it
+happens, so an attempt cut off by its timeout still shows what it did. What the model gets wrong (an unknown
+tool, bad arguments, an unparsable `<tool_call>`, a timeout, a non-zero exit) is answered as text it reads
+next turn, never raised: that is how a policy under training learns to stop doing it. A sandbox that fails
+otherwise raises, and the attempt is discarded. docs/reference/harbor.md has its options.
 """
 
 from __future__ import annotations
@@ -124,13 +112,7 @@ class ShellAgentOptions(AgentOptions):
 
 
 class ShellAgent(LoopsAgent):
-    """A terminal agent: `shell` and `write_file` tools, up to `max_turns` model calls.
-
-    `agent_kwargs` (all JSON-able, see `ShellAgentOptions`): `max_turns` (model calls, default 20),
-    `command_timeout` (seconds per `shell` command, default 60), `max_output_chars` (characters of stdout +
-    stderr shown to the model per command, default 4000), `system_prompt` (replaces `DEFAULT_SYSTEM_PROMPT`;
-    "" sends none).
-    """
+    """A terminal agent: `shell` and `write_file` tools, up to `max_turns` model calls (`ShellAgentOptions`)."""
 
     options_model: ClassVar[type[AgentOptions] | None] = ShellAgentOptions
 

@@ -1,29 +1,18 @@
 """`LoopsTerminus2`: Harbor's own Terminus-2 agent, trained by loops_nb through the run's model gateway.
 
-Terminus-2 is Harbor's reference terminal agent: it keeps one tmux session in the sandbox, sends it
-keystrokes the model chooses and reads the screen back. This wrapper builds the installed Harbor's
-`Terminus2` per trial with LiteLLM pointed at the attempt's gateway lease (`api_base` = the lease's
-URL, the lease key as its API key), so every completion it gets is sampled by the policy and captured
-exactly like any other agent program's. It needs `[runtime.options] model_access = "openai_http"` (the
-run starts the gateway) and a sandbox where a background process outlives its command (the local
-provider's long-lived bwrap, Docker, Blaxel, Daytona) with tmux on it.
-
-`agent_kwargs` are Terminus-2's own (`max_turns`, `parser_name`, `temperature`, `enable_summarize`,
-`model_info`, ...); `record_terminal_session` defaults to false here, because asciinema is rarely
-installed and a sandbox without network cannot install it, and `suppress_max_turns_warning` to true,
-because a run's `max_turns` is its config's choice, not news on every attempt.
+Per trial it builds the installed Harbor's `Terminus2` with LiteLLM pointed at the attempt's gateway lease,
+so every completion it gets is sampled by the policy and captured like any agent program's. It needs
+`model_access = "openai_http"` and tmux in a sandbox where a background process outlives its command.
+`agent_kwargs` are Terminus-2's own (docs/reference/harbor.md), with two defaults changed:
+`record_terminal_session` false (asciinema is rarely installed, and offline cannot be) and
+`suppress_max_turns_warning` true (a run's `max_turns` is its config's choice, not news on every attempt).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-# LiteLLM (imported with Terminus-2) downloads a model price list at import unless told to use its own
-# copy: offline that is ~10 s of retries per process, and the gateway's model is in no price list.
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from harbor.agents import terminus_2
 from harbor.agents.terminus_2 import Terminus2

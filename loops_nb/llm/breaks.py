@@ -1,25 +1,11 @@
 """Why a model call's prompt did not extend the previous call's prompt + completion (a *sequence break*).
 
-The capture (capture.py) starts a new training sequence when a prompt does not begin with the exact tokens of
-the attempt's previous call. Each break costs context: the new sequence re-reads the whole conversation. Its
-cause says what to change, so `steps.jsonl` counts breaks by cause (`sequences/breaks/<cause>`) and the
-attempt's rollouts row and transcript keep each break with the first tokens that differ:
-
-- `truncation`: the previous reply was cut off at max_tokens, so the conversation sent back is not what was
-  sampled (raise max_tokens);
-- `history_edited`: the agent sent another conversation, or changed an earlier message or the reply (its
-  recorded `ModelCall.messages` are not a prefix of the new messages, or the reply sent back is not the
-  sampled one);
-- `reasoning_dropped`: the previous reply's reasoning is gone from the new rendering (a template that drops
-  earlier reasoning: Qwen3 after a new user message, gpt-oss's analysis channel);
-- `tool_call_rerendered`: the reply's tool call is rendered differently from how it was sampled (the template
-  writes calls in another spacing or order than the model);
-- `template_rewrote_history`: anything else the template rewrote (another system prompt, a date, the
-  family's bridge refusing the continuation).
-
-The causes and `SequenceBreak` live in capture.py (this module's renderer imports would make GRPO's import
-heavy). Both renderers are told apart the same way: by the conversation (`continuation_start`, which is also
-where `PrimeRenderer` decides whether it may bridge) and by what of the sampled reply the new rendering keeps.
+Each break costs context: the new sequence re-reads the whole conversation. Its cause says what to change
+(docs/reference/renderers.md, "Sequence breaks by cause", has each with its fix), so `steps.jsonl` counts them
+by cause and the attempt's rollouts row keeps each with the first tokens that differ. The causes and
+`SequenceBreak` live in capture.py (this module's renderer imports would make GRPO's import heavy). Both
+renderers are told apart the same way: by the conversation (`continuation_start`, which is also where
+`PrimeRenderer` decides whether it may bridge) and by what of the sampled reply the new rendering keeps.
 """
 
 from __future__ import annotations

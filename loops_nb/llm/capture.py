@@ -41,9 +41,6 @@ class SequenceBreak:
     """`at token N: was '...', now '...'`: the previous prompt + completion and the new prompt, decoded from
     the first token that differs."""
 
-    def as_dict(self, call: int) -> dict[str, Any]:
-        return {"call": call, "cause": self.cause, "first_difference": self.first_difference}
-
 
 @dataclass(frozen=True)
 class ModelCall:
@@ -88,10 +85,6 @@ class CapturedSequence:
         self.policy_versions.append(call.policy_version)
         self.calls += 1
 
-    @property
-    def sampled_count(self) -> int:
-        return sum(self.sampled)
-
 
 @dataclass
 class TokenCapture:
@@ -114,7 +107,11 @@ class TokenCapture:
     def break_records(self) -> list[dict[str, Any]]:
         """Each break as the attempt's rollouts row and transcript keep it: the call, its cause and the
         first tokens that differ."""
-        return [b.as_dict(i) for i, b in enumerate(self.breaks_at) if b is not None]
+        return [
+            {"call": i, "cause": b.cause, "first_difference": b.first_difference}
+            for i, b in enumerate(self.breaks_at)
+            if b is not None
+        ]
 
     def last_call(self) -> ModelCall | None:
         """The latest call: the one a next turn should extend."""

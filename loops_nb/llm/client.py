@@ -93,17 +93,11 @@ class LoopsLLM:
         top_p: float | None = None,
         stop: Sequence[str] | None = None,
     ) -> Reply:
-        return (
-            await self.sample(
-                messages,
-                tools=tools,
-                n=1,
-                max_tokens=max_tokens,
-                temperature=temperature,
-                top_p=top_p,
-                stop=stop,
-            )
-        )[0]
+        """The reply to `messages` (`sample` with one reply)."""
+        replies = await self.sample(
+            messages, tools=tools, max_tokens=max_tokens, temperature=temperature, top_p=top_p, stop=stop
+        )
+        return replies[0]
 
     async def sample(
         self,

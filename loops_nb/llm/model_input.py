@@ -1,9 +1,6 @@
-"""`model_input`: a sequence of tokens (and the images among them) as the SDK's `ModelInput`, and
-`PromptImage`, one image of a prompt.
-
-Text-only calls, the common case, never import the vision code: an image travels as the `PromptImage` the
-vision renderer made, which knows its own chunk. It lives here, not in vision.py, so that capture.py can name it
-without importing the renderers (which import capture.py).
+"""`model_input`: a sequence of tokens (and the images among them) as the SDK's `ModelInput`, and `PromptImage`,
+one image of a prompt. It lives here, not in vision.py, so that text-only calls never import the vision code
+and capture.py can name it without importing the renderers (which import capture.py).
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
 """The supervised target rule that every renderer implements (`Renderer.supervised_examples`): which tokens of
-a conversation train.
+a conversation train (docs/reference/sft.md, "The target rule").
 
-Every trained assistant turn learns its own tokens *and its stop token* (``<|im_end|>``, ``<|eot_id|>``, ...),
-in the context it was generated in: after the generation prompt the sampler gives the model for the turns
-before it. Everything else has weight 0: system, user and tool turns, the generation prompt, and whatever is
-written after the stop token (the ``\\n`` after ``<|im_end|>``), because the model stops at its stop token and
-never generates what follows. So SFT trains what sampling prompts, token for token.
-
-Trained turns are grouped: one example trains several turns only if the latest one's rendering starts with
-each earlier turn's context + turn exactly (`turn_groups`). A renderer that rewrites earlier turns (Qwen3 drops
-the reasoning of turns before the last user query) splits the row into one example per context: no turn is
-trained in a context it never saw.
-
-Two implementations: the chat template's, on text (`ChatTemplateTargets` here, used by `ChatRenderer`), and a
-family renderer's, on token ids (`PrimeRenderer.supervised_examples`). What a row's data says must survive the
-rendering: the caller's `TargetChecks` (SFT's survival.py) says why it did not, and the row is refused.
+Every trained assistant turn learns its own tokens and its stop token, in the context it was generated in;
+everything else has weight 0, what follows the stop token too, since the model never generates it. Trained
+turns share an example only if the latest one's rendering starts with each earlier turn's context + turn
+exactly (`turn_groups`), so no turn is trained in a context it never saw. Two implementations: the chat
+template's, on text (`ChatTemplateTargets` here), and a family renderer's, on token ids
+(`PrimeRenderer.supervised_examples`). The caller's `TargetChecks` says why what a row says did not survive.
 """
 
 from __future__ import annotations
@@ -150,18 +142,10 @@ class _Turn:
 
 
 class ChatTemplateTargets:
-    """The target rule on a chat template's text. For trained turn ``j``:
-
-    1. ``context = render(messages[:j], add_generation_prompt=True)`` is the prompt the model was given, and
-       ``full = render(messages[:j+1])`` adds the turn. ``context`` must be a text prefix of ``full`` (else the
-       generation prompt disagrees with the rendered turn and the row is refused); the turn is what follows, up
-       to and including its first stop token.
-    2. Turns are grouped (`turn_groups`) on that text.
-    3. Each example's text is tokenized once, with offsets. Token-level prefix property: the tokens before a turn
-       must be exactly the tokens of its context tokenized alone. Added tokens split text into independently
-       tokenized pieces, so only the piece from the last added token before the turn needs re-tokenizing to
-       check this; a turn that fails (a regex that splits ``\\n\\n`` differently at the end of a string) becomes
-       its own example, built as ``tokens(context) + tokens(turn)``.
+    """The target rule on a chat template's text (docs/reference/sft.md, "Locating a turn"): each trained turn
+    located between its generation prompt and its first stop token, turns grouped (`turn_groups`) on that text,
+    each example tokenized once and each turn's context checked to tokenize as a prefix, re-tokenizing only the
+    piece after the last added token before it; a turn that fails is its own example.
 
     This costs two renders per trained turn and one tokenization per example (plus tiny pieces), not a
     re-tokenization of every prefix. ``stop_tokens``: the tokens that end a generated turn; by default the eos

@@ -1,12 +1,9 @@
 """`loops check`'s template preflight: an attempt's turns played through the configured renderer on a sample
-tool conversation, before any run pays for what the renderer does to it.
+tool conversation (docs/reference/renderers.md), before any run pays for what the renderer does to it.
 
-The conversation is the shape agents have: system, user, an assistant tool call, the tool's result, the
-assistant's answer, a new user message. Each assistant turn is "sampled" as the renderer itself writes it
-(the tokens the fresh rendering of the conversation holds after the prompt, up to its stop token), the reply
-is parsed as a run parses it and sent back, and the next prompt is rendered from the previous call, as
-`llm().chat` does. Counted: the breaks an attempt of this shape will have (each by cause, breaks.py), and
-whether the tool call parses back as the call that was written. Any problem is a warning naming the fix.
+Each assistant turn is "sampled" as the renderer itself writes it, parsed as a run parses it and sent back,
+and the next prompt is rendered from the previous call, as `llm().chat` does. Counted: the breaks an attempt
+of this shape will have, by cause, and whether the tool call parses back as the call that was written.
 """
 
 from __future__ import annotations
@@ -16,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from loops_nb.llm.breaks import classify_break
-from loops_nb.llm.capture import ModelCall, extends
+from loops_nb.llm.capture import ModelCall
 from loops_nb.llm.chat_messages import ChatMessage, ToolCall, assistant_message
 from loops_nb.llm.renderer import CHAT_TEMPLATE, call_keys
 
@@ -112,7 +109,8 @@ def check_template(renderer: Renderer) -> TemplateCheck:
     for turn in (2, 4, len(SAMPLE_TURNS)):  # the last: the prompt after the new user message
         last = turn == len(SAMPLE_TURNS)
         prompt, _ = renderer.render_prompt(conversation, SAMPLE_TOOLS, previous)
-        if previous is not None and not extends_previous(prompt, previous):
+        sent = previous.prompt_tokens + previous.completion_tokens if previous is not None else []
+        if previous is not None and prompt[: len(sent)] != sent:
             cut = classify_break(renderer, conversation, SAMPLE_TOOLS, previous, prompt)
             found.breaks[cut.cause] += 1
             found.family_drop = last and cut.cause == "reasoning_dropped" and renderer.name != CHAT_TEMPLATE
@@ -135,12 +133,6 @@ def check_template(renderer: Renderer) -> TemplateCheck:
         conversation = [*conversation, sent_back, after]
         previous = call
     return found
-
-
-def extends_previous(prompt: list[int], previous: ModelCall) -> bool:
-    return extends(
-        ModelCall(prompt, [], [], 0, "stop"), previous.prompt_tokens + previous.completion_tokens, ()
-    )
 
 
 def _written_reply(

@@ -1,13 +1,9 @@
-"""Chat templates: rendering them fast and exactly as transformers does, and a tool-capable ChatML template.
-
-SmolLM2's own template (the offline default model) has no notion of tools: it ignores ``tools`` and renders an
-assistant turn that only holds ``tool_calls`` as an empty turn. `TOOL_CAPABLE_CHATML_TEMPLATE` is a drop-in
-replacement for SmolLM2's tokenizer (same ``<|im_start|>``/``<|im_end|>`` tokens, same default system prompt)
-in the Hermes/Qwen style that small open models know: tools listed as JSON in a ``<tools>`` block of the system
-prompt, calls written as ``<tool_call>{"name": ..., "arguments": ...}</tool_call>``, results in a ``tool`` turn
-wrapped in ``<tool_response>``. `parse_assistant_text` reads a reply written under such a template back:
-the Hermes/Qwen3 JSON calls, the XML calls of Qwen3.5/3.6 (``<function=name><parameter=key>value``...), and a
-``<think>`` block as reasoning.
+"""Chat templates: rendering them fast and exactly as transformers does (`ChatTemplate`), the built-in ones
+(`chatml-tools` for SmolLM2, whose own template ignores tools; `gemma` for a Gemma 3 GGUF without one), and
+`parse_assistant_text`, which reads back a reply written in their Hermes/Qwen syntax: `<tool_call>` blocks of
+JSON or Qwen3.5/3.6's XML, and a `<think>` block as reasoning. `renderers` parses on token ids, and these
+models write `<tool_call>` as plain text, so a family it covers is parsed by its renderer
+(`ChatRenderer.parser`) and only the rest here (docs/reference/renderers.md).
 """
 
 from __future__ import annotations
@@ -185,15 +181,9 @@ def parse_assistant_text(
     text: str, *, tools: Sequence[Mapping[str, Any]] | None = None, reasoning_open: bool = False
 ) -> AssistantReply:
     """Split text generated under `TOOL_CAPABLE_CHATML_TEMPLATE` (or a Qwen/Hermes template) into reasoning,
-    content and calls.
-
-    A ``<think>`` block is the reasoning; so is everything before a lone ``</think>`` (the template opened the
-    block in the prompt, as Qwen3.5/3.6 do), or the whole text when ``reasoning_open`` says the prompt opened it
-    and no ``</think>`` came. A call is JSON (``{"name": ..., "arguments": {...}}``) or XML
-    (``<function=name><parameter=key>value</parameter></function>``); an XML value is a string where ``tools``
-    declare the parameter a string, else JSON when it parses as JSON. A block that is neither, or is cut off
-    before ``</tool_call>``, is reported in ``errors`` rather than raised: a model under training writes such
-    blocks, and evaluation has to score them, not crash.
+    content and calls (docs/reference/renderers.md has the rules). ``reasoning_open``: the prompt opened a
+    ``<think>`` block; ``tools`` type XML arguments. A malformed or cut-off block is reported in ``errors``,
+    never raised: a model under training writes such blocks, and evaluation has to score them, not crash.
     """
     reasoning, text = split_generated_reasoning(text, reasoning_open=reasoning_open)
     calls: list[ToolCall] = []
@@ -253,19 +243,14 @@ def _xml_call(body: str, tools: Sequence[Mapping[str, Any]] | None) -> dict[str,
     args: dict[str, Any] = {}
     for param in _XML_PARAMETER_RE.finditer(inner):
         # The template writes each value between two newlines; only those are markup.
-        value = param.group(2).removeprefix("\n").removesuffix("\n")
         key = param.group(1).strip()
-        args[key] = value if key in strings else _json_or_text(value)
+        args[key] = param.group(2).removeprefix("\n").removesuffix("\n")
+        if key not in strings:
+            with contextlib.suppress(json.JSONDecodeError):
+                args[key] = json.loads(args[key])
     if _XML_PARAMETER_RE.sub("", inner).strip():
         return f"text outside <parameter=...> blocks in <function={name}>"
     return {"name": name, "arguments": args}
-
-
-def _json_or_text(value: str) -> Any:
-    try:
-        return json.loads(value)
-    except json.JSONDecodeError:
-        return value
 
 
 def _string_parameters(tools: Sequence[Mapping[str, Any]] | None, name: str) -> set[str]:

@@ -16,9 +16,10 @@ from loops_nb.model_access.agent_program import (
 from loops_nb.model_access.gateway import ModelGateway
 from loops_nb.model_access.leased_runtime import LeasedRuntime
 from loops_nb.model_access.leases import AttemptLease, LeaseRegistry
-from loops_nb.model_access.mode import ModelAccessMode, files_per_attempt, model_access_of, open_file_problem
+from loops_nb.model_access.mode import FILES_PER_ATTEMPT, ModelAccessMode, model_access_of, open_file_problem
 
 __all__ = [
+    "FILES_PER_ATTEMPT",
     "AgentProgramResult",
     "AttemptLease",
     "LeaseRegistry",
@@ -26,7 +27,6 @@ __all__ = [
     "ModelAccessMode",
     "ModelGateway",
     "agent_process_env",
-    "files_per_attempt",
     "model_access_of",
     "model_env",
     "open_file_problem",

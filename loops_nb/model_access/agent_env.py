@@ -1,13 +1,9 @@
 """The environment an agent program starts with: an allowlist of ours, plus its attempt's lease.
 
-An agent that is its own program may hold one thing of the run's: its attempt's lease key. So its environment
-is built from an allowlist (`BASE_VARIABLES`, `LC_*`, the names in `[runtime] agent_env`, then
-`OPENAI_BASE_URL` / `OPENAI_API_KEY` of its lease, and `OPENAI_AGENTS_DISABLE_TRACING=1` so no framework sends
-the lease to its vendor), never by removing known secrets from ours: an `AWS_SECRET_ACCESS_KEY`, a
-`GITHUB_TOKEN` or a line of `.env` is not on any list of the run's credentials.
-
-`LeasedRuntime` (runtime.py) opens `leased_env` and `passing_env` around each attempt, so code that launches
-agents without an attempt in hand (an Episode's `run`) still gets that attempt's lease and names.
+Built from an allowlist, never by removing known secrets from ours: an `AWS_SECRET_ACCESS_KEY`, a
+`GITHUB_TOKEN` or a line of `.env` is on no list of the run's credentials. `LeasedRuntime` opens `leased_env`
+and `passing_env` around each attempt, so code that launches agents without an attempt in hand (an Episode's
+`run`) still gets that attempt's lease and names.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
-"""Launching an agent program: an allowlisted environment and, on Linux, a PID namespace of its own.
+"""Launching an agent program: an allowlisted environment (agent_env.py) and, on Linux, a PID namespace of its own.
 
-An agent that is its own program may hold one thing of the run's: its attempt's lease key. So:
-
-- Its environment is built from an allowlist, never by removing known secrets from ours (agent_env.py).
-- It runs under bubblewrap (`bwrap --unshare-pid`), with its own /proc. Its parent there is bwrap's
-  init, started with the same allowlisted environment, so `/proc/$PPID/environ` gives back only what
-  it already has; the training process and the other attempts' programs are not in its /proc at all,
-  so it cannot read a sibling's lease key and sample (and be trained) as that attempt. The filesystem
-  and the network are the host's, as for any subprocess: this isolates processes, it is not a sandbox
-  for files.
-
-Where bubblewrap is missing or cannot create namespaces (macOS, a container without user
-namespaces), programs run as plain subprocesses and a warning says, once, what that leaves open.
+Under `bwrap --unshare-pid` with its own /proc, the program sees neither the training process nor the other
+attempts' programs, so it cannot read a sibling's lease key and sample (and be trained) as that attempt. Files
+and network are the host's: this isolates processes, it is not a sandbox. Where bubblewrap cannot create
+namespaces, programs run as plain subprocesses and a warning says, once, what that leaves open.
 """
 
 from __future__ import annotations

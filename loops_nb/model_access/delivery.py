@@ -1,19 +1,11 @@
-"""A gateway completion trains only once it was delivered.
+"""A gateway completion trains only once it was delivered (docs/reference/model_access.md).
 
-A request crosses two loops: the gateway's (uvicorn's thread) receives it and sends the reply; the
-attempt's loop samples it through the attempt's `LoopsLLM`, whose capture is what trains. An agent can
-give up on a request at any time (the openai client's timeout, then a retry), so one `Exchange`:
-
-- samples on the attempt's loop under the lease's lock, while the gateway's loop watches the client:
-  when it disconnects first, the sampling task is cancelled (the SDK then abandons its `/sample`
-  request, which the sampler drops), and the call counts as cut off (`TokenCapture.cut_off`);
-- keeps the lock until the gateway's loop has sent the whole reply, and learns whether the client was
-  still connected when it was: a completion that was sampled but not delivered is withdrawn from the
-  capture. Holding the lock orders it before the lease's next call, so a retry renders against the
-  capture without it (no sequence break) and the lease's bookkeeping of returned replies stays true.
-
-`DeliveringResponse` sends a complete JSON body or a list of SSE events (the stream is framed from the
-finished completion) and reports the outcome; nothing it does raises out of the ASGI handler.
+A request crosses two loops: the gateway's receives it and sends the reply; the attempt's samples it, under
+the lease's lock. When the client disconnects first, the sampling is cancelled and the call counts as cut off.
+The lock is held until the gateway's loop has sent the whole reply and learnt whether the client was still
+there: a completion sampled but not delivered is withdrawn from the capture, before the lease's next call
+(a retry) renders against it, so the retry makes no break. Nothing `DeliveringResponse` does raises out of the
+ASGI handler.
 """
 
 from __future__ import annotations

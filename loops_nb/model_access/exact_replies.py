@@ -1,19 +1,17 @@
-"""Exact tokens across turns: an assistant message the gateway returned, rendered from its sampled text
-when the agent sends it back.
+"""Exact tokens across turns: an assistant message the gateway returned, rendered from its sampled text when the
+agent sends it back.
 
-The reply an agent gets has its content trimmed and its tool calls as JSON the chat template will
-re-serialise; rendered as sent back, the next prompt would not extend the previous prompt + completion
-and the turns would split into two training sequences. So the gateway keeps, per lease, what it
-returned (`ReturnedReply`) and the exact text its tokens decode to, and swaps a matching message
-(same content, same tool names and decoded arguments) for that text. That is the chat template's way
-(`ChatRenderer`); a family's renderer (`PrimeRenderer`) continues the sampled token ids itself.
+The reply an agent gets has its content trimmed and its tool calls as JSON the chat template re-serialises;
+rendered as sent back, the next prompt would not extend the previous prompt + completion. So a message that
+matches one the lease returned (same content, same calls) is swapped for the exact text its tokens decode to.
+That is the chat template's way (`ChatRenderer`); a family's renderer continues the sampled token ids itself.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from loops_nb.llm.renderer import call_keys as tool_key
+from loops_nb.llm.renderer import call_keys
 
 if TYPE_CHECKING:
     from loops_nb.llm.capture import ModelCall
@@ -32,7 +30,7 @@ def restore_exact(lease: AttemptLease, messages: list[ChatMessage]) -> list[Chat
     out = []
     for msg in messages:
         if msg["role"] == "assistant":
-            key = (msg.get("content") or "", tool_key(msg.get("tool_calls")))
+            key = (msg.get("content") or "", call_keys(msg.get("tool_calls")))
             for known in lease.returned:
                 if (known.content, known.tool_calls) == key:
                     msg = {"role": "assistant", "content": known.exact_text}

@@ -1,24 +1,12 @@
-"""The OpenAI-compatible model gateway on loopback: `POST /v1/chat/completions`, `POST /v1/responses`
-(the Responses API, responses_wire.py) and `GET /v1/models`.
+"""The OpenAI-compatible model gateway on loopback: `POST /v1/chat/completions`, `POST /v1/responses` and
+`GET /v1/models` (docs/reference/model_access.md).
 
-An agent that is its own program gets `OPENAI_BASE_URL` (this server's `/v1`) and `OPENAI_API_KEY`
-(its attempt's lease key). The bearer key selects the attempt; the request is handed to that attempt's
-`LoopsLLM` on the attempt's own event loop, so rendering, sampling and exact token capture are the very
-code path `llm().chat` takes in-process. Replies come back in OpenAI's shape (tool calls with JSON-string
-arguments, `finish_reason`, `usage`), streamed as SSE chunks when asked; the non-standard `loops` field
-carries the attempt id, the policy version and the sampled token ids.
-
-Exact tokens across turns: when the agent sends a conversation back, an assistant message equal to one
-this lease returned is rendered from the exact text its sampled tokens decode to (the reply's content is
-trimmed and its tool calls re-serialised by the template, which would otherwise differ from what was
-sampled), so the next prompt extends the previous prompt + completion and the turns stay one training
-sequence (exact_replies.py).
-
-A reply trains only once it was delivered (delivery.py): sampling stops when the client disconnects,
-and a reply sampled for a client that had gone is withdrawn from the capture.
-
-Like the embedded Loops, uvicorn runs on its own thread and loop, so a notebook's loop never blocks it.
-Nothing a request carries can crash the run: every handler catches everything and answers an error.
+The bearer key (an attempt's lease) selects the attempt; the request is handed to that attempt's `LoopsLLM` on
+its own event loop, so rendering, sampling and exact token capture are the very code path of `llm().chat`. An
+assistant message sent back as this lease returned it is rendered from its exact sampled text
+(exact_replies.py), and a reply trains only once it was delivered (delivery.py). uvicorn runs on its own
+thread and loop, so a notebook's loop never blocks it; every handler catches everything and answers an error,
+so nothing a request carries can crash the run.
 """
 
 from __future__ import annotations
@@ -41,9 +29,10 @@ import loops_nb.model_access.responses_wire as responses_wire
 from loops_nb.connection_guard import ConnectionLimits, Headers
 from loops_nb.llm.chat_messages import ChatMessage, ToolCall
 from loops_nb.llm.client import ContextTooLong
+from loops_nb.llm.renderer import call_keys
 from loops_nb.loopback_server import LoopbackServer
 from loops_nb.model_access.delivery import ClientGone, DeliveringResponse, Exchange, LeaseEnded
-from loops_nb.model_access.exact_replies import exact_text, restore_exact, tool_key
+from loops_nb.model_access.exact_replies import exact_text, restore_exact
 from loops_nb.model_access.leases import AttemptLease, LeaseRegistry, ReturnedReply
 from loops_nb.request_body import BodyRefused, parse_json, read_limited
 
@@ -130,7 +119,7 @@ def _delivered(lease: AttemptLease, sampled: Sampled) -> None:
     """A reply reached its agent: it is the attempt's turn, and may come back in a later conversation."""
     lease.calls += 1
     content, tool_calls, _ = answer(sampled.replies[0], sampled.parse_tools)
-    lease.returned.append(ReturnedReply(content, tool_key(tool_calls), sampled.exact_text))
+    lease.returned.append(ReturnedReply(content, call_keys(tool_calls), sampled.exact_text))
 
 
 def _withdrawn(lease: AttemptLease, sampled: Sampled) -> None:

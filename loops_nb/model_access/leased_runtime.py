@@ -1,12 +1,9 @@
 """`LeasedRuntime`: gives every attempt of a runtime a gateway lease while it runs, and revokes it after.
 
-The recipe wraps a runtime that asks for `openai_http` model access. Each attempt's services then carry
-`model_base_url` (the gateway's `/v1`) and `model_api_key` (the lease key); `model_env(attempt)`
-(agent_env.py) turns them into the `OPENAI_BASE_URL` / `OPENAI_API_KEY` an agent process reads (inside an
-Episode's `run`, which has no attempt argument, `model_env()` reads the running attempt's), and `agent_program.py`
-launches the process with them and nothing else of the run's. The lease is revoked when the attempt
-returns, raises, or is cancelled by its timeout, so a straggling agent cannot add tokens later; its
-requests still sampling are cancelled, and a reply its agent never got is withdrawn (delivery.py).
+Each attempt's services carry `model_base_url` and `model_api_key` (its lease), which `model_env` turns into
+the `OPENAI_BASE_URL` / `OPENAI_API_KEY` an agent program gets. The lease is revoked when the attempt returns,
+raises or is cancelled, so a straggling agent cannot add tokens later; its requests still sampling are
+cancelled, and a reply its agent never got is withdrawn (delivery.py).
 """
 
 from __future__ import annotations

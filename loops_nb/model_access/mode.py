@@ -17,6 +17,7 @@ FILES_PER_ATTEMPT = {
     # gateway's client and server sockets for a couple of keep-alive connections, plus spare.
     ModelAccessMode.OPENAI_HTTP: 16,
 }
+"""Open files one live attempt may hold under each mode (the open-file check's unit)."""
 
 
 def model_access_of(runtime: object) -> ModelAccessMode:
@@ -34,15 +35,10 @@ FILES_BASELINE = 256
 """Open files the process needs besides attempts (torch, the servers, logs)."""
 
 
-def files_per_attempt(mode: ModelAccessMode) -> int:
-    """Open files one live attempt may hold under this mode (the open-file check's unit)."""
-    return FILES_PER_ATTEMPT[mode]
-
-
 def open_file_problem(max_concurrent: int, mode: ModelAccessMode) -> str | None:
     """A message when the open-file limit is too low for the configured concurrency."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    need = FILES_BASELINE + max_concurrent * files_per_attempt(mode)
+    need = FILES_BASELINE + max_concurrent * FILES_PER_ATTEMPT[mode]
     if soft != resource.RLIM_INFINITY and soft < need:
         raise_to = need if hard == resource.RLIM_INFINITY else min(need, hard)
         return (

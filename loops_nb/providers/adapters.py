@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from loops_nb.errors import ConfigError
-from loops_nb.providers.bubblewrap import SandboxUnavailable, bwrap_path, remove_tree
+from loops_nb.providers.bubblewrap import bwrap_path, remove_tree
 from loops_nb.providers.provider_config import (
     BlaxelProviderConfig,
     DaytonaProviderConfig,
@@ -25,6 +25,7 @@ from loops_nb.providers.provider_config import (
     LocalProviderConfig,
     ProviderConfig,
 )
+from loops_nb.providers.sandbox_session import SandboxUnavailable
 from loops_nb.resources import ResourceEntry
 
 if TYPE_CHECKING:

@@ -1,14 +1,10 @@
 """`BubblewrapSandbox`: a sandbox on this machine without Docker, built from bubblewrap (`bwrap`).
 
-The host's filesystem is visible read-only; a per-sandbox host directory backs every writable path
-(the task's workdir, Harbor's `/logs/*`, `/tests`, `/solution`, `/tmp`). One `bwrap` per sandbox,
-from `start()` to `stop()`, holds its PID, IPC and UTS namespaces (and a new, empty network namespace
-when the sandbox has no network); a supervisor inside it (`sandbox_supervisor.py`) runs each command,
-so files and background processes (a tmux server) persist across commands, as in a container. Each
-command's environment is exactly the given variables, so the run's credentials never reach a task.
-
-Deliberate limits (docs/reference/harbor.md): no image builds, the task's tools must exist on the host,
-everything runs as the calling user, no CPU or memory caps.
+The host's filesystem is visible read-only; a per-sandbox host directory backs every writable path. One
+`bwrap` per sandbox, from `start()` to `stop()`, holds its namespaces, and a supervisor inside it
+(`sandbox_supervisor.py`) runs each command, so files and background processes persist across commands, as
+in a container. Each command's environment is exactly the given variables, so the run's credentials never
+reach a task. Its deliberate limits are in docs/reference/harbor.md.
 """
 
 from __future__ import annotations
@@ -27,15 +23,6 @@ from loops_nb.providers.sandbox_session import (
     SandboxUnavailable,
     SupervisorSession,
 )
-
-__all__ = [
-    "BubblewrapSandbox",
-    "CommandResult",
-    "SandboxDied",
-    "SandboxUnavailable",
-    "bwrap_path",
-    "remove_tree",
-]
 
 BWRAP = "bwrap"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

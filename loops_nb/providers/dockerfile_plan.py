@@ -1,9 +1,6 @@
-"""Reading a Harbor task's `environment/Dockerfile` without building it: what the local sandbox replays.
-
-The local provider has no image builder: the host is the image. From the Dockerfile it takes `WORKDIR`
-(the working directory, made writable), `ENV`, and `COPY`/`ADD` of files from `environment/` (replayed into
-the sandbox); it records `ENTRYPOINT` (a program the image runs before every command, which the sandbox
-cannot run) and every line that needs a build (`RUN`, another stage's files, a URL).
+"""Reading a Harbor task's `environment/Dockerfile` without building it: what the local sandbox replays
+(`WORKDIR`, `ENV`, `COPY`/`ADD` from `environment/`), and what it cannot (`ENTRYPOINT`, every line that
+needs a build).
 """
 
 from __future__ import annotations

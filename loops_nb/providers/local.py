@@ -1,15 +1,10 @@
 """The `local` provider: Harbor trials in bubblewrap sandboxes on this machine (no Docker, no network).
 
-`LocalSandboxEnvironment` is a Harbor environment (`EnvironmentConfig(import_path=...)`, or
-`harbor run -e loops_nb.providers.local:LocalSandboxEnvironment`). Each trial gets a host directory
-behind the sandbox's writable paths and one long-lived `bwrap` whose namespaces every `exec` shares, so
-background processes (tmux) survive between commands (see `bubblewrap.py` for what that sandbox is and
-is not). The task's Dockerfile is read, not built: `WORKDIR` and `ENV` are honoured,
-`COPY`/`ADD` of files from `environment/` into writable paths are replayed, and anything that needs an
-image build (`RUN`, `FROM` another stage's files, a `docker_image`) refuses the task with the line at
-fault, unless `[providers.local] ignore_dockerfile = true`. What a task needs beside its one container
-(compose services, MCP servers, a provider's own environment, an ENTRYPOINT) is refused always
-(`local_task_fit.py`).
+`LocalSandboxEnvironment` is a Harbor environment (`EnvironmentConfig(import_path=...)`). Each trial gets a
+host directory behind the sandbox's writable paths and one long-lived `bwrap` whose namespaces every `exec`
+shares, so background processes survive between commands. The task's Dockerfile is read, not built
+(dockerfile_plan.py); what one sandbox cannot start is refused by name (local_task_fit.py).
+docs/reference/harbor.md, "The local sandbox", has what it is and is not.
 """
 
 from __future__ import annotations
@@ -22,19 +17,17 @@ import uuid
 from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path, PurePosixPath
-from typing import Literal
 
 from harbor.environments.base import BaseEnvironment, ExecResult
 from harbor.environments.capabilities import EnvironmentCapabilities
 from harbor.environments.options import EnvironmentOptions
 from harbor.models.trial.paths import EnvironmentPaths
-from pydantic import Field
 
 from loops_nb.errors import SandboxError
-from loops_nb.providers.bubblewrap import BubblewrapSandbox, SandboxDied, bwrap_path
+from loops_nb.providers.bubblewrap import BubblewrapSandbox, bwrap_path
 from loops_nb.providers.dockerfile_plan import read_dockerfile
 from loops_nb.providers.journalled import JournalledSandbox
-from loops_nb.providers.local_task_fit import DEFAULT_WORKDIR, static_problems, writable_paths
+from loops_nb.providers.local_task_fit import sandbox_paths, static_problems
 from loops_nb.providers.local_verifier import (
     PROBLEMS_FILE,
     VerifierCannotRun,
@@ -42,24 +35,17 @@ from loops_nb.providers.local_verifier import (
     verifier_env,
     verifier_failure,
 )
+from loops_nb.providers.provider_config import LocalProviderConfig
+from loops_nb.providers.sandbox_session import SandboxDied
 
 logger = logging.getLogger(__name__)
 
 
-class LocalSandboxOptions(EnvironmentOptions):
+class LocalSandboxOptions(EnvironmentOptions, LocalProviderConfig):
+    """Harbor's options of the environment: `[providers.local]`'s fields, and the run's journal."""
+
     loops_journal: str | None = None
     """The run's resource journal (set by loops_nb; absent when Harbor is used directly)."""
-    scratch_dir: str | None = None
-    """Where sandbox directories are made (default: the system temp directory)."""
-    network: Literal["none", "host"] = "none"
-    """`none`: no sandbox has network; `host`: sandboxes share the host's, except `no-network` tasks."""
-    hidden_paths: list[str] = Field(default_factory=list)
-    """Host paths covered by an empty directory inside the sandbox."""
-    ignore_dockerfile: bool = False
-    """Run tasks whose Dockerfile needs a build anyway, on the host's tools (never waives a compose
-    service, an MCP server, a provider's own environment or an ENTRYPOINT)."""
-    keep_sandboxes: bool = False
-    """Leave sandbox directories behind (still journalled) for debugging."""
 
 
 class TaskNeedsImage(SandboxError):
@@ -109,8 +95,7 @@ class LocalSandboxEnvironment(JournalledSandbox, BaseEnvironment):
         scratch = Path(options.scratch_dir or tempfile.gettempdir()) / "loops_nb_sandboxes"
         root = scratch / f"{self.session_id}-{uuid.uuid4().hex[:8]}"
         self._journal_intent(session=self.session_id, task=self.environment_name, path=str(root))
-        workdir = self.task_env_config.workdir or plan.workdir or DEFAULT_WORKDIR
-        writable = writable_paths(plan, workdir, self.os, self.task_env_config.skills_dir)
+        workdir, writable = sandbox_paths(plan, self.task_env_config)
         host_binds = {
             str(m["target"]): Path(m["source"]) for m in self._host_mounts if m.get("type") == "bind"
         }
@@ -191,8 +176,9 @@ class LocalSandboxEnvironment(JournalledSandbox, BaseEnvironment):
         merged = self._merge_env(env)
         paths = self._paths
         verifier = self._tests_uploaded and is_verifier_command(command, paths.tests_dir, paths.verifier_dir)
-        if verifier:
-            merged = self._verifier_env(merged)
+        if verifier:  # the offline tools (local_verifier.py), and a fresh problems file
+            sandbox.host_path(str(paths.verifier_dir / PROBLEMS_FILE)).unlink(missing_ok=True)
+            merged = verifier_env(merged, paths.verifier_dir, "host" if sandbox.network else "none")
         try:
             result = await sandbox.run(command, cwd, merged, timeout_sec)
         except TimeoutError:
@@ -201,16 +187,10 @@ class LocalSandboxEnvironment(JournalledSandbox, BaseEnvironment):
             self._died = exc  # every later exec, upload and download raises too (see _require)
             raise
         if verifier:
-            why = verifier_failure(result.return_code, sandbox.host_path(str(self._paths.verifier_dir)))
+            why = verifier_failure(result.return_code, sandbox.host_path(str(paths.verifier_dir)))
             if why:
                 raise VerifierCannotRun(why)
         return ExecResult(stdout=result.stdout, stderr=result.stderr, return_code=result.return_code)
-
-    def _verifier_env(self, env: dict[str, str] | None) -> dict[str, str]:
-        """The verifier's run gets the offline tools (local_verifier.py) and a fresh problems file."""
-        sandbox = self._require()
-        sandbox.host_path(str(self._paths.verifier_dir / PROBLEMS_FILE)).unlink(missing_ok=True)
-        return verifier_env(env, self._paths.verifier_dir, "host" if sandbox.network else "none")
 
     async def upload_file(self, source_path: Path | str, target_path: str) -> None:
         host = self._require().host_path(target_path)

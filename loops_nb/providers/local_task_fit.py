@@ -1,13 +1,10 @@
 """What of a Harbor task the local sandbox can start, and why it refuses the rest.
 
-The local provider runs each trial in one bubblewrap sandbox on this machine: no image build, no second
-container, no server beside the agent. A task that needs one of those would start without it and its
-verifier would grade a world that is missing a piece: a correct solution scores 0 and the run trains on
-rewards that mean nothing. So each such need is refused by name, with the providers that can run the task,
-by `loops check` (every problem) and again by the sandbox's `start()` (the first), so no trial starts
-without it. `[providers.local] ignore_dockerfile = true` waives only the image build (the host already has
-what `RUN` installs); it never waives a helper service, an MCP server, a provider's own environment or an
-ENTRYPOINT, which no host provides by having the right tools.
+A task that needs an image build, a second container or a server beside the agent would start without it,
+and its verifier would grade a world missing a piece: a correct solution scores 0 and the run trains on
+rewards that mean nothing. So each such need is refused by name, by `loops check` (every problem) and by the
+sandbox's `start()` (the first). `ignore_dockerfile` waives only the image build: no host provides a helper
+service, an MCP server, a provider's own environment or an ENTRYPOINT by having the right tools.
 """
 
 from __future__ import annotations
@@ -22,7 +19,7 @@ from harbor.models.trial.paths import EnvironmentPaths
 from loops_nb.providers.dockerfile_plan import DockerfilePlan, read_dockerfile
 
 if TYPE_CHECKING:
-    from harbor.models.task.config import EnvironmentConfig, TaskOS
+    from harbor.models.task.config import EnvironmentConfig
 
 DEFAULT_WORKDIR = "/app"
 COMPOSE_FILE = "docker-compose.yaml"
@@ -61,12 +58,12 @@ def local_refusal(task: str, plan: DockerfilePlan, docker_image: str | None) -> 
     )
 
 
-def writable_paths(
-    plan: DockerfilePlan, workdir: str, task_os: TaskOS | None = None, skills_dir: str | None = None
-) -> list[str]:
-    """Every path a local sandbox can write: Harbor's, the workdir, each WORKDIR, the task's skills folder
-    (`[environment] skills_dir`, which its Dockerfile fills) and /tmp."""
-    paths = EnvironmentPaths.for_os(task_os) if task_os is not None else EnvironmentPaths()
+def sandbox_paths(plan: DockerfilePlan, env_config: EnvironmentConfig) -> tuple[str, list[str]]:
+    """The task's working directory (task.toml's, else the last WORKDIR, else /app), and every path a local
+    sandbox can write: Harbor's, the workdir, each WORKDIR, the task's skills folder (`[environment]
+    skills_dir`, which its Dockerfile fills) and /tmp."""
+    workdir = env_config.workdir or plan.workdir or DEFAULT_WORKDIR
+    paths = EnvironmentPaths.for_os(env_config.os)
     harbor_paths = (
         paths.agent_dir,
         paths.verifier_dir,
@@ -74,8 +71,15 @@ def writable_paths(
         paths.tests_dir,
         paths.solution_dir,
     )
-    skills = [skills_dir] if skills_dir else []
-    return [*(str(p) for p in harbor_paths), "/installed-agent", *plan.workdirs, workdir, *skills, "/tmp"]
+    skills = [env_config.skills_dir] if env_config.skills_dir else []
+    return workdir, [
+        *(str(p) for p in harbor_paths),
+        "/installed-agent",
+        *plan.workdirs,
+        workdir,
+        *skills,
+        "/tmp",
+    ]
 
 
 def static_problems(
@@ -190,8 +194,7 @@ def _provider_variables(task_env: Mapping[str, str], services: Mapping[str, obje
 def _copy_problems(
     task: str, environment_dir: Path, env_config: EnvironmentConfig, plan: DockerfilePlan
 ) -> list[str]:
-    workdir = env_config.workdir or plan.workdir or DEFAULT_WORKDIR
-    writable = writable_paths(plan, workdir, env_config.os, env_config.skills_dir)
+    _, writable = sandbox_paths(plan, env_config)
     root = environment_dir.resolve()
     problems: list[str] = []
     for source, dest in plan.copies:

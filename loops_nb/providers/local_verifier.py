@@ -1,18 +1,10 @@
 """How the local sandbox runs a Harbor verifier: offline tools on its PATH, and a verifier that broke is no reward.
 
-Harbor's standard `tests/test.sh` installs curl with apt-get, uv with `curl ... | sh`, then grades with
-`uvx ... pytest` and writes reward 1 or 0 from pytest's exit code. In the local sandbox (read-only dpkg,
-usually no network) each step would fail and the script would still write 0: to training a broken verifier
-would look like a bad policy. So the verifier's command (and only it) runs with:
-
-* `verifier_toolbox/bin` first on PATH: uv/uvx/pip from the Python environment that runs loops_nb, and
-  apt-get/curl/wget stand-ins that succeed when all they would install is already here (toolbox.py);
-* a `BASH_ENV` that reports a command the verifier's own scripts cannot find;
-* `$LOOPS_NB_VERIFIER_PROBLEMS`, where those tools write why the verifier cannot run here.
-
-After it, `verifier_failure()` says why the attempt must be discarded as `verifier_error` (a recorded
-problem, or a non-zero exit before any reward file), with the end of the verifier's log. The agent cannot
-write the problems file ahead of the verifier: it is removed before the verifier starts.
+Harbor's standard `tests/test.sh` would fail every install in the local sandbox and still write reward 0: to
+training a broken verifier would look like a bad policy. So the verifier's command (and only it) gets
+`verifier_env`: the stand-ins of `verifier_toolbox/` first on PATH, a `BASH_ENV` that reports a command its own
+scripts cannot find, and a problems file they write to (removed before it starts, so the agent cannot write it
+ahead). `verifier_failure` then says why the attempt is discarded as `verifier_error`, with the end of its log.
 """
 
 from __future__ import annotations
@@ -108,10 +100,9 @@ def verifier_warnings(task: str, test_script: Path, network: bool) -> list[str]:
                     "on a machine with network)"
                 )
         for match in _APT_INSTALL.finditer(line):
-            packages = [
-                re.split(r"[=:]", w, maxsplit=1)[0] for w in match["args"].split() if not w.startswith("-")
+            missing = [
+                p for p in toolbox.apt_packages(match["args"].split()) if not toolbox.host_has_package(p)
             ]
-            missing = [p for p in packages if not toolbox.host_has_package(p)]
             if missing:
                 warnings.append(
                     f"{where} line {number} installs {', '.join(missing)} with apt, which this host lacks "

@@ -1,11 +1,9 @@
 """The host side of a long-lived local sandbox: one `bwrap` per sandbox, and a supervisor inside it.
 
-`SupervisorSession.start` launches bwrap running `sandbox_supervisor.py`; each `run` sends it one
-command over a socket, with the files the command's output goes to, and waits for its exit code. So a
-process a command leaves behind in a session of its own (a tmux server) is still there for the next
-command, as in a container. The sandbox dies only with its bwrap: `stop()`, the training process
-exiting (`--die-with-parent`), or a kill from outside, which fails the commands in flight and every
-later one with `SandboxDied`.
+`SupervisorSession.start` launches bwrap running `sandbox_supervisor.py`; each `run` sends it one command,
+with the files its output goes to, and waits for its exit code. The sandbox dies only with its bwrap: `stop()`,
+the training process exiting (`--die-with-parent`), or a kill from outside, which fails the commands in
+flight and every later one with `SandboxDied`.
 """
 
 from __future__ import annotations

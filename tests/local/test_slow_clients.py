@@ -268,7 +268,7 @@ def test_malformed_bodies_are_4xx_at_loops_serve(tmp_path: Path) -> None:
 
 
 def test_malformed_bodies_are_4xx_at_the_gateway(guarded_gateway: Any) -> None:
-    from loops_nb.model_access.exact_replies import tool_key
+    from loops_nb.llm.renderer import call_keys
 
     gateway, key = guarded_gateway
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
@@ -278,7 +278,7 @@ def test_malformed_bodies_are_4xx_at_the_gateway(guarded_gateway: Any) -> None:
     # Tool-call arguments sent back are the agent's text, compared with what the gateway returned: a
     # number Python cannot convert keeps them text instead of failing the request.
     long_args = '{"x": 1' + "0" * 5000 + "}"
-    assert tool_key([{"function": {"name": "f", "arguments": long_args}}]) == [("f", long_args)]
+    assert call_keys([{"function": {"name": "f", "arguments": long_args}}]) == [("f", long_args)]
 
 
 def test_checkpoint_paths_stay_inside_the_state_directory(tmp_path: Path) -> None:

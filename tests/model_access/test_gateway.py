@@ -73,7 +73,7 @@ async def test_three_turns_through_the_gateway_are_one_exact_sequence(
         assert sequence.tokens[:start] == call.prompt_tokens
         assert sequence.tokens[start : start + len(call.completion_tokens)] == call.completion_tokens
         assert all(sequence.sampled[start : start + len(call.completion_tokens)])
-    assert sequence.sampled_count == sum(len(r) for r in returned)
+    assert sum(sequence.sampled) == sum(len(r) for r in returned)
 
 
 async def test_streaming_with_the_openai_client(gateway: ModelGateway, make_llm: Any) -> None:

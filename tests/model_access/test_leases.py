@@ -11,11 +11,11 @@ import pytest
 from loops_nb.llm.capture import TokenCapture
 from loops_nb.llm.client import ContextTooLong, LoopsLLM, SamplingDefaults
 from loops_nb.model_access import (
+    FILES_PER_ATTEMPT,
     LeasedRuntime,
     LeaseRegistry,
     ModelAccessMode,
     ModelGateway,
-    files_per_attempt,
     model_access_of,
     model_env,
 )
@@ -66,7 +66,7 @@ def test_modes_and_file_budget() -> None:
         episode = AgentOverHTTP()
 
     assert model_access_of(Wrapper()) is ModelAccessMode.OPENAI_HTTP
-    assert files_per_attempt(ModelAccessMode.OPENAI_HTTP) > files_per_attempt(ModelAccessMode.IN_PROCESS)
+    assert FILES_PER_ATTEMPT[ModelAccessMode.OPENAI_HTTP] > FILES_PER_ATTEMPT[ModelAccessMode.IN_PROCESS]
 
 
 async def test_leased_runtime_gives_each_attempt_a_key_and_revokes_it(scripted: Any) -> None:
@@ -134,7 +134,7 @@ def test_the_open_file_check_counts_more_per_attempt_for_agent_processes(monkeyp
     from loops_nb.model_access import open_file_problem
 
     monkeypatch.setattr(resource, "getrlimit", lambda _: (1024, 1 << 20))
-    assert files_per_attempt(ModelAccessMode.OPENAI_HTTP) > files_per_attempt(ModelAccessMode.IN_PROCESS)
+    assert FILES_PER_ATTEMPT[ModelAccessMode.OPENAI_HTTP] > FILES_PER_ATTEMPT[ModelAccessMode.IN_PROCESS]
     assert open_file_problem(64, ModelAccessMode.IN_PROCESS) is None
     problem = open_file_problem(64, ModelAccessMode.OPENAI_HTTP)
     assert problem is not None and "ulimit -n" in problem

@@ -1,24 +1,11 @@
 """Offline stand-ins for what Harbor's standard `tests/test.sh` fetches: uv/uvx, curl, wget, apt-get, pip.
 
-Harbor's task template grades with `apt-get install -y curl`, `curl -LsSf https://astral.sh/uv/install.sh
-| sh`, then `uvx -p 3.12 -w pytest==8.4.1 -w pytest-json-ctrf==0.3.5 pytest ...`. In the local sandbox dpkg
-is read-only and there is no network, and a real `uvx --offline` still needs every pinned wheel in a writable
-uv cache and the exact Python it names, so the template would fail and write reward 0. These stand-ins, on
-the verifier's PATH only, give the template what it needs from the Python environment that runs loops_nb:
-
-* `uvx`/`uv tool run`/`uv run CMD`: run CMD from that environment (`pytest` as `python -m pytest`). Each
-  requirement (`-w`, `--from`, CMD itself) must be installed there; another version than a pin is used with
-  a note (a test written for pytest 8.4 runs on 8.x). `--ctrf FILE` is dropped when pytest-json-ctrf is not
-  installed: it only writes a report, never the reward.
-* `uv add`/`uv pip install`/`pip install`: succeed when the host has every package, else a problem.
-* `uv init`/`uv venv`/`uv sync`: nothing to do (the host environment is the project).
-* `curl`/`wget` of uv's installer: a script that installs nothing (uv is already here). Any other URL goes
-  to the real tool; a network failure is a problem.
-* `apt-get`/`apt`: `update` does nothing; `install` succeeds when every package is already on the host.
-
-A problem is a line appended to `$LOOPS_NB_VERIFIER_PROBLEMS`; the local provider then discards the
-attempt as `verifier_error` instead of reading the reward the script wrote anyway. Standard library only:
-this file runs as a script inside the sandbox, on the host's Python, without importing loops_nb.
+In the local sandbox dpkg is read-only and there is no network, so the template's installs would fail and it
+would write reward 0. On the verifier's PATH only, these run what it asks for from the Python environment that
+runs loops_nb (docs/reference/harbor.md, "Verifiers in the local sandbox", has what each one does). What they
+cannot give is a line appended to `$LOOPS_NB_VERIFIER_PROBLEMS`, and the attempt is discarded as
+`verifier_error` instead of scored. Standard library only: this file runs as a script inside the sandbox, on
+the host's Python, without importing loops_nb.
 """
 
 from __future__ import annotations
@@ -318,7 +305,7 @@ def apt(args: list[str]) -> int:
     if not words or words[0] != "install":
         note(f"apt-get {' '.join(words[:1])}: nothing to do (the host's packages are the image)")
         return 0
-    packages = [re.split(r"[=:]", w, maxsplit=1)[0] for w in words[1:]]
+    packages = apt_packages(words[1:])
     missing = [p for p in packages if not host_has_package(p)]
     if missing:
         return problem(
@@ -326,6 +313,11 @@ def apt(args: list[str]) -> int:
         )
     note(f"apt-get install: the host already has {', '.join(packages)}")
     return 0
+
+
+def apt_packages(words: list[str]) -> list[str]:
+    """The packages `apt-get install WORDS` names: options dropped, versions and architectures cut off."""
+    return [re.split(r"[=:]", w, maxsplit=1)[0] for w in words if not w.startswith("-")]
 
 
 def host_has_package(package: str) -> bool:
