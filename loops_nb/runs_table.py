@@ -104,17 +104,9 @@ class RunSummary:
             planned = self.config.get("training.max_steps")
         return int(planned) if isinstance(planned, int) else None
 
-    def series(self, key: str) -> tuple[list[int], list[float | None]]:
-        """Steps and values of one metric, only the steps that logged it."""
-        steps, values = [], []
-        for record in self.records:
-            if key in record.metrics:
-                steps.append(record.step)
-                values.append(record.number(key))
-        return steps, values
-
     def last(self, key: str) -> float | None:
-        return next((v for v in reversed(self.series(key)[1]) if v is not None), None)
+        """The last number logged as ``key``."""
+        return next((v for r in reversed(self.records) if (v := r.number(key)) is not None), None)
 
     def metric_keys(self) -> list[str]:
         seen: dict[str, None] = {}

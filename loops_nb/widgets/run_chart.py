@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal, Unpack
 
 from loops_nb.run_dir import JsonlLog
 from loops_nb.run_events import EvalRecord, RunStarted
-from loops_nb.runs_table import read_run
+from loops_nb.runs_table import RunSummary, read_run
 from loops_nb.step_record import StepRecord
 from loops_nb.widgets.environment import DisplayOptions, LiveDisplay, Widget, ipython_display
 from loops_nb.widgets.series import (
@@ -64,11 +64,13 @@ class RunChart(Widget):
         """Each evaluation's metrics, by the steps applied before it (0: the base model)."""
 
     @classmethod
-    def from_run(cls, run_dir: str | Path) -> RunChart:
-        """The chart of a run directory (``runs/<name>``), from steps.jsonl and evals.jsonl."""
-        run = read_run(run_dir)
+    def from_run(cls, run: str | Path | RunSummary) -> RunChart:
+        """The chart of a run directory (``runs/<name>``, or one `read_run` read), from steps.jsonl and
+        evals.jsonl."""
+        if not isinstance(run, RunSummary):
+            run = read_run(run)
         chart = cls(run.recipe)
-        for line in JsonlLog(Path(run_dir) / "evals.jsonl").records():  # a torn last line is skipped
+        for line in JsonlLog(run.path / "evals.jsonl").records():  # a torn last line is skipped
             if isinstance(line.get("step"), int):
                 chart.on_eval(EvalRecord.from_json(line))
         for record in run.records:
