@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from loops_nb.errors import UserError
+from loops_nb.run_dir import JsonlLog
 from loops_nb.run_events import AttemptFinished, StepRollouts
 from loops_nb.widgets.attempt_rows import AttemptRow, attempts_html, merge_rollout, text_table
 from loops_nb.widgets.environment import Widget
@@ -67,7 +68,10 @@ class AttemptsTable(Widget):
             raise UserError(f"sort={sort!r}: sort by one of {', '.join(SORTS)}")
         if status is not None and status not in STATUSES:
             raise UserError(f"status={status!r}: filter by one of {', '.join(STATUSES)}")
-        rows = [r for r in _read_jsonl(path) if status is None or _has_status(r, status)]
+        # A line torn by a crash mid-write is skipped, as the run skips it on resume.
+        rows = [
+            cast(AttemptRow, r) for r in JsonlLog(path).records() if status is None or _has_status(r, status)
+        ]
         key = SORTS[sort]
         down = sort != "step" if descending is None else descending
         known = [r for r in rows if isinstance(r.get(key), int | float)]
@@ -142,19 +146,7 @@ class AttemptsTable(Widget):
         return attempts_html(self.summary(), note, rows, self.max_chars, anchor=anchor)
 
 
-def _read_jsonl(path: Path) -> list[AttemptRow]:
-    out: list[AttemptRow] = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:  # a line torn by a crash mid-write: the run skips it on resume too
-            continue
-        if isinstance(record, dict):
-            out.append(cast(AttemptRow, record))
-    return out
-
-
-def _has_status(r: AttemptRow, status: str) -> bool:
+def _has_status(r: Mapping[str, object], status: str) -> bool:
     if status == "discarded":
         return bool(r.get("discarded"))
     if status == "kept":

@@ -1,16 +1,10 @@
 """`RunChart`: a run's metrics per step in one plotly chart, live in the notebook and saved with it.
 
-It opens on the run's training curve (RL: mean reward with its ±std band and the dashed eval reward; SFT: train
-loss and the held-out loss, before training too); plotly's own buttons (``updatemenus``) switch to KL, entropy,
-tokens, timings, memory and, for SFT, the gradient norm and learning rate, in a live notebook, a saved one
-reopened untrusted, and plotly's HTML export alike. The series are defined once, in `loops_nb.widgets.series`.
-
-One object, three renderers: ``text/plain`` (a one-line summary), plotly JSON (what JupyterLab and VS Code draw,
-live or reopened, trusted or not) and, for frontends that run no JavaScript (nbconvert HTML, GitHub), an
-inline-styled table of the curve's points. ``chart.show()`` displays it live (`LiveChart`): a `LiveFigure` that
-each update sends only the new values to, so zoom and the chosen view survive, replaced by the static figure
-when it is finalized. Feed it step records (``on_step``) and evaluations (``on_eval``), as a run observer, or
-read a finished run with ``RunChart.from_run("runs/<name>")``.
+It opens on the run's training curve; plotly's own buttons (``updatemenus``) switch views, so they work live,
+reopened untrusted and in plotly's HTML export alike (the series: `loops_nb.widgets.series`; what it shows:
+docs/reference/notebook_widgets.md). Where no JavaScript runs, the HTML is a table of the curve's points.
+``chart.show()`` displays it live (`LiveChart`): a `LiveFigure` that each update sends only the new values to,
+so zoom and the chosen view survive, replaced by the static figure when it is finalized.
 
 Steps are numbered from 1, as in the panel; an eval at 0 is the model before training.
 """

@@ -17,7 +17,7 @@ from dataclasses import replace
 from html import escape
 from typing import Any, Unpack
 
-from loops_nb.runs_table import Runs, duration, is_eval_measure, read_runs
+from loops_nb.runs_table import Runs, is_eval_measure, read_runs
 from loops_nb.widgets.environment import DisplayOptions, LiveDisplay, Widget
 from loops_nb.widgets.run_chart import RunChart
 from loops_nb.widgets.series import CURVE_KEYS, Series, metric_definition, series_table, traces
@@ -109,25 +109,9 @@ class RunComparison(Widget):
         return div("".join(out), f"{FONT};color:#1f2328")
 
     def table(self) -> dict[str, list[str]]:
-        """The runs table, column by column (one value per run): what both the HTML and the plotly table show;
+        """The runs table, column by column (`Runs.columns`): what both the HTML and the plotly table show;
         ``differs`` is each run's legend label."""
-        rows = self.runs.rows()
-        return {
-            "run": [r["name"] for r in rows],
-            "recipe": [str(r["recipe"]) for r in rows],
-            "model": [str(r["model"]) for r in rows],
-            "steps": [str(r["steps"]) for r in rows],
-            "status": [str(r["status"]) for r in rows],
-            "last reward": [fmt(r["last reward"], 4) for r in rows],
-            "eval": [
-                "-"
-                if r["eval"] is None
-                else f"{fmt(r['eval'], 4)} ({str(r['eval metric']).removeprefix('eval/')})"
-                for r in rows
-            ],
-            "wall": [duration(r["wall"]) for r in rows],
-            "differs": self.labels(),
-        }
+        return {**self.runs.columns(), "differs": self.labels()}
 
     def _table_html(self) -> str:
         cell = "padding:2px 8px;border-bottom:1px solid #e5e7eb;text-align:left;white-space:nowrap"
@@ -138,8 +122,8 @@ class RunComparison(Widget):
             tds = []
             for column, values in table.items():
                 text = values[i]
-                c = {"run": color, "differs": color, "status": _STATUS_COLOR.get(text)}.get(column)
-                title = str(run.path) if column == "run" else text
+                c = {"name": color, "differs": color, "status": _STATUS_COLOR.get(text)}.get(column)
+                title = str(run.path) if column == "name" else text
                 bold = f";color:{c};font-weight:600" if c else ""
                 tds.append(tag("td", escape(text), f"{cell}{bold}", title))
             rows.append(tag("tr", "".join(tds)))
@@ -179,7 +163,7 @@ class RunComparison(Widget):
 
     def _plotly_table(self, bottom: float) -> dict[str, Any]:
         table = self.table()
-        colors = [self.colors() if c in ("run", "differs") else ["#1f2328"] * len(self.runs) for c in table]
+        colors = [self.colors() if c in ("name", "differs") else ["#1f2328"] * len(self.runs) for c in table]
         return {
             "type": "table",
             "domain": {"x": [0, 1], "y": [bottom, 1]},

@@ -1,22 +1,14 @@
 """Target previews: every token of a training sequence, coloured by its loss weight.
 
 A preview answers "what exactly does this train on?" before any money is spent: the chat template's rendering,
-which turns train, whether the stop token is trained, what the template writes after it. It takes SFT examples
-(`Example`, `RenderedRow`, a `CheckReport`'s samples) and RL captures (`CapturedSequence`, `TokenCapture`,
-`ModelCall`: sampled tokens train, context does not), or a `TokenSequence` built by hand.
-
-HTML: one ``<span>`` per token with an inline style (trained green ``rgba(46,160,67,α)`` with
-``α = 0.25 + 0.5·min(w, 1)``, negative weights red, masked transparent, a faint outline at token boundaries)
-and a ``title`` hover ``#k id=… weight=… 'piece'``; newlines show as ``↵``, tabs as ``→``. Inline styles and
-titles survive untrusted notebooks and offline nbconvert; nothing depends on ``<style>``, JS or ``data-*``.
+which turns train, whether the stop token is trained, what the template writes after it. It takes anything
+`as_sequences` does (SFT examples, RL captures, a `TokenSequence`). HTML: one inline-styled ``<span>`` per token,
+its id and weight on hover (nothing depends on ``<style>``, JS or ``data-*``, which untrusted notebooks drop);
+plain text brackets trained runs as ``[[…]]`` (negative ones ``[[-…-]]``).
 
 Text is never decoded one token at a time: a character split over several byte-level tokens would turn into
-U+FFFD. Tokens are decoded in context and grouped until their text is whole, and a group with a multi-byte
-character shares one span (its hover lists each token). Given the sequence's text and character offsets (from a
-fast tokenizer's ``return_offsets_mapping``), the text is sliced instead.
-
-Plain text (scripts, logs, nbval goldens) brackets trained runs as ``[[…]]`` (negative ones ``[[-…-]]``) and
-ends each sequence with ``(N tokens, M trained)``.
+U+FFFD. Tokens are decoded in context and grouped until their text is whole (a group shares one span), or, given
+the sequence's text and character offsets, the text is sliced instead.
 """
 
 from __future__ import annotations
