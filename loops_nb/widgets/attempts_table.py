@@ -118,32 +118,30 @@ class AttemptsTable(Widget):
             if known is not None:
                 merge_rollout(row, known)
 
-    @property
-    def mean_reward(self) -> float | None:
-        return self.reward_sum / self.rewarded if self.rewarded else None
-
     def summary(self) -> str:
         if self.caption is not None:
             return self.caption
         if not self.seen:
             return "attempts: none yet"
         shown = f", the last {len(self.rows)} shown" if len(self.rows) < self.seen else ""
-        mean = fmt(self.mean_reward, 3)
+        mean = fmt(self.reward_sum / self.rewarded if self.rewarded else None, 3)
         return f"{plural(self.seen, 'attempt')}{shown}: mean reward {mean}, {self.discarded:,} discarded"
 
     def __str__(self) -> str:
         lines = [self.summary()]
         if self.rows:
-            rows = list(self.rows) if self.caption is not None else list(self.rows)[::-1][:10]
-            lines.append(text_table(rows))
+            lines.append(text_table(self._ordered() if self.caption is not None else self._ordered()[:10]))
         return "\n".join(lines)
 
     def to_html(self) -> str:
         paged = self.caption is not None
         note = "click a row for its transcript" if paged else "newest first; click a row for its transcript"
-        rows = list(self.rows) if paged else list(self.rows)[::-1]
         anchor = f' id="{escape(self.anchor)}"' if self.anchor else ""
-        return attempts_html(self.summary(), note, rows, self.max_chars, anchor=anchor)
+        return attempts_html(self.summary(), note, self._ordered(), self.max_chars, anchor=anchor)
+
+    def _ordered(self) -> list[AttemptRow]:
+        """A page of a run in its given order; a live table newest first."""
+        return list(self.rows) if self.caption is not None else list(self.rows)[::-1]
 
 
 def _has_status(r: Mapping[str, object], status: str) -> bool:

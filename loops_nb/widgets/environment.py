@@ -1,14 +1,9 @@
 """Where output goes: a Jupyter kernel, a plain IPython shell, or a script; and a throttled live display.
 
-Every widget in this package is a plain object with three renderers (``text/plain``, inline-styled ``text/html``,
-sometimes plotly JSON). `LiveDisplay` shows such an object once through an IPython display handle and then
-re-renders it in place, at most ``max_hz`` times a second, because each update re-sends the whole output. The
-last update is forced by `LiveDisplay.finalize`, so the output a notebook saves (papermill, nbconvert, a later
-reopen) is the final state, not whatever the throttle last let through.
-
-Outside a kernel nothing is displayed: the object's ``str()`` is printed at a low rate instead (CI logs want a
-line every half minute, not two a second). ``LOOPS_NB_PROGRESS=auto|text|off`` overrides the choice: ``text``
-prints lines even in a kernel, ``off`` prints and displays nothing. Papermill cannot be told apart from a person
+`LiveDisplay` re-renders an object in place at most ``max_hz`` times a second, because each update re-sends the
+whole output, and forces the last update, so a saved notebook (papermill, nbconvert, a reopen) holds the final
+state. Outside a kernel the object's ``str()`` is printed at a low rate instead (CI logs want a line every half
+minute). ``LOOPS_NB_PROGRESS=auto|text|off`` overrides the choice: papermill cannot be told apart from a person
 at a notebook, so every path has to degrade gracefully rather than guess.
 """
 
