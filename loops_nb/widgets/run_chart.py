@@ -12,7 +12,6 @@ Steps are numbered from 1, as in the panel; an eval at 0 is the model before tra
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from html import escape
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Unpack
@@ -33,7 +32,7 @@ from loops_nb.widgets.series import (
     series_table,
     traces,
 )
-from loops_nb.widgets.style import fmt, number, plural, sparkline
+from loops_nb.widgets.style import fmt, plural, sparkline
 
 if TYPE_CHECKING:
     from loops_nb.widgets.live_figure import LiveFigure
@@ -54,8 +53,8 @@ class RunChart(Widget):
         self.kind: CurveKind | None = curve_kind(recipe)
         self.spread = spread
         self.records: list[StepRecord] = []
-        self.evals: dict[int, Mapping[str, Any]] = {}
-        """Each evaluation's metrics, by the steps applied before it (0: the base model)."""
+        self.evals: dict[int, EvalRecord] = {}
+        """Each evaluation, by the steps applied before it (0: the base model)."""
 
     @classmethod
     def from_run(cls, run: str | Path | RunSummary) -> RunChart:
@@ -83,7 +82,7 @@ class RunChart(Widget):
 
     def on_eval(self, evaluation: EvalRecord) -> None:
         self.kind = self.kind or curve_kind(keys=evaluation.metrics)
-        self.evals[evaluation.step] = evaluation.metrics
+        self.evals[evaluation.step] = evaluation
 
     # -- series -----------------------------------------------------------------------------------------------
 
@@ -94,7 +93,7 @@ class RunChart(Widget):
             if metric.key in record.metrics:
                 out[record.step + (0 if metric.before_step else 1)] = record.number(metric.key)
         if metric.evaluation:  # the same evaluation may come as an event and in a step record: one point
-            out |= {step: number(m[metric.key]) for step, m in self.evals.items() if metric.key in m}
+            out |= {step: e.number(metric.key) for step, e in self.evals.items() if metric.key in e.metrics}
         return dict(sorted(out.items()))
 
     def series(self, metric: Metric, *, band: bool = False) -> Series:
