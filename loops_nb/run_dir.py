@@ -171,10 +171,6 @@ class RunDirectory:
         name = run_name or f"{config_stem}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
         return cls(output_dir / name)
 
-    @property
-    def name(self) -> str:
-        return self.root.name
-
     @classmethod
     def existing(cls, path: str | os.PathLike[str]) -> RunDirectory:
         """A run directory that must exist already (one read back, not one a run creates)."""

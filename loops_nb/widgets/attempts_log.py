@@ -79,7 +79,6 @@ class AttemptsLog:
         self.max_chars = max_chars
         self.pending: OrderedDict[str, AttemptRow] = OrderedDict()
         self.blocks: deque[tuple[StepAttempts, DisplayHandle | None]] = deque()
-        self.latest: StepAttempts | None = None
         self.got_rollouts = False
         self.seen = 0
         self.trained = 0
@@ -130,7 +129,7 @@ class AttemptsLog:
         return ", ".join(parts)
 
     def _show(self, step: int | None, rows: list[AttemptRow]) -> None:
-        self.latest = block = StepAttempts(step, rows, self.max_rows, self.max_chars)
+        block = StepAttempts(step, rows, self.max_rows, self.max_chars)
         self.steps_shown += 1
         if self.display_fn is None:
             return

@@ -1,9 +1,8 @@
 """RL attempts with their transcripts one click away: `AttemptsTable`, live or a page of a finished run.
 
 Reading transcripts is the check that numbers cannot replace: a reward that rises because the model found a
-loophole looks like learning on every chart. The table keeps the last ``max_rows`` attempt records (bounded: a
-run makes thousands) with step, group, reward, status (discarded, trained or not), policy versions and tokens,
-each row rendered by `attempt_rows` with its transcript folded under it.
+loophole looks like learning on every chart. The table keeps the last ``max_rows`` attempts (bounded: a run
+makes thousands), each rendered by `attempt_rows` with its transcript folded under it.
 """
 
 from __future__ import annotations

@@ -2,8 +2,7 @@
 
 Tokens are what a run pays for and what it learns from, and their ratio is a health signal of its own: in RL,
 sampled tokens that do not train (zero-variance groups, discarded attempts) are wasted rollouts; in SFT, a
-dataset whose trained share is tiny spends most of each batch on context. One object, three renderers: a
-one-line ``text/plain``, an inline-styled HTML table (recent steps plus totals) and a plain-text table.
+dataset whose trained share is tiny spends most of each batch on context.
 """
 
 from __future__ import annotations
