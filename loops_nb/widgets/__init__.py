@@ -14,9 +14,8 @@ from loops_nb.widgets.run_chart import RunChart
 from loops_nb.widgets.run_compare import RunComparison, compare_runs
 from loops_nb.widgets.run_health import Check, RunHealth
 from loops_nb.widgets.side_by_side import SideBySide, side_by_side, side_by_side_sync
-from loops_nb.widgets.target_preview import TargetPreview
+from loops_nb.widgets.target_preview import TargetPreview, TokenSequence, as_sequences
 from loops_nb.widgets.token_counts import TokenCounts
-from loops_nb.widgets.token_sequence import TokenSequence, as_sequences
 
 __all__ = [
     "AttemptsTable",
