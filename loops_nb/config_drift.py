@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from loops_nb.errors import ConfigError
@@ -41,45 +40,17 @@ ADDED_LATER: dict[str, object] = {"eval.holdout": 0.0}
 _UNCHECKED = ("output.",)  # where the run's files go and how it reports: changing them changes no training
 
 
-@dataclass(frozen=True)
-class ConfigDrift:
-    """The settings whose values differ between the run's first config and this one."""
-
-    changes: dict[str, tuple[object, object]]
-    """Dotted key → (value the run started with, value now)."""
-
-    @classmethod
-    def between(cls, started: Mapping[str, object], now: Mapping[str, object]) -> ConfigDrift:
-        after = flatten(now)
-        before = {**{k: v for k, v in ADDED_LATER.items() if k in after}, **flatten(started)}
-        changes = {
-            key: (before.get(key), after.get(key))
-            for key in sorted(before.keys() | after.keys())
-            if not key.startswith(_UNCHECKED) and before.get(key) != after.get(key)
-        }
-        return cls(changes)
-
-    def refuse_fixed(self, recipe: str, run_dir: str) -> None:
-        """Raise ConfigError naming every setting of `FIXED[recipe]` that changed."""
-        fixed = [key for key in FIXED.get(recipe, ()) if key in self.changes]
-        if not fixed:
-            return
-        lines = [
-            f"{key} = {_shown(self.changes[key][0])} (this config: {_shown(self.changes[key][1])})"
-            for key in fixed
-        ]
-        raise ConfigError(
-            f"{run_dir} was started with " + "; ".join(lines) + ". A resume continues that run's adapter, "
-            "optimizer and data order, so these must stay as they were: set them back, or start a new run "
-            "with another --output.run_name"
-        )
-
-    def lines(self) -> list[str]:
-        """One line per allowed change, for run.log and the console."""
-        return [
-            f"changed since the run started: {key} = {_shown(new)} (was {_shown(old)})"
-            for key, (old, new) in self.changes.items()
-        ]
+def config_changes(
+    started: Mapping[str, object], now: Mapping[str, object]
+) -> dict[str, tuple[object, object]]:
+    """Dotted key → (value the run started with, value now), for the settings whose values differ."""
+    after = flatten(now)
+    before = {**{k: v for k, v in ADDED_LATER.items() if k in after}, **flatten(started)}
+    return {
+        key: (before.get(key), after.get(key))
+        for key in sorted(before.keys() | after.keys())
+        if not key.startswith(_UNCHECKED) and before.get(key) != after.get(key)
+    }
 
 
 def resume_drift(
@@ -87,8 +58,9 @@ def resume_drift(
 ) -> list[str]:
     """Check a resume of the run described by `run_json` with `config` (a `model_dump` in JSON form).
 
-    Raises ConfigError when the recipe or a fixed setting changed; returns the lines naming the allowed
-    changes (none for a new run, or a run.json written before configs were recorded)."""
+    Raises ConfigError when the recipe or a setting of `FIXED[recipe]` changed; returns a line per allowed
+    change, for run.log and the console (none for a new run, or a run.json written before configs were
+    recorded)."""
     started = (run_json or {}).get("config")
     if run_json is None or not isinstance(started, dict):
         return []
@@ -97,9 +69,22 @@ def resume_drift(
             f"{run_dir} holds a {run_json.get('recipe')} run; this config is {recipe}: choose another "
             "--output.run_name"
         )
-    drift = ConfigDrift.between(started, config)
-    drift.refuse_fixed(recipe, run_dir)
-    return drift.lines()
+    changes = config_changes(started, config)
+    fixed = [
+        f"{key} = {_shown(changes[key][0])} (this config: {_shown(changes[key][1])})"
+        for key in FIXED.get(recipe, ())
+        if key in changes
+    ]
+    if fixed:
+        raise ConfigError(
+            f"{run_dir} was started with " + "; ".join(fixed) + ". A resume continues that run's adapter, "
+            "optimizer and data order, so these must stay as they were: set them back, or start a new run "
+            "with another --output.run_name"
+        )
+    return [
+        f"changed since the run started: {key} = {_shown(new)} (was {_shown(old)})"
+        for key, (old, new) in changes.items()
+    ]
 
 
 def flatten(config: Mapping[str, object], prefix: str = "") -> dict[str, object]:

@@ -1,22 +1,10 @@
 """`loops export`: a run's LoRA adapter, or the base model with the adapter merged in, as a directory other tools
-load.
+load (what each holds and loads with: docs/reference/after_training.md).
 
-    loops export runs/my-run --to exported/my-run                 # PEFT adapter + tokenizer (chat template)
-    loops export runs/my-run --to exported/merged --merged        # safetensors model + tokenizer
-
-    from loops_nb.export import export_run
     result = await export_run("runs/my-run", "exported/merged", merged=True)
 
-The adapter directory is what `peft.PeftModel.from_pretrained(base, DIR)` and vLLM's ``--lora-modules`` load;
-its ``adapter_config.json`` names the base model as the config did (``model.base_model``). The merged
-directory is what `transformers.AutoModelForCausalLM.from_pretrained(DIR)` (and vLLM, TGI, llama.cpp's
-converter) load: the LoRA deltas folded into the base weights (`merge_and_unload`), saved as safetensors with
-the tokenizer and the chat template the run trained with (``model.chat_template`` / ``chat_template_file``
-included). Both carry ``loops_export.json`` (run, checkpoint, base model).
-
-The checkpoint's files come through the SDK's `download_checkpoint`, on every scope: on the local scope from
-an embedded Loops on the run's own state directory. The target is written whole or not at all: everything goes
-to a hidden temporary directory beside it, which is renamed to the target only when complete.
+The checkpoint's files come through the SDK's `download_checkpoint` on every scope. The target is written whole
+or not at all: everything goes to a hidden temporary directory beside it, renamed to the target when complete.
 """
 
 from __future__ import annotations

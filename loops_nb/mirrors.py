@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from loops_nb.config.sections import OutputConfig
 from loops_nb.errors import UserError
-from loops_nb.observers import TerminalReporter, eta
+from loops_nb.observers import TerminalReporter, eta, shown
 from loops_nb.run_events import EvalRecord, MetricsLine, ProgressTick, RunEnded, RunStarted
 from loops_nb.step_record import StepRecord
 
@@ -84,7 +84,7 @@ class RichConsole(TerminalReporter):
         for key in self.KEYS:
             value = self._last.metrics.get(key) if self._last is not None else None
             if value is not None:
-                table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value), "")
+                table.add_row(key, shown(value), "")
         return table
 
     def on_start(self, started: RunStarted) -> None:

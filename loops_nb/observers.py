@@ -22,6 +22,7 @@ from loops_nb.run_events import (
     RunStarted,
     StepRollouts,
 )
+from loops_nb.runs_table import duration
 from loops_nb.step_record import StepRecord
 
 log = logging.getLogger("loops_nb.run")
@@ -65,10 +66,13 @@ class ObserverSet:
 
 
 def eta(done: int, total: int, elapsed: float) -> str:
-    if done <= 0 or total <= done:
-        return "-"
-    seconds = elapsed / done * (total - done)
-    return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+    """The time left at the pace so far, as `duration` writes it."""
+    return "-" if done <= 0 or total <= done else duration(elapsed / done * (total - done))
+
+
+def shown(value: object) -> str:
+    """A metric's value as a step line prints it."""
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 class TerminalReporter:
@@ -101,10 +105,9 @@ class TerminalReporter:
     def on_step(self, taken: StepRecord) -> None:
         step = taken.step
         parts = [f"step {step + 1}/{self.total}" if self.total else f"step {step + 1}"]
-        for key in self.KEYS:
-            value = taken.metrics.get(key)
-            if value is not None:
-                parts.append(f"{key}={value:.4g}" if isinstance(value, float) else f"{key}={value}")
+        parts += [
+            f"{key}={shown(taken.metrics[key])}" for key in self.KEYS if taken.metrics.get(key) is not None
+        ]
         parts.append(f"eta={eta(step + 1, self.total, time.monotonic() - self.started)}")
         self._print("  ".join(parts))
 
@@ -114,13 +117,13 @@ class TerminalReporter:
     def on_eval(self, line: EvalRecord) -> None:
         """An evaluation: the policy after ``step`` steps on the eval tasks (RL), or SFT's held-out loss before
         training (``step`` 0; later ones arrive in the step records)."""
-        shown = [
-            f"{k.removeprefix('eval/')}={v:.4g}" if isinstance(v, float) else f"{k.removeprefix('eval/')}={v}"
+        measures = [
+            f"{k.removeprefix('eval/')}={shown(v)}"
             for k, v in line.metrics.items()
             if k in ("eval/reward_mean", "eval/tasks", "eval/attempts", "eval/loss", "eval/examples")
             or k.startswith("eval/pass_at_")
         ]
-        self._print(f"eval after {line.step} steps: " + "  ".join(shown))
+        self._print(f"eval after {line.step} steps: " + "  ".join(measures))
 
     def on_end(self, end: RunEnded) -> None:
         reason = f"; reason: {end.reason}" if end.reason else ""

@@ -1,23 +1,12 @@
 """A run's checkpoints, found by name or step, and any of them as a sampling client: the one path from a
-checkpoint to a sampler.
+checkpoint to a sampler, which `loops eval`, `project.sampler()` and SFT's `compare` all take.
 
     checkpoint = find_checkpoint(run_dir, "4")        # base, latest, a step, a name or a bt:// path
     client = await checkpoint_sampling_client(connection, model, checkpoint)
 
-`loops eval`, `project.sampler()` (`PolicySampler`) and SFT's `compare` all take this path, through the SDK on
-every scope:
-
-- the base model (``checkpoint`` None): ``create_sampling_client(base_model=...)``;
-- sampler weights (a run's final checkpoint): ``create_sampling_client(model_path=<its bt:// path>)``;
-- trainer state (every ``save_every`` steps): loaded into a fresh training client *with its optimizer*, then
-  published with ``save_weights_and_get_sampling_client``.
-
-Why with the optimizer: Loops numbers a publish by the trainer's step, and the SDK reads version 0 as "no LoRA
-published yet: serve the base model" (``TrainingClient._compose_sampling_future``, baseten-loops 0.32). Plain
-``load_state`` restores the weights but resets the step to 0, so what it publishes is served as the base model,
-on Baseten as on the embedded Loops. Loading with the optimizer puts the trainer back at the checkpoint's step,
-and the publish serves the loaded weights. (A state saved at step 0 holds an untrained adapter, which samples
-as the base model anyway.)
+Trainer state is loaded *with its optimizer* before it is published: the SDK serves a publish numbered 0 as the
+base model (``TrainingClient._compose_sampling_future``, baseten-loops 0.32), and plain ``load_state`` resets the
+trainer's step to 0. The whole story: docs/reference/after_training.md.
 """
 
 from __future__ import annotations

@@ -171,10 +171,6 @@ class RunDirectory:
         name = run_name or f"{config_stem}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
         return cls(output_dir / name)
 
-    @property
-    def name(self) -> str:
-        return self.root.name
-
     @classmethod
     def existing(cls, path: str | os.PathLike[str]) -> RunDirectory:
         """A run directory that must exist already (one read back, not one a run creates)."""
@@ -236,8 +232,7 @@ class RunDirectory:
         # The lock holder's first write, as a resumed run's would be: drop lines a crash left half-written.
         for jsonl in (self.steps, self.rollouts, self.checkpoint_log):
             jsonl._repair()
-        with (self.root / "run.log").open("a") as log_file:
-            log_file.write(f"{message}\n")
+        self.note(message)
         return message
 
     def checkpoints(self) -> list[Checkpoint]:
@@ -276,15 +271,18 @@ class RunDirectory:
         last = self.last_checkpoint()
         failure = RunFailed(str(self.root), step, last.step if last else 0, exc)
         trace = "".join(traceback.format_exception(exc)).rstrip("\n")
-        # The fault may be the disk itself: failing to note it must not replace the RunFailed.
-        with contextlib.suppress(OSError), (self.root / "run.log").open("a") as log_file:
-            log_file.write(f"failed: {failure}\n{trace}\n")
+        self.note(f"failed: {failure}\n{trace}")
         return failure
 
     def note_failure(self, reason: str) -> None:
         """Note in `run.log` that a run which ran to its end failed (it trained nothing): `loops runs` says so."""
+        self.note(f"failed: {reason}")
+
+    def note(self, line: str) -> None:
+        """Append ``line`` to `run.log`. The fault being noted may be the disk itself: failing to note it must
+        not replace it."""
         with contextlib.suppress(OSError), (self.root / "run.log").open("a") as log_file:
-            log_file.write(f"failed: {reason}\n")
+            log_file.write(f"{line}\n")
 
     def rewind_to(self, step: int) -> None:
         """Forget every record past `step`: they will be redone from the checkpoint at `step`."""

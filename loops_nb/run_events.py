@@ -1,20 +1,9 @@
 """Run events: what a run tells its observers, each step included (`loops_nb.step_record.StepRecord`).
 
-One frozen dataclass per event, each named for what happened and carrying the observer hook it goes to:
-
-| event             | hook          | when                                                              |
-|-------------------|---------------|-------------------------------------------------------------------|
-| `RunStarted`      | `on_start`    | the run knows its directory and the step it starts at             |
-| `StepRecord`      | `on_step`     | a step was applied: its steps.jsonl line                          |
-| `AttemptFinished` | `on_attempt`  | RL: an attempt ended (before anyone knows whether it trains)      |
-| `StepRollouts`    | `on_rollouts` | RL: a step trained; its rollouts.jsonl rows, `trained` filled in  |
-| `ProgressTick`    | `on_progress` | RL: every `[output] progress_every_seconds` while the run goes on |
-| `EvalRecord`      | `on_eval`     | an evaluation's evals.jsonl line (SFT: the loss before training)  |
-| `RunEnded`        | `on_end`      | the run ended: completed, stopped or failed                       |
-
-An observer reads an event's fields (``ended.status``). ``to_json`` is the event as a file line (or a dict to
-print), and ``Event.from_json(line)`` reads such a line back (a steps.jsonl or evals.jsonl line). Fields a run
-leaves out (a failed run's `seconds`, a completed run's `error`) are None, and left out of its line.
+One frozen dataclass per event, named for what happened and carrying the observer hook it goes to (the table of
+events and hooks: docs/reference/notebook_widgets.md). ``to_json`` is the event as a file line (or a dict to
+print), and ``Event.from_json(line)`` reads such a line back. Fields a run leaves out (a failed run's
+`seconds`, a completed run's `error`) are None, and left out of its line.
 """
 
 from __future__ import annotations

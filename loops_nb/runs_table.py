@@ -6,13 +6,7 @@
 
 Everything comes from the files a run writes (run.json, steps.jsonl, checkpoints.jsonl, run.log and the run
 lock), so a finished, stopped, failed or live run reads the same way and nothing needs a Loops connection.
-A run's status:
-
-* ``running``: a process holds its run lock (state/run.lock);
-* ``completed``: its last checkpoint holds the sampler weights and every planned step;
-* ``stopped``: the sampler weights were saved before the planned last step (a Stop button, `stop.set()`);
-* ``failed``: run.log's last event is a failure (the run resumes from its last checkpoint);
-* ``incomplete``: none of these (killed before its final checkpoint; a rerun resumes it).
+What each column and status means: docs/reference/after_training.md.
 """
 
 from __future__ import annotations
@@ -104,17 +98,9 @@ class RunSummary:
             planned = self.config.get("training.max_steps")
         return int(planned) if isinstance(planned, int) else None
 
-    def series(self, key: str) -> tuple[list[int], list[float | None]]:
-        """Steps and values of one metric, only the steps that logged it."""
-        steps, values = [], []
-        for record in self.records:
-            if key in record.metrics:
-                steps.append(record.step)
-                values.append(record.number(key))
-        return steps, values
-
     def last(self, key: str) -> float | None:
-        return next((v for v in reversed(self.series(key)[1]) if v is not None), None)
+        """The last number logged as ``key``."""
+        return next((v for r in reversed(self.records) if (v := r.number(key)) is not None), None)
 
     def metric_keys(self) -> list[str]:
         seen: dict[str, None] = {}
@@ -293,27 +279,32 @@ class Runs(list[RunSummary]):
 
         return pd.DataFrame(self.rows()).set_index("name")
 
+    def columns(self) -> dict[str, list[str]]:
+        """The runs table as text, column by column (a value per run): what `describe` prints and the compare
+        widget shows."""
+        rows = self.rows()
+        return {
+            "name": [r["name"] for r in rows],
+            "recipe": [r["recipe"] for r in rows],
+            "model": [r["model"] for r in rows],
+            "steps": [r["steps"] for r in rows],
+            "status": [r["status"] for r in rows],
+            "last reward": [_num(r["last reward"]) for r in rows],
+            "eval": [
+                "-"
+                if r["eval"] is None
+                else f"{_num(r['eval'])} ({str(r['eval metric']).removeprefix('eval/')})"
+                for r in rows
+            ],
+            "wall": [duration(r["wall"]) for r in rows],
+        }
+
     def describe(self) -> list[str]:
         """The runs table as text (what `loops runs` prints), then the config keys that differ."""
-        header = ("name", "recipe", "model", "steps", "status", "last reward", "eval", "wall")
-        cells = [header]
-        for row in self.rows():
-            eval_text = "-"
-            if row["eval"] is not None:
-                eval_text = f"{_num(row['eval'])} ({str(row['eval metric']).removeprefix('eval/')})"
-            cells.append(
-                (
-                    row["name"],
-                    row["recipe"],
-                    _tail(row["model"], 40),
-                    row["steps"],
-                    row["status"],
-                    _num(row["last reward"]),
-                    eval_text,
-                    duration(row["wall"]),
-                )
-            )
-        widths = [max(len(c[i]) for c in cells) for i in range(len(header))]
+        columns = self.columns()
+        columns["model"] = [_tail(model, 40) for model in columns["model"]]
+        cells = [tuple(columns), *zip(*columns.values(), strict=True)]
+        widths = [max(len(c[i]) for c in cells) for i in range(len(columns))]
         lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]
         diffs = self.differences()
         if diffs and len(self) > 1:

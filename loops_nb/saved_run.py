@@ -4,10 +4,7 @@
     run.checkpoint("latest")          # or a step (12), a name (final-000012, state-000010), a bt:// path
     connection = await run.connect()  # the Loops the run trained on (the local scope: its own state directory)
 
-Used by `loops export` (`export.py`) and by the policy sampler (`policy_sampler.py`). A checkpoint is either
-*sampler weights* (the final one: a PEFT adapter a sampler serves by its path) or *trainer state* (every
-``save_every`` steps: the adapter under ``adapter/`` with the optimizer state). Both name the same LoRA weights
-after that many steps.
+Used by `loops export` (`export.py`) and by the policy sampler (`policy_sampler.py`).
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """`StepRecord`: one optimizer step, as a recipe's loop writes it to steps.jsonl and observers receive it.
 
-Both recipes write one per step. The fields every step has are typed attributes; the recipe's metrics (RL:
-`reward/mean`, `policy_version`, `discarded/<reason>`, ...; SFT: `loss`, `eval/loss`, `batch`, ...) are
-`metrics`, keyed as in steps.jsonl. `to_json` is its steps.jsonl line and `StepRecord.from_json(line)` reads one
-back (the shape it shares with an evals.jsonl line, `loops_nb.run_events.MetricsLine`).
+The recipe's metrics (RL: `reward/mean`, `discarded/<reason>`, ...; SFT: `loss`, `eval/loss`, ...) are
+`metrics`, keyed as in steps.jsonl; the line's shape is the one it shares with evals.jsonl (`MetricsLine`).
 """
 
 from __future__ import annotations

@@ -5,10 +5,9 @@ without JavaScript and works in a saved, untrusted notebook. The layout uses onl
 keeps in untrusted notebooks (every papermill output): cells are inline-block ``<span>``s sized in ``em`` (the
 sanitizer drops ``ch``, which once ran every column together), each with its full text in ``title`` for hover.
 
-Whether an attempt trained is known only after its step's advantages are computed: ``on_attempt`` rows say
-"pending" until the step's ``on_rollouts`` event (the rows rollouts.jsonl gets) fills in ``trained``, ``step``
-and ``group`` (`merge_rollout`). Steps are numbered from 1, as the CLI and the rest of the panel number them
-(``step`` in rollouts.jsonl counts from 0).
+Whether an attempt trained is known only after its step trained: ``on_attempt`` rows say "pending" until the
+step's rollouts.jsonl rows fill in ``trained``, ``step`` and ``group`` (`merge_rollout`). Steps are numbered
+from 1, as in the panel.
 """
 
 from __future__ import annotations

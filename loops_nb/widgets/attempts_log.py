@@ -1,15 +1,11 @@
 """`AttemptsLog`: a live run's attempts, one output per trained step, each displayed once and never re-rendered.
 
 A live panel re-rendered twice a second replaces its whole HTML, so a transcript a person had opened (a
-``<details>`` element) closed again within a second. `LiveRun` therefore keeps the attempts out of its panel:
-when a step has trained (RL's ``on_rollouts`` event, which says which attempts trained), this log displays that
-step's attempts as a new output below the panel and never updates it again, so an opened transcript stays
-open while the run goes on. Only the last ``keep_steps`` blocks keep their transcripts; an older block is
-folded to one line (its transcripts are in the run's transcripts/ folder and rollouts.jsonl).
-
-Attempts arrive (``on_attempt``) before anyone knows whether they train; they wait in a bounded buffer until
-their step's rows arrive. A producer that never sends ``on_rollouts`` (a hand-driven observer, a recipe without
-it) gets its buffered attempts shown at each ``flush``, which `LiveRun` calls on every step in that case.
+``<details>`` element) closed again within a second. So when a step has trained (``on_rollouts``, which says
+which attempts trained), this log displays its attempts as a new output below the panel and never updates it
+again; an older block is folded to one line. Attempts arrive (``on_attempt``) before anyone knows whether they
+train and wait in a bounded buffer; a producer that never sends ``on_rollouts`` gets them shown at each
+``flush``, which `LiveRun` then calls on every step.
 """
 
 from __future__ import annotations
@@ -83,7 +79,6 @@ class AttemptsLog:
         self.max_chars = max_chars
         self.pending: OrderedDict[str, AttemptRow] = OrderedDict()
         self.blocks: deque[tuple[StepAttempts, DisplayHandle | None]] = deque()
-        self.latest: StepAttempts | None = None
         self.got_rollouts = False
         self.seen = 0
         self.trained = 0
@@ -134,7 +129,7 @@ class AttemptsLog:
         return ", ".join(parts)
 
     def _show(self, step: int | None, rows: list[AttemptRow]) -> None:
-        self.latest = block = StepAttempts(step, rows, self.max_rows, self.max_chars)
+        block = StepAttempts(step, rows, self.max_rows, self.max_chars)
         self.steps_shown += 1
         if self.display_fn is None:
             return

@@ -1,9 +1,8 @@
 """RL attempts with their transcripts one click away: `AttemptsTable`, live or a page of a finished run.
 
 Reading transcripts is the check that numbers cannot replace: a reward that rises because the model found a
-loophole looks like learning on every chart. The table keeps the last ``max_rows`` attempt records (bounded: a
-run makes thousands) with step, group, reward, status (discarded, trained or not), policy versions and tokens,
-each row rendered by `attempt_rows` with its transcript folded under it.
+loophole looks like learning on every chart. The table keeps the last ``max_rows`` attempts (bounded: a run
+makes thousands), each rendered by `attempt_rows` with its transcript folded under it.
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from loops_nb.errors import UserError
+from loops_nb.run_dir import JsonlLog
 from loops_nb.run_events import AttemptFinished, StepRollouts
 from loops_nb.widgets.attempt_rows import AttemptRow, attempts_html, merge_rollout, text_table
 from loops_nb.widgets.environment import Widget
@@ -67,7 +67,10 @@ class AttemptsTable(Widget):
             raise UserError(f"sort={sort!r}: sort by one of {', '.join(SORTS)}")
         if status is not None and status not in STATUSES:
             raise UserError(f"status={status!r}: filter by one of {', '.join(STATUSES)}")
-        rows = [r for r in _read_jsonl(path) if status is None or _has_status(r, status)]
+        # A line torn by a crash mid-write is skipped, as the run skips it on resume.
+        rows = [
+            cast(AttemptRow, r) for r in JsonlLog(path).records() if status is None or _has_status(r, status)
+        ]
         key = SORTS[sort]
         down = sort != "step" if descending is None else descending
         known = [r for r in rows if isinstance(r.get(key), int | float)]
@@ -114,47 +117,33 @@ class AttemptsTable(Widget):
             if known is not None:
                 merge_rollout(row, known)
 
-    @property
-    def mean_reward(self) -> float | None:
-        return self.reward_sum / self.rewarded if self.rewarded else None
-
     def summary(self) -> str:
         if self.caption is not None:
             return self.caption
         if not self.seen:
             return "attempts: none yet"
         shown = f", the last {len(self.rows)} shown" if len(self.rows) < self.seen else ""
-        mean = fmt(self.mean_reward, 3)
+        mean = fmt(self.reward_sum / self.rewarded if self.rewarded else None, 3)
         return f"{plural(self.seen, 'attempt')}{shown}: mean reward {mean}, {self.discarded:,} discarded"
 
     def __str__(self) -> str:
         lines = [self.summary()]
         if self.rows:
-            rows = list(self.rows) if self.caption is not None else list(self.rows)[::-1][:10]
-            lines.append(text_table(rows))
+            lines.append(text_table(self._ordered() if self.caption is not None else self._ordered()[:10]))
         return "\n".join(lines)
 
     def to_html(self) -> str:
         paged = self.caption is not None
         note = "click a row for its transcript" if paged else "newest first; click a row for its transcript"
-        rows = list(self.rows) if paged else list(self.rows)[::-1]
         anchor = f' id="{escape(self.anchor)}"' if self.anchor else ""
-        return attempts_html(self.summary(), note, rows, self.max_chars, anchor=anchor)
+        return attempts_html(self.summary(), note, self._ordered(), self.max_chars, anchor=anchor)
+
+    def _ordered(self) -> list[AttemptRow]:
+        """A page of a run in its given order; a live table newest first."""
+        return list(self.rows) if self.caption is not None else list(self.rows)[::-1]
 
 
-def _read_jsonl(path: Path) -> list[AttemptRow]:
-    out: list[AttemptRow] = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:  # a line torn by a crash mid-write: the run skips it on resume too
-            continue
-        if isinstance(record, dict):
-            out.append(cast(AttemptRow, record))
-    return out
-
-
-def _has_status(r: AttemptRow, status: str) -> bool:
+def _has_status(r: Mapping[str, object], status: str) -> bool:
     if status == "discarded":
         return bool(r.get("discarded"))
     if status == "kept":

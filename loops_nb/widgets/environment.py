@@ -1,14 +1,9 @@
 """Where output goes: a Jupyter kernel, a plain IPython shell, or a script; and a throttled live display.
 
-Every widget in this package is a plain object with three renderers (``text/plain``, inline-styled ``text/html``,
-sometimes plotly JSON). `LiveDisplay` shows such an object once through an IPython display handle and then
-re-renders it in place, at most ``max_hz`` times a second, because each update re-sends the whole output. The
-last update is forced by `LiveDisplay.finalize`, so the output a notebook saves (papermill, nbconvert, a later
-reopen) is the final state, not whatever the throttle last let through.
-
-Outside a kernel nothing is displayed: the object's ``str()`` is printed at a low rate instead (CI logs want a
-line every half minute, not two a second). ``LOOPS_NB_PROGRESS=auto|text|off`` overrides the choice: ``text``
-prints lines even in a kernel, ``off`` prints and displays nothing. Papermill cannot be told apart from a person
+`LiveDisplay` re-renders an object in place at most ``max_hz`` times a second, because each update re-sends the
+whole output, and forces the last update, so a saved notebook (papermill, nbconvert, a reopen) holds the final
+state. Outside a kernel the object's ``str()`` is printed at a low rate instead (CI logs want a line every half
+minute). ``LOOPS_NB_PROGRESS=auto|text|off`` overrides the choice: papermill cannot be told apart from a person
 at a notebook, so every path has to degrade gracefully rather than guess.
 """
 
@@ -48,10 +43,8 @@ DisplayFn = Callable[..., DisplayHandle | None]
 def environment() -> Environment:
     """``kernel`` in a Jupyter kernel (Lab, VS Code, papermill, nbmake), ``ipython`` in a terminal IPython,
     else ``script``."""
-    try:
-        from IPython import get_ipython
-    except ImportError:  # IPython is a dependency, but a widget must never be why a script fails
-        return "script"
+    from IPython import get_ipython
+
     shell = get_ipython()
     if shell is None:
         return "script"
@@ -95,15 +88,12 @@ class DisplayOptions(TypedDict, total=False):
 
 
 class LiveDisplay:
-    """Shows ``obj`` once and re-renders it in place, throttled.
+    """Shows ``obj`` once and re-renders it in place, throttled (``options``: `DisplayOptions`).
 
-    ``update()`` re-renders at most ``max_hz`` times a second; a call that comes too soon marks the output stale
-    and, when an event loop is running, schedules one trailing re-render, so the screen never lags the object by
-    more than one interval even if updates stop (a long checkpoint save after the last step). ``finalize()``
-    always re-renders. In text mode ``str(obj)`` is printed at most every ``text_interval_s`` seconds (``None``:
-    never, for callers that print their own lines). ``display_fn`` replaces IPython's ``display`` (tests, other
-    frontends): it is called as ``display_fn(obj, display_id=True)`` and must return an object with
-    ``update(obj)``. ``output`` skips the environment check (``display``, ``text`` or ``off``).
+    An ``update()`` that comes too soon marks the output stale and, when an event loop runs, schedules one
+    trailing re-render, so the screen never lags by more than one interval even if updates stop (a long
+    checkpoint save after the last step). ``text_interval_s=None`` prints nothing (callers that print their own
+    lines); ``output`` skips the environment check.
     """
 
     def __init__(self, obj: object, **options: Unpack[DisplayOptions]) -> None:

@@ -1,28 +1,13 @@
 """`LiveRun`: a run observer that shows the whole run in one live notebook output, or prints lines in a script.
 
-It is what a notebook constructs, and composes the parts that do the work: the run's state (`RunPanelState`),
-rendered here as the panel (progress line with the step counter, elapsed time, ETA and what the current step is
-doing; the curve's numbers in words, token counts, run health and, for a run that stopped early, how to resume
-it) through one throttled display handle (`LiveDisplay`), so the notebook never receives more than a couple of
-updates a second and a saved notebook holds the final state; the run's `RunChart`, shown live as an output of
-its own under the panel; a heartbeat that re-renders the panel every ``heartbeat_s`` seconds while a step runs
-(steps can take minutes: without it the clock would stand still, and a slow step would look like a hung
-kernel); and an optional Stop button (`StopControl`). The parts are its attributes: ``live.run`` (where the run stands: ``live.run.status``,
-``live.run.step``, ...), ``live.chart``, ``live.tokens``, ``live.health``, ``live.attempts``,
-``live.stop_control``, and ``live.task`` for a run started with `run_in_background`.
-
-The panel's HTML is inline-styled and uses only what JupyterLab's sanitizer keeps, so it reads the same live, in
-papermill output, offline HTML and on reopen. Steps are numbered from 1 everywhere in the panel.
-
-RL attempts are not part of the panel: each trained step's attempts are displayed once, below the panel, by an
-`AttemptsLog`, and never re-rendered, so a transcript a person opens stays open while training goes on.
-
-Stopping: ``LiveRun(stop_event=asyncio.Event())`` adds a Stop button (only in a kernel) that sets the event; pass
-the same event to the loop (``project.train(observers=[live], stop=live.stop_event)``). `stop_control` says when
-a click reaches a running cell; `LiveRun.run_in_background` returns at once, so a click always does.
-
-Outside a kernel (or with ``LOOPS_NB_PROGRESS=text``) a `TerminalReporter` prints one line per step, as the CLI
-does; ``LOOPS_NB_PROGRESS=off`` shows nothing, while the data is still collected.
+It composes the parts that do the work (its attributes: ``live.run``, the run's `RunPanelState`; ``live.chart``,
+``live.tokens``, ``live.health``, ``live.attempts``, ``live.stop_control``; ``live.task``) and renders the panel
+through one throttled `LiveDisplay`, so the notebook never gets more than a couple of updates a second and a
+saved notebook holds the final state. A heartbeat re-renders the panel every ``heartbeat_s`` seconds while a
+step runs: steps can take minutes, and without it the clock would stand still and a slow step look like a hung
+kernel. RL attempts are displayed below the panel by an `AttemptsLog`, never re-rendered, so a transcript a
+person opens stays open. What the panel shows: docs/reference/notebook_widgets.md; how a Stop click reaches a
+running cell: `stop_control`.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """`RunChart`: a run's metrics per step in one plotly chart, live in the notebook and saved with it.
 
-It opens on the run's training curve (RL: mean reward with its ±std band and the dashed eval reward; SFT: train
-loss and the held-out loss, before training too); plotly's own buttons (``updatemenus``) switch to KL, entropy,
-tokens, timings, memory and, for SFT, the gradient norm and learning rate, in a live notebook, a saved one
-reopened untrusted, and plotly's HTML export alike. The series are defined once, in `loops_nb.widgets.series`.
-
-One object, three renderers: ``text/plain`` (a one-line summary), plotly JSON (what JupyterLab and VS Code draw,
-live or reopened, trusted or not) and, for frontends that run no JavaScript (nbconvert HTML, GitHub), an
-inline-styled table of the curve's points. ``chart.show()`` displays it live (`LiveChart`): a `LiveFigure` that
-each update sends only the new values to, so zoom and the chosen view survive, replaced by the static figure
-when it is finalized. Feed it step records (``on_step``) and evaluations (``on_eval``), as a run observer, or
-read a finished run with ``RunChart.from_run("runs/<name>")``.
+It opens on the run's training curve; plotly's own buttons (``updatemenus``) switch views, so they work live,
+reopened untrusted and in plotly's HTML export alike (the series: `loops_nb.widgets.series`; what it shows:
+docs/reference/notebook_widgets.md). Where no JavaScript runs, the HTML is a table of the curve's points.
+``chart.show()`` displays it live (`LiveChart`): a `LiveFigure` that each update sends only the new values to,
+so zoom and the chosen view survive, replaced by the static figure when it is finalized.
 
 Steps are numbered from 1, as in the panel; an eval at 0 is the model before training.
 """
@@ -18,14 +12,13 @@ Steps are numbered from 1, as in the panel; an eval at 0 is the model before tra
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from html import escape
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Unpack
 
 from loops_nb.run_dir import JsonlLog
 from loops_nb.run_events import EvalRecord, RunStarted
-from loops_nb.runs_table import read_run
+from loops_nb.runs_table import RunSummary, read_run
 from loops_nb.step_record import StepRecord
 from loops_nb.widgets.environment import DisplayOptions, LiveDisplay, Widget, ipython_display
 from loops_nb.widgets.series import (
@@ -39,7 +32,7 @@ from loops_nb.widgets.series import (
     series_table,
     traces,
 )
-from loops_nb.widgets.style import fmt, number, plural, sparkline
+from loops_nb.widgets.style import fmt, plural, sparkline
 
 if TYPE_CHECKING:
     from loops_nb.widgets.live_figure import LiveFigure
@@ -60,15 +53,17 @@ class RunChart(Widget):
         self.kind: CurveKind | None = curve_kind(recipe)
         self.spread = spread
         self.records: list[StepRecord] = []
-        self.evals: dict[int, Mapping[str, Any]] = {}
-        """Each evaluation's metrics, by the steps applied before it (0: the base model)."""
+        self.evals: dict[int, EvalRecord] = {}
+        """Each evaluation, by the steps applied before it (0: the base model)."""
 
     @classmethod
-    def from_run(cls, run_dir: str | Path) -> RunChart:
-        """The chart of a run directory (``runs/<name>``), from steps.jsonl and evals.jsonl."""
-        run = read_run(run_dir)
+    def from_run(cls, run: str | Path | RunSummary) -> RunChart:
+        """The chart of a run directory (``runs/<name>``, or one `read_run` read), from steps.jsonl and
+        evals.jsonl."""
+        if not isinstance(run, RunSummary):
+            run = read_run(run)
         chart = cls(run.recipe)
-        for line in JsonlLog(Path(run_dir) / "evals.jsonl").records():  # a torn last line is skipped
+        for line in JsonlLog(run.path / "evals.jsonl").records():  # a torn last line is skipped
             if isinstance(line.get("step"), int):
                 chart.on_eval(EvalRecord.from_json(line))
         for record in run.records:
@@ -87,7 +82,7 @@ class RunChart(Widget):
 
     def on_eval(self, evaluation: EvalRecord) -> None:
         self.kind = self.kind or curve_kind(keys=evaluation.metrics)
-        self.evals[evaluation.step] = evaluation.metrics
+        self.evals[evaluation.step] = evaluation
 
     # -- series -----------------------------------------------------------------------------------------------
 
@@ -98,7 +93,7 @@ class RunChart(Widget):
             if metric.key in record.metrics:
                 out[record.step + (0 if metric.before_step else 1)] = record.number(metric.key)
         if metric.evaluation:  # the same evaluation may come as an event and in a step record: one point
-            out |= {step: number(m[metric.key]) for step, m in self.evals.items() if metric.key in m}
+            out |= {step: e.number(metric.key) for step, e in self.evals.items() if metric.key in e.metrics}
         return dict(sorted(out.items()))
 
     def series(self, metric: Metric, *, band: bool = False) -> Series:

@@ -4,12 +4,8 @@
     comparison                               # the table and one chart per metric, one line per run
     comparison.watch()                       # live: re-read the directories every few seconds while runs train
 
-The legend names each run by what differs in its saved config (``learning_rate=0.02``), else by its name. One
-object, three renderers like the other widgets: ``text/plain`` (the table and a sparkline per curve),
-``text/html`` that JupyterLab's sanitizer keeps (the runs table, and each metric's points as a table, for
-frontends that run no JavaScript) and a plotly figure (the table, then one panel per metric) that live and
-reopened notebooks render with zoom and hover. The curves are drawn as `RunChart` draws them
-(`loops_nb.widgets.series`).
+The legend names each run by what differs in its saved config, else by its name; each run's curve is its
+`RunChart`'s series, so steps are numbered as there. The renderers: docs/reference/after_training.md.
 """
 
 from __future__ import annotations
@@ -17,12 +13,14 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from html import escape
 from typing import Any, Unpack
 
-from loops_nb.runs_table import Runs, duration, is_eval_measure, read_runs
+from loops_nb.runs_table import Runs, is_eval_measure, read_runs
 from loops_nb.widgets.environment import DisplayOptions, LiveDisplay, Widget
-from loops_nb.widgets.series import CURVE_KEYS, Series, series_table, traces
+from loops_nb.widgets.run_chart import RunChart
+from loops_nb.widgets.series import CURVE_KEYS, Series, metric_definition, series_table, traces
 from loops_nb.widgets.style import FONT, div, fmt, heading, sparkline, tag
 
 PALETTE = ("#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#db2777", "#65a30d", "#4b5563")
@@ -46,12 +44,13 @@ class RunComparison(Widget):
     ) -> None:
         self.patterns = [patterns] if isinstance(patterns, str | os.PathLike) else list(patterns)
         self.requested = list(metrics) if metrics is not None else None
-        self.runs = read_runs(self.patterns)
         self._display: LiveDisplay | None = None
+        self.refresh()
 
     def refresh(self) -> RunComparison:
         """Re-read the run directories (new steps, new runs the globs now match) and update the display."""
         self.runs = read_runs(self.patterns)
+        self.charts = [RunChart.from_run(run) for run in self.runs]
         if self._display is not None:
             self._display.update(force=True)
         return self
@@ -66,15 +65,16 @@ class RunComparison(Widget):
     def colors(self) -> list[str]:
         return [PALETTE[i % len(PALETTE)] for i in range(len(self.runs))]
 
-    def series(self, metric: str) -> list[Series]:
-        """One line per run that logged ``metric``."""
+    def series(self, key: str) -> list[Series]:
+        """One line per run that logged ``key``: the points its `RunChart` has (numbered as there, from 1)."""
         out = []
-        for run, label, color in zip(self.runs, self.labels(), self.colors(), strict=True):
-            steps, values = run.series(metric)
-            if not steps:
-                continue
-            hover = [f"{run.name} · step {s}: {metric} {fmt(v)}" for s, v in zip(steps, values, strict=True)]
-            out.append(Series(label, color, steps, values, hover, evaluation=False))
+        for run, chart, label, color in zip(
+            self.runs, self.charts, self.labels(), self.colors(), strict=True
+        ):
+            s = chart.series(metric_definition(key, chart.kind))
+            if s.has_points():
+                hover = [f"{run.name} · {h}" for h in s.hover]
+                out.append(replace(s, name=label, color=color, hover=hover, band=None, evaluation=False))
         return out
 
     # -- text ---------------------------------------------------------------------------------------------
@@ -93,12 +93,9 @@ class RunComparison(Widget):
         width = max((len(label) for label in labels), default=0)
         for metric in self.metrics:
             lines.append(f"{metric}:")
-            for run, label in zip(self.runs, labels, strict=True):
-                values = run.series(metric)[1]
-                if values:
-                    lines.append(
-                        f"  {label.ljust(width)}  last {fmt(run.last(metric), 4):>8}  {sparkline(values)}"
-                    )
+            for s in self.series(metric):
+                last = next((y for y in reversed(s.ys) if y is not None), None)
+                lines.append(f"  {s.name.ljust(width)}  last {fmt(last, 4):>8}  {sparkline(s.ys)}")
         return "\n".join(lines)
 
     # -- html ---------------------------------------------------------------------------------------------
@@ -112,25 +109,9 @@ class RunComparison(Widget):
         return div("".join(out), f"{FONT};color:#1f2328")
 
     def table(self) -> dict[str, list[str]]:
-        """The runs table, column by column (one value per run): what both the HTML and the plotly table show;
+        """The runs table, column by column (`Runs.columns`): what both the HTML and the plotly table show;
         ``differs`` is each run's legend label."""
-        rows = self.runs.rows()
-        return {
-            "run": [r["name"] for r in rows],
-            "recipe": [str(r["recipe"]) for r in rows],
-            "model": [str(r["model"]) for r in rows],
-            "steps": [str(r["steps"]) for r in rows],
-            "status": [str(r["status"]) for r in rows],
-            "last reward": [fmt(r["last reward"], 4) for r in rows],
-            "eval": [
-                "-"
-                if r["eval"] is None
-                else f"{fmt(r['eval'], 4)} ({str(r['eval metric']).removeprefix('eval/')})"
-                for r in rows
-            ],
-            "wall": [duration(r["wall"]) for r in rows],
-            "differs": self.labels(),
-        }
+        return {**self.runs.columns(), "differs": self.labels()}
 
     def _table_html(self) -> str:
         cell = "padding:2px 8px;border-bottom:1px solid #e5e7eb;text-align:left;white-space:nowrap"
@@ -141,8 +122,8 @@ class RunComparison(Widget):
             tds = []
             for column, values in table.items():
                 text = values[i]
-                c = {"run": color, "differs": color, "status": _STATUS_COLOR.get(text)}.get(column)
-                title = str(run.path) if column == "run" else text
+                c = {"name": color, "differs": color, "status": _STATUS_COLOR.get(text)}.get(column)
+                title = str(run.path) if column == "name" else text
                 bold = f";color:{c};font-weight:600" if c else ""
                 tds.append(tag("td", escape(text), f"{cell}{bold}", title))
             rows.append(tag("tr", "".join(tds)))
@@ -182,7 +163,7 @@ class RunComparison(Widget):
 
     def _plotly_table(self, bottom: float) -> dict[str, Any]:
         table = self.table()
-        colors = [self.colors() if c in ("run", "differs") else ["#1f2328"] * len(self.runs) for c in table]
+        colors = [self.colors() if c in ("name", "differs") else ["#1f2328"] * len(self.runs) for c in table]
         return {
             "type": "table",
             "domain": {"x": [0, 1], "y": [bottom, 1]},

@@ -2,8 +2,8 @@
 and which training curve it belongs to; and the two ways a series is drawn (plotly traces, and a table where a
 saved notebook runs no JavaScript).
 
-`RunChart` (live and saved) and `compare_runs` read these definitions; `curve_kind` is the one place that decides
-whether a run's curve is the reward (RL) or the loss (SFT).
+`RunChart` (live and saved) and `compare_runs` read these definitions (`metric_definition`); `curve_kind` is the
+one place that decides whether a run's curve is the reward (RL) or the loss (SFT).
 """
 
 from __future__ import annotations
@@ -112,6 +112,17 @@ VIEWS = (
 
 CURVE_KEYS = tuple(view.metrics[0].key for view in CURVES.values())
 """The training curves' own keys (``reward/mean``, ``loss``): what `compare_runs` overlays first."""
+
+
+def metric_definition(key: str, kind: CurveKind | None = None) -> Metric:
+    """``key``'s definition: its entry in `CURVES` or `VIEWS`, else one named by its key, an ``eval/*`` one an
+    evaluation (in an RL step record, of the policy the step started from, as ``eval/reward_mean``)."""
+    for view in (*CURVES.values(), *VIEWS):
+        for known in view.metrics:
+            if known.key == key:
+                return known
+    evaluation = key.startswith("eval/")
+    return Metric(key, key, GREY, evaluation=evaluation, before_step=evaluation and kind == "reward")
 
 
 def curve_kind(recipe: str | None = None, keys: Collection[str] = ()) -> CurveKind | None:

@@ -4,11 +4,8 @@
     view = await side_by_side(["What is 2+2?", "Name a game."], policy.base(), policy)
     view                                    # one row per prompt, one column per model
 
-The samplers are duck-typed (anything with ``label`` and an awaitable ``chat(messages, **sampling)`` returning
-a reply with ``text``, ``token_texts``, ``logprobs``, ``prompt_tokens`` and ``completion_tokens``, as
-`loops_nb.policy_sampler.PolicySampler` does), so the widget imports no sampling code. Renderers: a text
-transcript, inline-styled HTML (each token a ``<span>`` whose ``title`` holds its logprob and probability,
-shaded lighter the less likely it was; kept by JupyterLab's sanitizer) and nothing else.
+The samplers are duck-typed (`Sampler`), so the widget imports no sampling code. Each token is a ``<span>``
+whose ``title`` holds its logprob, shaded lighter the less likely it was.
 """
 
 from __future__ import annotations

@@ -33,18 +33,15 @@ class StopControl:
         self._handle: DisplayHandle | None = None
 
     def show(self, on_click: Callable[[], None]) -> None:
-        """Display the button, once; without ipywidgets there is none."""
+        """Display the button, once."""
         if self.button is not None or self.stop_event is None:
             return
         self.button = self.make_button(on_click)
-        if self.button is not None:
-            self._handle = self._display_fn(self.button, display_id=True)
+        self._handle = self._display_fn(self.button, display_id=True)
 
-    def make_button(self, on_click: Callable[[], None]) -> Button | None:
-        try:
-            import ipywidgets
-        except ImportError:
-            return None
+    def make_button(self, on_click: Callable[[], None]) -> Button:
+        import ipywidgets
+
         button = ipywidgets.Button(
             description="Stop",
             button_style="danger",

@@ -14,13 +14,6 @@ FONT = f"font:11px {UI}"
 _BLOCKS = "▁▂▃▄▅▆▇█"
 
 
-def number(value: object) -> float | None:
-    """``value`` as a finite float; None for a gap (missing, not a number, NaN, infinite; a bool is no number)."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        return None
-    return float(value)
-
-
 def plural(n: int, word: str) -> str:
     """``1 step``, ``1,200 steps``."""
     return f"{n:,} {word}" if n == 1 else f"{n:,} {word}s"

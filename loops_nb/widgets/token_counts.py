@@ -2,13 +2,11 @@
 
 Tokens are what a run pays for and what it learns from, and their ratio is a health signal of its own: in RL,
 sampled tokens that do not train (zero-variance groups, discarded attempts) are wasted rollouts; in SFT, a
-dataset whose trained share is tiny spends most of each batch on context. One object, three renderers: a
-one-line ``text/plain``, an inline-styled HTML table (recent steps plus totals) and a plain-text table.
+dataset whose trained share is tiny spends most of each batch on context.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from html import escape
 from typing import TYPE_CHECKING
 
@@ -30,13 +28,11 @@ _SHARE_OF = ("tokens/sampled", "tokens/total")
 class TokenCounts(Widget):
     """Per-step ``tokens/*`` counts from step records, with totals; or a dataset summary (`from_report`).
 
-    Every ``tokens/<name>`` key of a record becomes a column. Totals add the per-step values up, except for
-    ``cumulative_keys``, whose records already carry running totals (the total is then their last value).
+    Every ``tokens/<name>`` key of a record becomes a column; totals add the per-step values up.
     """
 
-    def __init__(self, *, recent: int = 8, cumulative_keys: Sequence[str] = ()) -> None:
+    def __init__(self, *, recent: int = 8) -> None:
         self.recent = recent
-        self.cumulative_keys = set(cumulative_keys)
         self.columns: list[str] = []
         self.steps: list[tuple[int, dict[str, int]]] = []
         self.totals: dict[str, int] = {}
@@ -57,10 +53,7 @@ class TokenCounts(Widget):
                 self.columns.append(key)
         self.steps.append((step.step + 1, counts))  # numbered from 1, as the rest of the panel
         for key, value in counts.items():
-            if key in self.cumulative_keys:
-                self.totals[key] = value
-            else:
-                self.totals[key] = self.totals.get(key, 0) + value
+            self.totals[key] = self.totals.get(key, 0) + value
 
     @classmethod
     def from_report(cls, report: CheckReport) -> TokenCounts:

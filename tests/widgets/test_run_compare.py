@@ -14,7 +14,9 @@ from lab_sanitizer import stripped
 from loops_nb.cli import main
 from loops_nb.errors import UserError
 from loops_nb.runs_table import read_run, read_runs
+from loops_nb.widgets.run_chart import RunChart
 from loops_nb.widgets.run_compare import compare_runs, default_metrics
+from loops_nb.widgets.series import metric_definition
 
 
 def make_run(
@@ -128,11 +130,20 @@ def test_curves_overlay_every_run_per_metric_in_three_renderers(runs: Path) -> N
     series = comparison.series("eval/reward_mean")
     assert [s.name for s in series] == ["learning_rate=0.001", "learning_rate=0.01"]
     assert list(series[1].xs) == [1, 3] and list(series[1].ys) == pytest.approx([0.05, 0.15])
+    # A run's curve is the one its own chart draws: steps numbered from 1, an eval at the steps before it.
+    chart = RunChart.from_run(runs / "b-lr1e-2")
+    for key in ("reward/mean", "eval/reward_mean"):
+        points = chart.points(metric_definition(key, chart.kind))
+        assert (list(comparison.series(key)[1].xs), list(comparison.series(key)[1].ys)) == (
+            list(points),
+            list(points.values()),
+        )
+    assert list(comparison.series("reward/mean")[1].xs) == [1, 2, 3, 4]
     bundle = comparison._repr_mimebundle_()
     assert "learning_rate=0.01" in bundle["text/plain"] and "eval/reward_mean:" in bundle["text/plain"]
     html = bundle["text/html"]
     assert stripped(html) == [], "JupyterLab's sanitizer would strip part of the saved view"
-    assert "<svg" not in html and "learning_rate=0.001" in html and "step 3: eval/reward_mean 0.15" in html
+    assert "<svg" not in html and "learning_rate=0.001" in html and "eval after 3 steps: reward 0.15" in html
     figure = bundle["application/vnd.plotly.v1+json"]
     import plotly.graph_objects as go
 

@@ -35,10 +35,10 @@ def test_token_counts_per_step_rl() -> None:
     ]
 
 
-def test_token_counts_sft_and_cumulative_keys() -> None:
-    counts = TokenCounts(cumulative_keys=["tokens/total"])
+def test_token_counts_sft() -> None:
+    counts = TokenCounts()
     for step in range(3):
-        counts.on_step(StepRecord(step, {"tokens/trained": 10, "tokens/total": 40 * (step + 1)}))
+        counts.on_step(StepRecord(step, {"tokens/trained": 10, "tokens/total": 30 + 10 * step}))
     assert counts.totals == {"tokens/trained": 30, "tokens/total": 120}
     assert counts.trained_share == 0.25
     assert TokenCounts().summary() == "tokens: no steps yet"
