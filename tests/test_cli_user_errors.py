@@ -10,7 +10,8 @@ from rl_config import rl_config_toml
 
 from loops_nb import load
 from loops_nb.cli import main
-from loops_nb.rl.recipe import RLCheckReport, cannot_train
+from loops_nb.rl.recipe import cannot_train
+from loops_nb.run.check_report import RecipeCheckReport
 
 CONFIG = rl_config_toml("episode:Game")
 GAME = """
@@ -133,6 +134,6 @@ def test_check_warns_about_settings_that_cannot_train(tmp_path: Path) -> None:
     assert any(w.startswith("training.group_size = 1: a group of one") for w in warnings)
     assert any(w.startswith("sampling.temperature = 0") for w in warnings)
     assert cannot_train(load(project(tmp_path)).config) == []
-    report = RLCheckReport(warnings=warnings)
+    report = RecipeCheckReport(warnings=warnings)
     assert report.ok and "warning: training.group_size = 1" in "\n".join(report.describe())
     assert report.describe()[-1] == "check: ok with 2 warning(s)"
