@@ -184,15 +184,11 @@ def held_out_rows(
     )  # one at least
 
 
-def _run_directory(config: SFTConfig, run: Outcome | str | Path | None) -> RunDirectory:
+def _run_directory(project: Project, run: Outcome | str | Path | None) -> RunDirectory:
+    """``run`` (its `Outcome` or directory), else the config's run (`Project.run_dir`)."""
     if isinstance(run, Outcome):
-        root = Path(run.run_dir)
-    elif run is not None:
-        root = Path(run)
-    elif config.output.run_name:
-        root = config.output.output_dir / config.output.run_name
-    else:
-        raise UserError("compare needs the run: pass its Outcome or run directory (or set output.run_name)")
+        run = run.run_dir
+    root = Path(run) if run is not None else project.run_dir()
     if not (root / "checkpoints.jsonl").is_file():
         raise UserError(f"{root}: no checkpoints.jsonl, so no trained adapter to compare (train first)")
     return RunDirectory(root)
@@ -226,7 +222,7 @@ async def compare(
     if project.config.recipe != "sft":
         raise UserError(f"compare is for SFT runs; {project.path} is a {project.config.recipe} config")
     config = project.config_as(SFTConfig)
-    run_dir = _run_directory(config, run)
+    run_dir = _run_directory(project, run)
     checkpoint = find_checkpoint(run_dir, "latest")
     tokenizer = await asyncio.to_thread(
         load_model_tokenizer, config.model, config.compute.scope, cache_dir=config.compute.local.cache_dir
