@@ -20,7 +20,7 @@ from loops_nb.model_renderer import load_model_renderer, model_renderer_choice
 from loops_nb.resources import ResourceJournal, ResourceRegistry
 from loops_nb.rl.agent_time_check import agent_time_warnings
 from loops_nb.rl.config import RLConfig
-from loops_nb.rl.custom_loss import TrainingLoss, loss_name, needs_reference_logprobs, resolve_custom_loss
+from loops_nb.rl.custom_loss import TrainingLoss, loss_name
 from loops_nb.rl.eval_command import evaluate as evaluate  # `loops eval` (`project.evaluate`)
 from loops_nb.rl.evaluation import describe_eval, eval_tasks
 from loops_nb.rl.loop import RLRun
@@ -157,14 +157,12 @@ def _check_schedule_and_loss(config: RLConfig, report: RecipeCheckReport) -> Non
         + (f" (max_staleness {t.max_staleness}, {t.stale_policy})" if t.mode == "async" else "")
     )
     try:
-        custom = resolve_custom_loss(t.loss, t.loss_config)
+        loss = TrainingLoss.of(t.loss, t.loss_config)
     except UserError as exc:
         report.problems.append(str(exc))
         return
-    if custom is not None:
-        reference = (
-            " (scores ref_logprobs with the version-0 policy)" if needs_reference_logprobs(custom) else ""
-        )
+    if loss.custom is not None:
+        reference = " (scores ref_logprobs with the version-0 policy)" if loss.needs_reference else ""
         report.lines.append(f"loss: custom {loss_name(t.loss)} through forward_backward_custom{reference}")
 
 
