@@ -155,11 +155,9 @@ class Policy:
         metrics.update(sample_train_divergence(sampler_lp, trainer_lp))
         return metrics
 
-    async def load_state_with_optimizer(self, path: str) -> int:
+    async def load_state_with_optimizer(self, path: str) -> None:
         fut = await self.training_client.load_state_with_optimizer_async(path)
-        out = await fut.result_async()
-        self.trainer_steps = int(out.step)
-        return self.trainer_steps
+        self.trainer_steps = int((await fut.result_async()).step)
 
 
 def with_input(datum: Datum, name: str, values: list[float]) -> Datum:

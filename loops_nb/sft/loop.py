@@ -106,9 +106,9 @@ class SFTRun(RecipeRun):
             "examples": len(examples),
             "batch": batch_id(self.data.train, batch.indices),
         }
-        for key, value in (getattr(optim_out, "metrics", None) or {}).items():
-            if key == "grad_norm" and isinstance(value, int | float):
-                record["optim/grad_norm"] = float(value)
+        grad_norm = (getattr(optim_out, "metrics", None) or {}).get("grad_norm")
+        if isinstance(grad_norm, int | float):
+            record["optim/grad_norm"] = float(grad_norm)
         record["time/step_s"] = round(time.perf_counter() - step_started, 3)
         every = self.config.training.eval_every
         last = step + 1 == self.data.plan.total_steps
