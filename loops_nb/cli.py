@@ -1,15 +1,5 @@
-"""The `loops` command: check, run, eval, runs, export, serve, deactivate, glossary.
-
-    loops check CONFIG [--KEY VALUE ...]   resolve, render and prepare; launches no trainer
-                [--refusals FILE]         SFT: every refused row, as JSONL
-    loops run   CONFIG [--KEY VALUE ...]   train (resumes an existing run directory)
-    loops eval  CONFIG [--checkpoint C]    RL: only the [eval] of a checkpoint (base, latest, a name)
-    loops runs  [RUN_DIR | GLOB ...]        the runs table (default runs/*): steps, status, reward, eval
-    loops export RUN_DIR --to DIR [--merged] [--checkpoint C]   the adapter, or a merged HF model directory
-    loops serve [--port N] [--model ID]     a local Loops for several notebooks or scripts
-    loops deactivate RUN_ID [--config C]    end a dedicated (or local) run
-    loops cleanup CONFIG --state-dir DIR    release sandboxes a crashed run left (its journal)
-    loops glossary [--write | --check]      the settings reference, from the schema
+"""The `loops` command (`loops --help` lists them): `check`, `run` and `eval` load a config and its
+`--KEY VALUE` overrides; `runs`, `export`, `serve`, `deactivate`, `cleanup` and `glossary` take their own arguments.
 
 A user's mistake is printed as one clear line (exit 2), never a traceback.
 """

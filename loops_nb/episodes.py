@@ -1,22 +1,9 @@
-"""The Episode API: the smallest custom runtime.
+"""The Episode API: the smallest custom runtime (docs/reference/episode_api.md).
 
-An Episode class lists its tasks and runs one attempt at a task, calling the model through `llm()`
-and scoring the result itself:
-
-    from loops_nb.episodes import Episode, Task
-    from loops_nb.llm.client import llm
-
-    class HiddenGame(Episode):
-        def tasks(self):
-            return [Task("monopoly", {"answer": "monopoly"})]
-
-        async def run(self, task):
-            reply = await llm().chat([{"role": "user", "content": "Name a board game."}])
-            return 1.0 if task.data["answer"] in reply.content.lower() else 0.0
-
-`[runtime] factory = "episode:HiddenGame"` names it; `[runtime] options` become constructor keyword
-arguments. loops_nb runs it as a `RolloutRuntime` (`EpisodeRuntime`) and reuses everything else.
-Multi-turn episodes call `llm()` several times (with tools); each call is captured exactly.
+An Episode class lists its tasks (`tasks()`) and runs one attempt at a task (`async run(task)`), calling the
+model through `llm()` and returning its reward. `[runtime] factory = "episode:HiddenGame"` names it and
+`[runtime] options` become its constructor's keyword arguments; loops_nb runs it as a `RolloutRuntime`
+(`EpisodeRuntime`), and each `llm()` call is captured exactly.
 """
 
 from __future__ import annotations
@@ -50,13 +37,9 @@ log = logging.getLogger(__name__)
 
 async def run_blocking[**P, R](fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
     """`await run_blocking(subprocess.run, cmd)`: run blocking code (a subprocess, `requests`, a slow
-    verifier) in a thread, so the other attempts keep running.
-
-    Every in-process attempt shares one event loop: blocking code called directly from `run` freezes
-    them all. The run logs it with the attempt and its stack, and an attempt that blocks the loop past
-    its timeout is discarded as `blocked_loop`. This is `asyncio.to_thread`, where an Episode author
-    looks for it; the thread gets the attempt's context, so `llm()` still names its model.
-    """
+    verifier) in a thread, so the other attempts, which share one event loop, keep running. This is
+    `asyncio.to_thread`, where an Episode author looks for it; the thread gets the attempt's context, so
+    `llm()` still names its model (docs/reference/episode_api.md#blocking-code)."""
     return await asyncio.to_thread(fn, *args, **kwargs)
 
 

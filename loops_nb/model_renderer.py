@@ -1,10 +1,6 @@
-"""The trained model's tokenizer, chat template and renderer, as `[model]` configures them, on any scope.
-
-The local scope resolves the model like the embedded Loops does (the offline default included);
-serverless and dedicated load only the tokenizer files from the Hub (HF_TOKEN for gated repos).
-`[model] tokenizer` replaces the base model's tokenizer; `chat_template` / `chat_template_file`
-replace its template; `renderer` says whether the template or the family's renderer renders
-(llm/renderer_choice.py).
+"""The trained model's tokenizer, chat template and renderer, as `[model]` configures them, on any scope
+(docs/reference/renderers.md): the local scope resolves the model like the embedded Loops does, the others
+load only the tokenizer files from the Hub (HF_TOKEN for gated repos).
 """
 
 from __future__ import annotations
@@ -132,16 +128,20 @@ def renderer_record(model: ModelConfig, run_json: Mapping[str, Any] | None) -> d
 
 
 def load_model_renderer(
-    model: ModelConfig, scope: str, *, cache_dir: Path | None = None, choice: RendererChoice | None = None
+    model: ModelConfig,
+    scope: str,
+    *,
+    cache_dir: Path | None = None,
+    run_json: Mapping[str, Any] | None = None,
 ) -> Renderer:
-    """The run's renderer, with the configured tokenizer: the family's `PrimeRenderer` when the choice
-    (`choice`, else `model_renderer_choice`) is one, else the chat template: a `VisionRenderer` (images through
-    the processor) for a vision-language model, a `ChatRenderer` otherwise. Its `why` says how it was chosen."""
+    """The renderer `[model]` chooses (the one a run's ``run_json`` recorded: `run_renderer_choice`), with the
+    configured tokenizer: the family's `PrimeRenderer`, else the chat template: a `VisionRenderer` (images
+    through the processor) for a vision-language model, a `ChatRenderer` otherwise. Its `why` says how it was
+    chosen."""
     from loops_nb.llm.renderer import CHAT_TEMPLATE
     from loops_nb.llm.vision import load_processor
 
-    if choice is None:
-        choice = model_renderer_choice(model)
+    choice = run_renderer_choice(model, run_json)
     tokenizer = load_model_tokenizer(model, scope, cache_dir=cache_dir)
     if choice.name != CHAT_TEMPLATE:
         return text_renderer(model, tokenizer, choice)

@@ -3,21 +3,12 @@
     policy = project.sampler()                          # the run's latest checkpoint; or PolicySampler(run_dir)
     reply = await policy.chat([{"role": "user", "content": "Hi"}])      # in a notebook
     reply = policy.chat_sync([{"role": "user", "content": "Hi"}])       # anywhere, a running loop included
-    print(reply.text, reply.completion_tokens, reply.mean_logprob)
     base = policy.base()                                # the same run's base model, for side by side
-    policy.close()
 
-The prompt is rendered by the run's renderer (``model.renderer``: the family's renderer, or the model's chat
-template, or the config's ``model.chat_template`` / ``chat_template_file``), exactly as training rendered it;
-the reply is parsed by the same renderer (reasoning, content, tool calls) and keeps the sampled token ids and
-their logprobs. Sampling goes through the SDK on every scope, by the one checkpoint-to-sampler
-path (`loops_nb.run_checkpoints`): sampler weights by their bt:// path, trainer state (a ``save_every``
-checkpoint) loaded with its optimizer and published, ``base`` by the base model's name. On the local scope
-the Loops is an embedded one on the run's own state directory; on Baseten it is the run's workspace
-(BASETEN_API_KEY).
-
-Each handle runs its SDK calls on an event loop of its own, on a background thread: ``chat`` awaits it from
-the caller's loop and ``chat_sync`` blocks on it, so both work inside a notebook's running loop.
+The prompt is rendered, and the reply parsed, by the renderer the run recorded, exactly as training did;
+the checkpoint is served by the one checkpoint-to-sampler path (`loops_nb.run_checkpoints`). Each handle runs
+its SDK calls on an event loop of its own thread, so `chat` and `chat_sync` both work inside a notebook's
+running loop (docs/reference/after_training.md#try-the-policy).
 """
 
 from __future__ import annotations
@@ -126,9 +117,6 @@ class PolicySampler:
             self._connection: LoopsConnection | None = None
             self._renderer: Renderer | None = None
             self._open_lock: asyncio.Lock | None = None
-            self._siblings: list[PolicySampler] = []
-        else:
-            _shared._owner._siblings.append(self)
 
     @property
     def label(self) -> str:
@@ -241,7 +229,7 @@ class PolicySampler:
             owner._open_lock = asyncio.Lock()
         async with owner._open_lock:
             if owner._connection is None:
-                from loops_nb.model_renderer import load_model_renderer, run_renderer_choice
+                from loops_nb.model_renderer import load_model_renderer
 
                 run = self.run
                 owner._renderer = await asyncio.to_thread(
@@ -249,7 +237,7 @@ class PolicySampler:
                     run.model,
                     run.compute.scope,
                     cache_dir=run.compute.local.cache_dir,
-                    choice=run_renderer_choice(run.model, run.run_json),  # as the run trained
+                    run_json=run.run_json,  # as the run trained
                 )
                 owner._connection = await run.connect()
             if self._client is None:
@@ -277,15 +265,3 @@ class PolicySampler:
             owner._connection = None
         owner._loop = None
         loop.stop()
-
-    def __enter__(self) -> PolicySampler:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    async def __aenter__(self) -> PolicySampler:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()

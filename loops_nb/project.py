@@ -1,13 +1,7 @@
 """`load()` and `Project`: a config, ready to check or train, from a notebook, a script or the CLI.
 
-    from loops_nb import load
-    project = load("train.toml", overrides={"training.max_steps": 5}, env_file=".env")
-    report = await project.check()      # awaitable inside a running notebook loop
-    print("\\n".join(report.describe()))
-    outcome = await project.train()
-
-`check()`, `train()` and `evaluate()` do exactly what `loops check`, `loops run` and `loops eval` do; the CLI
-calls them.
+`check()`, `train()` and `evaluate()` do exactly what `loops check`, `loops run` and `loops eval` do (the CLI
+calls them); each is awaitable inside a notebook's running loop, and has a `_sync` twin for plain scripts.
 """
 
 from __future__ import annotations
@@ -22,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from loops_nb.config import RECIPES, ConfigSource, RecipeConfig, load_config
+from loops_nb.errors import UserError
 
 if TYPE_CHECKING:
     from loops_nb.policy_sampler import PolicySampler
@@ -70,8 +65,6 @@ class Project:
         what `loops eval` does; awaitable inside a notebook's loop."""
         module = self._recipe_module()
         if not hasattr(module, "evaluate"):
-            from loops_nb.errors import UserError
-
             raise UserError(
                 f"{self.path} is a {self.recipe!r} config: `loops eval` evaluates RL configs (an SFT run measures "
                 "its held-out loss while it trains: evals.jsonl)"
@@ -80,8 +73,6 @@ class Project:
 
     def run_dir(self) -> Path:
         """This config's run directory: ``output.run_name``'s, else the latest run made from this config."""
-        from loops_nb.errors import UserError
-
         output = self.config.output
         if output.run_name:
             return output.output_dir / output.run_name

@@ -118,11 +118,10 @@ class ResourceJournal:
 
 
 class ResourceRegistry:
-    """What a run holds now, journalled: `attempt.services.resources` in a runtime."""
+    """How a runtime creates and releases what costs money, journalled: `attempt.services.resources`."""
 
     def __init__(self, journal: ResourceJournal) -> None:
         self.journal = journal
-        self._live: dict[str, ResourceEntry] = {}
 
     async def create(
         self, provider: str, kind: str, make: Callable[[], Awaitable[tuple[str, Any]]], **detail: object
@@ -135,16 +134,10 @@ class ResourceRegistry:
             self.journal.released(entry, "failed")
             raise
         self.journal.created(entry, provider_id)
-        self._live[entry.key] = entry
         return entry, handle
 
     def released(self, entry: ResourceEntry) -> None:
         self.journal.released(entry)
-        self._live.pop(entry.key, None)
-
-    @property
-    def live(self) -> list[ResourceEntry]:
-        return list(self._live.values())
 
 
 class RunLock:

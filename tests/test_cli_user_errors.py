@@ -10,7 +10,8 @@ from rl_config import rl_config_toml
 
 from loops_nb import load
 from loops_nb.cli import main
-from loops_nb.rl.recipe import RLCheckReport, cannot_train
+from loops_nb.rl.recipe import cannot_train
+from loops_nb.run.check_report import RecipeCheckReport
 
 CONFIG = rl_config_toml("episode:Game")
 GAME = """
@@ -133,6 +134,22 @@ def test_check_warns_about_settings_that_cannot_train(tmp_path: Path) -> None:
     assert any(w.startswith("training.group_size = 1: a group of one") for w in warnings)
     assert any(w.startswith("sampling.temperature = 0") for w in warnings)
     assert cannot_train(load(project(tmp_path)).config) == []
-    report = RLCheckReport(warnings=warnings)
+    report = RecipeCheckReport(warnings=warnings)
     assert report.ok and "warning: training.group_size = 1" in "\n".join(report.describe())
     assert report.describe()[-1] == "check: ok with 2 warning(s)"
+
+
+def test_check_names_a_custom_loss_and_refuses_one_that_does_not_import(tmp_path: Path) -> None:
+    from loops_nb.rl.custom_loss import kl_to_reference
+
+    config = project(tmp_path)
+    report = load(config, overrides={"training.loss": kl_to_reference(0.1)}).check_sync()
+    assert (
+        "loss: custom loops_nb.rl.custom_loss:kl_to_reference(beta=0.1) through forward_backward_custom "
+        "(scores ref_logprobs with the version-0 policy)" in report.lines
+    )
+    missing = load(config, overrides={"training.loss": "episode:no_such_loss"}).check_sync()
+    assert not missing.ok
+    assert (
+        "training.loss = 'episode:no_such_loss': module 'episode' has no 'no_such_loss'" in missing.problems
+    )

@@ -1,13 +1,9 @@
 """The attempt boundary: whatever a runtime returns for an attempt becomes `Evidence` that is safe to train on.
 
-An agent, an episode or a verifier is user code. Its result may be anything: a string reward, a bool, a
-number too large for GRPO's arithmetic, a discard with a reward attached, metrics that are not numbers.
-`checked_evidence` never raises: a result it cannot train on becomes a discard with the reason and what
-to change, so one attempt can never stop the run.
-
-Rewards must be real numbers (int or float, never bool) within `[training] reward_min..reward_max`
-(default -1..1). The bound is there because GRPO only centres rewards: their scale is the scale of the
-policy update, so a reward of 1e6 (or 1e308) is a bug in the verifier far more often than a signal.
+An agent, an episode or a verifier is user code, and its result may be anything. `checked_evidence` never
+raises: a result it cannot train on becomes a discard with the reason and what to change, so one attempt can
+never stop the run. Rewards are bounded (`[training] reward_min..reward_max`) because GRPO only centres them:
+their scale is the update's, so a reward of 1e6 is a verifier's bug far more often than a signal.
 """
 
 from __future__ import annotations

@@ -1,23 +1,10 @@
 """Your own RL loss, through the SDK's `forward_backward_custom` (the `custom-loss` extra).
 
-`[training] loss = "module:function"` (or, from Python, `training.loss = function`) names a function
-
-    def my_loss(data: list[Datum], logprobs: list[torch.Tensor]) -> torch.Tensor | tuple[torch.Tensor, dict]
-
-that gets one step's datums (their `loss_fn_inputs` carry `target_tokens`, the sampler's `logprobs`, the
-`advantages` and the `mask` of sampled tokens; `ref_logprobs` too when the loss asks for them) and, for
-each, the trainer's current logprob of every target token as a float tensor that requires grad. It returns
-the loss as a scalar tensor, optionally with a dict of numbers that become `custom/<name>` metrics.
-
-How it runs (protocol notes §5.4): the SDK asks the trainer for the logprobs (`/forward`, cross-entropy
-with `skip_token_normalization` and all-zero weights), runs the function here with torch, differentiates it
-with respect to the logprobs, and sends `weights = -dC/dlogprobs` back in a second, linear
-cross-entropy `/forward_backward`: the trainer applies exactly the gradient of the function. The trainer
-does not normalise it by the token count, so the function owns its normalisation: the whole step's
-datums go to one call, and `mean_over_active_tokens` divides as the built-in losses do.
-
-`importance_sampling` here is the built-in loss written as a custom one (tests check both give one update);
-`kl_to_reference` adds a KL penalty against the base model's logprobs, which no built-in has.
+`[training] loss = "module:function"` (or the function itself, from Python) names a
+`(data: list[Datum], logprobs: list[Tensor]) -> loss | (loss, metrics)` function. The trainer applies exactly
+its gradient and never normalises it, so the whole step's datums go to one call and the function divides
+itself (`mean_over_active_tokens`, as the built-in losses do). docs/reference/vision_and_custom_loss.md
+says what the datums carry and what runs; `importance_sampling` is the built-in written as a custom loss.
 """
 
 from __future__ import annotations
@@ -32,23 +19,6 @@ from loops_nb.errors import ConfigError
 if TYPE_CHECKING:
     from baseten.loops import Datum
     from torch import Tensor
-
-__all__ = [
-    "REFERENCE_ATTRIBUTE",
-    "CustomLoss",
-    "SdkLoss",
-    "TrainingLoss",
-    "bare_datum",
-    "importance_sampling",
-    "kl_to_reference",
-    "loss_name",
-    "mean_over_active_tokens",
-    "needs_reference_logprobs",
-    "resolve_custom_loss",
-    "rl_inputs",
-    "unknown_loss_problem",
-    "uses_reference_logprobs",
-]
 
 REFERENCE_ATTRIBUTE = "loops_nb_reference_logprobs"
 """Set (by `uses_reference_logprobs`) on a loss that needs `ref_logprobs` in each datum."""
@@ -100,12 +70,6 @@ def resolve_custom_loss(
         fn = loss
     else:
         raise ConfigError(f"training.loss must be a loss name, `module:function` or a callable, got {loss!r}")
-    try:
-        import torch  # noqa: F401
-    except ImportError:  # pragma: no cover - torch is a core dependency today
-        raise ConfigError(
-            "a custom training.loss needs torch: install the `custom-loss` extra (uv sync --extra custom-loss)"
-        ) from None
     if options:
         reference = needs_reference_logprobs(fn)
         fn = partial(fn, **options)
@@ -147,15 +111,10 @@ def unknown_loss_problem(loss: str | Callable[..., Any]) -> str | None:
 
 
 class SdkLoss:
-    """A user loss (returning a bare tensor or a `(tensor, metrics)` result) in the SDK's shape:
-    `(data, logprobs) -> (loss, metrics)`.
-
-    The SDK's custom path only lets `target_tokens` and `weights` travel in `loss_fn_inputs`
-    (bl/training_client.py `_CustomLossFnInputs`, extra keys forbidden), so the run sends bare datums and
-    `for_batch(full)` hands the function the step's full datums (sampler logprobs, advantages, mask,
-    ref_logprobs) in the same order. Metrics become floats named `custom/<key>`, and `custom/loss` is the
-    function's own value (the trainer's `loss` is that of the linear surrogate).
-    """
+    """A user loss in the SDK's shape, `(data, logprobs) -> (loss, metrics)`: metrics become `custom/<key>`, and
+    `custom/loss` is the function's own value (the trainer's is the linear surrogate's). The SDK's custom path
+    lets only `target_tokens` and `weights` travel, so the run sends bare datums and `for_batch(full)` hands
+    the function the step's full ones in the same order."""
 
     def __init__(self, fn: Callable[..., Any]) -> None:
         self.function = fn

@@ -1,19 +1,8 @@
-"""`loops eval CONFIG [--checkpoint base|latest|<name>]`: only the evaluation of an RL config, on a checkpoint.
+"""`loops eval CONFIG [--checkpoint base|latest|<name>]` and `project.evaluate()`: the config's `[eval]`, once,
+on one checkpoint of its run; nothing trains.
 
-The library call is `await project.evaluate(checkpoint=...)` (awaitable in a notebook's loop). It runs the
-config's `[eval]` (tasks, attempts, sampling) once, with the same runtime and agent as training, against:
-
-- `base`: the base model (no adapter);
-- `latest`: the run's last checkpoint (`output.run_name`'s checkpoints.jsonl);
-- a checkpoint by name (`final-000008`, `state-000004`), by step (`8`: its sampler weights over its trainer
-  state) or by its path.
-
-The checkpoint becomes a sampling client by the one path `loops_nb.run_checkpoints` gives every caller: saved
-sampler weights by their path, a periodic checkpoint (trainer state only) loaded with its optimizer into a fresh
-training client and published at its own step. On the local scope the embedded Loops opens the run's own state
-directory, so it finds them. Nothing trains.
-The results go to their own directory (`<run>/evals/<checkpoint>-<time>/`, or `out`): `evals.jsonl`,
-`eval_attempts.jsonl`, `transcripts/` and `summary.json`; the run's own logs are not touched.
+The checkpoint becomes a sampling client by the one path `loops_nb.run_checkpoints` gives every caller, and
+the results go to their own directory, never the run's logs (docs/reference/training_loop.md#loops-eval).
 """
 
 from __future__ import annotations
@@ -27,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from loops_nb.compute import LoopsConnection
 from loops_nb.errors import UserError
-from loops_nb.model_renderer import load_model_renderer, run_renderer_choice
+from loops_nb.model_renderer import load_model_renderer
 from loops_nb.resources import ResourceJournal, ResourceRegistry, RunLock
 from loops_nb.rl.config import RLConfig
 from loops_nb.rl.evaluation import EvalLog, Evaluator, eval_sampling, eval_tasks
@@ -84,7 +73,7 @@ async def evaluate(project: Project, *, checkpoint: str = "latest", out: Path | 
             else f"--checkpoint {checkpoint}: set output.run_name to the run whose checkpoint to evaluate "
             "(or evaluate --checkpoint base)"
         )
-    # The checkpoint it names (see the module's docstring); None: the base model.
+    # `base`, `latest`, a name, a step or a path; None: the base model.
     target = find_checkpoint(run_dir, checkpoint) if run_dir is not None else None
     label, step = (target.name, target.step) if target is not None else (BASE, 0)
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
@@ -106,14 +95,12 @@ async def evaluate(project: Project, *, checkpoint: str = "latest", out: Path | 
         try:
             runtimes.bind(state, resources)
             _, tasks = await eval_tasks(config, runtimes.training, runtimes.training if held_out else None)
-            # The run's recorded renderer (while the config's setting is the one it recorded), as it trained.
-            recorded = run_dir.read_run_json() if run_dir is not None else None
             renderer = await asyncio.to_thread(
                 load_model_renderer,
                 config.model,
                 config.compute.scope,
                 cache_dir=config.compute.local.cache_dir,
-                choice=run_renderer_choice(config.model, recorded),
+                run_json=run_dir.read_run_json() if run_dir is not None else None,  # as the run trained
             )
             connection = await LoopsConnection.open(config.compute, state_dir=loops_state)
             client = await checkpoint_sampling_client(

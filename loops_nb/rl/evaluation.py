@@ -1,18 +1,8 @@
 """RL evaluation: the policy's attempts on eval tasks, scored and recorded, never trained.
 
-An evaluation runs `eval.attempts` attempts of every eval task through the same runtime and agent as
-training (the same `RolloutScheduler` path: timeouts, discards, the attempt boundary), with the eval's own
-sampling settings and seeds. Its attempts never become datums: nothing here holds a training client, and
-the RL step trains only the groups its own scheduler collected. What it measured goes to `evals.jsonl` (one
-line per evaluation, keyed by `step`: the optimizer steps the evaluated policy had) and its attempts to
-`eval_attempts.jsonl` and `transcripts/eval-<step>.json`, apart from the training logs.
-
-Which tasks (`eval_tasks`): a second runtime instance's (`eval.options`), a `holdout` share of the training
-tasks (`split_holdout`, by a hash of each task id and the training seed, so training never samples them),
-or the training tasks themselves; at most `max_tasks` of them, the same ones every time.
-
-pass@k is the unbiased estimator over a task's `n` attempts with `c` passing, ``1 - C(n-c, k) / C(n, k)``,
-averaged over tasks (a discarded attempt counts as not passing).
+An evaluation runs through the same runtime, agent and `RolloutScheduler` path as training, with the eval's
+own sampling and seeds; nothing here holds a training client, so its attempts never become datums. Which
+tasks, the metrics and the files: docs/reference/training_loop.md#evaluation.
 """
 
 from __future__ import annotations
@@ -30,10 +20,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from loops_nb.errors import UserError
-from loops_nb.llm.client import LoopsLLM, PolicySource, SamplingDefaults
+from loops_nb.llm.client import PolicySource, SamplingDefaults
 from loops_nb.rl.config import RLConfig, RLEvalConfig
 from loops_nb.rl.loop_watchdog import LoopWatchdog
-from loops_nb.rl.scheduler import AttemptRecord, RolloutScheduler
+from loops_nb.rl.scheduler import AttemptRecord, RolloutScheduler, llm_maker
 from loops_nb.rl.step_log import AttemptView
 from loops_nb.run_dir import JsonlLog, atomic_write_json
 from loops_nb.run_events import AttemptRow, EvalRecord
@@ -45,7 +35,8 @@ if TYPE_CHECKING:
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
-    """The chance that at least one of ``k`` attempts drawn from ``n`` (``c`` of them passing) passes."""
+    """The chance that at least one of ``k`` attempts drawn from ``n`` (``c`` of them passing) passes: the
+    unbiased estimator ``1 - C(n-c, k) / C(n, k)``."""
     if n - c < k:
         return 1.0
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
@@ -83,7 +74,8 @@ def choose_tasks(tasks: Sequence[Task], max_tasks: int | None, seed: int) -> lis
 async def eval_tasks(
     config: RLConfig, runtime: RolloutRuntime, eval_runtime: RolloutRuntime | None
 ) -> tuple[list[Task], list[Task]]:
-    """``(training tasks, eval tasks)`` for ``config``: see the module's docstring."""
+    """``(training tasks, eval tasks)``: a second runtime instance's tasks (`eval.options`), a `holdout` share of
+    the training tasks (which training then never samples), or the training tasks; at most `max_tasks`."""
     settings = config.eval
     tasks = list(await runtime.tasks())
     training, held = split_holdout(tasks, settings.holdout, config.training.seed)
@@ -228,14 +220,7 @@ class Evaluator:
         scheduler = RolloutScheduler(
             self.runtime,
             self.tasks,
-            make_llm=lambda capture, seed: LoopsLLM(
-                self.renderer,
-                self.policy,
-                capture,
-                sampling,
-                seed=seed,
-                on_sampling_error=self.on_sampling_error,
-            ),
+            make_llm=llm_maker(self.renderer, self.policy, sampling, self.on_sampling_error),
             version=lambda: self.policy.version,
             group_size=settings.attempts,
             groups_per_step=len(self.tasks),

@@ -3,9 +3,6 @@
 Dividing by the std would inflate tiny reward differences in near-uniform groups; like
 tinker-cookbook and nanochat we only centre. A group whose rewards are all equal carries no signal:
 every advantage is zero, so it is counted and contributes no datums.
-
-`step_datums` applies it to a step: each group's kept attempts are centred, and every captured sequence of
-an attempt becomes a datum carrying that attempt's advantage.
 """
 
 from __future__ import annotations

@@ -1,21 +1,17 @@
-"""The RL training loop: schedule attempts, GRPO, train, publish, log — on the shared run skeleton.
-
-Per step: collect `groups_per_step` groups of `group_size` attempts; centre each group's rewards
-(`rl.grpo.step_datums`); one optimizer step over every kept attempt's datums; publish the new policy
-(`RLRun._train`); then `rl.step_log.StepLog.record` writes steps.jsonl / rollouts.jsonl / transcripts. Resume, stop, checkpoints and failures are the skeleton's
-(`loops_nb.run.recipe_run`): every optimizer step is applied exactly once across restarts.
+"""The RL training loop on the shared run skeleton (`loops_nb.run.recipe_run`): per step, `groups_per_step`
+groups of `group_size` attempts, GRPO (`rl.grpo.step_datums`), one optimizer step over the kept attempts'
+datums, the publish, and `rl.step_log.StepLog.record` writing the step's files.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 from collections.abc import Mapping
 from typing import Any
 
-from loops_nb.llm.client import LoopsLLM, SamplingDefaults
+from loops_nb.llm.client import SamplingDefaults
 from loops_nb.llm.renderer import Renderer
 from loops_nb.observers import ObserverSet
 from loops_nb.resources import ResourceRegistry
@@ -25,16 +21,13 @@ from loops_nb.rl.evaluation import EvalLog, Evaluator, eval_due, eval_tasks
 from loops_nb.rl.grpo import step_datums
 from loops_nb.rl.outcome import RLOutcome
 from loops_nb.rl.policy import Policy
-from loops_nb.rl.scheduler import GroupResult, RolloutScheduler
+from loops_nb.rl.scheduler import GroupResult, RolloutScheduler, llm_maker
 from loops_nb.rl.step_log import StepLog, StepTraining
-from loops_nb.run.optimizer import AdamSettings
 from loops_nb.run.recipe_run import RecipeRun
 from loops_nb.run_dir import Checkpoint, RunDirectory
 from loops_nb.run_events import ProgressTick
 from loops_nb.runtime import RolloutRuntime
 from loops_nb.step_record import StepRecord
-
-log = logging.getLogger(__name__)
 
 
 class RLRun(RecipeRun):
@@ -75,7 +68,7 @@ class RLRun(RecipeRun):
         self.renderer = renderer
         self.step_log = StepLog(run_dir, observers, renderer, full_transcripts=config.output.trace == "full")
         self.loss = loss if loss is not None else TrainingLoss.of(t.loss, t.loss_config)
-        self.adam = AdamSettings.of(t, t.learning_rate)
+        self.adam = t.adam_params(t.learning_rate)
         self._scheduler: RolloutScheduler | None = None
         self._progress: asyncio.Task[None] | None = None
         self.eval_runtime = eval_runtime
@@ -103,14 +96,7 @@ class RLRun(RecipeRun):
         self._scheduler = RolloutScheduler(
             self.runtime,
             tasks,
-            make_llm=lambda capture, seed: LoopsLLM(
-                self.renderer,
-                self.policy,
-                capture,
-                sampling,
-                seed=seed,
-                on_sampling_error=self.policy.sampling_failed,
-            ),
+            make_llm=llm_maker(self.renderer, self.policy, sampling, self.policy.sampling_failed),
             version=lambda: self.policy.version,
             group_size=t.group_size,
             groups_per_step=t.groups_per_step,

@@ -1,18 +1,10 @@
 """The loop-lag watchdog: finds the attempt that blocked the event loop, and keeps others from paying for it.
 
-Every in-process attempt shares one asyncio event loop. Blocking code in one of them (`time.sleep`,
-`requests.get`, `subprocess.run`, a long CPU-bound verifier) freezes all of them: no other attempt
-samples, and when the loop comes back every timer that fell due meanwhile fires at once, so attempts
-that did nothing wrong would be cancelled as `timeout`.
-
-A thread posts a heartbeat to the loop every `BEAT_SECONDS`. When one goes unanswered while the same
-task holds the loop for `BLOCK_SECONDS`, that is a block: it is logged once with the task's attempt and
-the stack it is blocked in, and recorded. `blocked_seconds` tells an attempt's timeout how much of its
-wall time went to blocks by other tasks, which it is not charged for. Its own blocks are charged to it
-(`blocks_by`): one that held the loop past its timeout is discarded as `blocked_loop`. A shorter block
-(a slow first import, a sync verifier) is only reported: the attempt trains.
-
-Blocking code belongs in a thread: `await asyncio.to_thread(fn, ...)`, or `loops_nb.episodes.run_blocking`.
+In-process attempts share one event loop: blocking code in one freezes all, and the timers that fell due
+meanwhile would cancel attempts that did nothing wrong as `timeout`. A thread posts a heartbeat every
+`BEAT_SECONDS`; one left unanswered while the same task holds the loop for `BLOCK_SECONDS` is a block, logged
+once with the attempt and its stack. An attempt's timeout is not charged for other tasks' blocks
+(`blocked_seconds`); its own are (`blocks_by`), and past its timeout it is discarded as `blocked_loop`.
 """
 
 from __future__ import annotations

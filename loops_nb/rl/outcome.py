@@ -39,27 +39,25 @@ class RLOutcome(Outcome):
     def describe(self) -> list[str]:
         lines = super().describe()
         if self.eval_after is not None:
-            lines.append("eval: " + _compared(self.eval_before, self.eval_after))
+            lines.append("eval: " + _compared(self.eval_before or self.eval_after, self.eval_after))
         return lines
 
 
-def _compared(before: dict[str, Any] | None, after: dict[str, Any]) -> str:
-    """``reward_mean 0.12 (step 0) -> 0.81 (step 8), pass_at_1 ...`` over the keys both have."""
-    parts = []
+def _compared(before: dict[str, Any], after: dict[str, Any]) -> str:
+    """``reward_mean 0.12 -> 0.81, pass_at_1 ... (step 0 -> 8)``, or the one evaluation's values."""
+    moved = before.get("step") != after.get("step")
     passes = sorted(
         (k for k in after if k.startswith("eval/pass_at_")), key=lambda k: int(k.rsplit("_", 1)[1])
     )
+    parts = []
     for key in ["eval/reward_mean", *passes]:
-        name = key.removeprefix("eval/")
-        value = after.get(key)
-        shown = "-" if value is None else f"{value:.3g}"
-        if before is not None and before is not after and before.get("step") != after.get("step"):
-            prior = before.get(key)
-            shown = f"{'-' if prior is None else f'{prior:.3g}'} -> {shown}"
-        parts.append(f"{name} {shown}")
-    steps = (
-        f" (step {before['step']} -> {after['step']})"
-        if before is not None and before.get("step") != after.get("step")
-        else f" (step {after['step']})"
-    )
-    return ", ".join(parts) + steps
+        shown = _shown(after.get(key))
+        if moved:
+            shown = f"{_shown(before.get(key))} -> {shown}"
+        parts.append(f"{key.removeprefix('eval/')} {shown}")
+    steps = f"step {before['step']} -> {after['step']}" if moved else f"step {after['step']}"
+    return ", ".join(parts) + f" ({steps})"
+
+
+def _shown(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}"

@@ -14,10 +14,9 @@ from typing import TYPE_CHECKING
 
 from loops_nb.rl.custom_loss import TrainingLoss, bare_datum
 from loops_nb.rl.datums import SequenceDatum, token_batches
-from loops_nb.run.optimizer import AdamSettings
 
 if TYPE_CHECKING:
-    from baseten.loops import Datum, SamplingClient, TrainingClient
+    from baseten.loops import AdamParams, Datum, SamplingClient, TrainingClient
 
 FORWARD_BACKWARD_TOKENS = 32768
 """Tokens per forward_backward request; one optimizer step may span several."""
@@ -45,7 +44,8 @@ class Policy:
         self.training_client = training_client
         self.base_model = base_model
         self._sampling_client: SamplingClient | None = None
-        self._version = 0
+        self.version = 0
+        """The trainer step of the published policy (0: the base model, before any publish)."""
         self._reference: SamplingClient | None = None
         self.trainer_steps = 0
         """Optimizer steps the trainer has applied: the version the next publish serves."""
@@ -63,35 +63,27 @@ class Policy:
             raise RuntimeError("the policy has not been published yet")
         return self._sampling_client
 
-    @property
-    def version(self) -> int:
-        return self._version
-
     async def publish(self) -> float:
         """Hand the trainer's weights to the sampler as the next policy version; returns seconds taken."""
         started = time.perf_counter()
         step = self.trainer_steps
         client = await self.training_client.save_weights_and_get_sampling_client_async(f"step-{step:06d}")
-        self._sampling_client, self._version = client, step
+        self._sampling_client, self.version = client, step
         if step == 0 and self._reference is None:
             self._reference = client  # the fresh LoRA (B = 0) is the base model: the reference policy
         return time.perf_counter() - started
 
-    @property
-    def reference_client(self) -> SamplingClient:
-        """The version-0 policy (the base model), which scores `ref_logprobs` for a custom loss."""
-        if self._reference is None:
+    async def reference_logprobs(self, datums: Sequence[SequenceDatum]) -> list[list[float]]:
+        """The base model's logprob of every target token of each datum (aligned with `target_tokens`), scored
+        by the version-0 policy (the fresh LoRA is the base model)."""
+        import asyncio
+
+        client = self._reference
+        if client is None:
             raise RuntimeError(
                 "the reference policy (version 0) is not available: it is the first policy a run publishes, "
                 "so a run resumed past step 0 cannot use a loss that needs ref_logprobs"
             )
-        return self._reference
-
-    async def reference_logprobs(self, datums: Sequence[SequenceDatum]) -> list[list[float]]:
-        """The base model's logprob of every target token of each datum (aligned with `target_tokens`)."""
-        import asyncio
-
-        client = self.reference_client
 
         async def score(d: SequenceDatum) -> list[float]:
             lps = await client.compute_logprobs_async(d.model_input())
@@ -105,8 +97,7 @@ class Policy:
         datums: Sequence[SequenceDatum],
         *,
         loss: TrainingLoss,
-        adam: AdamSettings,
-        learning_rate: float | None = None,
+        adam: AdamParams,
     ) -> dict[str, float]:
         """forward_backward over every datum (in token-bounded requests), then one optim_step.
 
@@ -153,7 +144,7 @@ class Policy:
                     if s and p is not None and math.isfinite(p) and d.advantage != 0.0:
                         sampler_lp.append(q)
                         trainer_lp.append(p)
-        step_fut = await tc.optim_step_async(adam.params(learning_rate))
+        step_fut = await tc.optim_step_async(adam)
         step_out = await step_fut.result_async()
         self.trainer_steps += 1
         total = sum(n for _, n in losses)
@@ -164,11 +155,9 @@ class Policy:
         metrics.update(sample_train_divergence(sampler_lp, trainer_lp))
         return metrics
 
-    async def load_state_with_optimizer(self, path: str) -> int:
+    async def load_state_with_optimizer(self, path: str) -> None:
         fut = await self.training_client.load_state_with_optimizer_async(path)
-        out = await fut.result_async()
-        self.trainer_steps = int(out.step)
-        return self.trainer_steps
+        self.trainer_steps = int((await fut.result_async()).step)
 
 
 def with_input(datum: Datum, name: str, values: list[float]) -> Datum:

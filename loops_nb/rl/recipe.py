@@ -8,22 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from loops_nb.compute import require_api_key
 from loops_nb.errors import UserError
 from loops_nb.llm.renderer import Renderer
 from loops_nb.llm.template_check import template_report
-from loops_nb.local.memory_budget import check_lines
 from loops_nb.model_access import open_file_problem
-from loops_nb.model_renderer import load_model_renderer, model_renderer_choice, run_renderer_choice
+from loops_nb.model_renderer import load_model_renderer, model_renderer_choice
 from loops_nb.resources import ResourceJournal, ResourceRegistry
 from loops_nb.rl.agent_time_check import agent_time_warnings
 from loops_nb.rl.config import RLConfig
-from loops_nb.rl.custom_loss import TrainingLoss, loss_name, needs_reference_logprobs, resolve_custom_loss
+from loops_nb.rl.custom_loss import TrainingLoss, loss_name
 from loops_nb.rl.eval_command import evaluate as evaluate  # `loops eval` (`project.evaluate`)
 from loops_nb.rl.evaluation import describe_eval, eval_tasks
 from loops_nb.rl.loop import RLRun
@@ -43,30 +40,18 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class RLCheckReport(RecipeCheckReport):
-    """What `check` found. ``warnings`` are settings that are valid but cannot train (a group of one)."""
-
-    tasks: int = 0
-
-
-async def check(project: Project, **_: object) -> RLCheckReport:
+async def check(project: Project, **_: object) -> RecipeCheckReport:
     """Resolve the config, the tokenizer and the runtime's tasks, and size the run, without a trainer."""
     config = project.config_as(RLConfig)
-    report = RLCheckReport()
+    report = RecipeCheckReport()
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S-%f")
     preflight = RunDirectory(config.output.output_dir / "preflight" / stamp)
-    report.preflight_dir = str(preflight.root)
     preflight.state.mkdir(parents=True, exist_ok=True)
     journal = ResourceJournal.at(preflight.state / "journal.jsonl")  # exists before any resource could
     report.lines.append(f"recipe: rl, scope {config.compute.scope}, model {config.model.base_model}")
     report.lines.append(f"preflight: {preflight.root}")
 
-    if config.compute.scope != "local":
-        try:
-            require_api_key(config.compute.scope)
-        except UserError as exc:
-            report.problems.append(str(exc))
+    report.check_api_key(config.compute)
     renderer = await _check_renderer(config, report)
     access = await _check_runtime(config, project.path, preflight, journal, renderer, report)
     report.warnings += cannot_train(config)
@@ -74,22 +59,14 @@ async def check(project: Project, **_: object) -> RLCheckReport:
     problem = open_file_problem(config.training.max_concurrent_rollouts, access)
     if problem:
         report.problems.append(problem)
-    lines, warnings = await asyncio.to_thread(
-        check_lines,
-        config.compute,
-        config.model,
-        concurrent_sequences=config.training.max_concurrent_rollouts,
-    )
-    report.lines += lines
-    report.warnings += warnings
-    report.ok = not report.problems
+    await report.check_memory(config.compute, config.model, config.training.max_concurrent_rollouts)
     atomic_write_json(
         preflight.root / "check.json", {"ok": report.ok, "lines": report.lines, "problems": report.problems}
     )
     return report
 
 
-async def _check_renderer(config: RLConfig, report: RLCheckReport) -> Renderer | None:
+async def _check_renderer(config: RLConfig, report: RecipeCheckReport) -> Renderer | None:
     """The model's tokenizer and renderer, as training renders prompts (None when they cannot load)."""
     try:
         # Said before loading anything: which renderer, and why, is worth knowing when the tokenizer fails.
@@ -118,7 +95,7 @@ async def _check_runtime(
     preflight: RunDirectory,
     journal: ResourceJournal,
     renderer: Renderer | None,
-    report: RLCheckReport,
+    report: RecipeCheckReport,
 ) -> ModelAccessMode:
     """The runtime as a run would build it: its own preflight, its tasks, the eval tasks and the first prompts.
     Returns its model access (in-process when it cannot load), which sizes the open-file check."""
@@ -132,7 +109,6 @@ async def _check_runtime(
             report.problems += [p for p in found if not isinstance(p, CheckWarning)]
             report.warnings += [p for p in found if isinstance(p, CheckWarning)]
             tasks = await runtime.tasks()
-            report.tasks = len(tasks)
             if renderer is not None:
                 report.warnings += await agent_time_warnings(config, runtime, renderer)
             report.lines.append(
@@ -171,7 +147,7 @@ def _checks_eval(config: RLConfig) -> bool:
     return config.eval.enabled or bool(config.eval.holdout)
 
 
-def _check_schedule_and_loss(config: RLConfig, report: RLCheckReport) -> None:
+def _check_schedule_and_loss(config: RLConfig, report: RecipeCheckReport) -> None:
     """The schedule's line, and a custom loss resolved as the run would (an unimportable one is a problem)."""
     t = config.training
     per_step = t.group_size * t.groups_per_step
@@ -181,14 +157,12 @@ def _check_schedule_and_loss(config: RLConfig, report: RLCheckReport) -> None:
         + (f" (max_staleness {t.max_staleness}, {t.stale_policy})" if t.mode == "async" else "")
     )
     try:
-        custom = resolve_custom_loss(t.loss, t.loss_config)
+        loss = TrainingLoss.of(t.loss, t.loss_config)
     except UserError as exc:
         report.problems.append(str(exc))
         return
-    if custom is not None:
-        reference = (
-            " (scores ref_logprobs with the version-0 policy)" if needs_reference_logprobs(custom) else ""
-        )
+    if loss.custom is not None:
+        reference = " (scores ref_logprobs with the version-0 policy)" if loss.needs_reference else ""
         report.lines.append(f"loss: custom {loss_name(t.loss)} through forward_backward_custom{reference}")
 
 
@@ -240,7 +214,7 @@ class RLRecipe(Recipe):
             config.model,
             config.compute.scope,
             cache_dir=config.compute.local.cache_dir,
-            choice=run_renderer_choice(config.model, run.run_dir.read_run_json()),
+            run_json=run.run_dir.read_run_json(),
         )
         policy = Policy(run.training_client, config.model.base_model)
         return RLRun(

@@ -1,10 +1,5 @@
 """The rollout runtimes of one RL config, opened and closed as one: an async context manager.
 
-    async with await RolloutRuntimes.open(config, config_path, held_out=True) as runtimes:
-        runtimes.bind(run_dir.state, resources)
-        await runtimes.lease_model_access()   # agent programs: a gateway and per-attempt leases
-        ...                                   # runtimes.training, runtimes.held_out
-
 `loops run` (the RL recipe), `loops check` and `loops eval` all take their runtimes this way, so each is
 loaded, bound, given the gateway its agents need, and closed on every path: a failure half-way closes what was
 already loaded, and the gateway stops after the runtimes that lease from it.

@@ -1,16 +1,9 @@
-"""Rollout scheduling: groups of attempts per task, bounded concurrency, sync or async.
+"""Rollout scheduling: groups of attempts per task, bounded concurrency, sync or async
+(docs/reference/scheduling.md).
 
-- `sync`: a step's groups are sampled with the current policy, then trained on, then the new policy
-  is published before the next step samples.
-- `async`: sampling continues while the trainer trains. A group may lag the trainer by at most
-  `max_staleness` policy versions. `pace`: a step's groups start only once the trainer is close
-  enough, so none is ever too stale. `requeue`: groups start as soon as there is room and are taken in
-  the order they finish; one that turns out too stale is dropped and its task attempted again.
-
-Attempts that raise, time out, block the event loop or return what cannot train are kept with their
-reason (never crash the run) and do not train (`rl/attempt_boundary.py`). An attempt's timeout is not
-charged for the time another task blocked the loop (`rl/loop_watchdog.py`).
-Task order is a pure function of (seed, step), so a resumed run sees the same tasks.
+Attempts that raise, time out, block the event loop or return what cannot train are kept with their reason
+and do not train (`rl/attempt_boundary.py`); task order is a pure function of (seed, step), so a resumed run
+sees the same tasks.
 """
 
 from __future__ import annotations
@@ -27,12 +20,13 @@ from typing import TYPE_CHECKING, Any
 from loops_nb.discard_reason import DiscardReason
 from loops_nb.errors import LoopsNbError
 from loops_nb.llm.capture import TokenCapture
-from loops_nb.llm.client import ContextTooLong, LoopsLLM
+from loops_nb.llm.client import ContextTooLong, LoopsLLM, PolicySource, SamplingDefaults
 from loops_nb.rl.attempt_boundary import checked_evidence
 from loops_nb.rl.loop_watchdog import LoopWatchdog
 from loops_nb.runtime import Attempt, AttemptServices, Evidence, RolloutRuntime, Task
 
 if TYPE_CHECKING:
+    from loops_nb.llm.renderer import Renderer
     from loops_nb.resources import ResourceRegistry
 
 log = logging.getLogger(__name__)
@@ -80,6 +74,18 @@ class SchedulerStats:
 
 
 MakeLLM = Callable[[TokenCapture, int], LoopsLLM]
+
+
+def llm_maker(
+    renderer: Renderer,
+    policy: PolicySource,
+    sampling: SamplingDefaults,
+    on_sampling_error: Callable[[Exception], None] | None = None,
+) -> MakeLLM:
+    """Each attempt's `LoopsLLM`: ``policy``'s current sampling client, with the attempt's capture and seed."""
+    return lambda capture, seed: LoopsLLM(
+        renderer, policy, capture, sampling, seed=seed, on_sampling_error=on_sampling_error
+    )
 
 
 @dataclass(eq=False)

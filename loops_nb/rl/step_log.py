@@ -1,9 +1,6 @@
 """What one RL step leaves behind, apart from training it: its steps.jsonl metrics, one rollouts.jsonl row per
-attempt, its transcript, and the observer events.
-
-`RLRun.train_step` trains a step (`StepTraining`) and hands the result to `StepLog.record`; reading that
-method top to bottom follows one step's groups into every file and event. Every per-attempt dict, the rollouts
-row, the observer's `AttemptFinished` and the transcript, is a view of one `AttemptView`.
+attempt, its transcript, and the observer events. Every per-attempt dict (the rollouts row, the observer's
+`AttemptFinished`, the transcript entry) is a view of one `AttemptView`.
 """
 
 from __future__ import annotations

@@ -7,12 +7,14 @@ whose defaults and meanings differ (RL updates a policy by small steps, SFT foll
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pydantic import Field
 
 from loops_nb.config.sections import Section
+
+if TYPE_CHECKING:
+    from baseten.loops import AdamParams
 
 
 class OptimizerSettings(Section):
@@ -27,27 +29,12 @@ class OptimizerSettings(Section):
     grad_clip_norm: float = Field(1.0, ge=0)
     """Clip the gradient norm to this (0 disables)."""
 
-
-@dataclass(frozen=True)
-class AdamSettings:
-    learning_rate: float
-    beta1: float
-    beta2: float
-    eps: float
-    weight_decay: float
-    grad_clip_norm: float
-
-    @classmethod
-    def of(cls, training: OptimizerSettings, learning_rate: float) -> AdamSettings:
-        t = training
-        return cls(learning_rate, t.beta1, t.beta2, t.eps, t.weight_decay, t.grad_clip_norm)
-
-    def params(self, learning_rate: float | None = None) -> Any:
-        """The SDK's `AdamParams` (``learning_rate`` overrides the peak, for a schedule's step)."""
+    def adam_params(self, learning_rate: float) -> AdamParams:
+        """The SDK's `AdamParams` for one `optim_step` at ``learning_rate`` (a schedule's step, or the peak)."""
         from baseten.loops import AdamParams
 
         return AdamParams(
-            learning_rate=self.learning_rate if learning_rate is None else learning_rate,
+            learning_rate=learning_rate,
             beta1=self.beta1,
             beta2=self.beta2,
             eps=self.eps,

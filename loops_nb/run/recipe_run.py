@@ -4,11 +4,7 @@ Exactly-once: a checkpoint at ``k`` means steps ``0..k-1`` were applied. `resume
 with the optimizer state and cuts the logs back to it; `execute` then runs steps ``k..total-1``, saving
 every ``save_every`` steps and, at the end (or when stopped), the final checkpoint with the sampler
 weights. Any failure after the first step is a `RunFailed` naming the step and the checkpoint a rerun
-resumes from — the final checkpoint's included, in every recipe.
-
-A recipe subclasses it and supplies `train_step` (one optimizer step, logged) and, where it needs them,
-the hooks `begin` (before the first step), `end` (after the last, always), `load_checkpoint`, `rewind`,
-`start_over`, `when_stopped`, `when_completed`, `policy_version` and `outcome`.
+resumes from. A recipe supplies `train_step` and overrides the hooks it needs.
 """
 
 from __future__ import annotations

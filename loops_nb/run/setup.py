@@ -5,9 +5,6 @@ In order: the run directory; the config-drift check against a resumed run's run.
 (no Loops client: on a dedicated scope one could provision billable capacity for nothing); the Loops
 connection and training client; run.json (its ``run_id`` is the first attempt's, never replaced); the
 recipe's `RecipeRun`, resumed from its last checkpoint. Whatever happens, what was opened is closed.
-
-A recipe describes itself with a `Recipe`: its name, config, step count, the lines and record it adds,
-and `start`, which builds its `RecipeRun` around the training client.
 """
 
 from __future__ import annotations
@@ -56,9 +53,9 @@ class Recipe(ABC):
     name: str
     """`rl` or `sft`: run.json's `recipe`, the drift check's rules."""
     train_more: str = "raise training.max_steps"
+    """How to train a finished run further (said when a rerun finds it complete)."""
     outcome_type: type[Outcome] = Outcome
     """What a run found finished returns (its `RecipeRun`'s `outcome_type`)."""
-    """How to train a finished run further (said when a rerun finds it complete)."""
 
     def __init__(self, config: RecipeConfig, config_path: Path, *, seed: int) -> None:
         self.config = config

@@ -1,10 +1,4 @@
-"""Supervised fine-tuning: data contracts, the target rule, check and training.
-
-`read_rows` streams a JSONL dataset into validated rows (or refusals with a reason), `SFTTargets` turns them
-into training `Example`s through the model's renderer (its chat template or its family's renderer, the one
-sampling uses: `chat_targets`, `sft_targets`), and `CheckReport` summarises what trains.
-`SFTData` plans which examples train at each step, `SFTRun` trains them (resuming exactly), and
-`loops_nb.sft.compare.compare` samples the base model and the trained adapter on held-out conversations.
+"""Supervised fine-tuning: data contracts, the target rule, check and training (docs/reference/sft.md).
 
 The names below are importable from `loops_nb.sft`; each is loaded from its module on first use, so importing
 one part of the recipe (`loops_nb.sft.targets`, say) does not import the rest. (`compare` is the module's

@@ -1,23 +1,11 @@
 """Which examples train at which step: the held-out split, the per-epoch order and token batches.
 
-Everything here is a pure function of the data files and the config, so that the mapping *step -> batch* is
-the same in every process that computes it. That is what makes resuming exact: a resumed run recomputes the
-plan, skips the steps its checkpoint already applied, and trains the rest, with no batch replayed or skipped.
-
-* **Held-out split.** With an eval file, it is the held-out set. Otherwise a row is held out when a hash of
-  (``shuffle_seed``, row number) falls under ``eval_fraction``: the decision needs only the row itself, so it is
-  made while streaming, never changes when rows are added after it, and whole rows (all their examples) go one
-  way.
-* **Index, not examples.** One streaming pass renders every row and keeps, per training example, four integers
-  (the row's byte offset, its index in the row, its length and trained tokens). A batch's token ids are built
-  again when it trains, by seeking to its rows and rendering them (rendering is deterministic). Memory is
-  O(examples) small integers, never O(tokens), however large the file.
-* **Order.** Each epoch is a fresh permutation of all training examples, seeded by (``shuffle_seed``, epoch).
-* **Batches.** Examples in that order fill a batch while the batch stays within ``batch_tokens`` tokens; an
-  example longer than the budget (``max_seq_len`` allowing) is a batch of its own. Batches never span epochs.
-
-Deliberate simplifications: no packing of several examples into one sequence (each example is its own datum;
-the trainer pads), and no length bucketing, so batch sizes vary with the examples drawn.
+Everything here is a pure function of the data files and the config, so the mapping *step -> batch* is the
+same in every process that computes it: a resumed run recomputes the plan and trains the rest, with no batch
+replayed or skipped. A held-out row is chosen by a hash of its row number alone (stable while streaming and
+when rows are appended). One streaming pass keeps four integers per example, never its tokens: a batch is
+rendered again from its rows when it trains, so memory is O(examples) however large the file
+(docs/reference/sft.md#the-plan-which-examples-train-at-which-step).
 """
 
 from __future__ import annotations
@@ -76,7 +64,6 @@ class ExampleIndex:
         self.subs = array("l")
         self.tokens = array("q")
         self.trained = array("q")
-        self.rows_seen = 0
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -90,7 +77,6 @@ class ExampleIndex:
         return sum(self.trained)
 
     def add(self, offset: int, rendered: RenderedRow) -> None:
-        self.rows_seen += 1
         # Every example trains: the renderer refuses a row whose example has no trainable target, so what
         # `check` counts (the same RenderedRow) is exactly what is indexed here.
         for sub, example in enumerate(rendered.examples):
@@ -201,9 +187,6 @@ class BatchPlan:
         self, index: ExampleIndex, *, batch_tokens: int, epochs: int, seed: int, max_steps: int | None = None
     ) -> None:
         self.index = index
-        self.batch_tokens = batch_tokens
-        self.epochs = epochs
-        self.seed = seed
         self._orders: list[array] = []
         self._bounds: list[list[int]] = []
         for epoch in range(epochs):

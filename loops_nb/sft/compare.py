@@ -4,27 +4,10 @@
     print("\\n".join(comparison.describe()))
     comparison.table                                            # one line per compared turn
 
-For each held-out row (the eval file, or the hash-chosen held-out rows of the training file), the prompt is the
-conversation up to its last trained assistant turn (``turns="all"``: up to each trained turn), rendered with
-the generation prompt. The base model and the adapter each answer it greedily (temperature 0), and each reply
-is scored against the reference turn:
-
-* ``tool_call`` (the reference calls tools): 1 when the reply calls the same tools with the same arguments,
-  in any order (strings compared stripped and case-insensitively, numbers as numbers), and every
-  ``<tool_call>`` block parses;
-* ``direct_answer`` (a row with tools whose reference answers without a call): 1 when the reply makes no
-  tool call and says something;
-* a reply with tool markup (``<tool_call>``, ``<tool_response>``, ``<tools>``) that does not parse as a call,
-  e.g. a hallucinated tool result, scores 0 as a call and as a direct answer;
-* ``text`` (a row without tools): 1 when the reply equals the reference after normalising (lower case,
-  whitespace collapsed, punctuation and quotes at the ends dropped, ``<think>`` reasoning removed).
-
-``base_exact`` / ``adapter_exact`` apply the text rule to every turn without a tool call, so direct answers
-can be compared on wording too. Both models are sampled through the SDK, by the one checkpoint-to-sampler path
-(`loops_nb.run_checkpoints`): the base by its name, the adapter from the run's latest checkpoint (its sampler
-weights, or its trainer state loaded with the optimizer and published); on the local scope the embedded Loops
-reuses the run's own state directory. Deliberate simplification: one greedy sample per turn, no tool execution
-(the reference tool results stay in the prompt of later turns).
+Both models answer each held-out prompt greedily through the SDK (the one checkpoint-to-sampler path,
+`loops_nb.run_checkpoints`), and each reply is scored against the reference turn as a `tool_call`, a
+`direct_answer` or `text` (docs/reference/sft.md#comparing-the-base-model-and-the-adapter has the rules).
+Deliberate simplification: one greedy sample per turn, no tool execution.
 """
 
 from __future__ import annotations
@@ -99,7 +82,8 @@ def _call_key(name: str, arguments: JsonValue) -> str:
 def score_reply(
     reply: str, reference: Message, *, has_tools: bool, parsed: ParsedReply | None = None
 ) -> tuple[str, float, float | None]:
-    """``(kind, score, exact)`` of a generated reply against the reference assistant turn (see the module doc).
+    """``(kind, score, exact)`` of a generated reply against the reference assistant turn (the rules:
+    docs/reference/sft.md).
 
     ``parsed``: the reply as the run's renderer parsed its tokens (what `compare` passes, so evaluation reads
     replies as sampling does); without it the text is parsed as a chat template's reply."""
@@ -153,14 +137,6 @@ class Comparison:
     source: str
     max_tokens: int
 
-    @property
-    def base_accuracy(self) -> float:
-        return float(self.table["base_score"].mean()) if len(self.table) else float("nan")
-
-    @property
-    def adapter_accuracy(self) -> float:
-        return float(self.table["adapter_score"].mean()) if len(self.table) else float("nan")
-
     def by_kind(self) -> pd.DataFrame:
         """Turns and mean scores per kind (tool_call, direct_answer, text)."""
         grouped = self.table.groupby("kind", sort=True)
@@ -172,7 +148,7 @@ class Comparison:
         lines = [
             f"comparison: {len(self.table)} held-out turn(s) of {self.source}, greedy, max_tokens {self.max_tokens}",
             f"scoring: {SCORING}",
-            f"accuracy: base {self.base_accuracy:.2f}, adapter {self.adapter_accuracy:.2f}",
+            f"accuracy: base {self.table['base_score'].mean():.2f}, adapter {self.table['adapter_score'].mean():.2f}",
         ]
         for kind in self.by_kind().itertuples():
             lines.append(f"  {kind.kind} ({kind.turns}): base {kind.base:.2f}, adapter {kind.adapter:.2f}")
@@ -208,15 +184,11 @@ def held_out_rows(
     )  # one at least
 
 
-def _run_directory(config: SFTConfig, run: Outcome | str | Path | None) -> RunDirectory:
+def _run_directory(project: Project, run: Outcome | str | Path | None) -> RunDirectory:
+    """``run`` (its `Outcome` or directory), else the config's run (`Project.run_dir`)."""
     if isinstance(run, Outcome):
-        root = Path(run.run_dir)
-    elif run is not None:
-        root = Path(run)
-    elif config.output.run_name:
-        root = config.output.output_dir / config.output.run_name
-    else:
-        raise UserError("compare needs the run: pass its Outcome or run directory (or set output.run_name)")
+        run = run.run_dir
+    root = Path(run) if run is not None else project.run_dir()
     if not (root / "checkpoints.jsonl").is_file():
         raise UserError(f"{root}: no checkpoints.jsonl, so no trained adapter to compare (train first)")
     return RunDirectory(root)
@@ -250,7 +222,7 @@ async def compare(
     if project.config.recipe != "sft":
         raise UserError(f"compare is for SFT runs; {project.path} is a {project.config.recipe} config")
     config = project.config_as(SFTConfig)
-    run_dir = _run_directory(config, run)
+    run_dir = _run_directory(project, run)
     checkpoint = find_checkpoint(run_dir, "latest")
     tokenizer = await asyncio.to_thread(
         load_model_tokenizer, config.model, config.compute.scope, cache_dir=config.compute.local.cache_dir

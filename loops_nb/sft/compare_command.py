@@ -20,12 +20,9 @@ from loops_nb.sft.compare import compare
 
 
 def main(argv: list[str] | None = None, *, config_dir: Path | None = None) -> None:
-    """``[CONFIG] [--compare ROWS] [--KEY VALUE ...]``.
-
-    Trains the config, then compares base model and adapter. The run directory is resumed if it exists (a
-    finished run returns at once), so this compares a run made by `loops run` without retraining. A bare config
-    name is looked up in ``config_dir`` (the example's folder).
-    """
+    """``[CONFIG] [--compare ROWS] [--KEY VALUE ...]``: train the config (a finished run returns at once, so a run
+    made by `loops run` is compared without retraining), then compare; a bare config name is looked up in
+    ``config_dir`` (the example's folder)."""
     parser = argparse.ArgumentParser(
         usage="%(prog)s [CONFIG] [--compare ROWS] [--turns last|all] [--max-tokens N] [--KEY VALUE ...]",
         description="Train an SFT config (default sft_local.toml), then compare base model and adapter.",

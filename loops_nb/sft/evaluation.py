@@ -1,10 +1,6 @@
-"""Examples to trainer datums, and the held-out loss.
-
-A datum follows Loops' alignment (no server-side shift): ``model_input = ids[:-1]``,
-``target_tokens = ids[1:]``, ``weights = weights[1:]``, so target ``i`` is the token after input ``i`` and
-carries that token's weight. The loss reported, in training and on the held-out set, is the token-weighted
-mean negative log-likelihood ``sum(w * -logprob) / sum(w)`` over the examples' trained tokens, computed here
-from the per-token logprobs the trainer returns, so it means the same on every scope.
+"""Examples to trainer datums (Loops' alignment: target ``i`` is the token after input ``i``), and the held-out
+loss: the token-weighted mean negative log-likelihood of the trained tokens, computed here from the trainer's
+per-token logprobs so that it means the same on every scope (docs/reference/sft.md#a-step).
 """
 
 from __future__ import annotations

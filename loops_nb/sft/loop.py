@@ -1,28 +1,20 @@
-"""The SFT training loop: one forward_backward and one optim_step per planned batch, evaluation,
-checkpoints and logs — on the shared run skeleton (`loops_nb.run.recipe_run`).
+"""The SFT training loop on the shared run skeleton (`loops_nb.run.recipe_run`): per planned batch one
+cross-entropy `forward_backward` and one `optim_step` at the schedule's rate, and the held-out loss before the
+first step, every `eval_every` steps and at the end.
 
-Per step ``s`` (0-based): the batch ``plan.batch(s)`` is rebuilt from the data files, trained with
-``cross_entropy`` (token weights from the target rule), and one ``optim_step`` applies it with the learning
-rate of step ``s``. ``steps.jsonl`` gets one record per optimizer step, with the batch's identity (a hash of its
-example ids) so two runs can be compared step by step. Every ``eval_every`` steps, before the first step and at
-the end, the held-out loss is measured (forward only); ``evals.jsonl`` keeps it.
-
-Exactly-once (the skeleton's): a checkpoint at ``k`` means steps ``0..k-1`` were applied. A resumed run loads
-it, cuts the logs back to it, checks that the steps it keeps trained the batches the plan gives now, and
-continues at step ``k``. Since the plan is a pure function of the data and the config, no batch is replayed or
-skipped.
+Resuming is exact because the plan is a pure function of the data and the config: the steps a checkpoint
+keeps must have trained the batches the plan gives them now (`check_plan`), or the run is refused
+(docs/reference/sft.md#resume-every-optimizer-step-exactly-once).
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from typing import TYPE_CHECKING, Any
 
 from loops_nb.errors import UserError
 from loops_nb.observers import ObserverSet
-from loops_nb.run.optimizer import AdamSettings
 from loops_nb.run.recipe_run import RecipeRun
 from loops_nb.run_dir import Checkpoint, JsonlLog, RunDirectory
 from loops_nb.run_events import EvalRecord
@@ -36,8 +28,6 @@ from loops_nb.step_record import StepRecord
 
 if TYPE_CHECKING:
     from baseten.loops import TrainingClient
-
-log = logging.getLogger(__name__)
 
 
 class SFTRun(RecipeRun):
@@ -66,7 +56,6 @@ class SFTRun(RecipeRun):
         )
         self.config = config
         self.data = data
-        self.adam = AdamSettings.of(t, t.learning_rate)
         self.evals = JsonlLog(run_dir.root / "evals.jsonl")
         self._eval_examples: list[Example] = []
 
@@ -105,7 +94,7 @@ class SFTRun(RecipeRun):
             [example_datum(e) for e in examples], loss_fn="cross_entropy"
         )
         out = await fb.result_async()
-        optim = await self.trainer.optim_step_async(self.adam.params(lr))
+        optim = await self.trainer.optim_step_async(self.config.training.adam_params(lr))
         optim_out = await optim.result_async()
         nll, weight = weighted_nll(examples, out.loss_fn_outputs)
         record: dict[str, Any] = {
@@ -117,9 +106,9 @@ class SFTRun(RecipeRun):
             "examples": len(examples),
             "batch": batch_id(self.data.train, batch.indices),
         }
-        for key, value in (getattr(optim_out, "metrics", None) or {}).items():
-            if key == "grad_norm" and isinstance(value, int | float):
-                record["optim/grad_norm"] = float(value)
+        grad_norm = (getattr(optim_out, "metrics", None) or {}).get("grad_norm")
+        if isinstance(grad_norm, int | float):
+            record["optim/grad_norm"] = float(grad_norm)
         record["time/step_s"] = round(time.perf_counter() - step_started, 3)
         every = self.config.training.eval_every
         last = step + 1 == self.data.plan.total_steps

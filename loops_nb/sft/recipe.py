@@ -10,16 +10,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from loops_nb.compute import require_api_key
 from loops_nb.errors import DataError, UserError
 from loops_nb.llm.renderer import CHAT_TEMPLATE, ChatRenderer
 from loops_nb.llm.template_check import template_report
-from loops_nb.local.memory_budget import check_lines
 from loops_nb.model_renderer import load_model_tokenizer, model_renderer_choice, run_renderer_choice
 from loops_nb.run.check_report import RecipeCheckReport
 from loops_nb.run.setup import Recipe, RunStart, run_recipe
@@ -36,17 +33,11 @@ if TYPE_CHECKING:
     from loops_nb.llm.renderer_choice import RendererChoice
     from loops_nb.project import Project
 
-log = logging.getLogger(__name__)
-
 
 @dataclass
 class SFTCheckReport(RecipeCheckReport):
-    """What `check` found: header lines, the training data's `CheckReport`, the plan, and problems.
-
-    ``ok`` is False only when the data cannot train at all (a data file is missing, or no row trains); refused
-    rows are reported, not fatal. ``warnings`` (held-out data that yields no example) do not fail the check, but
-    its last line says there are some.
-    """
+    """What `check` found, with the training data's `CheckReport` and the plan. Refused rows are reported, not
+    problems: the check fails when no row trains (or a data file, the API key or the tokenizer is missing)."""
 
     data: CheckReport | None = None
     plan_lines: list[str] = field(default_factory=list)
@@ -144,11 +135,7 @@ async def check(project: Project, *, refusals: str | Path | None = None, **_: ob
     report.lines.append(
         f"recipe: sft, scope {config.compute.scope}, model {m.base_model}, LoRA rank {m.lora_rank}"
     )
-    if config.compute.scope != "local":
-        try:
-            require_api_key(config.compute.scope)
-        except UserError as exc:
-            report.problems.append(str(exc))
+    report.check_api_key(config.compute)
     try:
         tokenizer = await _tokenizer(config)
         with contextlib.ExitStack() as stack:
@@ -162,7 +149,6 @@ async def check(project: Project, *, refusals: str | Path | None = None, **_: ob
             )
     except UserError as exc:
         report.problems.append(str(exc))
-        report.ok = False
         return report
     if sink is not None:
         report.refusals_file = str(sink.path)
@@ -193,10 +179,7 @@ async def check(project: Project, *, refusals: str | Path | None = None, **_: ob
     report.warnings += held_out_warnings(config, data)
     if not len(data.train):
         report.problems.append(f"no row of {config.data.train} trains (see the refusals above)")
-    lines, warnings = await asyncio.to_thread(check_lines, config.compute, m, concurrent_sequences=0)
-    report.lines += lines
-    report.warnings += warnings
-    report.ok = not report.problems
+    await report.check_memory(config.compute, m, concurrent_sequences=0)
     return report
 
 

@@ -1,9 +1,6 @@
-"""`check`'s report: what trains, what is split per turn, what is refused and why, in one streaming pass.
-
-The report is built by streaming rows through the `Renderer`, so it sees exactly what training will see. Memory
-stays flat as the dataset grows: per row it keeps a few integers (and the reason, for split or refused rows),
-never the examples' tokens; lengths go into fixed histogram bins; only a bounded sample of rendered rows is kept
-for previews.
+"""`check`'s report: what trains, what is split per turn, what is refused and why, in one streaming pass
+through the `Renderer`, so it sees exactly what training will. Memory stays flat as the dataset grows: a few
+integers per row, fixed histogram bins, and a bounded sample of rendered rows for previews.
 """
 
 from __future__ import annotations

@@ -18,13 +18,9 @@ Schedule = Literal["constant", "linear", "cosine"]
 def learning_rate(
     step: int, *, total_steps: int, peak: float, schedule: Schedule = "linear", warmup_steps: int = 0
 ) -> float:
-    """The rate for 0-based ``step`` of ``total_steps``.
-
-    Warm-up: step ``i < warmup_steps`` uses ``peak * (i + 1) / warmup_steps`` (never 0, so no step is wasted).
-    After it, with ``p = (step - warmup_steps) / (total_steps - warmup_steps)`` going from 0 at the first decay
-    step towards 1: ``constant`` keeps ``peak``, ``linear`` is ``peak * (1 - p)``, ``cosine`` is
-    ``peak * (1 + cos(pi * p)) / 2``. Both reach 0 as the last step ends, so the last step still learns.
-    """
+    """The rate for 0-based ``step`` of ``total_steps``: warm-up never at 0 (no step is wasted), and a decay that
+    reaches 0 only as the last step ends, so the last step still learns (the formulas:
+    docs/reference/sft.md#learning-rate-schedule)."""
     if step < 0:
         raise ValueError(f"step must be >= 0, got {step}")
     if warmup_steps and step < warmup_steps:

@@ -1,15 +1,10 @@
 """Content survival: did the chat template keep everything the row says?
 
-Templates lose data silently. SmolLM2's template, for one, ignores ``tools`` and renders an assistant turn that
-holds only ``tool_calls`` as an empty turn: training on it teaches the model to answer a tool request with
-nothing. So after rendering, every message's text, every tool call's name and argument values, and every tool
-definition's name must be found in the rendered text, or the row is refused with the reason.
-
-The check is by substring, so it is lenient about formatting (argument values are matched as JSON values, not as
-one exact serialisation) and strict about loss. A trained turn is checked inside its own rendered turn, where a
-drop matters most; context messages anywhere in the example's text, because templates may move them (Mistral puts
-the system prompt in the last user turn). Reasoning that a template drops from *earlier* turns (Qwen3) is not
-a loss: that is how the model saw those turns, and such rows are split per turn instead.
+Templates lose data silently (SmolLM2's drops `tools` and renders a tool-call-only turn empty), and training
+on that teaches the model to answer with nothing. So every message's text, tool call and tool definition must
+be found in the rendered text, by substring: lenient about formatting, strict about loss
+(docs/reference/sft.md#content-survival). Reasoning a template drops from earlier turns (Qwen3) is not a loss:
+such rows are split per turn instead.
 """
 
 from __future__ import annotations

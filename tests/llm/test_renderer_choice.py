@@ -126,7 +126,7 @@ def test_a_run_keeps_the_renderer_its_run_json_recorded(qwen36_folder: Path) -> 
     older = {"renderer": {**record, "name": "qwen3.5", "why": "auto: as it was"}}
     assert run_renderer_choice(model, older) == RendererChoice("qwen3.5", "auto: as it was")
     assert renderer_record(model, older) == {**record, "name": "qwen3.5", "why": "auto: as it was"}
-    sampled = load_model_renderer(model, "serverless", choice=run_renderer_choice(model, older))
+    sampled = load_model_renderer(model, "serverless", run_json=older)
     assert (sampled.name, sampled.why) == ("qwen3.5", "auto: as it was")
     # Resolved afresh: a run from before the record, or one whose setting or template changed on a resume.
     assert run_renderer_choice(model, {}).name == "qwen3.6"

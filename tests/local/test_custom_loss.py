@@ -12,6 +12,7 @@ import asyncio
 
 import pytest
 import torch
+from baseten.loops import AdamParams
 
 from loops_nb.rl.custom_loss import (
     TrainingLoss,
@@ -22,11 +23,10 @@ from loops_nb.rl.custom_loss import (
 )
 from loops_nb.rl.datums import SequenceDatum
 from loops_nb.rl.policy import Policy
-from loops_nb.run.optimizer import AdamSettings
 
 # eps = 1 keeps Adam's first step roughly linear in the gradient (with a tiny eps it is lr·sign(g) and would
 # hide a mis-scaled gradient); no clipping, so the norm we compare is the raw one.
-ADAM = AdamSettings(learning_rate=1.0, beta1=0.9, beta2=0.95, eps=1.0, weight_decay=0.0, grad_clip_norm=0.0)
+ADAM = AdamParams(learning_rate=1.0, beta1=0.9, beta2=0.95, eps=1.0, weight_decay=0.0, grad_clip_norm=0.0)
 
 
 @pytest.fixture(scope="module")

@@ -353,6 +353,8 @@ async def test_compare_returns_a_table_of_base_and_adapter_replies(trained):
     assert (table["base_reply"] != table["adapter_reply"]).any(), table[["base_reply", "adapter_reply"]]
     text = "\n".join(comparison.describe())
     assert "accuracy: base" in text and "scoring:" in text
+    # Without the run, compare takes the config's (output.run_name): the same adapter, the same greedy replies.
+    assert (await compare(project, rows=3, max_tokens=4)).table.equals(table)
 
 
 async def test_check_says_how_to_make_missing_data(tmp_path, tiny_model):
