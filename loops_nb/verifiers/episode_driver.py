@@ -288,6 +288,11 @@ def _result(episode, task) -> dict[str, Any]:
     }
 
 
+def _failed(request_id: str, error: str) -> dict[str, object]:
+    """`serve`'s result line for an episode that gave no result."""
+    return {"id": request_id, "reward": None, "metrics": {}, "completion": [], "num_calls": 0, "error": error}
+
+
 def _env_from_args(args: argparse.Namespace):
     env_args = _apply_split(_json_arg(args.env_args, "--env-args"), args.split, args.env)
     return _load_env(
@@ -354,16 +359,7 @@ def cmd_serve(args: argparse.Namespace, out) -> None:
                 async with gate:
                     task = tasks.get(str(request.get("task_id")))
                     if task is None:
-                        emit(
-                            {
-                                "id": request_id,
-                                "reward": None,
-                                "metrics": {},
-                                "completion": [],
-                                "num_calls": 0,
-                                "error": f"no task with id {request.get('task_id')!r}",
-                            }
-                        )
+                        emit(_failed(request_id, f"no task with id {request.get('task_id')!r}"))
                         return
                     os.environ[key_var] = str(request.get("api_key") or "")
                     ctx = _client_context(
@@ -376,29 +372,10 @@ def cmd_serve(args: argparse.Namespace, out) -> None:
                     episode = await env.run_episode(task, ctx)
                     emit({"id": request_id, **_result(episode, task)})
             except asyncio.CancelledError:
-                emit(
-                    {
-                        "id": request_id,
-                        "reward": None,
-                        "metrics": {},
-                        "completion": [],
-                        "num_calls": 0,
-                        "error": "cancelled",
-                    }
-                )
+                emit(_failed(request_id, "cancelled"))
             except Exception as e:
                 traceback.print_exc()
-                emit(
-                    {
-                        "id": request_id,
-                        "reward": None,
-                        "metrics": {},
-                        "completion": [],
-                        "num_calls": 0,
-                        "error": f"crash: {type(e).__name__}: {_one_line(e)}",
-                        "crashed": True,
-                    }
-                )
+                emit({**_failed(request_id, f"crash: {type(e).__name__}: {_one_line(e)}"), "crashed": True})
             finally:
                 os.environ.pop(key_var, None)
                 running.pop(request_id, None)
