@@ -40,6 +40,8 @@ from importlib import metadata
 from typing import Any
 
 LOAD_ERROR = 3
+POOL_KEY_VAR = "LOOPS_VF_NO_KEY"
+"""The pooled client's key variable (unset): a request is sent by a copy that holds its own key."""
 SUPPORTED = (0, 4)
 MAX_SCAN = 100_000
 """Tasks read at most while looking for a task id or listing an unbounded taskset without --limit."""
@@ -203,18 +205,15 @@ def _apply_split(env_args: dict[str, Any], split: str | None, env_id: str) -> di
 
 def cmd_list(args: argparse.Namespace) -> dict[str, Any]:
     version = _check_version()
-    env_args = _apply_split(_json_arg(args.env_args, "--env-args"), args.split, args.env)
-    env = _load_env(
-        args.env, env_args, _json_arg(args.harness, "--harness") or None, _json_arg(args.runtime, "--runtime")
-    )
-    tasks = []
-    first = None
-    for task in _tasks(env, args.limit):
-        first = first or task
-        tasks.append({"id": _task_id(task), "prompt": _prompt(task), "info": _info(task)})
+    env = _env_from_args(args)
+    return _listing(env, list(_tasks(env, args.limit)), version)
+
+
+def _listing(env, tasks: list, version: str) -> dict[str, Any]:
+    """`list`'s object: the verifiers version, the rubric (from the first task's reward hooks) and the tasks."""
     task_cls = type(env.taskset).task_type()
-    if first is not None:
-        rewards = first.hooks("reward")
+    if tasks:
+        rewards = tasks[0].hooks("reward")
     else:
         rewards = task_cls(task_cls.data_type().model_construct(), env.taskset.config.task).hooks("reward")
     rubric = {
@@ -222,7 +221,8 @@ def cmd_list(args: argparse.Namespace) -> dict[str, Any]:
         "functions": [fn.__name__ for fn in rewards],
         "weights": [float(getattr(fn, "_vf_weight", 1.0)) for fn in rewards],
     }
-    return {"verifiers_version": version, "env_id": args.env, "rubric": rubric, "tasks": tasks}
+    listed = [{"id": _task_id(task), "prompt": _prompt(task), "info": _info(task)} for task in tasks]
+    return {"verifiers_version": version, "env_id": env.config.taskset.id, "rubric": rubric, "tasks": listed}
 
 
 def _find_task(env, task_id: str):
@@ -293,6 +293,35 @@ def _failed(request_id: str, error: str) -> dict[str, object]:
     return {"id": request_id, "reward": None, "metrics": {}, "completion": [], "num_calls": 0, "error": error}
 
 
+def _share_one_pool() -> None:
+    """Every episode's model client on one connection pool, each still with its own lease key.
+
+    verifiers' interception server builds a client per distinct client config and keeps it until the
+    process ends. Each `serve` request names its key in a variable of its own, so each attempt got a new
+    httpx pool (a TLS context built, ~20-40 ms of CPU) whose sockets stayed open for the process's life.
+    A request's client is now a copy of one pooled client per endpoint, holding just that request's key.
+    """
+    import copy
+
+    import verifiers.v1 as vf
+    from verifiers.v1.configs.client import resolve_api_key, resolve_headers
+    from verifiers.v1.interception.server import InterceptionServer
+
+    pooled = InterceptionServer._client
+
+    def client(self, config):
+        if type(config) is not vf.EvalClientConfig:
+            return pooled(self, config)
+        endpoint = vf.EvalClientConfig(
+            base_url=config.base_url, api_key_var=POOL_KEY_VAR, timeout=config.timeout
+        )
+        lease = copy.copy(pooled(self, endpoint))  # shares the pool; only the pooled one is closed
+        lease.api_key, lease.headers = resolve_api_key(config), resolve_headers(config)
+        return lease
+
+    InterceptionServer._client = client
+
+
 def _env_from_args(args: argparse.Namespace):
     env_args = _apply_split(_json_arg(args.env_args, "--env-args"), args.split, args.env)
     return _load_env(
@@ -317,7 +346,7 @@ def cmd_run(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_serve(args: argparse.Namespace, out) -> None:
     """Many episodes in one process (verifiers imported and the environment loaded once).
 
-    stdout: first `{"ready": true, "verifiers_version", "env_id", "num_tasks"}`, then one line per finished
+    stdout: first `{"ready": true}` with `list`'s object (so no `list` process is needed), then one line per finished
     episode: the `run` object plus its request's `id` (and `"crashed": true`, the traceback on stderr, for an
     episode that raised). stdin: one JSON object a line, `{"id", "task_id", "base_url", "model",
     "sampling", "api_key"}` to start an episode, `{"cancel": id}` to cancel one (it answers with
@@ -327,8 +356,10 @@ def cmd_serve(args: argparse.Namespace, out) -> None:
     version = _check_version()
     import verifiers.v1 as vf
 
+    _share_one_pool()
     env = _env_from_args(args)
-    tasks = {_task_id(task): task for task in _tasks(env, args.limit)}
+    listed = list(_tasks(env, args.limit))
+    tasks = {_task_id(task): task for task in listed}
 
     def emit(obj: dict[str, Any]) -> None:
         out.write(json.dumps(obj) + "\n")
@@ -381,7 +412,7 @@ def cmd_serve(args: argparse.Namespace, out) -> None:
                 running.pop(request_id, None)
 
         async with env.serving():
-            emit({"ready": True, "verifiers_version": version, "env_id": args.env, "num_tasks": len(tasks)})
+            emit({"ready": True, **_listing(env, listed, version)})
             while (line := await lines.get()) is not None:
                 if not line.strip():
                     continue
