@@ -162,7 +162,7 @@ class VerifiersRuntime(RolloutRuntime):
             return []
         return [*listing.problems(), *(CheckWarning(w) for w in listing.warnings())]
 
-    async def check_episode(self, renderer: Renderer | None) -> tuple[list[str], list[str]]:
+    async def check_lines(self, renderer: Renderer | None) -> tuple[list[str], list[str]]:
         """`loops check`'s lines and problems: the tasks and rubric, and one episode through the gateway."""
         from loops_nb.verifiers.check_call import check_episode
 
