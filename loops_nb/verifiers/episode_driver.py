@@ -209,7 +209,7 @@ def cmd_list(args: argparse.Namespace) -> dict[str, Any]:
     return _listing(env, list(_tasks(env, args.limit)), version)
 
 
-def _listing(env, tasks: list, version: str) -> dict[str, Any]:
+def _listing(env, tasks: list, version: str) -> dict[str, object]:
     """`list`'s object: the verifiers version, the rubric (from the first task's reward hooks) and the tasks."""
     task_cls = type(env.taskset).task_type()
     if tasks:
@@ -225,8 +225,8 @@ def _listing(env, tasks: list, version: str) -> dict[str, Any]:
     return {"verifiers_version": version, "env_id": env.config.taskset.id, "rubric": rubric, "tasks": listed}
 
 
-def _find_task(env, task_id: str):
-    for task in _tasks(env, None):
+def _find_task(env, task_id: str, limit: int | None):
+    for task in _tasks(env, limit):
         if _task_id(task) == task_id:
             return task
     raise LoadError(f"environment {env.config.taskset.id!r} lists no task with id {task_id!r}")
@@ -294,13 +294,9 @@ def _failed(request_id: str, error: str) -> dict[str, object]:
 
 
 def _share_one_pool() -> None:
-    """Every episode's model client on one connection pool, each still with its own lease key.
-
-    verifiers' interception server builds a client per distinct client config and keeps it until the
-    process ends. Each `serve` request names its key in a variable of its own, so each attempt got a new
-    httpx pool (a TLS context built, ~20-40 ms of CPU) whose sockets stayed open for the process's life.
-    A request's client is now a copy of one pooled client per endpoint, holding just that request's key.
-    """
+    """Every episode's model client on one connection pool, each still with its own lease key. verifiers'
+    interception server builds a client (an httpx pool and TLS context: ~20-40 ms of CPU) per distinct client
+    config and keeps its sockets until the process ends: per attempt here, as each key has its own variable."""
     import copy
 
     import verifiers.v1 as vf
@@ -335,7 +331,7 @@ def cmd_run(args: argparse.Namespace) -> dict[str, Any]:
 
     sampling_args = _json_arg(args.sampling, "--sampling")
     env = _env_from_args(args)
-    task = _find_task(env, args.task_id)
+    task = _find_task(env, args.task_id, args.limit)
     if not os.environ.get("OPENAI_API_KEY"):
         print("note: OPENAI_API_KEY is unset; calling the model without a key", file=sys.stderr)
     ctx = _client_context(vf, args.base_url, args.model, sampling_args, "OPENAI_API_KEY")
@@ -346,8 +342,8 @@ def cmd_run(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_serve(args: argparse.Namespace, out) -> None:
     """Many episodes in one process (verifiers imported and the environment loaded once).
 
-    stdout: first `{"ready": true}` with `list`'s object (so no `list` process is needed), then one line per finished
-    episode: the `run` object plus its request's `id` (and `"crashed": true`, the traceback on stderr, for an
+    stdout: first `{"ready": true}` with `list`'s object (no `list` process needed), then one line per
+    finished episode: the `run` object plus its request's `id` (and `"crashed": true`, the traceback on stderr, for an
     episode that raised). stdin: one JSON object a line, `{"id", "task_id", "base_url", "model",
     "sampling", "api_key"}` to start an episode, `{"cancel": id}` to cancel one (it answers with
     `"error": "cancelled"`). Episodes run concurrently, at most --max-concurrent at once; at the end of stdin
@@ -393,13 +389,11 @@ def cmd_serve(args: argparse.Namespace, out) -> None:
                         emit(_failed(request_id, f"no task with id {request.get('task_id')!r}"))
                         return
                     os.environ[key_var] = str(request.get("api_key") or "")
-                    ctx = _client_context(
-                        vf,
-                        str(request["base_url"]),
+                    model, sampling = (
                         str(request.get("model") or "policy"),
                         dict(request.get("sampling") or {}),
-                        key_var,
                     )
+                    ctx = _client_context(vf, str(request["base_url"]), model, sampling, key_var)
                     episode = await env.run_episode(task, ctx)
                     emit({"id": request_id, **_result(episode, task)})
             except asyncio.CancelledError:
@@ -449,8 +443,7 @@ def parser() -> argparse.ArgumentParser:
             help="JSON object: where the agents run (default: subprocess, on this machine)",
         )
         s.add_argument("--split", choices=("train", "eval"), default=None)
-        if name in ("list", "serve"):
-            s.add_argument("--limit", type=int, default=None)
+        s.add_argument("--limit", type=int, default=None, help="the first N tasks only")
         if name == "serve":
             s.add_argument("--max-concurrent", type=int, default=64, help="episodes at once, at most")
         elif name == "run":

@@ -94,12 +94,10 @@ class VerifiersRuntime(RolloutRuntime):
             path = self.context.config_dir / path
         return str(path)
 
-    def _env_args(self) -> str:
-        return json.dumps(self.options.env_args)
-
     def _load_args(self) -> list[str]:
-        """What `list` and `serve` load the environment with."""
-        args = ["--env", self.options.env_id, "--env-args", self._env_args(), "--split", self.options.split]
+        """What the driver loads the environment with."""
+        args = ["--env", self.options.env_id, "--env-args", json.dumps(self.options.env_args)]
+        args += ["--split", self.options.split]
         args += [] if self.options.harness is None else ["--harness", json.dumps(self.options.harness)]
         return args + ([] if self.options.limit is None else ["--limit", str(self.options.limit)])
 
@@ -172,16 +170,13 @@ class VerifiersRuntime(RolloutRuntime):
         url = attempt.services.model_base_url
         if not url:
             raise RuntimeError("the verifiers runtime needs the model gateway (model access openai_http)")
-        environment = await self.environment()
-        argv = [str(environment.python), self._driver(), "run", "--env", self.options.env_id]
-        argv += ["--env-args", self._env_args(), "--task-id", attempt.task.id, "--base-url", url]
-        argv += ["--model", self.options.model, "--sampling", json.dumps(self.options.sampling)]
-        argv += ["--split", self.options.split]
-        argv += [] if self.options.harness is None else ["--harness", json.dumps(self.options.harness)]
         timeout = self.options.episode_timeout_seconds
         if self.options.episodes == "shared":
             outcome = await self._shared_episode(attempt, url)
         else:
+            argv = [str((await self.environment()).python), self._driver(), "run", *self._load_args()]
+            argv += ["--task-id", attempt.task.id, "--base-url", url, "--model", self.options.model]
+            argv += ["--sampling", json.dumps(self.options.sampling)]
             env = attempt_env(attempt, tuple(self.options.pass_env), self.options.offline)
             outcome = await run_driver(argv, timeout=timeout, env=env, attempt=attempt)
         if outcome.returncode not in (0, None):
