@@ -20,6 +20,7 @@ from loops_nb.llm.chat_messages import ChatMessage
 if TYPE_CHECKING:
     from loops_nb.llm.capture import TokenCapture
     from loops_nb.llm.client import LoopsLLM
+    from loops_nb.llm.renderer import Renderer
     from loops_nb.resources import ResourceRegistry
 
 
@@ -144,6 +145,12 @@ class RolloutRuntime:
         `CheckWarning` among them is printed as a warning and does not fail the check."""
         return []
 
+    async def check_lines(self, renderer: Renderer | None) -> tuple[list[str], list[str]]:
+        """`loops check`'s last step, after `preflight()`, the tasks and the first prompts: lines to print and
+        problems that fail the check (the verifiers runtime plays one episode through the gateway). None
+        by default."""
+        return [], []
+
     def prompt_messages(self, task: Task) -> list[ChatMessage] | None:
         """A task's first prompt, for `loops check` to render and count (None: not known in advance)."""
         return None
@@ -189,6 +196,7 @@ class AdaptedRuntime(RolloutRuntime):
         self.model_access = ModelAccessMode(getattr(inner, "model_access", ModelAccessMode.IN_PROCESS))
         self._bind = getattr(inner, "bind", None)
         self._preflight = getattr(inner, "preflight", None)
+        self._check_lines = getattr(inner, "check_lines", None)
         self._prompt_messages = getattr(inner, "prompt_messages", None)
         self._agent_time_limits = getattr(inner, "agent_time_limits", None)
 
@@ -207,6 +215,9 @@ class AdaptedRuntime(RolloutRuntime):
 
     async def preflight(self) -> list[str]:
         return list(await self._preflight()) if self._preflight is not None else []
+
+    async def check_lines(self, renderer: Renderer | None) -> tuple[list[str], list[str]]:
+        return await self._check_lines(renderer) if self._check_lines is not None else ([], [])
 
     def prompt_messages(self, task: Task) -> list[ChatMessage] | None:
         return self._prompt_messages(task) if self._prompt_messages is not None else None

@@ -9,6 +9,7 @@ cancelled, and a reply its agent never got is withdrawn (delivery.py).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from loops_nb.llm.chat_messages import ChatMessage
 from loops_nb.llm.client import ContextTooLong
@@ -17,6 +18,9 @@ from loops_nb.model_access.delivery import settle_lease
 from loops_nb.model_access.gateway import ModelGateway
 from loops_nb.model_access.mode import ModelAccessMode
 from loops_nb.runtime import AgentTimeLimit, Attempt, Evidence, RolloutRuntime, RunContext, Task
+
+if TYPE_CHECKING:
+    from loops_nb.llm.renderer import Renderer
 
 
 class LeasedRuntime(RolloutRuntime):
@@ -58,6 +62,9 @@ class LeasedRuntime(RolloutRuntime):
 
     async def preflight(self) -> list[str]:
         return await self.inner.preflight()
+
+    async def check_lines(self, renderer: Renderer | None) -> tuple[list[str], list[str]]:
+        return await self.inner.check_lines(renderer)
 
     def prompt_messages(self, task: Task) -> list[ChatMessage] | None:
         return self.inner.prompt_messages(task)

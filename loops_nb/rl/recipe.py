@@ -127,12 +127,9 @@ async def _check_runtime(
                 from loops_nb.llm.vision import describe_prompts
 
                 report.lines += describe_prompts(renderer, prompts)
-            # A runtime that plays one episode for the check (the verifiers runtime) says what it found.
-            check_episode = getattr(runtime, "check_episode", None)
-            if check_episode is not None:
-                lines, problems = await check_episode(renderer)
-                report.lines += lines
-                report.problems += problems
+            lines, problems = await runtime.check_lines(renderer)  # e.g. the verifiers runtime's episode
+            report.lines += lines
+            report.problems += problems
     except UserError as exc:
         report.problems.append(str(exc))
     except Exception as exc:  # the runtime's own code (tasks(), bind, preflight): one line, no traceback

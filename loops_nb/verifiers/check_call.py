@@ -10,20 +10,18 @@ line.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from loops_nb.llm.capture import TokenCapture
-from loops_nb.llm.client import LoopsLLM, Reply, SamplingDefaults
+from loops_nb.llm.client import LoopsLLM, SamplingDefaults
 from loops_nb.model_access.gateway import ModelGateway
 from loops_nb.runtime import Attempt, AttemptServices
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
-
     from baseten.loops import ModelInput, SamplingParams
 
-    from loops_nb.llm.chat_messages import ChatMessage, ToolSpec
     from loops_nb.llm.renderer import Renderer
     from loops_nb.verifiers.runtime import VerifiersRuntime
 
@@ -64,26 +62,15 @@ class FixedReplyPolicy:
         return _Response([_Sequence(list(self.tokens), [0.0] * len(self.tokens))] * num_samples)
 
 
-class _CheckLLM(LoopsLLM):
-    """A LoopsLLM that also notes how many tools each call offered (the capture keeps no tools)."""
+def _noting_tools[**P, R](sample: Callable[P, Awaitable[R]], offered: list[int]) -> Callable[P, Awaitable[R]]:
+    """`sample` as it is, noting in `offered` how many tools each call offered (the capture keeps no tools)."""
 
-    tools_offered: list[int]
+    async def noted(*args: P.args, **kwargs: P.kwargs) -> R:
+        tools = kwargs.get("tools")
+        offered.append(len(tools) if isinstance(tools, Sequence) else 0)
+        return await sample(*args, **kwargs)
 
-    async def sample(
-        self,
-        messages: Sequence[ChatMessage],
-        *,
-        tools: Sequence[ToolSpec] | None = None,
-        n: int = 1,
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        top_p: float | None = None,
-        stop: Sequence[str] | None = None,
-    ) -> list[Reply]:
-        self.tools_offered = [*getattr(self, "tools_offered", []), len(tools or [])]
-        return await super().sample(
-            messages, tools=tools, n=n, max_tokens=max_tokens, temperature=temperature, top_p=top_p, stop=stop
-        )
+    return noted
 
 
 async def check_episode(runtime: VerifiersRuntime, renderer: Renderer | None) -> tuple[list[str], list[str]]:
@@ -98,7 +85,9 @@ async def check_episode(runtime: VerifiersRuntime, renderer: Renderer | None) ->
         return lines, []  # no renderer to sample through (reported on its own), or refused already
     task = listing.tasks[0]
     capture = TokenCapture()
-    llm = _CheckLLM(renderer, FixedReplyPolicy(renderer), capture, SamplingDefaults(max_tokens=16))
+    llm = LoopsLLM(renderer, FixedReplyPolicy(renderer), capture, SamplingDefaults(max_tokens=16))
+    offered: list[int] = []
+    object.__setattr__(llm, "sample", _noting_tools(llm.sample, offered))  # the gateway samples through it
     gateway = await ModelGateway(model_name=runtime.options.model).astart()
     try:
         attempt = Attempt(task, 0, 0, 0, 0, AttemptServices(llm=llm, capture=capture))
@@ -118,9 +107,8 @@ async def check_episode(runtime: VerifiersRuntime, renderer: Renderer | None) ->
             f"never called the model through the gateway: {detail}"
         ]
     first = calls[0]
-    offered = getattr(llm, "tools_offered", [0])[0]
     lines.append(
-        f"first call through the gateway: task {task.id}, {len(first.messages)} message(s), {offered} tool(s), "
+        f"first call through the gateway: task {task.id}, {len(first.messages)} message(s), {offered[0]} tool(s), "
         f"prompt {len(first.prompt_tokens)} tokens; "
         f"the episode made {len(calls)} call(s) answered {CHECK_REPLY!r}"
     )

@@ -40,6 +40,8 @@ from importlib import metadata
 from typing import Any
 
 LOAD_ERROR = 3
+POOL_KEY_VAR = "LOOPS_VF_NO_KEY"
+"""The pooled client's key variable (unset): a request is sent by a copy that holds its own key."""
 SUPPORTED = (0, 4)
 MAX_SCAN = 100_000
 """Tasks read at most while looking for a task id or listing an unbounded taskset without --limit."""
@@ -203,18 +205,15 @@ def _apply_split(env_args: dict[str, Any], split: str | None, env_id: str) -> di
 
 def cmd_list(args: argparse.Namespace) -> dict[str, Any]:
     version = _check_version()
-    env_args = _apply_split(_json_arg(args.env_args, "--env-args"), args.split, args.env)
-    env = _load_env(
-        args.env, env_args, _json_arg(args.harness, "--harness") or None, _json_arg(args.runtime, "--runtime")
-    )
-    tasks = []
-    first = None
-    for task in _tasks(env, args.limit):
-        first = first or task
-        tasks.append({"id": _task_id(task), "prompt": _prompt(task), "info": _info(task)})
+    env = _env_from_args(args)
+    return _listing(env, list(_tasks(env, args.limit)), version)
+
+
+def _listing(env, tasks: list, version: str) -> dict[str, object]:
+    """`list`'s object: the verifiers version, the rubric (from the first task's reward hooks) and the tasks."""
     task_cls = type(env.taskset).task_type()
-    if first is not None:
-        rewards = first.hooks("reward")
+    if tasks:
+        rewards = tasks[0].hooks("reward")
     else:
         rewards = task_cls(task_cls.data_type().model_construct(), env.taskset.config.task).hooks("reward")
     rubric = {
@@ -222,11 +221,12 @@ def cmd_list(args: argparse.Namespace) -> dict[str, Any]:
         "functions": [fn.__name__ for fn in rewards],
         "weights": [float(getattr(fn, "_vf_weight", 1.0)) for fn in rewards],
     }
-    return {"verifiers_version": version, "env_id": args.env, "rubric": rubric, "tasks": tasks}
+    listed = [{"id": _task_id(task), "prompt": _prompt(task), "info": _info(task)} for task in tasks]
+    return {"verifiers_version": version, "env_id": env.config.taskset.id, "rubric": rubric, "tasks": listed}
 
 
-def _find_task(env, task_id: str):
-    for task in _tasks(env, None):
+def _find_task(env, task_id: str, limit: int | None):
+    for task in _tasks(env, limit):
         if _task_id(task) == task_id:
             return task
     raise LoadError(f"environment {env.config.taskset.id!r} lists no task with id {task_id!r}")
@@ -288,6 +288,36 @@ def _result(episode, task) -> dict[str, Any]:
     }
 
 
+def _failed(request_id: str, error: str) -> dict[str, object]:
+    """`serve`'s result line for an episode that gave no result."""
+    return {"id": request_id, "reward": None, "metrics": {}, "completion": [], "num_calls": 0, "error": error}
+
+
+def _share_one_pool() -> None:
+    """Every episode's model client on one connection pool, each still with its own lease key. verifiers'
+    interception server builds a client (an httpx pool and TLS context: ~20-40 ms of CPU) per distinct client
+    config and keeps its sockets until the process ends: per attempt here, as each key has its own variable."""
+    import copy
+
+    import verifiers.v1 as vf
+    from verifiers.v1.configs.client import resolve_api_key, resolve_headers
+    from verifiers.v1.interception.server import InterceptionServer
+
+    pooled = InterceptionServer._client
+
+    def client(self, config):
+        if type(config) is not vf.EvalClientConfig:
+            return pooled(self, config)
+        endpoint = vf.EvalClientConfig(
+            base_url=config.base_url, api_key_var=POOL_KEY_VAR, timeout=config.timeout
+        )
+        lease = copy.copy(pooled(self, endpoint))  # shares the pool; only the pooled one is closed
+        lease.api_key, lease.headers = resolve_api_key(config), resolve_headers(config)
+        return lease
+
+    InterceptionServer._client = client
+
+
 def _env_from_args(args: argparse.Namespace):
     env_args = _apply_split(_json_arg(args.env_args, "--env-args"), args.split, args.env)
     return _load_env(
@@ -301,7 +331,7 @@ def cmd_run(args: argparse.Namespace) -> dict[str, Any]:
 
     sampling_args = _json_arg(args.sampling, "--sampling")
     env = _env_from_args(args)
-    task = _find_task(env, args.task_id)
+    task = _find_task(env, args.task_id, args.limit)
     if not os.environ.get("OPENAI_API_KEY"):
         print("note: OPENAI_API_KEY is unset; calling the model without a key", file=sys.stderr)
     ctx = _client_context(vf, args.base_url, args.model, sampling_args, "OPENAI_API_KEY")
@@ -312,8 +342,8 @@ def cmd_run(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_serve(args: argparse.Namespace, out) -> None:
     """Many episodes in one process (verifiers imported and the environment loaded once).
 
-    stdout: first `{"ready": true, "verifiers_version", "env_id", "num_tasks"}`, then one line per finished
-    episode: the `run` object plus its request's `id` (and `"crashed": true`, the traceback on stderr, for an
+    stdout: first `{"ready": true}` with `list`'s object (no `list` process needed), then one line per
+    finished episode: the `run` object plus its request's `id` (and `"crashed": true`, the traceback on stderr, for an
     episode that raised). stdin: one JSON object a line, `{"id", "task_id", "base_url", "model",
     "sampling", "api_key"}` to start an episode, `{"cancel": id}` to cancel one (it answers with
     `"error": "cancelled"`). Episodes run concurrently, at most --max-concurrent at once; at the end of stdin
@@ -322,8 +352,10 @@ def cmd_serve(args: argparse.Namespace, out) -> None:
     version = _check_version()
     import verifiers.v1 as vf
 
+    _share_one_pool()
     env = _env_from_args(args)
-    tasks = {_task_id(task): task for task in _tasks(env, args.limit)}
+    listed = list(_tasks(env, args.limit))
+    tasks = {_task_id(task): task for task in listed}
 
     def emit(obj: dict[str, Any]) -> None:
         out.write(json.dumps(obj) + "\n")
@@ -354,57 +386,27 @@ def cmd_serve(args: argparse.Namespace, out) -> None:
                 async with gate:
                     task = tasks.get(str(request.get("task_id")))
                     if task is None:
-                        emit(
-                            {
-                                "id": request_id,
-                                "reward": None,
-                                "metrics": {},
-                                "completion": [],
-                                "num_calls": 0,
-                                "error": f"no task with id {request.get('task_id')!r}",
-                            }
-                        )
+                        emit(_failed(request_id, f"no task with id {request.get('task_id')!r}"))
                         return
                     os.environ[key_var] = str(request.get("api_key") or "")
-                    ctx = _client_context(
-                        vf,
-                        str(request["base_url"]),
+                    model, sampling = (
                         str(request.get("model") or "policy"),
                         dict(request.get("sampling") or {}),
-                        key_var,
                     )
+                    ctx = _client_context(vf, str(request["base_url"]), model, sampling, key_var)
                     episode = await env.run_episode(task, ctx)
                     emit({"id": request_id, **_result(episode, task)})
             except asyncio.CancelledError:
-                emit(
-                    {
-                        "id": request_id,
-                        "reward": None,
-                        "metrics": {},
-                        "completion": [],
-                        "num_calls": 0,
-                        "error": "cancelled",
-                    }
-                )
+                emit(_failed(request_id, "cancelled"))
             except Exception as e:
                 traceback.print_exc()
-                emit(
-                    {
-                        "id": request_id,
-                        "reward": None,
-                        "metrics": {},
-                        "completion": [],
-                        "num_calls": 0,
-                        "error": f"crash: {type(e).__name__}: {_one_line(e)}",
-                        "crashed": True,
-                    }
-                )
+                emit({**_failed(request_id, f"crash: {type(e).__name__}: {_one_line(e)}"), "crashed": True})
             finally:
                 os.environ.pop(key_var, None)
                 running.pop(request_id, None)
 
         async with env.serving():
-            emit({"ready": True, "verifiers_version": version, "env_id": args.env, "num_tasks": len(tasks)})
+            emit({"ready": True, **_listing(env, listed, version)})
             while (line := await lines.get()) is not None:
                 if not line.strip():
                     continue
@@ -441,8 +443,7 @@ def parser() -> argparse.ArgumentParser:
             help="JSON object: where the agents run (default: subprocess, on this machine)",
         )
         s.add_argument("--split", choices=("train", "eval"), default=None)
-        if name in ("list", "serve"):
-            s.add_argument("--limit", type=int, default=None)
+        s.add_argument("--limit", type=int, default=None, help="the first N tasks only")
         if name == "serve":
             s.add_argument("--max-concurrent", type=int, default=64, help="episodes at once, at most")
         elif name == "run":

@@ -5,7 +5,8 @@ loads the environment (seconds of CPU), and each holds only its own attempt's le
 pays that once; the price is isolation, since it holds the key of every attempt running, so an environment's
 code could sample (and be trained) as another attempt. Use it for environments you trust.
 
-Protocol (episode_driver.py `serve`): stdout first `{"ready": true, ...}`, then one result line per finished
+Protocol (episode_driver.py `serve`): stdout first `{"ready": true, ...}` with `list`'s object (the tasks and
+rubric, so a shared run starts no `list` process), then one result line per finished
 episode (the `run` object plus its request's `id`); stdin one request a line, `{"id", "task_id", "base_url",
 "model", "sampling", "api_key"}` or `{"cancel": id}`. An episode past its timeout is cancelled; when the
 cancel is not answered within `CANCEL_GRACE_SECONDS` (an environment that blocks the process), or the
@@ -45,6 +46,8 @@ class EpisodeServer:
         self.proc: asyncio.subprocess.Process | None = None
         self.pending: dict[str, asyncio.Future[DriverOutcome]] = {}
         self.stderr = ""
+        self.ready: dict[str, object] = {}
+        """The ready line: `list`'s object."""
         self._tasks: list[asyncio.Task[None]] = []
 
     @property
@@ -67,6 +70,7 @@ class EpisodeServer:
                     raise ServerGone(DriverOutcome(proc.returncode, None, self.stderr))
                 ready, _ = parse_result(line)
                 if ready is not None and ready.get("ready"):
+                    self.ready = ready
                     break
         except TimeoutError:
             await self.stop()

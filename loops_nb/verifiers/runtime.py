@@ -94,11 +94,12 @@ class VerifiersRuntime(RolloutRuntime):
             path = self.context.config_dir / path
         return str(path)
 
-    def _env_args(self) -> str:
-        return json.dumps(self.options.env_args)
-
-    def _harness(self) -> list[str]:
-        return [] if self.options.harness is None else ["--harness", json.dumps(self.options.harness)]
+    def _load_args(self) -> list[str]:
+        """What the driver loads the environment with."""
+        args = ["--env", self.options.env_id, "--env-args", json.dumps(self.options.env_args)]
+        args += ["--split", self.options.split]
+        args += [] if self.options.harness is None else ["--harness", json.dumps(self.options.harness)]
+        return args + ([] if self.options.limit is None else ["--limit", str(self.options.limit)])
 
     async def listing(self) -> EnvironmentListing:
         """The environment loaded once: its verifiers version, rubric and tasks (UserError, one line, when
@@ -115,15 +116,17 @@ class VerifiersRuntime(RolloutRuntime):
         return self._listing
 
     async def _list(self) -> EnvironmentListing:
-        environment = await self.environment()
-        argv = [str(environment.python), self._driver(), "list", "--env", self.options.env_id]
-        argv += ["--env-args", self._env_args(), "--split", self.options.split, *self._harness()]
-        if self.options.limit is not None:
-            argv += ["--limit", str(self.options.limit)]
+        if self.options.episodes == "shared":  # the shared process lists as it starts: one load, not two
+            try:
+                outcome = DriverOutcome(0, (await self._shared_server()).ready, "")
+            except ServerGone as gone:
+                outcome = gone.outcome
+        else:
+            environment = await self.environment()
+            argv = [str(environment.python), self._driver(), "list", *self._load_args()]
+            env = driver_env(tuple(self.options.pass_env), self.options.offline)
+            outcome = await run_driver(argv, timeout=self.options.load_timeout_seconds, env=env)
         timeout = self.options.load_timeout_seconds
-        outcome = await run_driver(
-            argv, timeout=timeout, env=driver_env(tuple(self.options.pass_env), self.options.offline)
-        )
         name = f"verifiers environment {self.options.env_id!r}"
         if outcome.timed_out:
             raise UserError(
@@ -157,7 +160,7 @@ class VerifiersRuntime(RolloutRuntime):
             return []
         return [*listing.problems(), *(CheckWarning(w) for w in listing.warnings())]
 
-    async def check_episode(self, renderer: Renderer | None) -> tuple[list[str], list[str]]:
+    async def check_lines(self, renderer: Renderer | None) -> tuple[list[str], list[str]]:
         """`loops check`'s lines and problems: the tasks and rubric, and one episode through the gateway."""
         from loops_nb.verifiers.check_call import check_episode
 
@@ -167,15 +170,13 @@ class VerifiersRuntime(RolloutRuntime):
         url = attempt.services.model_base_url
         if not url:
             raise RuntimeError("the verifiers runtime needs the model gateway (model access openai_http)")
-        environment = await self.environment()
-        argv = [str(environment.python), self._driver(), "run", "--env", self.options.env_id]
-        argv += ["--env-args", self._env_args(), "--task-id", attempt.task.id, "--base-url", url]
-        argv += ["--model", self.options.model, "--sampling", json.dumps(self.options.sampling)]
-        argv += ["--split", self.options.split, *self._harness()]
         timeout = self.options.episode_timeout_seconds
         if self.options.episodes == "shared":
             outcome = await self._shared_episode(attempt, url)
         else:
+            argv = [str((await self.environment()).python), self._driver(), "run", *self._load_args()]
+            argv += ["--task-id", attempt.task.id, "--base-url", url, "--model", self.options.model]
+            argv += ["--sampling", json.dumps(self.options.sampling)]
             env = attempt_env(attempt, tuple(self.options.pass_env), self.options.offline)
             outcome = await run_driver(argv, timeout=timeout, env=env, attempt=attempt)
         if outcome.returncode not in (0, None):
@@ -183,22 +184,23 @@ class VerifiersRuntime(RolloutRuntime):
         prompt = attempt.task.data.get("prompt")
         return evidence_from_episode(outcome, timeout, prompt if isinstance(prompt, list) else None)
 
-    async def _shared_episode(self, attempt: Attempt, url: str) -> DriverOutcome:
-        """The attempt's episode in the shared verifiers process (started, or restarted, on demand)."""
+    async def _shared_server(self) -> EpisodeServer:
+        """The shared verifiers process, started (or restarted) on demand; ServerGone when it cannot load."""
         async with self._server_lock:
             if self._server is None or not self._server.alive:
                 environment = await self.environment()
-                argv = [str(environment.python), self._driver(), "serve", "--env", self.options.env_id]
-                argv += ["--env-args", self._env_args(), "--split", self.options.split, *self._harness()]
-                if self.options.limit is not None:
-                    argv += ["--limit", str(self.options.limit)]
+                argv = [str(environment.python), self._driver(), "serve", *self._load_args()]
                 server = EpisodeServer(argv, driver_env(tuple(self.options.pass_env), self.options.offline))
-                try:
-                    await server.start(self.options.load_timeout_seconds)
-                except ServerGone as gone:
-                    return gone.outcome
+                await server.start(self.options.load_timeout_seconds)
                 self._server = server
-            server = self._server
+            return self._server
+
+    async def _shared_episode(self, attempt: Attempt, url: str) -> DriverOutcome:
+        """The attempt's episode in the shared verifiers process."""
+        try:
+            server = await self._shared_server()
+        except ServerGone as gone:
+            return gone.outcome
         request: dict[str, object] = {
             "task_id": attempt.task.id,
             "base_url": url,

@@ -1,7 +1,8 @@
 """A stand-in for loops_nb/verifiers/episode_driver.py that honours its contract with the stdlib only.
 
 `--env-args` picks the behaviour: {"mode": ...} for `run` (reward, nan, null, error, raise, hang, die,
-garbage, fork) and {"list": ...} for `list` (ok, load_fail, old_version, no_rubric, hang). A `run` calls the
+garbage, fork), {"list": ...} for `list` (ok, load_fail, old_version, no_rubric, hang) and {"serve": ...} for
+`serve` (load_fail, load_fail_again: on a second load); {"loads": path} counts loads (`list` and `serve`). A `run` calls the
 model once through `--base-url` with the key in OPENAI_API_KEY before it misbehaves, as an episode would;
 {"env_dump": path} writes the names of its environment variables there.
 """
@@ -39,6 +40,9 @@ def call_model(
 
 def listing(args: argparse.Namespace, env_args: dict) -> int:
     kind = env_args.get("list", "ok")
+    if env_args.get("loads"):
+        with open(env_args["loads"], "a") as f:
+            f.write("load\n")
     if kind == "load_fail":
         print("Traceback (most recent call last):\n  ...", file=sys.stderr)
         print(
@@ -47,28 +51,27 @@ def listing(args: argparse.Namespace, env_args: dict) -> int:
         return 3
     if kind == "hang":
         time.sleep(3600)
+    print("loading environment...")  # a library printing before the result
+    print(json.dumps(_listed(args, env_args)))
+    return 0
+
+
+def _listed(args: argparse.Namespace, env_args: dict) -> dict:
+    kind = env_args.get("list", "ok")
     tasks = [
         {"id": f"task-{i}", "prompt": [{"role": "user", "content": f"Say the word {i}."}], "info": {"i": i}}
         for i in range(int(env_args.get("num_tasks", 3)))
     ]
-    if args.limit:
-        tasks = tasks[: args.limit]
-    print("loading environment...")  # a library printing before the result
-    print(
-        json.dumps(
-            {
-                "verifiers_version": "0.3.1" if kind == "old_version" else "0.4.0",
-                "env_id": args.env,
-                "rubric": {
-                    "name": "FakeRubric",
-                    "functions": [] if kind == "no_rubric" else ["says_word", "short"],
-                    "weights": [1.0, 0.5],
-                },
-                "tasks": tasks,
-            }
-        )
-    )
-    return 0
+    return {
+        "verifiers_version": "0.3.1" if kind == "old_version" else "0.4.0",
+        "env_id": args.env,
+        "rubric": {
+            "name": "FakeRubric",
+            "functions": [] if kind == "no_rubric" else ["says_word", "short"],
+            "weights": [1.0, 0.5],
+        },
+        "tasks": tasks[: args.limit] if args.limit else tasks,
+    }
 
 
 def run(args: argparse.Namespace, env_args: dict) -> int:
@@ -112,10 +115,13 @@ def serve(args: argparse.Namespace, env_args: dict) -> int:
     unless the mode is `block` (the whole process stops, as an environment that blocks its loop)."""
     import threading
 
+    again = False
     if env_args.get("loads"):
         with open(env_args["loads"], "a") as f:
             f.write("load\n")
-    if env_args.get("serve") == "load_fail":
+        with open(env_args["loads"]) as f:
+            again = f.read().count("load") > 1
+    if env_args.get("serve") == "load_fail" or (env_args.get("serve") == "load_fail_again" and again):
         print("environment 'fake-env' cannot load offline (it tried to reach the network)", file=sys.stderr)
         return 3
     lock = threading.Lock()
@@ -148,7 +154,7 @@ def serve(args: argparse.Namespace, env_args: dict) -> int:
             }
         )
 
-    emit({"ready": True, "verifiers_version": "0.4.0", "env_id": args.env, "num_tasks": 3})
+    emit({"ready": True, **_listed(args, env_args)})
     for line in sys.stdin:
         request = json.loads(line)
         if "cancel" in request:

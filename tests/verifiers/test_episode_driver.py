@@ -303,12 +303,8 @@ def test_serve_runs_many_episodes_in_one_process(vf_python) -> None:
         )
     assert done.returncode == 0, done.stderr[-3000:]
     ready, *results = (json.loads(line) for line in done.stdout.strip().splitlines())
-    assert ready == {
-        "ready": True,
-        "verifiers_version": ready["verifiers_version"],
-        "env_id": ENV,
-        "num_tasks": 1,
-    }
+    listed = _json(_drive(vf_python, "list", "--env", ENV, "--env-args", "{}"))
+    assert ready == {"ready": True, **listed}, "the ready line is `list`'s object"
     by_id = {r["id"]: r for r in results}
     assert by_id["a"]["reward"] == 1.0 and by_id["b"]["reward"] == 1.0
     assert by_id["c"]["reward"] is None and "no task with id 'nope'" in by_id["c"]["error"]
