@@ -20,6 +20,7 @@ from transformers import DynamicCache
 from loops_nb.local.image_chunks import VisionInputs
 from loops_nb.local.kv_cache import growing_cache
 from loops_nb.local.sampler_batch import Forward, Job
+from loops_nb.local.shared_prompt_kv import SharedPrompts
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -39,13 +40,23 @@ class BatchForward:
     def new_cache(self) -> DynamicCache:
         return growing_cache(self.model.config)
 
-    def text(self, ids: Tensor, mask: Tensor, positions: Tensor, cache: DynamicCache, every: bool) -> Tensor:
+    def text(
+        self,
+        ids: Tensor,
+        mask: Tensor,
+        positions: Tensor,
+        cache: DynamicCache,
+        every: bool,
+        prompts: SharedPrompts | None,
+    ) -> Tensor:
+        shared = {} if prompts is None else {"shared_prompts": prompts}  # to `shared_prompt_kv`'s attention
         output = self.model(
             input_ids=ids,
             attention_mask=mask,
             position_ids=positions,
             use_cache=True,
             logits_to_keep=0 if every else 1,
+            **shared,
             **{self._cache_kwarg: cache},
         )
         return output.logits
@@ -57,7 +68,9 @@ class BatchForward:
         marked = torch.tensor([job.request.prompt], dtype=torch.long, device=self.device)
         delta: dict[str, Tensor] = {}
 
-        def forward(ids: Tensor, mask: Tensor, positions: Tensor, cache: DynamicCache, every: bool) -> Tensor:
+        def forward(
+            ids: Tensor, mask: Tensor, positions: Tensor, cache: DynamicCache, every: bool, _: object
+        ) -> Tensor:
             inputs: dict[str, Any] = {"input_ids": ids, "position_ids": positions}
             if cache.get_seq_length() == 0:  # the prefill: one row, the job's prompt (unpadded)
                 inputs = vision.inputs(marked, mask, pixels)
