@@ -212,23 +212,22 @@ class DecodeBatch:
         of the prefill's buffers) for its rows, whose own cache starts empty."""
         rows, source, params = cls._rows(jobs, unique, mask, logits, decode)
         index = torch.tensor(source, dtype=torch.long, device=mask.device)
-        width, slots = mask.shape[1], []
+        width, slots, layers = mask.shape[1], [], _layers(cache)
         for prompt, slot in unique.items():
             start = width - len(prompt)
-            keys = [
-                layer.keys[slot : slot + 1, :, start:].clone()
-                for layer in _layers(cache)
-                if layer.keys is not None
+            kept = [
+                (k, v)
+                for layer in layers
+                if (k := layer.keys) is not None and (v := layer.values) is not None
             ]
-            values = [
-                v.values[slot : slot + 1, :, start:].clone() for v in _layers(cache) if v.values is not None
-            ]
+            # Copied out of the prefill's buffers, which are then freed.
+            keys, values = ([kv[i][slot : slot + 1, :, start:].clone() for kv in kept] for i in (0, 1))
             slots.append(PromptSlot(prompt, keys, values, (index == slot).nonzero()[:, 0]))
         own = new_cache()
-        for layer, keys, values in zip(_layers(own), slots[0].keys, slots[0].values, strict=True):
-            layer.lazy_initialization(keys, values)
-            layer.keys = keys.new_empty(len(rows), keys.shape[1], 0, keys.shape[3])
-            layer.values = values.new_empty(len(rows), values.shape[1], 0, values.shape[3])
+        for layer, key, value in zip(_layers(own), slots[0].keys, slots[0].values, strict=True):
+            layer.lazy_initialization(key, value)
+            layer.keys = key.new_empty(len(rows), key.shape[1], 0, key.shape[3])
+            layer.values = value.new_empty(len(rows), value.shape[1], 0, value.shape[3])
         bound_growth(own, max(job.max_tokens for job in jobs) - 1)
         empty = mask.new_zeros(len(rows), 0)
         prompts = SharedPrompts(slots)
