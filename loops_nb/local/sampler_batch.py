@@ -144,8 +144,7 @@ class DecodeBatch:
         cache = new_cache()
         bound_growth(cache, width + max(job.max_tokens for job in jobs) - 1)
         logits = forward(ids, mask, positions, cache, all_logits, None)
-        expanded = cls._shared if share else cls._expanded
-        return expanded(jobs, unique, cache, mask, positions, logits, new_cache, decode)
+        return cls._expanded(jobs, unique, cache, mask, positions, logits, new_cache, decode, share)
 
     @classmethod
     def prefill_extending(
@@ -172,8 +171,8 @@ class DecodeBatch:
         positions = torch.arange(shared, len(prompt), dtype=torch.long, device=device)[None]
         logits = forward(ids, mask, positions, cache, False, None)
         full_positions = torch.arange(len(prompt), dtype=torch.long, device=device)[None]
-        expanded = cls._shared if share else cls._expanded
-        return expanded(jobs, {tuple(prompt): 0}, cache, mask, full_positions, logits, new_cache, decode)
+        unique = {tuple(prompt): 0}
+        return cls._expanded(jobs, unique, cache, mask, full_positions, logits, new_cache, decode, share)
 
     @classmethod
     def _expanded(
@@ -186,63 +185,11 @@ class DecodeBatch:
         logits: Tensor,
         new_cache: Callable[[], DynamicCache],
         decode: Callable[[list[int]], list[str]],
+        share: bool,
     ) -> DecodeBatch:
-        """The batch of `jobs` after their prefill: each prompt's cache row copied to one row per sample."""
-        rows, source, params = cls._rows(jobs, unique, mask, logits, decode)
-        index = torch.tensor(source, dtype=torch.long, device=mask.device)
-        if source != list(range(len(unique))):
-            cache.reorder_cache(
-                cast(torch.LongTensor, index)
-            )  # every layer kind selects its rows (linear attention too)
-        return cls(rows, cache, mask[index], positions[index, -1] + 1, logits[index, -1], params)
-
-    @classmethod
-    def _shared(
-        cls,
-        jobs: list[Job],
-        unique: dict[tuple[int, ...], int],
-        cache: DynamicCache,
-        mask: Tensor,
-        positions: Tensor,
-        logits: Tensor,
-        new_cache: Callable[[], DynamicCache],
-        decode: Callable[[list[int]], list[str]],
-    ) -> DecodeBatch:
-        """The batch of `jobs` after their prefill: each prompt's keys and values kept once (unpadded, out
-        of the prefill's buffers) for its rows, whose own cache starts empty."""
-        rows, source, params = cls._rows(jobs, unique, mask, logits, decode)
-        index = torch.tensor(source, dtype=torch.long, device=mask.device)
-        width, slots, layers = mask.shape[1], [], _layers(cache)
-        for prompt, slot in unique.items():
-            start = width - len(prompt)
-            kept = [
-                (k, v)
-                for layer in layers
-                if (k := layer.keys) is not None and (v := layer.values) is not None
-            ]
-            # Copied out of the prefill's buffers, which are then freed.
-            keys, values = ([kv[i][slot : slot + 1, :, start:].clone() for kv in kept] for i in (0, 1))
-            slots.append(PromptSlot(prompt, keys, values, (index == slot).nonzero()[:, 0]))
-        own = new_cache()
-        for layer, key, value in zip(_layers(own), slots[0].keys, slots[0].values, strict=True):
-            layer.lazy_initialization(key, value)
-            layer.keys = key.new_empty(len(rows), key.shape[1], 0, key.shape[3])
-            layer.values = value.new_empty(len(rows), value.shape[1], 0, value.shape[3])
-        bound_growth(own, max(job.max_tokens for job in jobs) - 1)
-        empty = mask.new_zeros(len(rows), 0)
-        prompts = SharedPrompts(slots)
-        return cls(rows, own, empty, positions[index, -1] + 1, logits[index, -1], params, prompts)
-
-    @staticmethod
-    def _rows(
-        jobs: list[Job],
-        unique: dict[tuple[int, ...], int],
-        mask: Tensor,
-        logits: Tensor,
-        decode: Callable[[list[int]], list[str]],
-    ) -> tuple[list[Row], list[int], RowParams]:
-        """One row per sample of `jobs`, the prefilled prompt each row samples from, and the rows' sampling
-        parameters; answers the jobs' prompt logprobs."""
+        """The batch of `jobs` after their prefill: one row per sample, each prompt's cache row copied to its
+        rows or, with `share`, kept once (unpadded, out of the prefill's buffers) for rows whose own cache
+        starts empty."""
         width = mask.shape[1]
         rows: list[Row] = []
         source: list[int] = []
@@ -263,7 +210,31 @@ class DecodeBatch:
             uniforms.append(draw_uniforms(request.n, job.max_tokens, request.seed))
         steps = max(u.shape[1] for u in uniforms)
         table = torch.cat([F.pad(u, (0, steps - u.shape[1])) for u in uniforms])
-        return rows, source, RowParams.build([row.job.request for row in rows], table, mask.device)
+        params = RowParams.build([row.job.request for row in rows], table, mask.device)
+        index = torch.tensor(source, dtype=torch.long, device=mask.device)
+        next_position, last_logits = positions[index, -1] + 1, logits[index, -1]
+        if not share:
+            if source != list(range(len(unique))):  # every layer kind selects its rows (linear attention too)
+                cache.reorder_cache(cast(torch.LongTensor, index))
+            return cls(rows, cache, mask[index], next_position, last_logits, params)
+        slots, layers = [], _layers(cache)
+        for prompt, slot in unique.items():
+            start = width - len(prompt)
+            kept = [
+                (k, v)
+                for layer in layers
+                if (k := layer.keys) is not None and (v := layer.values) is not None
+            ]
+            keys, values = ([kv[i][slot : slot + 1, :, start:].clone() for kv in kept] for i in (0, 1))
+            slots.append(PromptSlot(prompt, keys, values, (index == slot).nonzero()[:, 0]))
+        own = new_cache()
+        for layer, key, value in zip(_layers(own), slots[0].keys, slots[0].values, strict=True):
+            layer.lazy_initialization(key, value)
+            layer.keys = key.new_empty(len(rows), key.shape[1], 0, key.shape[3])
+            layer.values = value.new_empty(len(rows), value.shape[1], 0, value.shape[3])
+        bound_growth(own, max(job.max_tokens for job in jobs) - 1)
+        empty = mask.new_zeros(len(rows), 0)
+        return cls(rows, own, empty, next_position, last_logits, params, SharedPrompts(slots))
 
     @property
     def cache_length(self) -> int:
