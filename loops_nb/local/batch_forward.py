@@ -19,6 +19,7 @@ from transformers import DynamicCache
 from loops_nb.local.image_chunks import VisionInputs
 from loops_nb.local.kv_cache import growing_cache
 from loops_nb.local.sampler_batch import Forward, Job
+from loops_nb.local.shared_prompt_kv import SharedPrompts
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -38,8 +39,17 @@ class BatchForward:
     def new_cache(self) -> DynamicCache:
         return growing_cache(self.model.config)
 
-    def text(self, ids: Tensor, mask: Tensor, positions: Tensor, cache: DynamicCache, every: bool) -> Tensor:
-        return self._logits({"input_ids": ids, "position_ids": positions}, mask, cache, every)
+    def text(
+        self,
+        ids: Tensor,
+        mask: Tensor,
+        positions: Tensor,
+        cache: DynamicCache,
+        every: bool,
+        prompts: SharedPrompts | None,
+    ) -> Tensor:
+        shared = {} if prompts is None else {"shared_prompts": prompts}  # to `shared_prompt_kv`'s attention
+        return self._logits({"input_ids": ids, "position_ids": positions, **shared}, mask, cache, every)
 
     def _logits(self, inputs: Mapping[str, Any], mask: Tensor, cache: DynamicCache, every: bool) -> Tensor:
         """Logits at every position (`every`, for prompt logprobs) or at the last one only."""
@@ -55,7 +65,9 @@ class BatchForward:
         marked = torch.tensor([job.request.prompt], dtype=torch.long, device=self.device)
         delta: dict[str, Tensor] = {}
 
-        def forward(ids: Tensor, mask: Tensor, positions: Tensor, cache: DynamicCache, every: bool) -> Tensor:
+        def forward(
+            ids: Tensor, mask: Tensor, positions: Tensor, cache: DynamicCache, every: bool, _: object
+        ) -> Tensor:
             inputs: dict[str, Any] = {"input_ids": ids, "position_ids": positions}
             if cache.get_seq_length() == 0:  # the prefill: one row, the job's prompt (unpadded)
                 inputs = vision.inputs(marked, mask, pixels)

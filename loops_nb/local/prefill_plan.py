@@ -35,6 +35,8 @@ class Prefiller:
     stats: collections.Counter[str]
     """`prefill_tokens` (prompt tokens run through the model) and `prefix_cached_tokens` (served from the
     prefix cache instead): their sum is every prompt token prefilled."""
+    share_prompts: bool = False
+    """A prompt's rows share its keys and values (`shared_prompt_kv`) instead of holding copies."""
 
     def prefill(self, jobs: list[Job]) -> DecodeBatch:
         if not self.mergeable:
@@ -69,13 +71,15 @@ class Prefiller:
 
     def _together(self, jobs: list[Job]) -> DecodeBatch:
         self.stats["prefill_tokens"] += sum(len(p) for p in {tuple(j.prompt) for j in jobs})
-        return DecodeBatch.prefill(jobs, self.forward.text, self.forward.new_cache, self.device, self.decode)
+        forward, new_cache, share = self.forward.text, self.forward.new_cache, self.share_prompts
+        return DecodeBatch.prefill(jobs, forward, new_cache, self.device, self.decode, share)
 
     def _extending(self, jobs: list[Job], hit: PrefixHit) -> DecodeBatch:
         self.stats["prefill_tokens"] += len(jobs[0].prompt) - hit.length
         self.stats["prefix_cached_tokens"] += hit.length
         forward, new_cache = self.forward.text, self.forward.new_cache
-        return DecodeBatch.prefill_extending(jobs, hit, forward, new_cache, self.device, self.decode)
+        share = self.share_prompts
+        return DecodeBatch.prefill_extending(jobs, hit, forward, new_cache, self.device, self.decode, share)
 
     def _hits(self, jobs: list[Job]) -> list[tuple[list[Job], PrefixHit]]:
         """The jobs a kept sequence extends, grouped by prompt, each group with its hit."""

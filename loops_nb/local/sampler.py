@@ -56,6 +56,7 @@ from loops_nb.local.sampling_types import (
     SampleResult,
 )
 from loops_nb.local.shared_base import BASE_MODELS
+from loops_nb.local.shared_prompt_kv import use_prompt_attention
 
 __all__ = [
     "SampleAbandoned",
@@ -89,6 +90,7 @@ class SamplerEngine:
         memory_budget_mb: int | None = None,
         tokenizer: PreTrainedTokenizerBase | None = None,
         prefix_cache_mb: int | None = None,
+        share_prompts: bool = True,
     ) -> None:
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if dtype is None:  # as `[compute.local] dtype = "auto"`, so the trainer and sampler agree
@@ -111,6 +113,8 @@ class SamplerEngine:
         self.max_positions: int | None = max_positions(config)
         self.eos_token_ids = self._eos_ids()
         self._mergeable = cache_is_full_attention(config)
+        self._share = share_prompts and self._mergeable and use_prompt_attention(self.model)
+        """A prompt's rows share its keys and values (`shared_prompt_kv`); False: each row holds a copy."""
         prefix_bytes = budget if prefix_cache_mb is None else prefix_cache_mb * MIB
         self.prefix_cache = PrefixCache(prefix_bytes) if prefix_bytes and self._mergeable else None
         """Finished sequences' keys and values, so a call that extends one prefills only its new tokens
@@ -128,6 +132,7 @@ class SamplerEngine:
             max_prefill_tokens,
             self.prefix_cache,
             self.stats,
+            self._share,
         )
 
         self._cv = threading.Condition()
@@ -306,7 +311,7 @@ class SamplerEngine:
                     ops, self._ops = list(self._ops), collections.deque()
                     break
                 ops, self._ops = list(self._ops), collections.deque()
-                jobs = [] if ops else self._take_jobs(None, 0, 0, 0)
+                jobs = [] if ops else self._take_jobs(None, 0, 0, 0, set())
             for op, future in ops:
                 try:
                     future.set_result(COMPUTE_LANE.run(op))
@@ -321,10 +326,16 @@ class SamplerEngine:
         for _, future in ops:
             future.set_exception(closed)
 
-    def _take_jobs(self, adapter: str | None, rows: int, cache_length: int, new_tokens: int) -> list[Job]:
+    def _take_jobs(
+        self, adapter: str | None, rows: int, cache_length: int, new_tokens: int, held: set[tuple[int, ...]]
+    ) -> list[Job]:
         """Pop the queued jobs a batch can take (call with `_cv` held). With `rows == 0` a new batch is
         started for the oldest job's adapter; otherwise jobs join a running one for `adapter`, and only while
-        the oldest job is for that adapter, so one busy adapter cannot starve the others."""
+        the oldest job is for that adapter, so one busy adapter cannot starve the others.
+
+        The KV budget counts what the batch will hold: with shared prompts each prompt once (`held`: those
+        the running batch has) and every row's own `cache_length` and new tokens, else every row's prompt."""
+        prompt_tokens = sum(len(p) for p in held)
         if not self._queue or (
             rows and (self._ops or self._queue[0].adapter != adapter or COMPUTE_LANE.contended())
         ):
@@ -339,16 +350,23 @@ class SamplerEngine:
             if job.adapter != adapter or job.pixels is not None:
                 continue
             total_rows = rows + job.rows
-            length = max(cache_length, len(job.prompt))
             steps = max(new_tokens, job.max_tokens)
+            if self._share:
+                length, prompt = cache_length, tuple(job.prompt)
+                held_tokens = prompt_tokens + (0 if prompt in held else len(prompt))
+            else:
+                length, held_tokens = max(cache_length, len(job.prompt)), 0
             if (rows or taken) and (
-                total_rows > self.max_batch_sequences or total_rows * (length + steps) > self.max_batch_tokens
+                total_rows > self.max_batch_sequences
+                or held_tokens + total_rows * (length + steps) > self.max_batch_tokens
             ):
                 break
             self._queue.remove(job)
             if job.future.set_running_or_notify_cancel():
                 taken.append(job)
-                rows, cache_length, new_tokens = total_rows, length, steps
+                rows, cache_length, new_tokens, prompt_tokens = total_rows, length, steps, held_tokens
+                if self._share:
+                    held.add(tuple(job.prompt))
         return taken
 
     def _decode(self, ids: list[int]) -> list[str]:
@@ -399,7 +417,8 @@ class SamplerEngine:
         """Admit queued requests for `adapter` into the running `batch` (continuous batching)."""
         remaining = max(row.job.max_tokens - len(row.tokens) for row in batch.rows)
         with self._cv:
-            jobs = self._take_jobs(adapter, len(batch.rows), batch.cache_length, remaining)
+            held = set() if batch.prompts is None else {slot.prompt for slot in batch.prompts.slots}
+            jobs = self._take_jobs(adapter, len(batch.rows), batch.cache_length, remaining, held)
         if jobs:
             for job in jobs:
                 job.adapter_version = version

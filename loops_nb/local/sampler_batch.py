@@ -5,7 +5,9 @@ model's forward with a `DynamicCache` whose layers grow in place (`kv_cache`). P
 every row's next token is at the same cache index; each row's position ids count only its real tokens and
 the 2-D attention mask hides the padding, which makes a row's logits those of its prompt alone. A request's
 prompt is prefilled once (identical prompts from different requests too) and its cache rows copied to its
-`n` samples. Finished rows leave the batch (their cache rows are dropped) and, on models whose cache is
+`n` samples: on models that attend with `shared_prompt_kv` its keys and values are held once for them
+(the batch's cache then holds each row's own tokens only), on others copied to each row. Finished rows
+leave the batch (their cache rows are dropped) and, on models whose cache is
 all full-attention layers, new requests can join a running batch: they are prefilled on their own and
 their cache is left-padded to the batch's length and concatenated (continuous batching, so a request
 arriving mid-generation does not wait for the longest completion in flight).
@@ -28,9 +30,10 @@ from loops_nb.local.decoding import RowParams, draw_uniforms, prompt_logprobs
 from loops_nb.local.kv_cache import bound_growth
 from loops_nb.local.prefix_cache import CachedSequence, PrefixHit
 from loops_nb.local.sampling_types import PromptLogprobEntry, SampledChoice, SampleRequest, SampleResult
+from loops_nb.local.shared_prompt_kv import PromptSlot, SharedPrompts
 
-# (input_ids, attention_mask, position_ids, cache, all_logits) -> logits [B, S or 1, V]
-Forward = Callable[[Tensor, Tensor, Tensor, DynamicCache, bool], Tensor]
+# (input_ids, attention_mask, position_ids, cache, all_logits, shared prompts) -> logits [B, S or 1, V]
+Forward = Callable[[Tensor, Tensor, Tensor, DynamicCache, bool, SharedPrompts | None], Tensor]
 
 
 @dataclass(eq=False)
@@ -101,10 +104,13 @@ class DecodeBatch:
 
     rows: list[Row]
     cache: DynamicCache
-    mask: Tensor  # [B, S] long: 1 for real tokens, 0 for left padding
+    """Every row's keys and values; with `prompts`, only the tokens each row fed back after its prompt."""
+    mask: Tensor  # [B, S] long: 1 for real tokens, 0 for left padding (the cache's columns)
     next_position: Tensor  # [B] position id of each row's next token
     logits: Tensor  # [B, V] the logits the next token is drawn from
     params: RowParams
+    prompts: SharedPrompts | None = None
+    """The rows' prompts, each held once (None: each row's prompt is in its own cache rows)."""
 
     @classmethod
     def prefill(
@@ -114,8 +120,10 @@ class DecodeBatch:
         new_cache: Callable[[], DynamicCache],
         device: torch.device,
         decode: Callable[[list[int]], list[str]],
+        share: bool = False,
     ) -> DecodeBatch:
-        """Run the prompts of `jobs` through the model once each and expand them to one row per sample.
+        """Run the prompts of `jobs` through the model once each and expand them to one row per sample
+        (`share`: the rows share each prompt's keys and values instead of copies).
 
         Jobs asking for prompt logprobs need logits at every prompt position; callers prefill such a job on
         its own (it may be long) and merge, where the model allows merging.
@@ -135,8 +143,8 @@ class DecodeBatch:
         positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)
         cache = new_cache()
         bound_growth(cache, width + max(job.max_tokens for job in jobs) - 1)
-        logits = forward(ids, mask, positions, cache, all_logits)
-        return cls._expanded(jobs, unique, cache, mask, positions, logits, device, decode)
+        logits = forward(ids, mask, positions, cache, all_logits, None)
+        return cls._expanded(jobs, unique, cache, mask, positions, logits, new_cache, decode, share)
 
     @classmethod
     def prefill_extending(
@@ -147,6 +155,7 @@ class DecodeBatch:
         new_cache: Callable[[], DynamicCache],
         device: torch.device,
         decode: Callable[[list[int]], list[str]],
+        share: bool = False,
     ) -> DecodeBatch:
         """Prefill jobs with one prompt that extends a kept sequence (`prefix_cache`): the shared prefix's keys
         and values are copied into a fresh cache, and only the rest of the prompt runs through the model,
@@ -160,9 +169,10 @@ class DecodeBatch:
         ids = torch.tensor([prompt[shared:]], dtype=torch.long, device=device)
         mask = torch.ones(1, len(prompt), dtype=torch.long, device=device)
         positions = torch.arange(shared, len(prompt), dtype=torch.long, device=device)[None]
-        logits = forward(ids, mask, positions, cache, False)
+        logits = forward(ids, mask, positions, cache, False, None)
         full_positions = torch.arange(len(prompt), dtype=torch.long, device=device)[None]
-        return cls._expanded(jobs, {tuple(prompt): 0}, cache, mask, full_positions, logits, device, decode)
+        unique = {tuple(prompt): 0}
+        return cls._expanded(jobs, unique, cache, mask, full_positions, logits, new_cache, decode, share)
 
     @classmethod
     def _expanded(
@@ -173,10 +183,13 @@ class DecodeBatch:
         mask: Tensor,
         positions: Tensor,
         logits: Tensor,
-        device: torch.device,
+        new_cache: Callable[[], DynamicCache],
         decode: Callable[[list[int]], list[str]],
+        share: bool,
     ) -> DecodeBatch:
-        """The batch of `jobs` after their prefill: each prompt's cache row copied to one row per sample."""
+        """The batch of `jobs` after their prefill: one row per sample, each prompt's cache row copied to its
+        rows or, with `share`, kept once (unpadded, out of the prefill's buffers) for rows whose own cache
+        starts empty."""
         width = mask.shape[1]
         rows: list[Row] = []
         source: list[int] = []
@@ -197,20 +210,31 @@ class DecodeBatch:
             uniforms.append(draw_uniforms(request.n, job.max_tokens, request.seed))
         steps = max(u.shape[1] for u in uniforms)
         table = torch.cat([F.pad(u, (0, steps - u.shape[1])) for u in uniforms])
-
-        index = torch.tensor(source, dtype=torch.long, device=device)
-        if source != list(range(len(unique))):
-            cache.reorder_cache(
-                cast(torch.LongTensor, index)
-            )  # every layer kind selects its rows (linear attention too)
-        return cls(
-            rows=rows,
-            cache=cache,
-            mask=mask[index],
-            next_position=positions[index, -1] + 1,
-            logits=logits[index, -1],
-            params=RowParams.build([row.job.request for row in rows], table, device),
-        )
+        params = RowParams.build([row.job.request for row in rows], table, mask.device)
+        index = torch.tensor(source, dtype=torch.long, device=mask.device)
+        next_position, last_logits = positions[index, -1] + 1, logits[index, -1]
+        if not share:
+            if source != list(range(len(unique))):  # every layer kind selects its rows (linear attention too)
+                cache.reorder_cache(cast(torch.LongTensor, index))
+            return cls(rows, cache, mask[index], next_position, last_logits, params)
+        slots, layers = [], _layers(cache)
+        for prompt, slot in unique.items():
+            start = width - len(prompt)
+            kept = [
+                (k, v)
+                for layer in layers
+                if (k := layer.keys) is not None and (v := layer.values) is not None
+            ]
+            keys, values = ([kv[i][slot : slot + 1, :, start:].clone() for kv in kept] for i in (0, 1))
+            slots.append(PromptSlot(prompt, keys, values, (index == slot).nonzero()[:, 0]))
+        own = new_cache()
+        for layer, key, value in zip(_layers(own), slots[0].keys, slots[0].values, strict=True):
+            layer.lazy_initialization(key, value)
+            layer.keys = key.new_empty(len(rows), key.shape[1], 0, key.shape[3])
+            layer.values = value.new_empty(len(rows), value.shape[1], 0, value.shape[3])
+        bound_growth(own, max(job.max_tokens for job in jobs) - 1)
+        empty = mask.new_zeros(len(rows), 0)
+        return cls(rows, own, empty, next_position, last_logits, params, SharedPrompts(slots))
 
     @property
     def cache_length(self) -> int:
@@ -222,14 +246,19 @@ class DecodeBatch:
         None when the cache does not hold exactly those."""
         row = self.rows[i]
         tokens = (*row.job.prompt, *row.tokens[:-1])
-        start = int(self.mask[i].argmax())  # left padding ends at the row's first real token
-        if self.cache_length - start != len(tokens) or not bool(self.mask[i, start:].all()):
+        slot = None if self.prompts is None else self.prompts.slot_of(i)
+        held = len(tokens) - (0 if slot is None else len(slot.prompt))  # the tokens in the row's own cache
+        start = self.cache_length - held
+        if start < 0 or bool(self.mask[i, :start].any()) or not bool(self.mask[i, start:].all()):
             return None
         layers = _layers(self.cache)
         keys = [layer.keys[i : i + 1, :, start:] for layer in layers if layer.keys is not None]
         values = [layer.values[i : i + 1, :, start:] for layer in layers if layer.values is not None]
         if len(keys) != len(layers) or len(values) != len(layers):
             return None
+        if slot is not None:
+            keys = [torch.cat(pair, dim=-2) for pair in zip(slot.keys, keys, strict=True)]
+            values = [torch.cat(pair, dim=-2) for pair in zip(slot.values, values, strict=True)]
         return CachedSequence(adapter, version, tokens, tuple(keys), tuple(values))
 
     def merge(self, other: DecodeBatch) -> None:
@@ -242,6 +271,8 @@ class DecodeBatch:
             assert theirs.keys is not None and theirs.values is not None
             mine.keys = torch.cat([mine.keys, theirs.keys])
             mine.values = torch.cat([mine.values, theirs.values])
+        if self.prompts is not None and other.prompts is not None:
+            self.prompts.extend(other.prompts, len(self.rows))
         self.rows += other.rows
         self.mask = torch.cat([self.mask, other.mask])
         self.next_position = torch.cat([self.next_position, other.next_position])
@@ -256,14 +287,18 @@ class DecodeBatch:
     def keep(self, keep: list[int], trim: bool) -> None:
         """Drop every row not in `keep`; with `trim`, also the cache columns that are padding in all rows."""
         index = torch.tensor(keep, dtype=torch.long, device=self.mask.device)
-        self.cache.reorder_cache(cast(torch.LongTensor, index))
+        if self.prompts is None:
+            self.cache.reorder_cache(cast(torch.LongTensor, index))
+        else:  # (`reorder_cache` skips a layer that holds no token yet)
+            _map_layers(self.cache, lambda kv: kv.index_select(0, index))
+            self.prompts.select(keep)
         self.rows = [self.rows[i] for i in keep]
         self.mask = self.mask[index]
         self.next_position = self.next_position[index]
         self.params = self.params.select(keep)
         if trim:
             # First column some remaining row attends to; columns before it are padding for everyone.
-            first = int(self.mask.any(dim=0).int().argmax())
+            first = int(self.mask.any(dim=0).int().argmax()) if self.mask.shape[1] else 0
             if first > 0:
                 self.mask = self.mask[:, first:]
                 _map_layers(self.cache, lambda kv: kv[:, :, first:])
@@ -274,7 +309,9 @@ class DecodeBatch:
         # Each row feeds back every token it may still sample but its last.
         still = max(row.job.max_tokens - len(row.tokens) - 1 for row in self.rows)
         bound_growth(self.cache, self.mask.shape[1] + max(0, still))
-        logits = forward(tokens[:, None], self.mask, self.next_position[:, None], self.cache, False)
+        logits = forward(
+            tokens[:, None], self.mask, self.next_position[:, None], self.cache, False, self.prompts
+        )
         self.logits = logits[:, -1]
         self.next_position = self.next_position + 1
         self.params.step = self.params.step + 1
