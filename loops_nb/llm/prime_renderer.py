@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from loops_nb.errors import ConfigError, UserError
 from loops_nb.llm.breaks import continuation_start
-from loops_nb.llm.chat_messages import ChatMessage, ToolCall, ToolSpec, tool_call
+from loops_nb.llm.chat_messages import ChatMessage, ToolCall, ToolSpec, is_image_part, tool_call
 from loops_nb.llm.model_input import PromptImage
 from loops_nb.llm.renderer import ParsedReply, Renderer
 from loops_nb.llm.target_rule import Refusal
@@ -364,7 +364,7 @@ def _decoded_arguments(call: Mapping[str, Any]) -> ToolCall:
 
 
 def _loaded(part: object) -> object:
-    from loops_nb.llm.vision import image_source, is_image_part, load_image
+    from loops_nb.llm.vision import image_source, load_image
 
     if not is_image_part(part):
         return part
