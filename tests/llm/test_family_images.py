@@ -169,3 +169,43 @@ def load(url: str) -> Any:
     from loops_nb.llm.vision import load_image
 
     return load_image(url)
+
+
+@pytest.mark.slow
+async def test_a_qwen3_vl_samples_and_trains_an_image_attempt_on_the_local_scope(
+    gateway: ModelGateway, family_tokenizer: Callable[[str], Any], embedded_loops: Any, tmp_path_factory: Any
+) -> None:
+    """The tiny Qwen3-VL in the embedded Loops: the gateway's two-image attempt sampled by the real sampler,
+    then trained: the trainer's logprobs of the sampled tokens are the sampler's (the image chunks expand to
+    the runs the family's renderer made)."""
+    from baseten.loops import AdamParams
+    from qwen3_vl_model import build_qwen3_vl
+
+    from loops_nb.rl.datums import sequence_datums
+    from loops_nb.rl.policy import Policy
+
+    path = build_qwen3_vl(tmp_path_factory.mktemp("qwen3_vl"))
+    renderer = PrimeRenderer(family_tokenizer("qwen3"), "qwen3-vl", hub_id=HUB_ID, processor=str(path))
+    trainer = await embedded_loops.service_client().create_lora_training_client_async(
+        base_model=str(path), rank=8, seed=0
+    )
+    policy = Policy(trainer, str(path))
+    await policy.publish()
+    llm = LoopsLLM(renderer, policy, TokenCapture(), SamplingDefaults(max_tokens=6), seed=0)
+    lease = gateway.issue("t/vision/local", llm)
+    client = openai.AsyncOpenAI(base_url=gateway.url, api_key=lease.key)
+    messages: list[Any] = [chat_turn(RED, "How many circles?")]
+    resp = await client.chat.completions.create(model="policy", messages=messages)
+    messages += [resp.choices[0].message.model_dump(exclude_none=True), chat_turn(BLUE, "And here?")]
+    await client.chat.completions.create(model="policy", messages=messages)
+    gateway.revoke(lease.key)
+    assert len(llm.capture.calls) == 2
+    [datum] = sequence_datums(llm.capture.sequences(), 1.0, "images")
+    assert len(datum.images) == 2
+    future = await trainer.forward_backward_async([datum.to_datum()], "importance_sampling")
+    out = await future.result_async()
+    trained = out.loss_fn_outputs[0]["logprobs"].data
+    pairs = [(t, s) for t, s, m in zip(trained, datum.logprobs[1:], datum.sampled[1:], strict=True) if m]
+    assert pairs and max(abs(t - s) for t, s in pairs) < 1e-3, pairs
+    step = await trainer.optim_step_async(AdamParams(learning_rate=1e-3))
+    assert await step.result_async() is not None
