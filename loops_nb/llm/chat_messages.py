@@ -2,7 +2,7 @@
 SFT rows write them (a renderer reads the keys its format has and leaves the rest)."""
 
 import json
-from typing import Any
+from typing import Any, TypeGuard
 
 ChatMessage = dict[str, Any]
 """One message: `role`, `content` (a string, or a list of parts with images), and where they apply
@@ -33,7 +33,7 @@ def assistant_message(
     return message
 
 
-def is_image_part(part: object) -> bool:
+def is_image_part(part: object) -> TypeGuard[dict[str, object]]:
     """Whether a content part is an image (vision.py reads its source)."""
     return isinstance(part, dict) and part.get("type") in ("image", "image_url", "input_image")
 

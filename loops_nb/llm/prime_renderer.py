@@ -368,7 +368,6 @@ def _loaded(part: object) -> object:
 
     if not is_image_part(part):
         return part
-    assert isinstance(part, dict)  # an image part is a dict
     return {"type": "image", "image": load_image(image_source(part))}
 
 
@@ -402,12 +401,9 @@ def prompt_images(
 def carried_images(images: Sequence[PromptImage]) -> MultiModalData:
     """A previous prompt's images as `renderers`' multimodal sidecar: their runs, and one item each (a
     family's renderer counts them to number the next turn's images)."""
-    import hashlib
-
     from renderers import MultiModalData, PlaceholderRange
 
     return MultiModalData(
-        mm_hashes={"image": [hashlib.sha256(im.data).hexdigest()[:32] for im in images]},
         mm_placeholders={"image": [PlaceholderRange(im.offset, im.length) for im in images]},
         mm_items={"image": [{"png": im.data} for im in images]},
     )

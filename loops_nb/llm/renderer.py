@@ -255,6 +255,13 @@ class ChatRenderer(Renderer):
         trained_turns: Sequence[int],
         checks: TargetChecks | None = None,
     ) -> SupervisedExamples:
+        if has_images(messages):
+            from loops_nb.llm.target_rule import Refusal
+
+            raise Refusal(
+                "the row has images, which train only through a family's image renderer (`[model] renderer` "
+                "qwen3-vl, qwen3.5, qwen3.6, gemma4, kimi-k2.5), not through a chat template"
+            )
         return self.targets().examples(messages, tools, trained_turns, checks)
 
     def target_stop_tokens(self) -> list[str]:

@@ -25,6 +25,10 @@ from loops_nb.llm.client import LoopsLLM, SamplingDefaults
 from loops_nb.llm.model_input import model_input
 from loops_nb.llm.prime_renderer import PrimeRenderer
 from loops_nb.model_access import ModelGateway
+from loops_nb.rl.datums import sequence_datums
+from loops_nb.sft.data import RefusedRow, iter_rows
+from loops_nb.sft.evaluation import example_datum
+from loops_nb.sft.targets import RenderedRow, SFTTargets
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -138,11 +142,27 @@ async def test_the_sft_row_of_a_sampled_image_turn_trains_what_was_sampled(
     llm, _ = attempt(renderer)
     messages = await by_chat(gateway, llm, "t/vision/sft-twin")
     [seq] = llm.capture.sequences()
-    # The conversation as an SFT row trains both replies; its one example is the sampled sequence.
-    found = renderer.supervised_examples(messages, None, [1, 3])
-    [example] = found.examples
+    # The conversation as an SFT row trains both replies; its one example is the sampled sequence, its
+    # datum the RL datum's input with the same image chunks.
+    [result] = SFTTargets(renderer).render_rows(iter_rows([{"messages": messages}]))
+    assert isinstance(result, RenderedRow), result
+    [example] = result.examples
     assert example.input_ids == seq.tokens
     assert [w > 0 for w in example.weights] == seq.sampled
+    assert example.images == tuple(seq.images)
+    [rl] = sequence_datums([seq], 1.0, "images")
+    assert example_datum(example).model_input == rl.to_datum().model_input
+
+
+async def test_an_image_row_on_a_chat_template_is_refused_in_one_line(tiny_chat_model_path: Any) -> None:
+    from transformers import AutoTokenizer
+
+    from loops_nb.sft.targets import chat_targets
+
+    targets = chat_targets(AutoTokenizer.from_pretrained(tiny_chat_model_path))
+    row = {"messages": [chat_turn(RED, "How many?"), {"role": "assistant", "content": "3"}]}
+    [result] = targets.render_rows(iter_rows([row]))
+    assert isinstance(result, RefusedRow) and "train only through a family's image renderer" in result.reason
 
 
 async def test_input_image_parts_through_the_responses_api_train_the_same_tokens(
@@ -181,7 +201,6 @@ async def test_a_qwen3_vl_samples_and_trains_an_image_attempt_on_the_local_scope
     from baseten.loops import AdamParams
     from qwen3_vl_model import build_qwen3_vl
 
-    from loops_nb.rl.datums import sequence_datums
     from loops_nb.rl.policy import Policy
 
     path = build_qwen3_vl(tmp_path_factory.mktemp("qwen3_vl"))
