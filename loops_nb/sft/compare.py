@@ -124,9 +124,7 @@ def _score(parsed: AssistantReply, reference: Message, *, has_tools: bool) -> tu
         want = sorted(_call_key(c.function.name, c.function.arguments) for c in reference.tool_calls)
         got = sorted(_call_key(c["name"], c["arguments"]) for c in parsed.tool_calls)
         return "tool_call", float(got == want and not parsed.errors), None
-    exact = float(
-        not parsed.tool_calls and normalise_text(parsed.content) == normalise_text(reference.text)
-    )
+    exact = float(not parsed.tool_calls and normalise_text(parsed.content) == normalise_text(reference.text))
     if has_tools:
         return (
             "direct_answer",
