@@ -143,13 +143,13 @@ def load_model_renderer(
 
     choice = run_renderer_choice(model, run_json)
     tokenizer = load_model_tokenizer(model, scope, cache_dir=cache_dir)
-    if choice.name != CHAT_TEMPLATE:
-        return text_renderer(model, tokenizer, choice)
     source = model.base_model  # a vision-language model's processor (the `vision` extra) comes from it
     if scope == "local" or Path(source).expanduser().is_dir():
         from loops_nb.local.model_store import resolve_model
 
         source = str(resolve_model(source, cache_dir=cache_dir).path)
+    if choice.name != CHAT_TEMPLATE:
+        return text_renderer(model, tokenizer, choice, source)  # the family's renderer loads it at an image
     return text_renderer(model, tokenizer, choice, load_processor(source, cache_dir=cache_dir))
 
 
@@ -157,8 +157,9 @@ def text_renderer(
     model: ModelConfig, tokenizer: Any, choice: RendererChoice, processor: Any | None = None
 ) -> Renderer:
     """`choice`'s renderer on an already loaded `tokenizer`: the family's `PrimeRenderer` with `[model]
-    renderer_options`, or the tokenizer's template (parsing replies by the family's renderer where `renderers`
-    has one: `family_parser`) as a `ChatRenderer`, or a `VisionRenderer` on `processor` for images."""
+    renderer_options` (rendering images with `processor`, or the one it loads from the model `processor`
+    names), or the tokenizer's template (parsing replies by the family's renderer where `renderers` has one:
+    `family_parser`) as a `ChatRenderer`, or a `VisionRenderer` on `processor` for images."""
     from loops_nb.llm.prime_renderer import PrimeRenderer
     from loops_nb.llm.renderer import CHAT_TEMPLATE, ChatRenderer
     from loops_nb.llm.vision import VisionRenderer
@@ -166,7 +167,9 @@ def text_renderer(
     renderer: Renderer
     if choice.name != CHAT_TEMPLATE:
         config = renderer_config(choice.name, model.renderer_options)
-        renderer = PrimeRenderer(tokenizer, choice.name, hub_id=model.base_model, config=config)
+        renderer = PrimeRenderer(
+            tokenizer, choice.name, hub_id=model.base_model, config=config, processor=processor
+        )
     else:
         check_chat_template(model, tokenizer, choice)
         if processor is None:

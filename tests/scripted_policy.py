@@ -49,10 +49,23 @@ class ScriptedPolicy:
         return self
 
     async def sample_async(self, prompt: Any, num_samples: int, sampling_params: Any) -> ScriptedResponse:
-        self.prompts.append(prompt.to_ints())
+        self.prompts.append(prompt_ids(prompt))
         tokens = self.renderer.encode(self.texts.pop(0))
         if self.end_token is not None:
             tokens.append(self.end_token)
         return ScriptedResponse(
             [ScriptedSequence(tokens, [self.logprob] * len(tokens), "stop")] * num_samples
         )
+
+
+IMAGE_POSITION = -1
+"""What `prompt_ids` puts at an image chunk's positions."""
+
+
+def prompt_ids(prompt: Any) -> list[int]:
+    """A `ModelInput`'s token ids, each image chunk as `expected_tokens` times `IMAGE_POSITION`."""
+    return [
+        t
+        for chunk in prompt.chunks
+        for t in (chunk.tokens if hasattr(chunk, "tokens") else [IMAGE_POSITION] * chunk.expected_tokens)
+    ]

@@ -2,7 +2,7 @@
 SFT rows write them (a renderer reads the keys its format has and leaves the rest)."""
 
 import json
-from typing import Any
+from typing import Any, TypeGuard
 
 ChatMessage = dict[str, Any]
 """One message: `role`, `content` (a string, or a list of parts with images), and where they apply
@@ -31,3 +31,14 @@ def assistant_message(
     if tool_calls:
         message["tool_calls"] = tool_calls
     return message
+
+
+def is_image_part(part: object) -> TypeGuard[dict[str, object]]:
+    """Whether a content part is an image (vision.py reads its source)."""
+    return isinstance(part, dict) and part.get("type") in ("image", "image_url", "input_image")
+
+
+def has_images(messages: list[ChatMessage]) -> bool:
+    return any(
+        isinstance(m.get("content"), list) and any(is_image_part(p) for p in m["content"]) for m in messages
+    )

@@ -7,6 +7,12 @@ back from sampled tokens (malformed calls kept with their status), its stop toke
 `bridge_to_next_turn`, which continues the previous prompt + completion token for token where it can prove
 that safe. So a template that drops earlier reasoning no longer splits every multi-turn attempt.
 
+Images: the families `renderers` renders images for (Qwen3-VL, Qwen3.5/3.6/3.8, Gemma 4, Kimi K2.5/2.6: its
+multimodal renderers) render image parts with the model's processor into each image's run of placeholder
+tokens; the prompt keeps each image as a `PromptImage` (its run and PNG bytes, the SDK's image chunk). A
+later turn bridges with the earlier images carried (`previous_multi_modal_data`), so an attempt with images
+stays one sequence. Other families refuse image parts.
+
 The renderer is named explicitly (renderer_choice.py picks the name from the model's Hub id), never left to
 `renderers`' own lookup of `tokenizer.name_or_path`: a tokenizer loaded from a folder misses that lookup, and
 the fallback asks the Hub for the model's config, which fails offline and silently falls back to the chat
@@ -18,18 +24,21 @@ from __future__ import annotations
 import copy
 import json
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from loops_nb.errors import ConfigError, UserError
 from loops_nb.llm.breaks import continuation_start
-from loops_nb.llm.chat_messages import ChatMessage, ToolCall, ToolSpec, tool_call
+from loops_nb.llm.chat_messages import ChatMessage, ToolCall, ToolSpec, is_image_part, tool_call
+from loops_nb.llm.model_input import PromptImage
 from loops_nb.llm.renderer import ParsedReply, Renderer
 from loops_nb.llm.target_rule import Refusal
 
 if TYPE_CHECKING:
-    from renderers import ParsedResponse
+    from PIL.Image import Image as PILImage
+    from renderers import MultiModalData, ParsedResponse, RenderedTokens
     from renderers.configs import BaseRendererConfig
+    from transformers import ProcessorMixin
 
     from loops_nb.llm.capture import ModelCall
     from loops_nb.llm.target_rule import SupervisedExamples, TargetChecks
@@ -51,9 +60,12 @@ class PrimeRenderer(Renderer):
         *,
         hub_id: str | None = None,
         config: BaseRendererConfig | None = None,
+        processor: ProcessorMixin | str | None = None,
     ) -> None:
         """`hub_id`: the model's Hub id, which some renderers read for per-model defaults (Qwen3.5's thinking
-        default, Gemma 4's small variants); `config`: a `renderers` config with options (default: `name`'s)."""
+        default, Gemma 4's small variants); `config`: a `renderers` config with options (default: `name`'s);
+        `processor`: the model's processor for image parts, or the model (Hub id or folder) to load it from
+        at the first image (a text-only run never loads it)."""
         from renderers import create_renderer
 
         from loops_nb.llm.renderer_choice import renderer_config
@@ -63,6 +75,8 @@ class PrimeRenderer(Renderer):
         self.tokenizer = tokenizer
         self.hub_id = hub_id
         self.config = config if config is not None else renderer_config(name)
+        self.processor = processor
+        self._images_ready = False
         self._kept: PrimeRenderer | None = None
         self._parsed: dict[tuple[Any, ...], ParsedReply] = {}
         self._parsed_lock = threading.Lock()
@@ -71,6 +85,7 @@ class PrimeRenderer(Renderer):
             # A shallow copy that answers to the Hub id; the vocabulary itself is shared, not copied.
             named = copy.copy(tokenizer)
             named.name_or_path = hub_id
+        self._named = named
         try:
             self.prime = create_renderer(named, self.config)
         except Exception as exc:
@@ -84,26 +99,66 @@ class PrimeRenderer(Renderer):
         messages: Sequence[ChatMessage],
         tools: Sequence[ToolSpec] | None = None,
         previous: ModelCall | None = None,
-    ) -> tuple[list[int], tuple[Any, ...]]:
+    ) -> tuple[list[int], tuple[PromptImage, ...]]:
         """The prompt: `previous`'s prompt + completion, exactly, then the new turns, when the conversation
         continues `previous` and the family's renderer can bridge; else the whole conversation rendered."""
-        _refuse_images(messages, self.name)
         spec = list(tools) if tools else None
-        converted = to_prime_messages(messages)
+        converted = self._prime_messages(messages)
         if previous is not None:
-            # Where the new turns start when they continue `previous`; None for another conversation or an
-            # edited history, rendered afresh (the capture starts a new sequence, counted as `history_edited`).
+            # Where the new turns start in `messages` when they continue `previous`; None for another
+            # conversation or an edited history, rendered afresh (the capture starts a new sequence, counted
+            # as `history_edited`).
             start = continuation_start(self, messages, tools, previous)
             if start is not None:
+                # Earlier images ride along (their runs sit before the new turns), so that the family's
+                # renderer numbers the new ones after them and the prompt keeps them all.
+                carried = (
+                    {"previous_multi_modal_data": carried_images(previous.images)}
+                    if self._images_ready
+                    else {}
+                )
                 bridged = self.prime.bridge_to_next_turn(
                     list(previous.prompt_tokens),
                     list(previous.completion_tokens),
                     converted[start:],
                     tools=spec,
+                    **carried,
                 )
                 if bridged is not None:
-                    return list(bridged.token_ids), ()
-        return list(self.prime.render_ids(converted, tools=spec, add_generation_prompt=True)), ()
+                    return list(bridged.token_ids), prompt_images(bridged, converted[start:], previous.images)
+        rendered = self.prime.render(converted, tools=spec, add_generation_prompt=True)
+        return list(rendered.token_ids), prompt_images(rendered, converted)
+
+    def _prime_messages(self, messages: Sequence[Mapping[str, Any]]) -> list[ChatMessage]:
+        """`to_prime_messages`, readying the family's renderer for images when the messages have some."""
+        converted = to_prime_messages(messages)
+        if not self._images_ready and any(True for _ in message_images(converted)):
+            self._ready_images()
+        return converted
+
+    def _ready_images(self) -> None:
+        """Rebuild the family's renderer with the model's processor (loaded now, at the first image)."""
+        from renderers import is_multimodal
+
+        if not is_multimodal(self.prime):
+            raise UserError(
+                f"an image part in the messages, and `renderers` has no image renderer for {self.name!r} (it "
+                "renders images for Qwen3-VL, Qwen3.5/3.6, Gemma 4 and Kimi K2.5/2.6); for another "
+                'vision-language model set [model] renderer = "chat_template"'
+            )
+        processor = self.processor
+        if isinstance(processor, str):
+            from loops_nb.llm.vision import load_processor
+
+            processor = load_processor(processor)
+        if processor is None:
+            raise UserError(
+                f"an image part in the messages, but {self.hub_id or self.name!r} has no image processor"
+            )
+        self.processor = processor
+        build: Callable[..., Any] = type(self.prime)  # the family's class takes the processor it renders with
+        self.prime = build(self._named, self.config, processor=processor)
+        self._images_ready = True
 
     def parse(
         self,
@@ -153,7 +208,7 @@ class PrimeRenderer(Renderer):
         last one sees; this rule trains what the sampler's prompt is followed by.)"""
         from loops_nb.llm.target_rule import SupervisedExamples, split_reason, turn_groups, weighted_example
 
-        converted = to_prime_messages(messages)
+        converted = self._prime_messages(messages)
         turns = {j: self._target_turn(converted, tools, j, checks) for j in trained_turns}
         groups = turn_groups({j: ids for j, (ids, _) in turns.items()})
         examples = []
@@ -193,8 +248,12 @@ class PrimeRenderer(Renderer):
                 self._kept = (
                     self
                     if kept == self.config
-                    else PrimeRenderer(self.tokenizer, self.name, hub_id=self.hub_id, config=kept)
+                    else PrimeRenderer(
+                        self.tokenizer, self.name, hub_id=self.hub_id, config=kept, processor=self.processor
+                    )
                 )
+            if self._images_ready and not self._kept._images_ready:
+                self._kept._ready_images()
             prime, spec = self._kept.prime, tools or None
             opened = list(prime.render_ids(messages[:j], tools=spec, add_generation_prompt=True))
             written = list(prime.render_ids(messages[: j + 1], tools=spec))
@@ -269,8 +328,10 @@ _STATUS_TEXT = {
 
 
 def to_prime_messages(messages: Sequence[Mapping[str, Any]]) -> list[ChatMessage]:
-    """OpenAI-shaped messages as `renderers` takes them: content a string, tool-call arguments an object
-    where they decode to one, and each tool result named after its call (gpt-oss writes the name)."""
+    """OpenAI-shaped messages as `renderers` takes them: content a string or parts with each image part
+    `{"type": "image", "image": <PIL image>}` (read here: any source `vision.load_image` reads, a bad one a
+    one-line error), tool-call arguments an object where they decode to one, and each tool result named
+    after its call (gpt-oss writes the name)."""
     from renderers import extract_message_tool_names
 
     out: list[ChatMessage] = []
@@ -278,6 +339,8 @@ def to_prime_messages(messages: Sequence[Mapping[str, Any]]) -> list[ChatMessage
         msg = dict(message)
         if msg.get("content") is None:
             msg["content"] = ""
+        elif isinstance(msg["content"], list):
+            msg["content"] = [_loaded(part) for part in msg["content"]]
         if msg.get("tool_calls"):
             msg["tool_calls"] = [_decoded_arguments(c) for c in msg["tool_calls"]]
         out.append(msg)
@@ -300,16 +363,50 @@ def _decoded_arguments(call: Mapping[str, Any]) -> ToolCall:
     return {**call, "function": fn}
 
 
-def _refuse_images(messages: Sequence[Mapping[str, Any]], name: str) -> None:
-    for i, message in enumerate(messages):
+def _loaded(part: object) -> object:
+    from loops_nb.llm.vision import image_source, load_image
+
+    if not is_image_part(part):
+        return part
+    return {"type": "image", "image": load_image(image_source(part))}
+
+
+def message_images(messages: Sequence[Mapping[str, Any]]) -> Iterator[PILImage]:
+    """The images of `to_prime_messages`' messages, in the order they are rendered."""
+    for message in messages:
         content = message.get("content")
-        if isinstance(content, list) and any(
-            isinstance(p, Mapping) and p.get("type") not in ("text", None) for p in content
-        ):
-            raise UserError(
-                f"messages[{i}] has an image or other non-text part, and the {name!r} renderer here renders "
-                'text only: set [model] renderer = "chat_template" for a vision-language model'
-            )
+        for part in content if isinstance(content, list) else ():
+            if isinstance(part, Mapping) and part.get("type") == "image":
+                yield part["image"]
+
+
+def prompt_images(
+    rendered: RenderedTokens, messages: Sequence[Mapping[str, Any]], carried: Sequence[PromptImage] = ()
+) -> tuple[PromptImage, ...]:
+    """The prompt's images: `carried` (earlier turns' images a bridge kept), then each image of `messages`
+    at the run of placeholder tokens the family's renderer gave it."""
+    from loops_nb.llm.vision import encode_png
+
+    data = rendered.multi_modal_data
+    runs = (data.mm_placeholders.get("image", []) if data else [])[len(carried) :]
+    images = list(message_images(messages))
+    if len(runs) != len(images):
+        raise UserError(
+            f"the family's renderer placed {len(runs)} image(s) but the messages have {len(images)}"
+        )
+    new = (PromptImage(run.offset, run.length, encode_png(im)) for run, im in zip(runs, images, strict=True))
+    return (*carried, *new)
+
+
+def carried_images(images: Sequence[PromptImage]) -> MultiModalData:
+    """A previous prompt's images as `renderers`' multimodal sidecar: their runs, and one item each (a
+    family's renderer counts them to number the next turn's images)."""
+    from renderers import MultiModalData, PlaceholderRange
+
+    return MultiModalData(
+        mm_placeholders={"image": [PlaceholderRange(im.offset, im.length) for im in images]},
+        mm_items={"image": [{"png": im.data} for im in images]},
+    )
 
 
 def renderer_problem(name: str, exc: BaseException) -> str:

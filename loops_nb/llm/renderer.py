@@ -23,7 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from loops_nb.llm.chat_messages import ChatMessage, ToolCall, ToolSpec
+from loops_nb.errors import UserError
+from loops_nb.llm.chat_messages import ChatMessage, ToolCall, ToolSpec, has_images
 from loops_nb.llm.templates import ChatTemplate, parse_assistant_text
 
 if TYPE_CHECKING:
@@ -204,6 +205,11 @@ class ChatRenderer(Renderer):
     ) -> tuple[list[int], tuple[Any, ...]]:
         """The prompt for the next call (no images: `VisionRenderer` has them); extends `previous`'s prompt +
         completion (exact tokens) whenever the text allows."""
+        if has_images(list(messages)):
+            raise UserError(
+                "an image part in the messages, but this model's renderer renders text only (the model is no "
+                "vision-language model, and `renderers` has no image renderer for it)"
+            )
         text = self.render_text(messages, tools)
         if previous is not None:
             before = previous.prompt_tokens + previous.completion_tokens
@@ -249,6 +255,13 @@ class ChatRenderer(Renderer):
         trained_turns: Sequence[int],
         checks: TargetChecks | None = None,
     ) -> SupervisedExamples:
+        if has_images(messages):
+            from loops_nb.llm.target_rule import Refusal
+
+            raise Refusal(
+                "the row has images, which train only through a family's image renderer (`[model] renderer` "
+                "qwen3-vl, qwen3.5, qwen3.6, gemma4, kimi-k2.5), not through a chat template"
+            )
         return self.targets().examples(messages, tools, trained_turns, checks)
 
     def target_stop_tokens(self) -> list[str]:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from loops_nb.errors import UserError
-from loops_nb.llm.chat_messages import ChatMessage, ToolSpec
+from loops_nb.llm.chat_messages import ChatMessage, ToolSpec, is_image_part
 from loops_nb.llm.model_input import PromptImage
 from loops_nb.llm.renderer import ChatRenderer, Renderer
 
@@ -37,10 +37,6 @@ if TYPE_CHECKING:
     from loops_nb.llm.capture import ModelCall
 
 URL_TIMEOUT_SECONDS = 30
-
-
-def is_image_part(part: object) -> bool:
-    return isinstance(part, dict) and part.get("type") in ("image", "image_url", "input_image")
 
 
 def image_source(part: dict[str, Any]) -> Any:

@@ -1,7 +1,7 @@
 """OpenAI chat-completions wire format: validating requests and shaping replies and stream chunks.
 
 Validation names the offending field the way OpenAI does (`messages[2].role`), because the caller is
-an agent under development and a precise 400 is the fastest fix. Unknown top-level fields are ignored,
+an agent under development and a precise 400 is the fastest fix. Image parts pass through to the renderer. Unknown top-level fields are ignored,
 as clients send many optional ones (`user`, `seed`, `logprobs`, ...).
 """
 
@@ -24,6 +24,9 @@ from loops_nb.llm.chat_messages import ChatMessage, ToolCall, ToolSpec, assistan
 
 ROLES = {"system", "developer", "user", "assistant", "tool"}
 MAX_CHOICES = 16
+IMAGE_PARTS = ("image_url", "input_image")
+"""Image content parts: Chat Completions' `{"image_url": {"url": u}}`, the Responses API's `{"image_url": u}`."""
+ContentPart = dict[str, object]
 
 
 class InvalidAgentRequest(ModelAccessError):
@@ -65,24 +68,38 @@ def bounded[N: (int, float)](body: dict[str, object], key: str, kind: type[N], l
     return kind(value)
 
 
-def text_content(value: object, where: str, kinds: tuple[str, ...] = ("text",)) -> str:
+def text_content(value: object, where: str, kinds: tuple[str, ...] = ("text",)) -> str | list[ContentPart]:
     """Content as one string: a string, or a list of text parts of these `kinds` (joined; a `refusal`
-    part's text is its `refusal`); images, files and audio are refused."""
+    part's text is its `refusal`). With images among the parts (Chat Completions' `image_url`, the Responses
+    API's `input_image`) it stays a list: text parts and `image_url` parts, which the renderer renders
+    (vision.py reads their URLs). Files and audio are refused."""
     if isinstance(value, str):
         return value
     if not isinstance(value, list):
         raise InvalidAgentRequest(f"{where} must be a string or a list of text parts", where)
-    texts = []
+    parts: list[ContentPart] = []
     for i, part in enumerate(value):
         kind = part.get("type") if isinstance(part, dict) else None
+        if kind in IMAGE_PARTS and isinstance(part, dict):
+            url = part.get("image_url")
+            url = url.get("url") if isinstance(url, dict) else url
+            if not isinstance(url, str):
+                raise InvalidAgentRequest(
+                    f"{where}[{i}].image_url must hold the image's URL", f"{where}[{i}]"
+                )
+            parts.append({"type": "image_url", "image_url": {"url": url}})
+            continue
         text = part.get("refusal" if kind == "refusal" else "text") if isinstance(part, dict) else None
         if kind not in kinds or not isinstance(text, str):
             raise InvalidAgentRequest(
-                f"{where}[{i}]: only text content parts ({', '.join(kinds)}) are supported, not {kind!r}",
+                f"{where}[{i}]: only text and image content parts ({', '.join(kinds)}, "
+                f"{', '.join(IMAGE_PARTS)}) are supported, not {kind!r}",
                 f"{where}[{i}]",
             )
-        texts.append(text)
-    return "".join(texts)
+        parts.append({"type": "text", "text": text})
+    if any(p["type"] == "image_url" for p in parts):
+        return parts
+    return "".join(str(p["text"]) for p in parts)
 
 
 def chat_role(role: object, where: str, roles: set[str]) -> str:

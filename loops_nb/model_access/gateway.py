@@ -27,6 +27,7 @@ from starlette.routing import Route
 import loops_nb.model_access.chat_wire as chat_wire
 import loops_nb.model_access.responses_wire as responses_wire
 from loops_nb.connection_guard import ConnectionLimits, Headers
+from loops_nb.errors import UserError
 from loops_nb.llm.chat_messages import ChatMessage, ToolCall
 from loops_nb.llm.client import ContextTooLong
 from loops_nb.llm.renderer import call_keys
@@ -246,6 +247,8 @@ class ModelGateway:
                 return _error(408, "the client disconnected")
             except ContextTooLong as exc:
                 return _error(400, str(exc), param="messages", code="context_length_exceeded")
+            except UserError as exc:  # messages the renderer cannot render (an image it cannot read)
+                return _error(400, str(exc), param="messages")
             except LeaseEnded:
                 return _unauthorized("the attempt of this lease has ended")
             try:

@@ -1,7 +1,7 @@
 """OpenAI Responses API wire format (`POST /v1/responses`): requests become the gateway's chat requests,
 replies become Response objects and their stream events.
 
-A request's `input` (a string, or items: messages with `input_text` / `output_text` parts,
+A request's `input` (a string, or items: messages with `input_text` / `output_text` / `input_image` parts,
 `function_call` and `function_call_output` items) and `instructions` are turned into the chat
 messages the chat template renders, the way the same conversation would arrive at
 `/v1/chat/completions`: a `function_call` item joins the assistant message before it as a tool call,

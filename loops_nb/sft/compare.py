@@ -108,9 +108,7 @@ def _score(parsed: AssistantReply, reference: Message, *, has_tools: bool) -> tu
         want = sorted(_call_key(c.function.name, c.function.arguments) for c in reference.tool_calls)
         got = sorted(_call_key(c["name"], c["arguments"]) for c in parsed.tool_calls)
         return "tool_call", float(got == want and not parsed.errors), None
-    exact = float(
-        not parsed.tool_calls and normalise_text(parsed.content) == normalise_text(reference.content)
-    )
+    exact = float(not parsed.tool_calls and normalise_text(parsed.content) == normalise_text(reference.text))
     if has_tools:
         return (
             "direct_answer",
@@ -122,7 +120,7 @@ def _score(parsed: AssistantReply, reference: Message, *, has_tools: bool) -> tu
 
 def reference_text(message: Message) -> str:
     """The reference turn as readable text: its content, then its tool calls as ``name(arguments)``."""
-    parts = [message.content] if message.content else []
+    parts = [message.text] if message.text else []
     for call in message.tool_calls or ():
         parts.append(f"{call.function.name}({json.dumps(call.function.arguments, ensure_ascii=False)})")
     return "\n".join(parts)

@@ -4,7 +4,8 @@ A dataset is a JSONL file. Each line is one of two formats:
 
 * **chat** — OpenAI chat fine-tuning rows: ``{"messages": [...], "tools": [...]}``. Messages have the roles
   system, user, assistant and tool. An assistant turn holds ``content`` (a string, or a list of OpenAI
-  ``{"type": "text"}`` parts, which are joined) and/or ``tool_calls`` in OpenAI shape. A tool message answers an
+  ``{"type": "text"}`` parts, which are joined) and/or ``tool_calls`` in OpenAI shape. A user turn's parts may
+  hold images (``{"type": "image_url", "image_url": {"url": u}}``, ``u`` a URL, data URL or absolute path). A tool message answers an
   earlier call through ``tool_call_id``. An assistant turn may carry ``weight`` 0 or 1; without one it trains
   (every assistant turn trains by default, as in OpenAI fine-tuning).
 * **tokenized** — ``{"input_ids": [...], "weights": [...]}`` for full control: the tokens are trained as given,
@@ -34,7 +35,8 @@ from pydantic import (
     model_validator,
 )
 
-from loops_nb.errors import DataError
+from loops_nb.errors import DataError, UserError
+from loops_nb.llm.chat_messages import is_image_part
 from loops_nb.sft.refusal_wording import FIRST_TOKEN, MAX_DEPTH, unreadable, validation_reason
 from loops_nb.validation_message import json_type, show
 
@@ -109,11 +111,12 @@ class ToolDef(_Strict):
 
 
 class Message(_Strict):
-    """One chat message. Text parts are joined into ``content``; which fields a role may hold is checked by
-    `ChatRow`, so that the reason can say why (e.g. only assistant turns take a weight)."""
+    """One chat message. Text parts are joined into ``content`` (parts with an image stay parts); which fields a
+    role may hold is checked by `ChatRow`, so that the reason can say why (e.g. only assistant turns take a
+    weight)."""
 
     role: str
-    content: str | None = None
+    content: str | list[dict[str, object]] | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
@@ -132,19 +135,39 @@ class Message(_Strict):
     @field_validator("content", mode="before")
     @classmethod
     def _join_text_parts(cls, value: object) -> object:
+        if value is not None and not isinstance(value, str | list):  # one message for the str | list union
+            raise ValueError(f"must be a string, got {json_type(value)}")
         if not isinstance(value, list):
             return value
         texts = []
         for i, part in enumerate(value):
+            if is_image_part(part):
+                from loops_nb.llm.vision import image_source
+
+                try:
+                    source = image_source(part)
+                except UserError:
+                    source = None
+                if not isinstance(source, str):
+                    raise ValueError(f"part {i}: an image part needs its URL, data URL or path as a string")
+                continue
             if not isinstance(part, dict) or part.get("type") != "text":
                 kind = part.get("type") if isinstance(part, dict) else json_type(part)
                 raise ValueError(
-                    f"part {i} is {show(kind)}; only text parts ({{'type': 'text', 'text': ...}}) train"
+                    f"part {i} is {show(kind)}; only text and image parts ({{'type': 'text', 'text': ...}}, "
+                    "{'type': 'image_url', ...}) train"
                 )
             if set(part) != {"type", "text"} or not isinstance(part["text"], str):
                 raise ValueError(f"part {i} must be exactly {{'type': 'text', 'text': <string>}}")
             texts.append(part["text"])
-        return "".join(texts)
+        return value if len(texts) < len(value) else "".join(texts)
+
+    @property
+    def text(self) -> str | None:
+        """The content's text: with images, its text parts joined."""
+        if isinstance(self.content, list):
+            return "".join(str(p["text"]) for p in self.content if p.get("type") == "text")
+        return self.content
 
     @field_validator("weight", mode="before")
     @classmethod
@@ -221,6 +244,8 @@ def _check_message(i: int, m: Message, tool_names: list[str] | None, call_ids: s
         raise ValueError(f"{at}.tool_calls: only assistant turns make tool calls")
     if m.reasoning_content is not None and m.role != "assistant":
         raise ValueError(f"{at}.reasoning_content: only assistant turns carry reasoning")
+    if isinstance(m.content, list) and m.role != "user":
+        raise ValueError(f"{at}.content: only user turns hold images")
     if m.role == "assistant":
         if not m.content and not m.tool_calls:
             raise ValueError(f"{at}: empty assistant turn (no content and no tool_calls)")

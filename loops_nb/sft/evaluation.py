@@ -20,12 +20,14 @@ if TYPE_CHECKING:
 
 def example_datum(example: Example) -> Any:
     """The cross-entropy datum of one example."""
-    from baseten.loops import Datum, ModelInput, TensorData
+    from baseten.loops import Datum, TensorData
+
+    from loops_nb.llm.model_input import model_input
 
     ids, weights = example.input_ids, example.weights
     n = len(ids) - 1
     return Datum(
-        model_input=ModelInput.from_ints(ids[:-1]),
+        model_input=model_input(ids[:-1], example.images),
         loss_fn_inputs={
             "target_tokens": TensorData(data=ids[1:], dtype="int64", shape=[n]),
             "weights": TensorData(data=[float(w) for w in weights[1:]], dtype="float32", shape=[n]),

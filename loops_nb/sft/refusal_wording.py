@@ -113,7 +113,19 @@ _FIXES: tuple[tuple[re.Pattern[str], str, bool], ...] = tuple(
         (r": unknown field$", "remove or rename the field (docs/reference/sft.md lists the fields)"),
         (r": required field missing$", "add the field"),
         (r"!unknown role .*; expected one of", "use one of the roles system, user, assistant, tool"),
-        (r"only text parts|must be exactly \{'type': 'text'", "send the content as text parts only"),
+        (
+            r"only text and image parts|must be exactly \{'type': 'text'",
+            "send text parts and image_url parts",
+        ),
+        (
+            r"an image part needs its URL",
+            "give the image as {'type': 'image_url', 'image_url': {'url': ...}}",
+        ),
+        (r"only user turns hold images", "move the image to a user turn"),
+        (
+            r"train only through a family's image renderer",
+            "remove the images, or train a model of such a family",
+        ),
         (r"^messages: empty|no assistant turn", "add the assistant turn the model should learn"),
         (r"every assistant turn has weight 0", "give the turns to learn weight 1, or remove the row"),
         (r"empty assistant turn", "give the turn content or tool_calls, or remove it"),

@@ -105,7 +105,7 @@ class RowChecks:
     def turn(self, i: int, text: str) -> str | None:
         """A reason if trained turn ``i`` lost content, reasoning or a tool call in its own rendered turn."""
         m, at, fix = self.row.messages[i], f"messages[{i}]", self.wording.reasoning_fix
-        reasoning, answer = split_inline_reasoning(m.content or "")
+        reasoning, answer = split_inline_reasoning(m.text or "")
         return (
             self._text(f"{at}.content", answer, text, "turn")
             or self._text(f"{at}.content", reasoning, text, "turn", fix)
@@ -118,7 +118,7 @@ class RowChecks:
         missing from ``text``, the rendered example."""
         for i, m in enumerate(self.row.messages[:upto]):
             # Earlier reasoning may legitimately be dropped (Qwen3); the answer and the calls may not.
-            content = split_inline_reasoning(m.content or "")[1] if m.role == "assistant" else m.content
+            content = split_inline_reasoning(m.text or "")[1] if m.role == "assistant" else m.text
             at = f"messages[{i}]"
             reason = i not in skip and (
                 self._text(f"{at}.content", content, text, "conversation")

@@ -14,6 +14,9 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from loops_nb.errors import UserError
+from loops_nb.llm.chat_messages import ChatMessage, ToolSpec, has_images
+from loops_nb.llm.model_input import PromptImage
 from loops_nb.llm.target_rule import Refusal, alternation
 from loops_nb.sft.data import ChatRow, RefusedRow, Row, RowResult, TokenizedRow
 from loops_nb.sft.refusal_wording import FIRST_TOKEN, LENGTH_FIX
@@ -47,6 +50,8 @@ class Example:
     turn_indices: tuple[int, ...]
     token_turns: list[int]
     split_reason: str | None = None
+    images: tuple[PromptImage, ...] = ()
+    """The images among ``input_ids`` (a row with images), each at its run of image tokens."""
 
     @property
     def n_tokens(self) -> int:
@@ -98,6 +103,7 @@ def build_example(
     turn_indices: tuple[int, ...],
     token_turns: list[int],
     split_reason: str | None = None,
+    images: tuple[PromptImage, ...] = (),
 ) -> Example:
     """An example as it trains, or a refusal when nothing in it can.
 
@@ -111,7 +117,7 @@ def build_example(
     if weights[0]:
         weights = [0.0, *weights[1:]]
         token_turns = [-1, *token_turns[1:]]
-    return Example(ids, weights, row_number, turn_indices, token_turns, split_reason)
+    return Example(ids, weights, row_number, turn_indices, token_turns, split_reason, images)
 
 
 class SFTTargets:
@@ -155,9 +161,13 @@ class SFTTargets:
 
     def _chat(self, row: ChatRow) -> RenderedRow:
         self._check_special_tokens(row)
-        found = self.renderer.supervised_examples(
-            row.template_messages(), row.template_tools(), row.trained_turns, RowChecks(row, self._wording)
-        )
+        messages, tools = row.template_messages(), row.template_tools()
+        try:
+            found = self.renderer.supervised_examples(
+                messages, tools, row.trained_turns, RowChecks(row, self._wording)
+            )
+        except UserError as exc:  # an image the renderer cannot read or render
+            raise Refusal(str(exc)) from None
         built, why = found.examples, found.split_reason
         examples = []
         for ex in built:
@@ -167,10 +177,26 @@ class SFTTargets:
                 else f"the example ending at messages[{ex.turn_indices[-1]}]"
             )
             self._check_length(len(ex.input_ids), what)
+            images = (
+                self._images(messages[: ex.turn_indices[-1]], tools, ex.input_ids)
+                if has_images(messages)
+                else ()
+            )
             examples.append(
-                build_example(ex.input_ids, ex.weights, row.row_number, ex.turn_indices, ex.token_turns, why)
+                build_example(
+                    ex.input_ids, ex.weights, row.row_number, ex.turn_indices, ex.token_turns, why, images
+                )
             )
         return RenderedRow(row.row_number, examples, why)
+
+    def _images(
+        self, context: list[ChatMessage], tools: list[ToolSpec] | None, ids: list[int]
+    ) -> tuple[PromptImage, ...]:
+        """The images of an example: those of the prompt its last turn is sampled from, which it starts with
+        (images sit in user turns, so all of them are in that prompt)."""
+        prompt, images = self.renderer.render_prompt(context, tools)
+        assert ids[: len(prompt)] == prompt  # the target rule's context is this prompt
+        return tuple(images)
 
     def _tokenized(self, row: TokenizedRow) -> RenderedRow:
         for i, tid in enumerate(row.input_ids):
@@ -186,7 +212,7 @@ class SFTTargets:
 
     def _check_special_tokens(self, row: ChatRow) -> None:
         for i, m in enumerate(row.messages):
-            fields = {"content": m.content, "reasoning_content": m.reasoning_content}
+            fields = {"content": m.text, "reasoning_content": m.reasoning_content}
             for k, call in enumerate(m.tool_calls or ()):
                 fields[f"tool_calls[{k}]"] = call.function.model_dump_json()
             for name, text in fields.items():

@@ -212,7 +212,12 @@ async def test_missing_unknown_and_revoked_leases_get_401(gateway: ModelGateway,
         (
             json.dumps({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}).encode(),
             "messages[0].content[0]",
-            "text content parts",
+            "must hold the image's URL",
+        ),
+        (
+            json.dumps({"messages": [{"role": "user", "content": [{"type": "input_audio"}]}]}).encode(),
+            "messages[0].content[0]",
+            "only text and image content parts",
         ),
         (
             json.dumps({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}).encode(),

@@ -233,9 +233,14 @@ async def test_an_undelivered_response_cannot_be_continued(
         ({"input": 3}, "input", "string or a non-empty list"),
         ({"input": [{"role": "wizard", "content": "x"}]}, "input[0].role", "unknown role"),
         (
-            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+            {"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "x"}]}]},
             "input[0].content[0]",
-            "only text content parts",
+            "only text and image content parts",
+        ),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+            "messages",
+            "renders text only",
         ),
         ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type", "not supported"),
         ({"input": "x", "tools": [{"type": "web_search"}]}, "tools[0]", "only function tools"),

@@ -88,7 +88,20 @@ REFUSALS = [
     ),
     (
         {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}, ANSWER]},
-        "messages[0].content: part 0 is 'image_url'; only text parts",
+        "messages[0].content: part 0: an image part needs its URL, data URL or path as a string",
+    ),
+    (
+        {"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}, ANSWER]},
+        "messages[0].content: part 0 is 'input_audio'; only text and image parts",
+    ),
+    (
+        {
+            "messages": [
+                USER,
+                {"role": "assistant", "content": [{"type": "image_url", "image_url": {"url": "a.png"}}]},
+            ]
+        },
+        "messages[1].content: only user turns hold images",
     ),
     ({"messages": [{**USER, "weight": 1}, ANSWER]}, "messages[0].weight: only assistant turns take a weight"),
     ({"messages": [USER, {**ANSWER, "weight": 2}]}, "messages[1].weight: must be 0 or 1, got 2"),
