@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from baseten.loops import Datum, EncodedTextChunk, ImageChunk, ModelInput, TensorData
@@ -22,9 +21,8 @@ IGNORE_INDEX = -100
 """A `target_tokens` entry that contributes no loss and yields a null logprob (Baseten docs)."""
 
 RL_LOSSES = ("importance_sampling", "ppo", "cispo", "dro", "dppo")
-LOSS_FNS = ("cross_entropy", *RL_LOSSES, "dpo")
 
-# `loss_fn_config` keys and defaults per loss (bl/training_client.py:815-824). `None` from the client means
+# The losses, with their `loss_fn_config` keys and defaults (bl/training_client.py:815-824). `None` from the client means
 # "all defaults"; any other key is refused so a typo never silently trains with the default.
 LOSS_CONFIG_DEFAULTS: dict[str, dict[str, float | bool]] = {
     "cross_entropy": {"skip_token_normalization": False},
@@ -82,7 +80,7 @@ class ParsedDatum(LossInputs):
 
 def check_loss_fn(loss_fn: str) -> None:
     if loss_fn not in LOSS_CONFIG_DEFAULTS:
-        raise BadRequest(f"loss_fn {loss_fn!r} is not one of: {', '.join(LOSS_FNS)}")
+        raise BadRequest(f"loss_fn {loss_fn!r} is not one of: {', '.join(LOSS_CONFIG_DEFAULTS)}")
 
 
 def resolve_loss_config(
@@ -187,11 +185,9 @@ def _parse_datum(
             "with a larger max_seq_len"
         )
     try:
-        token_t = torch.tensor(tokens)
-    except (TypeError, ValueError, RuntimeError, OverflowError):
-        token_t = torch.zeros(0)
-    if token_t.dtype != torch.int64 or token_t.dim() != 1:
-        raise BadRequest(f"{where}.model_input: chunk tokens must be lists of integers")
+        token_t = torch.tensor(tokens, dtype=torch.int64)
+    except (ValueError, RuntimeError):  # the SDK's model took the ids as ints; one is past int64
+        raise BadRequest(f"{where}.model_input: chunk tokens must be 64-bit integers") from None
     bad = token_t < (-1 if images else 0)  # -1 marks image positions
     if vocab_size is not None:
         bad |= token_t >= vocab_size
@@ -282,7 +278,8 @@ def _parse_model_input(
 
 def _tensor(where: str, td: TensorData, *, integer: bool = False) -> torch.Tensor:
     """Decode one `TensorData` (flat or nested `data`, nulls → NaN) into an int64 or float32 tensor."""
-    data = _flatten(td.data) if td.data and isinstance(td.data[0], list) else td.data
+    # `TensorData.from_list` sends [N, K] data nested, one list per row.
+    data = [v for row in td.data for v in (row if isinstance(row, list) else [row])]
     shape = td.shape
     if any(s < 0 for s in shape) or len(shape) > 2:
         raise BadRequest(f"{where}: shape {shape!r} must be [N] or [N, K]")
@@ -311,16 +308,6 @@ def _tensor(where: str, td: TensorData, *, integer: bool = False) -> torch.Tenso
 def _null_to_zero(t: torch.Tensor) -> torch.Tensor:
     """JSON null (NaN here) → 0.0, leaving infinities for the caller to refuse (unlike `nan_to_num`)."""
     return torch.where(torch.isnan(t), torch.zeros_like(t), t)
-
-
-def _flatten(nested: list[Any]) -> list[Any]:
-    flat: list[Any] = []
-    for row in nested:
-        if isinstance(row, list):
-            flat.extend(_flatten(row))
-        else:
-            flat.append(row)
-    return flat
 
 
 def _check_length(where: str, t: torch.Tensor, n: int, *, allow_k: bool = False) -> None:

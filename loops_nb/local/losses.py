@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from loops_nb.local.datum_wire import IGNORE_INDEX, RL_LOSSES, LossInputs, ParsedDatum, resolve_loss_config
+from loops_nb.local.datum_wire import IGNORE_INDEX, RL_LOSSES, LossInputs, ParsedDatum
 
 
 @dataclass(kw_only=True)
@@ -213,11 +213,6 @@ LOSSES: dict[str, Callable[[LossBatch, Mapping[str, Any]], LossOutput]] = {
     "dppo": dppo,
     "dpo": dpo,
 }
-
-
-def compute_loss(loss_fn: str, batch: LossBatch, loss_fn_config: Mapping[str, Any] | None) -> LossOutput:
-    """Run `loss_fn` on `batch`; `loss_fn_config` None means defaults, unknown keys raise `BadRequest`."""
-    return LOSSES[loss_fn](batch, resolve_loss_config(loss_fn, loss_fn_config))
 
 
 def needed_positions(batch: LossBatch, loss_fn: str, top_k: int) -> torch.Tensor:

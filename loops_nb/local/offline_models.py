@@ -113,18 +113,12 @@ class OfflineModel:
         except PackageNotFoundError:
             return "unknown"
 
-    def gguf_path(self) -> Path:
-        """The GGUF inside its package (a model shipped as one file)."""
-        if len(self.parts) != 1:
-            raise ValueError(f"{self.gguf_file} ships in {len(self.parts)} chunks; use open_gguf")
-        return self.parts[0].locate(self.install)
-
     @contextlib.contextmanager
     def open_gguf(self, scratch_dir: Path, prefix: str) -> Iterator[Path]:
         """The GGUF file while the block runs: in its package, or joined from its chunks into a temporary
         directory under `scratch_dir` (named `prefix`..., so a crash's debris is recognisable) and deleted after."""
         if len(self.parts) == 1:
-            yield self.gguf_path()
+            yield self.parts[0].locate(self.install)
             return
         chunks = [part.locate(self.install) for part in self.parts]
         assert self.sha256 is not None  # __post_init__

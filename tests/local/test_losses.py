@@ -11,7 +11,12 @@ from baseten.loops import Datum
 
 from loops_nb.local.bad_request import BadRequest
 from loops_nb.local.datum_wire import parse_datums, resolve_loss_config, tensor_data
-from loops_nb.local.losses import LossBatch, collate, compute_loss, micro_batches
+from loops_nb.local.losses import LOSSES, LossBatch, LossOutput, collate, micro_batches
+
+
+def compute_loss(loss_fn: str, batch: LossBatch, loss_fn_config: dict | None) -> LossOutput:
+    """`loss_fn` on `batch` as the trainer runs it: its config checked and merged over the defaults."""
+    return LOSSES[loss_fn](batch, resolve_loss_config(loss_fn, loss_fn_config))
 
 
 def td(data: list, dtype: str = "float32", shape: list[int] | None = None) -> dict:

@@ -238,7 +238,8 @@ def test_dequantised_model_matches_the_gguf(
     model = AutoModelForCausalLM.from_pretrained(smollm2_path).eval()
     assert isinstance(model, LlamaForCausalLM) and model.dtype == torch.float32
 
-    gguf = OFFLINE_MODELS[DEFAULT_MODEL].gguf_path()
+    smollm2 = OFFLINE_MODELS[DEFAULT_MODEL]
+    gguf = smollm2.parts[0].locate(smollm2.install)
     reference = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name).eval()
     ref_tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     prompt, produced = _greedy(model, tokenizer)
