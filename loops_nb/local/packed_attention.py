@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.integrations.sdpa_attention import repeat_kv
+
+from loops_nb.local.sdpa_variants import SDPA, register_sdpa_variant
 
 IMPLEMENTATION = "loops_packed"
 """The name this attention is registered under in transformers' `AttentionInterface`."""
@@ -110,9 +110,7 @@ def packed_attention(
         and packed_rows.scores_fit(query.shape[1])
     )
     if not takes_over:
-        return sdpa_attention_forward(
-            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
-        )
+        return SDPA(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     assert packed_rows is not None
     groups = query.shape[1] // key.shape[1]
     query, key, value = query[0], repeat_kv(key, groups)[0], repeat_kv(value, groups)[0]
@@ -125,15 +123,4 @@ def packed_attention(
     return out.transpose(0, 1)[None].contiguous(), None
 
 
-AttentionInterface.register(IMPLEMENTATION, packed_attention)
-AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)
-
-
-def use_packed_attention(model: torch.nn.Module) -> bool:
-    """Switch `model` (a trainer's own module tree) from SDPA to `packed_attention`; returns whether it did.
-    Only a model on plain SDPA switches: any other implementation is the user's or the model's choice."""
-    config: Any = model.config
-    if getattr(config, "_attn_implementation", None) != "sdpa":
-        return False
-    config._attn_implementation = IMPLEMENTATION
-    return True
+register_sdpa_variant(IMPLEMENTATION, packed_attention)

@@ -55,8 +55,9 @@ from loops_nb.local.sampling_types import (
     SampleRequestError,
     SampleResult,
 )
+from loops_nb.local.sdpa_variants import use_sdpa_variant
 from loops_nb.local.shared_base import BASE_MODELS
-from loops_nb.local.shared_prompt_kv import use_prompt_attention
+from loops_nb.local.shared_prompt_kv import IMPLEMENTATION as PROMPT_ATTENTION
 
 __all__ = [
     "SampleAbandoned",
@@ -113,7 +114,7 @@ class SamplerEngine:
         self.max_positions: int | None = max_positions(config)
         self.eos_token_ids = self._eos_ids()
         self._mergeable = cache_is_full_attention(config)
-        self._share = share_prompts and self._mergeable and use_prompt_attention(self.model)
+        self._share = share_prompts and self._mergeable and use_sdpa_variant(self.model, PROMPT_ATTENTION)
         """A prompt's rows share its keys and values (`shared_prompt_kv`); False: each row holds a copy."""
         prefix_bytes = budget if prefix_cache_mb is None else prefix_cache_mb * MIB
         self.prefix_cache = PrefixCache(prefix_bytes) if prefix_bytes and self._mergeable else None

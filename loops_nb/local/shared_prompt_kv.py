@@ -16,16 +16,12 @@ A forward without `shared_prompts` (a prefill, a batch that copies rows) is tran
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-_SDPA: Callable[..., tuple[torch.Tensor, None]] = sdpa_attention_forward
-"""transformers' SDPA function, for every forward without shared prompts (their kwargs pass through)."""
+from loops_nb.local.sdpa_variants import SDPA, register_sdpa_variant
 
 IMPLEMENTATION = "loops_shared_prompt"
 """The name `prompt_attention` is registered under in transformers' `AttentionInterface`."""
@@ -98,7 +94,7 @@ def prompt_attention(
     """transformers' attention signature: `query` [B, H, q, D], `key`/`value` [B, KV, S, D] the rows' own
     cache, `attention_mask` bool [B, 1, q, S] (or None: all visible); returns ([B, q, H, D], None)."""
     if shared_prompts is None:
-        return _SDPA(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+        return SDPA(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     batch, heads, length, dim = query.shape
     kv_heads = key.shape[1]
     per_kv = heads // kv_heads * length  # a key head's query heads and positions, as one dimension
@@ -129,18 +125,4 @@ def prompt_attention(
     return out, None
 
 
-AttentionInterface.register(IMPLEMENTATION, prompt_attention)
-AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)
-
-
-def use_prompt_attention(model: torch.nn.Module) -> bool:
-    """Switch `model` (the sampler's own module tree) from SDPA to `prompt_attention`; returns whether it did.
-    Only a model on plain SDPA without soft-capped scores switches (others copy the prompt to every row)."""
-    config = model.config
-    text = getattr(config, "text_config", None) or config
-    if getattr(config, "_attn_implementation", None) != "sdpa" or getattr(
-        text, "attn_logit_softcapping", None
-    ):
-        return False
-    setattr(config, "_attn_implementation", IMPLEMENTATION)  # noqa: B010 (a module's config is untyped)
-    return True
+register_sdpa_variant(IMPLEMENTATION, prompt_attention)

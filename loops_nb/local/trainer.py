@@ -54,7 +54,8 @@ from loops_nb.local.micro_batch import (
     run_micro_batch,
 )
 from loops_nb.local.model_store import auto_dtype
-from loops_nb.local.packed_attention import use_packed_attention
+from loops_nb.local.packed_attention import IMPLEMENTATION as PACKED_ATTENTION
+from loops_nb.local.sdpa_variants import use_sdpa_variant
 from loops_nb.local.shared_base import BASE_MODELS
 from loops_nb.local.trainer_checkpoints import (
     load_adapter_weights,
@@ -112,7 +113,7 @@ class LoraTrainer:
         # sliding windows run whole).
         self._can_share = cache_is_full_attention(base.config)
         if self._can_share:  # a packed group's attention then computes only what its mask lets through
-            use_packed_attention(base)
+            use_sdpa_variant(base, PACKED_ATTENTION)
         self._lp_dtype = torch.float64 if dtype == torch.float64 else torch.float32
         self._model: PeftModel | None = None
         self._optimizer: torch.optim.AdamW | None = None
