@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from loops_nb.step_record import StepRecord
+    from loops_nb.run_events import StepRecord
 
 QUICKSTART = (
     Path(__file__).resolve().parents[1] / "patterns/custom_runtime/in_process_direct/train_local.toml"

@@ -67,7 +67,7 @@ from benchmarks.common import Result
 from benchmarks.quickstart_runs import QUICKSTART, StepClock, cpu_seconds, import_embedded_loops
 
 if TYPE_CHECKING:
-    from loops_nb.step_record import StepRecord
+    from loops_nb.run_events import StepRecord
 
 SEEDS = (0, 1, 2)
 TARGET = 0.7

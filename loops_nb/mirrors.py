@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING, Any
 from loops_nb.config.sections import OutputConfig
 from loops_nb.errors import UserError
 from loops_nb.observers import TerminalReporter, eta, shown
-from loops_nb.run_events import EvalRecord, MetricsLine, ProgressTick, RunEnded, RunStarted
-from loops_nb.step_record import StepRecord
+from loops_nb.run_events import EvalRecord, MetricsLine, ProgressTick, RunEnded, RunStarted, StepRecord
 
 if TYPE_CHECKING:
     from rich.table import Table

@@ -20,10 +20,10 @@ from loops_nb.run_events import (
     RunEnded,
     RunEvent,
     RunStarted,
+    StepRecord,
     StepRollouts,
 )
 from loops_nb.runs_table import duration
-from loops_nb.step_record import StepRecord
 
 log = logging.getLogger("loops_nb.run")
 

@@ -1,4 +1,4 @@
-"""Run events: what a run tells its observers, each step included (`loops_nb.step_record.StepRecord`).
+"""Run events: what a run tells its observers, each step included (`StepRecord`).
 
 One frozen dataclass per event, named for what happened and carrying the observer hook it goes to (the table of
 events and hooks: docs/reference/notebook_widgets.md). ``to_json`` is the event as a file line (or a dict to
@@ -61,6 +61,19 @@ class MetricsLine(RunEvent):
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
             return None
         return float(value)
+
+
+@dataclass(frozen=True)
+class StepRecord(MetricsLine):
+    """One optimizer step, as a recipe's loop writes it to steps.jsonl: ``step`` (0-based; it applied steps
+    ``0..step``), the recipe's ``metrics`` (RL: `reward/mean`, `discarded/<reason>`, ...; SFT: `loss`,
+    `eval/loss`, ...), ``time``."""
+
+    hook: ClassVar[str] = "on_step"
+
+    def with_metrics(self, extra: Mapping[str, Any]) -> StepRecord:
+        """This record with ``extra`` metrics after its own (e.g. the run's `memory/*`)."""
+        return StepRecord(self.step, {**self.metrics, **extra}, self.time)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from typing import Any, TypedDict
 from loops_nb.config_drift import flatten
 from loops_nb.errors import UserError
 from loops_nb.run_dir import Checkpoint, RunDirectory, RunJson
-from loops_nb.step_record import StepRecord
+from loops_nb.run_events import StepRecord
 
 COUNT_SUFFIXES = ("/examples", "/tokens", "/attempts", "/count", "/tasks", "/discarded", "_std", "/std")
 """`eval/*` keys that count things (or give a spread) rather than measure the policy: not curves."""

@@ -6,8 +6,7 @@ import pytest
 
 from loops_nb.mirrors import RichConsole, WandbMirror, run_observers
 from loops_nb.observers import TerminalReporter
-from loops_nb.run_events import EvalRecord, RunEnded, RunStarted
-from loops_nb.step_record import StepRecord
+from loops_nb.run_events import EvalRecord, RunEnded, RunStarted, StepRecord
 
 
 def test_wandb_mirror_logs_every_step_offline(tmp_path, monkeypatch):

@@ -16,9 +16,9 @@ from loops_nb.run_events import (
     RunEnded,
     RunEvent,
     RunStarted,
+    StepRecord,
     StepRollouts,
 )
-from loops_nb.step_record import StepRecord
 
 ATTEMPT = AttemptFinished(
     attempt="s0/g1/a2",

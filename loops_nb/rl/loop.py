@@ -25,9 +25,8 @@ from loops_nb.rl.scheduler import GroupResult, RolloutScheduler, llm_maker
 from loops_nb.rl.step_log import StepLog, StepTraining
 from loops_nb.run.recipe_run import RecipeRun
 from loops_nb.run_dir import Checkpoint, RunDirectory
-from loops_nb.run_events import ProgressTick
+from loops_nb.run_events import ProgressTick, StepRecord
 from loops_nb.runtime import RolloutRuntime
-from loops_nb.step_record import StepRecord
 
 
 class RLRun(RecipeRun):

@@ -17,8 +17,7 @@ from loops_nb.observers import ObserverSet
 from loops_nb.rl.grpo import SequenceDatum
 from loops_nb.rl.scheduler import AttemptRecord, GroupResult, RolloutScheduler
 from loops_nb.run_dir import RunDirectory
-from loops_nb.run_events import AttemptFinished, AttemptRow, StepRollouts
-from loops_nb.step_record import StepRecord
+from loops_nb.run_events import AttemptFinished, AttemptRow, StepRecord, StepRollouts
 
 
 @dataclass(frozen=True)

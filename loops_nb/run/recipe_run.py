@@ -21,8 +21,7 @@ from loops_nb.observers import ObserverSet
 from loops_nb.process_memory import process_memory
 from loops_nb.run.run_outcome import Outcome
 from loops_nb.run_dir import Checkpoint, RunDirectory
-from loops_nb.run_events import RunEnded
-from loops_nb.step_record import StepRecord
+from loops_nb.run_events import RunEnded, StepRecord
 
 if TYPE_CHECKING:
     from baseten.loops import TrainingClient

@@ -17,14 +17,13 @@ from loops_nb.errors import UserError
 from loops_nb.observers import ObserverSet
 from loops_nb.run.recipe_run import RecipeRun
 from loops_nb.run_dir import Checkpoint, JsonlLog, RunDirectory
-from loops_nb.run_events import EvalRecord
+from loops_nb.run_events import EvalRecord, StepRecord
 from loops_nb.sft.batching import BatchPlan, SFTData, batch_id
 from loops_nb.sft.config import SFTConfig
 from loops_nb.sft.evaluation import EvalResult, example_datum, held_out_loss, weighted_nll
 from loops_nb.sft.outcome import SFTOutcome
 from loops_nb.sft.schedule import training_rate
 from loops_nb.sft.targets import Example
-from loops_nb.step_record import StepRecord
 
 if TYPE_CHECKING:
     from baseten.loops import TrainingClient

@@ -33,10 +33,10 @@ from loops_nb.run_events import (
     RunEnded,
     RunEvent,
     RunStarted,
+    StepRecord,
     StepRollouts,
 )
 from loops_nb.runs_table import duration
-from loops_nb.step_record import StepRecord
 from loops_nb.widgets.attempts_log import AttemptsLog
 from loops_nb.widgets.environment import (
     DisplayFn,

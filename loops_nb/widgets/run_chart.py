@@ -17,9 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Unpack
 
 from loops_nb.run_dir import JsonlLog
-from loops_nb.run_events import EvalRecord, RunStarted
+from loops_nb.run_events import EvalRecord, RunStarted, StepRecord
 from loops_nb.runs_table import RunSummary, read_run
-from loops_nb.step_record import StepRecord
 from loops_nb.widgets.environment import DisplayOptions, LiveDisplay, Widget, ipython_display
 from loops_nb.widgets.series import (
     CURVES,

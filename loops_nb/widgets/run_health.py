@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from html import escape
 from typing import Literal
 
-from loops_nb.run_events import AttemptFinished
-from loops_nb.step_record import StepRecord
+from loops_nb.run_events import AttemptFinished, StepRecord
 from loops_nb.widgets.environment import Widget
 from loops_nb.widgets.style import UI, fmt, plural, sparkline, tag
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from html import escape
 from typing import TYPE_CHECKING
 
-from loops_nb.step_record import StepRecord
+from loops_nb.run_events import StepRecord
 from loops_nb.widgets.environment import Widget
 from loops_nb.widgets.style import GREY, MONOSPACE, div, plural, tag
 

@@ -201,7 +201,7 @@ def test_sft_notebook_previews_trained_and_masked_tokens_and_its_panel_moves_bef
 
 LIVE_CHART_CELLS = [
     "# Parameters\nwait_s = 20",
-    "import asyncio\nfrom loops_nb.step_record import StepRecord\nfrom loops_nb.widgets import RunChart\n"
+    "import asyncio\nfrom loops_nb.run_events import StepRecord\nfrom loops_nb.widgets import RunChart\n"
     "chart = RunChart('rl')\nlive = chart.show()\n"
     "def feed(steps):\n"
     "    for step in steps:\n"
@@ -274,7 +274,7 @@ def test_the_live_chart_keeps_zoom_and_view_across_updates(
 GALLERY_CELLS = [
     "# Parameters\npoints = 3\ntrained = True\nshow_button = True",
     "import ipywidgets\nfrom IPython.display import HTML, display\n"
-    "from loops_nb.step_record import StepRecord\nfrom loops_nb.widgets import RunChart, TargetPreview, TokenSequence",
+    "from loops_nb.run_events import StepRecord\nfrom loops_nb.widgets import RunChart, TargetPreview, TokenSequence",
     # The chart live, as LiveRun shows it: a LiveFigure widget, fed step by step (plotly draws its points).
     "chart = RunChart('rl')\nlive = chart.show()\nfor step in range(points):\n"
     "    chart.on_step(StepRecord(step, {'reward/mean': 0.2 * step, 'reward/std': 0.05}))\n    live.update()",
@@ -369,7 +369,7 @@ SAVED_CELLS = [
     # A live run fed the events RLRun sends (attempts, then the step's rollouts rows, then the step).
     "import asyncio\nfrom loops_nb.widgets import LiveRun\n"
     "from loops_nb.run_events import AttemptFinished, RunEnded, RunStarted, StepRollouts\n"
-    "from loops_nb.step_record import StepRecord\n"
+    "from loops_nb.run_events import StepRecord\n"
     "live = LiveRun(stop_event=asyncio.Event())\nlive.show()\n"
     "live.on_start(RunStarted('runs/x', recipe='rl', model='tiny', max_steps=steps, start_step=0))\n"
     "for step in range(steps):\n"

@@ -19,12 +19,11 @@ from sft_fixtures import write_jsonl
 from loops_nb.errors import RunFailed, UserError
 from loops_nb.observers import ObserverSet
 from loops_nb.run_dir import RunDirectory
-from loops_nb.run_events import RunEnded
+from loops_nb.run_events import RunEnded, StepRecord
 from loops_nb.sft.batching import SFTData
 from loops_nb.sft.config import SFTConfig
 from loops_nb.sft.loop import SFTRun, check_plan
 from loops_nb.sft.outcome import SFTOutcome
-from loops_nb.step_record import StepRecord
 
 
 class ScriptedTrainer:

@@ -11,8 +11,7 @@ import pytest
 from polling import until
 from widget_fixtures import FakeDisplay, assert_static_html, fake_rl_run, rl_attempt, rl_step, sft_events
 
-from loops_nb.run_events import AttemptFinished, EvalRecord, RunEnded, RunStarted, StepRollouts
-from loops_nb.step_record import StepRecord
+from loops_nb.run_events import AttemptFinished, EvalRecord, RunEnded, RunStarted, StepRecord, StepRollouts
 from loops_nb.widgets import LiveRun
 
 

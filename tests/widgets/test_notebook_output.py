@@ -16,7 +16,7 @@ PLOTLY = "application/vnd.plotly.v1+json"
 WIDGET = "application/vnd.jupyter.widget-view+json"
 
 CURVE_CELL = """\
-from loops_nb.step_record import StepRecord
+from loops_nb.run_events import StepRecord
 from loops_nb.widgets import RunChart, in_kernel
 assert in_kernel()
 chart = RunChart()
@@ -29,7 +29,7 @@ live.finalize()
 LIVE_RUN_CELL = """\
 import asyncio
 from loops_nb.run_events import AttemptFinished, RunEnded, RunStarted, StepRollouts
-from loops_nb.step_record import StepRecord
+from loops_nb.run_events import StepRecord
 from loops_nb.widgets import LiveRun
 stop = asyncio.Event()
 run = LiveRun(stop_event=stop)

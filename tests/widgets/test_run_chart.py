@@ -14,8 +14,7 @@ import pytest
 from widget_fixtures import FakeDisplay, assert_static_html, rl_step
 
 from loops_nb.errors import UserError
-from loops_nb.run_events import EvalRecord, RunEnded, RunStarted
-from loops_nb.step_record import StepRecord
+from loops_nb.run_events import EvalRecord, RunEnded, RunStarted, StepRecord
 from loops_nb.widgets import LiveRun, RunChart
 from loops_nb.widgets.live_figure import _ESM
 from loops_nb.widgets.series import CURVES, EVAL_COLOR, curve_kind, series_table

@@ -16,7 +16,7 @@ import pytest
 SETUP = """\
 import asyncio, os, time
 from loops_nb.run_events import RunEnded, RunStarted
-from loops_nb.step_record import StepRecord
+from loops_nb.run_events import StepRecord
 from loops_nb.widgets import LiveRun
 stop = asyncio.Event()
 live = LiveRun(stop_event=stop)

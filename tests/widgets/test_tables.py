@@ -11,8 +11,7 @@ import pytest
 from widget_fixtures import assert_static_html, rl_attempt, rl_step
 
 from loops_nb.errors import UserError
-from loops_nb.run_events import StepRollouts
-from loops_nb.step_record import StepRecord
+from loops_nb.run_events import StepRecord, StepRollouts
 from loops_nb.widgets import AttemptsTable, RunHealth, TokenCounts
 
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from loops_nb.run_events import AttemptFinished, ProgressTick, RunEnded, RunStarted
-from loops_nb.step_record import StepRecord
+from loops_nb.run_events import AttemptFinished, ProgressTick, RunEnded, RunStarted, StepRecord
 
 CHATML = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
