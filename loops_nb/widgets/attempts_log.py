@@ -11,52 +11,30 @@ train and wait in a bounded buffer; a producer that never sends ``on_rollouts`` 
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from dataclasses import dataclass
 from typing import cast
 
-from loops_nb.run_events import AttemptFinished, StepRollouts
-from loops_nb.widgets.attempt_rows import AttemptRow, attempts_html, merge_rollout, text_table
-from loops_nb.widgets.environment import DisplayFn, DisplayHandle, TextLine, Widget
+from loops_nb.run_events import AttemptFinished, AttemptRow, StepRollouts
+from loops_nb.widgets.attempts_table import AttemptsTable, merge_rollout
+from loops_nb.widgets.environment import DisplayFn, DisplayHandle, TextLine
 from loops_nb.widgets.style import GREY, div, fmt, plural
 
 _PENDING_LIMIT = 4096  # attempts that never reach a step (async overshoot, stale re-queues) must not pile up
 
 
-@dataclass(repr=False, eq=False)
-class StepAttempts(Widget):
-    """One step's attempts as a static output: header line, then a row per attempt with its transcript."""
-
-    step: int | None
-    rows: list[AttemptRow]
-    max_rows: int
-    max_chars: int
-
-    def summary(self) -> str:
-        trained = sum(1 for r in self.rows if r.get("trained"))
-        discarded = sum(1 for r in self.rows if r.get("discarded"))
-        rewards = [
-            reward
-            for r in self.rows
-            if isinstance(reward := r.get("reward"), int | float) and not r.get("discarded")
-        ]
-        mean = fmt(sum(rewards) / len(rewards), 3) if rewards else "-"
-        where = f"step {self.step + 1}" if self.step is not None else "attempts"
-        parts = [f"{where}: {plural(len(self.rows), 'attempt')}", f"mean reward {mean}"]
-        if any("trained" in r for r in self.rows):
-            parts.append(f"{trained:,} trained")
-        parts.append(f"{discarded:,} discarded")
-        return " · ".join(parts)
-
-    def __str__(self) -> str:
-        return f"{self.summary()}\n{text_table(self.rows[: self.max_rows])}"
-
-    def to_html(self) -> str:
-        shown = self.rows[: self.max_rows]
-        more = len(self.rows) - len(shown)
-        tail = div(f"… {plural(more, 'more attempt')} of this step in rollouts.jsonl", f"color:{GREY}")
-        note = "click a row for its transcript"
-        tail = tail if more > 0 else ""
-        return attempts_html(self.summary(), note, shown, self.max_chars, style=";margin-top:4px", tail=tail)
+def step_caption(step: int | None, rows: list[AttemptRow]) -> str:
+    """One step's attempts in a line: how many, their mean reward, how many trained and were discarded."""
+    trained = sum(1 for r in rows if r.get("trained"))
+    discarded = sum(1 for r in rows if r.get("discarded"))
+    rewards = [
+        reward for r in rows if isinstance(reward := r.get("reward"), int | float) and not r.get("discarded")
+    ]
+    mean = fmt(sum(rewards) / len(rewards), 3) if rewards else "-"
+    where = f"step {step + 1}" if step is not None else "attempts"
+    parts = [f"{where}: {plural(len(rows), 'attempt')}", f"mean reward {mean}"]
+    if any("trained" in r for r in rows):
+        parts.append(f"{trained:,} trained")
+    parts.append(f"{discarded:,} discarded")
+    return " · ".join(parts)
 
 
 class AttemptsLog:
@@ -78,7 +56,7 @@ class AttemptsLog:
         self.max_rows = max_rows
         self.max_chars = max_chars
         self.pending: OrderedDict[str, AttemptRow] = OrderedDict()
-        self.blocks: deque[tuple[StepAttempts, DisplayHandle | None]] = deque()
+        self.blocks: deque[tuple[AttemptsTable, DisplayHandle | None]] = deque()
         self.got_rollouts = False
         self.seen = 0
         self.trained = 0
@@ -129,7 +107,13 @@ class AttemptsLog:
         return ", ".join(parts)
 
     def _show(self, step: int | None, rows: list[AttemptRow]) -> None:
-        block = StepAttempts(step, rows, self.max_rows, self.max_chars)
+        shown = rows[: self.max_rows]
+        more = len(rows) - len(shown)
+        tail = div(f"… {plural(more, 'more attempt')} of this step in rollouts.jsonl", f"color:{GREY}")
+        caption = step_caption(step, rows)
+        block = AttemptsTable.page(
+            shown, caption, max_chars=self.max_chars, tail=tail if more > 0 else "", style=";margin-top:4px"
+        )
         self.steps_shown += 1
         if self.display_fn is None:
             return

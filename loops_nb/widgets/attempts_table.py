@@ -1,8 +1,15 @@
-"""RL attempts with their transcripts one click away: `AttemptsTable`, live or a page of a finished run.
+"""RL attempts with their transcripts one click away: `AttemptsTable`, live, a page of a finished run, or one
+trained step's attempts (`AttemptsLog`).
 
 Reading transcripts is the check that numbers cannot replace: a reward that rises because the model found a
-loophole looks like learning on every chart. The table keeps the last ``max_rows`` attempts (bounded: a run
-makes thousands), each rendered by `attempt_rows` with its transcript folded under it.
+loophole looks like learning on every chart. Each row is a ``<details>`` element whose ``<summary>`` is the row
+and whose body is the transcript: it opens without JavaScript, in a saved, untrusted notebook too, because it
+uses only what JupyterLab's sanitizer keeps (docs/reference/notebook_widgets.md, "Saved and reopened
+notebooks"): cells are inline-block ``<span>``s sized in ``em``, each with its full text in ``title``.
+
+Whether an attempt trained is known only after its step trained: ``on_attempt`` rows say "pending" until the
+step's rollouts.jsonl rows fill in ``trained``, ``step`` and ``group`` (`merge_rollout`). Steps are numbered
+from 1, as in the panel.
 """
 
 from __future__ import annotations
@@ -10,17 +17,175 @@ from __future__ import annotations
 import json
 import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from html import escape
 from pathlib import Path
 from typing import Any, cast
 
 from loops_nb.errors import UserError
 from loops_nb.run_dir import JsonlLog
-from loops_nb.run_events import AttemptFinished, StepRollouts
-from loops_nb.widgets.attempt_rows import AttemptRow, attempts_html, merge_rollout, text_table
+from loops_nb.run_events import AttemptFinished, AttemptRow, StepRollouts
 from loops_nb.widgets.environment import Widget
-from loops_nb.widgets.style import fmt, plural
+from loops_nb.widgets.style import GREY, MONOSPACE, div, fmt, heading, plural, tag
+
+MONO = f"font:12px/1.45 {MONOSPACE}"
+# (name, width in characters): rendered as em at 0.62em per monospace character.
+COLUMNS = (
+    ("step", 5),
+    ("group", 5),
+    ("attempt", 8),
+    ("task", 20),
+    ("reward", 8),
+    ("status", 20),
+    ("policy", 7),
+    ("calls", 5),
+    ("tokens", 7),
+    ("secs", 6),
+)
+_EM_PER_CHAR = 0.62
+_LABEL = "color:#57606a"
+_PRE = (
+    "white-space:pre-wrap;overflow-wrap:break-word;margin:2px 0 6px;padding:4px 6px;border-radius:4px;"
+    "max-height:360px;overflow-y:auto"
+)
+
+
+def merge_rollout(row: AttemptRow, rollout: Mapping[str, Any]) -> None:
+    """Copy what only the trained step knows (step, group, trained) onto an ``on_attempt`` row."""
+    row.update(
+        cast(AttemptRow, {k: rollout[k] for k in ("step", "group", "slot", "trained") if k in rollout})
+    )
+    text = row.get("text")
+    if isinstance(text, Mapping) and isinstance(text.get("calls"), list) and "trained" in rollout:
+        row["text"] = {**text, "calls": [{**c, "trained": rollout["trained"]} for c in text["calls"]]}
+
+
+def cells(r: AttemptRow) -> list[tuple[str, str]]:
+    """One attempt's (shown text, hover text) per column."""
+    versions = [v for v in r.get("policy_versions") or [] if isinstance(v, int)]
+    lo, hi = (min(versions), max(versions)) if versions else (None, None)
+    policy = "-" if lo is None else f"v{lo}" if lo == hi else f"v{lo}-{hi}"
+    attempt, task = str(r.get("attempt", "")), str(r.get("task", ""))
+    step, group, status = r.get("step"), r.get("group"), status_text(r)
+    shown_step = str(step + 1) if isinstance(step, int) else "-"
+    in_file = f" (step {step} in rollouts.jsonl)" if isinstance(step, int) else ""
+    return [
+        (shown_step, f"step {shown_step}{in_file}"),
+        ("-", "group unknown") if group is None else (f"g{group}", f"group {group}"),
+        (attempt.rsplit("/", 1)[-1], attempt),
+        (task, task),
+        (fmt(r.get("reward"), 3), f"reward {r.get('reward')}"),
+        (status, status + (f": {r['detail']}" if r.get("detail") else "")),
+        (policy, "sampled by policy " + policy),
+        (str(r.get("calls", "")), "model calls"),
+        (fmt(r.get("sampled_tokens")), "sampled tokens"),
+        (fmt(r.get("seconds"), 3), "seconds"),
+    ]
+
+
+def trained_flag(r: AttemptRow) -> bool | None:
+    """Whether the attempt trained: the row's flag (from its step's rollouts), else its calls' flags when every
+    call has one (a hand-fed record), else None (its step has not trained yet)."""
+    if r.get("trained") is not None:
+        return bool(r["trained"])
+    text = r.get("text")
+    calls = (text.get("calls") if isinstance(text, Mapping) else None) or []
+    flags = [c.get("trained") for c in calls if isinstance(c, Mapping)]
+    if flags and all(f is not None for f in flags):
+        return any(flags)
+    return None
+
+
+def status_text(r: AttemptRow) -> str:
+    if r.get("discarded"):
+        return f"discarded: {r['discarded']}"
+    trained = trained_flag(r)
+    if trained is None:
+        return "ok · pending"  # its step has not trained yet
+    return "ok · trained" if trained else "ok · not trained"
+
+
+def _status_colour(r: AttemptRow) -> str:
+    if r.get("discarded"):
+        return "#b91c1c"
+    if trained_flag(r):
+        return "#1a7f37"
+    return "#57606a"
+
+
+def text_table(rows: Iterable[AttemptRow]) -> str:
+    lines = ["  ".join(name.ljust(width) for name, width in COLUMNS).rstrip()]
+    for r in rows:
+        lines.append(
+            "  ".join(
+                _ellipsis(text, width).ljust(width)
+                for (text, _), (_, width) in zip(cells(r), COLUMNS, strict=True)
+            ).rstrip()
+        )
+    return "\n".join(lines)
+
+
+def row_html(r: AttemptRow, *, max_chars: int = 4000) -> str:
+    status_colour = _status_colour(r)
+    row = "".join(
+        _cell(text, hover, width, status_colour if name == "status" else "#1f2328")
+        for (text, hover), (name, width) in zip(cells(r), COLUMNS, strict=True)
+    )
+    summary = tag("summary", row, "cursor:pointer;white-space:nowrap;border-bottom:1px solid #f3f4f6")
+    return tag("details", summary + div(transcript_html(r, max_chars), "padding:4px 0 8px 14px"))
+
+
+def transcript_html(r: AttemptRow, max_chars: int) -> str:
+    parts = [div(f"attempt {escape(str(r.get('attempt', '')))}", _LABEL)]
+    if r.get("detail"):
+        parts.append(div(f"detail: {escape(_clip(str(r['detail']), 500))}", _LABEL))
+    text = r.get("text")
+    calls = (text.get("calls") if isinstance(text, Mapping) else None) or []
+    if not calls:
+        parts.append(
+            div('no transcript recorded (output.trace = "full" keeps one per attempt)', f"color:{GREY}")
+        )
+    for n, call in enumerate(calls, 1):
+        trained = call.get("trained", r.get("trained"))
+        finish = call.get("finish_reason") or "-"
+        state = {True: "trained", False: "not trained", None: "training pending"}.get(trained, "not trained")
+        label = f"call {n}/{len(calls)} · finish {finish} · {state}"
+        prompt = escape(_clip(str(call.get("prompt", "")), max_chars, keep="end"))
+        bg = "rgba(46,160,67,0.18)" if trained is True else "#f6f8fa"
+        parts.append(div(escape(label), f"{_LABEL};margin-top:4px"))
+        parts.append(tag("div", prompt, f"{_PRE};background:#f6f8fa;color:#57606a", "prompt"))
+        parts.append(
+            tag(
+                "div",
+                escape(_clip(str(call.get("completion", "")), max_chars)),
+                f"{_PRE};background:{bg}",
+                "completion",
+            )
+        )
+        if call.get("tool_calls"):
+            parts.append(div(f"tool calls: {escape(_clip(str(call['tool_calls']), 1000))}", _LABEL))
+    return "".join(parts)
+
+
+def _cell(text: str, hover: str, width: int, colour: str) -> str:
+    em = f"{width * _EM_PER_CHAR + 0.6:.2f}em"  # + a gap between columns
+    style = f"display:inline-block;width:{em};overflow:hidden;text-overflow:ellipsis;white-space:nowrap"
+    return tag("span", escape(text), f"{style};vertical-align:top;color:{colour}", hover)
+
+
+def _ellipsis(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _clip(text: str, limit: int, *, keep: str = "start") -> str:
+    """At most ``limit`` characters; prompts keep their end (the latest turn), completions their start."""
+    if len(text) <= limit:
+        return text
+    cut = len(text) - limit
+    if keep == "end":
+        return f"… {cut:,} earlier characters …\n" + text[-limit:]
+    return text[:limit] + f"\n… {cut:,} more characters"
+
 
 SORTS = {"step": "step", "reward": "reward", "tokens": "sampled_tokens", "time": "seconds"}
 STATUSES = ("trained", "not_trained", "discarded", "kept")
@@ -30,7 +195,7 @@ class AttemptsTable(Widget):
     """The last ``max_rows`` attempts (newest first), with their transcripts folded under each row.
 
     A run observer: ``on_attempt`` takes an attempt as `RLRun` emits it, ``on_rollouts`` the step's
-    rollouts.jsonl rows (trained, step, group)."""
+    rollouts.jsonl rows (trained, step, group). `from_run` and `page` give rows in their own order instead."""
 
     def __init__(self, *, max_rows: int = 50, max_chars: int = 4000, anchor: str | None = None) -> None:
         self.max_rows = max_rows
@@ -41,7 +206,8 @@ class AttemptsTable(Widget):
         self.discarded = 0
         self.reward_sum = 0.0
         self.rewarded = 0
-        self.caption: str | None = None  # a page of a run (`from_run`): what it shows, in the given order
+        self.caption: str | None = None  # a page (`page`): what it shows, in the given order
+        self.tail = self.style = ""  # a page's HTML after the rows, and its extra CSS
 
     @classmethod
     def from_run(
@@ -82,17 +248,24 @@ class AttemptsTable(Widget):
             raise UserError(f"page={page}: {path} has {pages} page{'s' if pages != 1 else ''} of {page_size}")
         shown = rows[(page - 1) * page_size : page * page_size]
         _attach_transcripts(root, shown)
-        table = cls(max_rows=max(len(shown), 1), max_chars=max_chars)
-        for r in shown:
-            table.add(r)
         first = (page - 1) * page_size + 1
         order = f"sorted by {sort}" + (" (highest first)" if down else "")
         which = f" {status.replace('_', ' ')}" if status else ""
-        table.caption = (
+        caption = (
             f"{root.name}: attempts {first:,}–{first + len(shown) - 1:,} of {len(rows):,}{which}, {order}"
             f" · page {page} of {pages}"
             + (f"; AttemptsTable.from_run(..., page={page + 1}) for the next" if page < pages else "")
         )
+        return cls.page(shown, caption, max_chars=max_chars)
+
+    @classmethod
+    def page(
+        cls, rows: list[AttemptRow], caption: str, *, max_chars: int, tail: str = "", style: str = ""
+    ) -> AttemptsTable:
+        """``rows`` in their given order under ``caption``: a page of a run, or one step's attempts."""
+        table = cls(max_rows=max(len(rows), 1), max_chars=max_chars)
+        table.rows.extend(rows)
+        table.caption, table.tail, table.style = caption, tail, style
         return table
 
     def on_attempt(self, attempt: AttemptFinished) -> None:
@@ -136,7 +309,11 @@ class AttemptsTable(Widget):
         paged = self.caption is not None
         note = "click a row for its transcript" if paged else "newest first; click a row for its transcript"
         anchor = f' id="{escape(self.anchor)}"' if self.anchor else ""
-        return attempts_html(self.summary(), note, self._ordered(), self.max_chars, anchor=anchor)
+        head = "".join(_cell(name, name, width, "#374151;font-weight:600") for name, width in COLUMNS)
+        head = div(head, "padding-left:14px;border-bottom:1px solid #9ca3af;white-space:nowrap")
+        rows = "".join(row_html(r, max_chars=self.max_chars) for r in self._ordered())
+        body = heading(self.summary(), note) + head + rows + self.tail
+        return f'<div{anchor} style="{MONO};color:#1f2328{self.style}">{body}</div>'
 
     def _ordered(self) -> list[AttemptRow]:
         """A page of a run in its given order; a live table newest first."""
