@@ -8,7 +8,7 @@ from pydantic import Field, model_validator
 
 from loops_nb.config.sections import ConfigPath, RecipeConfig, Section
 from loops_nb.run.optimizer import OptimizerSettings
-from loops_nb.sft.schedule import Schedule
+from loops_nb.sft.schedule import Schedule, learning_rate
 
 
 class SFTDataConfig(Section):
@@ -63,6 +63,26 @@ class SFTTrainingConfig(OptimizerSettings):
 
     seed: int = 0
     """Seed of the trainer's LoRA initialisation."""
+
+    def rate(self, step: int, total_steps: int) -> float:
+        """The rate of ``step`` under this schedule (what each `optim_step` is sent)."""
+        return learning_rate(
+            step,
+            total_steps=total_steps,
+            peak=self.learning_rate,
+            schedule=self.lr_schedule,
+            warmup_steps=self.warmup_steps,
+        )
+
+    def describe_schedule(self, total_steps: int) -> str:
+        """One line: the schedule's shape and its first, peak and last rates."""
+        if total_steps <= 0:
+            return f"learning rate: {self.lr_schedule}, peak {self.learning_rate:.3g} (no steps)"
+        warm = f"{self.warmup_steps} warm-up step(s), " if self.warmup_steps else ""
+        return (
+            f"learning rate: {warm}{self.lr_schedule}; step 1 {self.rate(0, total_steps):.3g}, peak "
+            f"{self.learning_rate:.3g}, last step {self.rate(total_steps - 1, total_steps):.3g}"
+        )
 
 
 class SFTConfig(RecipeConfig):

@@ -22,7 +22,6 @@ from loops_nb.sft.batching import BatchPlan, SFTData, batch_id
 from loops_nb.sft.config import SFTConfig
 from loops_nb.sft.evaluation import EvalResult, example_datum, held_out_loss, weighted_nll
 from loops_nb.sft.outcome import SFTOutcome
-from loops_nb.sft.schedule import training_rate
 from loops_nb.sft.targets import Example
 
 if TYPE_CHECKING:
@@ -88,7 +87,7 @@ class SFTRun(RecipeRun):
         step_started = time.perf_counter()
         batch = self.data.plan.batch(step)
         examples = await asyncio.to_thread(self.data.train.load, batch.indices, self.data.targets)
-        lr = training_rate(self.config.training, step, self.data.plan.total_steps)
+        lr = self.config.training.rate(step, self.data.plan.total_steps)
         fb = await self.trainer.forward_backward_async(
             [example_datum(e) for e in examples], loss_fn="cross_entropy"
         )

@@ -27,7 +27,6 @@ from loops_nb.sft.loop import SFTRun, check_plan
 from loops_nb.sft.outcome import SFTOutcome
 from loops_nb.sft.refusal_file import RefusalFile
 from loops_nb.sft.report import CheckReport, refusal_lines
-from loops_nb.sft.schedule import describe_schedule
 
 if TYPE_CHECKING:
     from loops_nb.llm.renderer_choice import RendererChoice
@@ -114,7 +113,7 @@ def plan_lines(config: SFTConfig, data: SFTData, *, refusals_written: str | None
         f"(seed {d.shuffle_seed}): {t.epochs} epoch(s) = {per_epoch} steps{capped} -> {plan.total_steps:,} "
         f"steps ({plan.epochs_covered:.2f} epochs)"
     )
-    lines.append(describe_schedule(t, plan.total_steps))
+    lines.append(t.describe_schedule(plan.total_steps))
     every = f"every {t.eval_every} steps, " if t.eval_every else ""
     save = f"every {t.save_every} steps and " if t.save_every else ""
     lines.append(

@@ -7,10 +7,7 @@ here, on the client, and a resumed run continues it exactly: it is a function of
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Literal
-
-if TYPE_CHECKING:
-    from loops_nb.sft.config import SFTTrainingConfig
+from typing import Literal
 
 Schedule = Literal["constant", "linear", "cosine"]
 
@@ -34,25 +31,3 @@ def learning_rate(
     if schedule == "cosine":
         return peak * 0.5 * (1.0 + math.cos(math.pi * progress))
     raise ValueError(f"unknown learning-rate schedule {schedule!r}")
-
-
-def training_rate(t: SFTTrainingConfig, step: int, total_steps: int) -> float:
-    """The rate of ``step`` under a config's ``[training]`` schedule (what each `optim_step` is sent)."""
-    return learning_rate(
-        step,
-        total_steps=total_steps,
-        peak=t.learning_rate,
-        schedule=t.lr_schedule,
-        warmup_steps=t.warmup_steps,
-    )
-
-
-def describe_schedule(t: SFTTrainingConfig, total_steps: int) -> str:
-    """One line: the schedule's shape and its first, peak and last rates."""
-    if total_steps <= 0:
-        return f"learning rate: {t.lr_schedule}, peak {t.learning_rate:.3g} (no steps)"
-    warm = f"{t.warmup_steps} warm-up step(s), " if t.warmup_steps else ""
-    return (
-        f"learning rate: {warm}{t.lr_schedule}; step 1 {training_rate(t, 0, total_steps):.3g}, peak "
-        f"{t.learning_rate:.3g}, last step {training_rate(t, total_steps - 1, total_steps):.3g}"
-    )
