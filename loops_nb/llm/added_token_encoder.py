@@ -14,6 +14,7 @@ tokenization, and stops splitting for good if a tokenizer ever disagrees.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -23,13 +24,17 @@ _CACHE_SIZE = 64
 _VERIFY_FIRST = 8
 
 
+def alternation(tokens: Iterable[str]) -> re.Pattern[str]:
+    """A pattern matching any of `tokens`, the longest first (one that never matches for none)."""
+    longest_first = sorted(set(tokens), key=len, reverse=True)
+    return re.compile("|".join(map(re.escape, longest_first)) or "(?!)")
+
+
 class AddedTokenEncoder:
     """Encodes text to ``(ids, added)``, where ``added`` lists ``(token index, char start, char end)`` of every
     added token in order."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, stop_re: re.Pattern[str]) -> None:
-        from loops_nb.llm.target_rule import alternation  # which imports this module
-
         self._backend = tokenizer.backend_tokenizer
         self.added_ids = frozenset(tokenizer.added_tokens_decoder)
         self._added_re = alternation(t.content for t in tokenizer.added_tokens_decoder.values())

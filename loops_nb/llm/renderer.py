@@ -25,24 +25,19 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from loops_nb.errors import UserError
 from loops_nb.llm.chat_messages import ChatMessage, ToolCall, ToolSpec, has_images
+from loops_nb.llm.target_rule import (
+    END_OF_TURN_TOKENS,
+    ChatTemplateTargets,
+    Refusal,
+    SupervisedExamples,
+    TargetChecks,
+)
 from loops_nb.llm.templates import ChatTemplate, parse_assistant_text
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from loops_nb.llm.capture import ModelCall
-    from loops_nb.llm.target_rule import ChatTemplateTargets, SupervisedExamples, TargetChecks
-
-END_OF_TURN_TOKENS = (
-    "<|im_end|>",  # ChatML: SmolLM2, Qwen
-    "<|eot_id|>",  # Llama 3
-    "<|eom_id|>",  # Llama 3.1 tool calls
-    "<end_of_turn>",  # Gemma
-    "<|end|>",  # Phi-3
-    "<|endoftext|>",
-)
-"""Tokens that end an assistant turn in common chat templates; those in the vocabulary stop sampling."""
-
 
 CHAT_TEMPLATE = "chat_template"
 """The name of `ChatRenderer`, as `[model] renderer` spells it."""
@@ -243,8 +238,6 @@ class ChatRenderer(Renderer):
         """The target rule on this template, built on first use (it needs a fast tokenizer, which sampling
         does not): `ConfigError` when the tokenizer cannot train."""
         if self._targets is None:
-            from loops_nb.llm.target_rule import ChatTemplateTargets
-
             self._targets = ChatTemplateTargets(self.tokenizer, self.template, self._stop_tokens)
         return self._targets
 
@@ -256,8 +249,6 @@ class ChatRenderer(Renderer):
         checks: TargetChecks | None = None,
     ) -> SupervisedExamples:
         if has_images(messages):
-            from loops_nb.llm.target_rule import Refusal
-
             raise Refusal(
                 "the row has images, which train only through a family's image renderer (`[model] renderer` "
                 "qwen3-vl, qwen3.5, qwen3.6, gemma4, kimi-k2.5), not through a chat template"

@@ -12,22 +12,31 @@ template's, on text (`ChatTemplateTargets` here), and a family renderer's, on to
 from __future__ import annotations
 
 import bisect
-import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import jinja2
 
 from loops_nb.errors import ConfigError, RenderingError
-from loops_nb.llm.added_token_encoder import AddedTokenEncoder
+from loops_nb.llm.added_token_encoder import AddedTokenEncoder, alternation
 from loops_nb.llm.chat_messages import ChatMessage, ToolSpec
-from loops_nb.llm.renderer import END_OF_TURN_TOKENS
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from loops_nb.llm.templates import ChatTemplate
+
+END_OF_TURN_TOKENS = (
+    "<|im_end|>",  # ChatML: SmolLM2, Qwen
+    "<|eot_id|>",  # Llama 3
+    "<|eom_id|>",  # Llama 3.1 tool calls
+    "<end_of_turn>",  # Gemma
+    "<|end|>",  # Phi-3
+    "<|endoftext|>",
+)
+"""Tokens that end an assistant turn in common chat templates; those in the vocabulary stop sampling
+(`ChatRenderer`)."""
 
 KNOWN_STOP_TOKENS = (*END_OF_TURN_TOKENS, "<|end_of_text|>", "</s>")
 """End-of-turn tokens of common chat formats; those the tokenizer has (plus its eos token) and the template
@@ -99,11 +108,6 @@ def turn_groups(rendered: Mapping[int, Sequence[Any]]) -> list[list[int]]:
         groups.append(sorted(members))
     groups.reverse()
     return groups
-
-
-def alternation(tokens: Iterable[str]) -> re.Pattern[str]:
-    longest_first = sorted(set(tokens), key=len, reverse=True)
-    return re.compile("|".join(map(re.escape, longest_first)) or "(?!)")
 
 
 def opening_turn(j: int) -> None:
