@@ -15,15 +15,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from loops_nb.llm.capture import TokenCapture
-from loops_nb.llm.client import LoopsLLM, SamplingDefaults
+from loops_nb.llm.client import LoopsLLM, Reply, SamplingDefaults
 from loops_nb.model_access.gateway import ModelGateway
-from loops_nb.runtime import Attempt, AttemptServices
+from loops_nb.runtime import Attempt, AttemptServices, Evidence
+from loops_nb.verifiers.listing import EnvironmentListing
 
 if TYPE_CHECKING:
     from baseten.loops import ModelInput, SamplingParams
 
+    from loops_nb.llm.chat_messages import ChatMessage, ToolSpec
     from loops_nb.llm.renderer import Renderer
-    from loops_nb.verifiers.runtime import VerifiersRuntime
 
 CHECK_REPLY = "loops check"
 """What every model call of the check's episode is answered with."""
@@ -62,44 +63,59 @@ class FixedReplyPolicy:
         return _Response([_Sequence(list(self.tokens), [0.0] * len(self.tokens))] * num_samples)
 
 
-def _noting_tools[**P, R](sample: Callable[P, Awaitable[R]], offered: list[int]) -> Callable[P, Awaitable[R]]:
-    """`sample` as it is, noting in `offered` how many tools each call offered (the capture keeps no tools)."""
+class _ToolCountingLLM(LoopsLLM):
+    """The check's `LoopsLLM` (the gateway samples through it), noting how many tools each call offered:
+    the capture keeps no tools."""
 
-    async def noted(*args: P.args, **kwargs: P.kwargs) -> R:
-        tools = kwargs.get("tools")
-        offered.append(len(tools) if isinstance(tools, Sequence) else 0)
-        return await sample(*args, **kwargs)
+    def __init__(self, renderer: Renderer) -> None:
+        super().__init__(
+            renderer, FixedReplyPolicy(renderer), TokenCapture(), SamplingDefaults(max_tokens=16)
+        )
+        self.offered: list[int] = []
 
-    return noted
+    async def sample(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        tools: Sequence[ToolSpec] | None = None,
+        n: int = 1,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        stop: Sequence[str] | None = None,
+    ) -> list[Reply]:
+        self.offered.append(len(tools or ()))
+        return await super().sample(
+            messages, tools=tools, n=n, max_tokens=max_tokens, temperature=temperature, top_p=top_p, stop=stop
+        )
 
 
-async def check_episode(runtime: VerifiersRuntime, renderer: Renderer | None) -> tuple[list[str], list[str]]:
-    """`loops check`'s lines and problems for a verifiers runtime: the environment (tasks, rubric), then one
-    episode of its first task through the gateway, each model call answered with `CHECK_REPLY`."""
-    try:
-        listing = await runtime.listing()
-    except Exception:  # preflight already reported it
-        return [], []
+async def check_episode(
+    listing: EnvironmentListing,
+    run_attempt: Callable[[Attempt], Awaitable[Evidence]],
+    model: str,
+    renderer: Renderer | None,
+) -> tuple[list[str], list[str]]:
+    """`loops check`'s lines and problems for a verifiers environment: its tasks and rubric (`listing`), then
+    one episode of its first task (`run_attempt`) through a gateway serving `model`, each model call
+    answered with `CHECK_REPLY`."""
     lines = listing.lines()
     if renderer is None or listing.problems():
         return lines, []  # no renderer to sample through (reported on its own), or refused already
     task = listing.tasks[0]
-    capture = TokenCapture()
-    llm = LoopsLLM(renderer, FixedReplyPolicy(renderer), capture, SamplingDefaults(max_tokens=16))
-    offered: list[int] = []
-    object.__setattr__(llm, "sample", _noting_tools(llm.sample, offered))  # the gateway samples through it
-    gateway = await ModelGateway(model_name=runtime.options.model).astart()
+    llm = _ToolCountingLLM(renderer)
+    gateway = await ModelGateway(model_name=model).astart()
     try:
-        attempt = Attempt(task, 0, 0, 0, 0, AttemptServices(llm=llm, capture=capture))
+        attempt = Attempt(task, 0, 0, 0, 0, AttemptServices(llm=llm, capture=llm.capture))
         lease = gateway.issue(attempt.id, llm)
         attempt.services.model_base_url, attempt.services.model_api_key = gateway.url, lease.key
         try:
-            evidence = await runtime.run_attempt(attempt)
+            evidence = await run_attempt(attempt)
         finally:
             gateway.revoke(lease.key)
     finally:
         await gateway.astop()
-    calls = capture.calls
+    calls = llm.capture.calls
     if not calls:
         detail = evidence.detail or "it made no model call"
         return lines, [
@@ -108,7 +124,7 @@ async def check_episode(runtime: VerifiersRuntime, renderer: Renderer | None) ->
         ]
     first = calls[0]
     lines.append(
-        f"first call through the gateway: task {task.id}, {len(first.messages)} message(s), {offered[0]} tool(s), "
+        f"first call through the gateway: task {task.id}, {len(first.messages)} message(s), {llm.offered[0]} tool(s), "
         f"prompt {len(first.prompt_tokens)} tokens; "
         f"the episode made {len(calls)} call(s) answered {CHECK_REPLY!r}"
     )

@@ -26,6 +26,7 @@ from loops_nb.errors import ConfigError, UserError
 from loops_nb.llm.chat_messages import ChatMessage
 from loops_nb.model_access.mode import ModelAccessMode
 from loops_nb.runtime import Attempt, CheckWarning, Evidence, RolloutRuntime, RunContext, Task
+from loops_nb.verifiers.check_call import check_episode
 from loops_nb.verifiers.driver_process import (
     DRIVER,
     LOAD_FAILED,
@@ -162,9 +163,11 @@ class VerifiersRuntime(RolloutRuntime):
 
     async def check_lines(self, renderer: Renderer | None) -> tuple[list[str], list[str]]:
         """`loops check`'s lines and problems: the tasks and rubric, and one episode through the gateway."""
-        from loops_nb.verifiers.check_call import check_episode
-
-        return await check_episode(self, renderer)
+        try:
+            listing = await self.listing()
+        except Exception:  # preflight already reported it
+            return [], []
+        return await check_episode(listing, self.run_attempt, self.options.model, renderer)
 
     async def run_attempt(self, attempt: Attempt) -> Evidence:
         url = attempt.services.model_base_url
