@@ -1,11 +1,7 @@
 """The embedded Loops' HTTP surface: control plane, trainers and samplers on one loopback port.
 
-Routes follow baseten-loops 0.32.0 (docs/reference/local_loops.md lists each): the control plane under
-`/v1/loops/`, each run's trainer under `/trainers/{run_id}/` (op submits, `/operations/{id}` long-polls),
-samplers under `/samplers/{sampler_id}/` (`sampler_routing` picks the engine and adapter). Bodies are
-validated into pydantic models (the SDK's own where it has them). A caller's mistake is a 422 naming the
-problem, since the SDK retries 400, 404, 408 and 502 for up to an hour; a run whose live state died with
-an earlier server process is a 410 (`RunLost`), which the SDK also raises at once.
+The routes are baseten-loops 0.32.0's, and what each answers, errors included, is in
+docs/reference/local_loops.md ("What it implements", "Every SDK call").
 """
 
 from __future__ import annotations
