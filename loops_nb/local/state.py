@@ -231,11 +231,8 @@ class LocalLoopsState:
             return self.published.wait_for(lambda: run.published_version >= version, timeout)
 
     def prune_published(self, run: LocalRun, keep: str) -> None:
-        """Delete published sampler weights older than the last `PUBLISHED_RETENTION` ones.
-
-        RL publishes a policy every step; on a laptop those copies would fill the disk. Weights saved
-        with `save_weights_for_sampler` (no version bump) and trainer state are never pruned.
-        """
+        """Delete published sampler weights older than the last `PUBLISHED_RETENTION` ones (RL publishes a
+        policy every step, which would fill a laptop's disk; docs/reference/local_loops.md, "Limits")."""
         if keep in run.published_names:
             run.published_names.remove(keep)
         run.published_names.append(keep)
