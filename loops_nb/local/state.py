@@ -12,7 +12,6 @@ import json
 import re
 import shutil
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -131,9 +130,7 @@ class LocalLoopsState:
 
     def is_vision(self, base_model: str) -> bool:
         """Whether the base model is a vision-language model (it then takes image chunks)."""
-        from loops_nb.local.image_chunks import is_vision_model
-
-        return is_vision_model(self.model_path(base_model))
+        return isinstance(self._config(base_model).get("vision_config"), dict)
 
     def _load[T](self, make: Callable[..., T], base_model: str, **options: object) -> T:
         """`make(model_dir, device=, dtype=, ...)`: a sampler or trainer on the server's device and budget.
@@ -230,21 +227,12 @@ class LocalLoopsState:
             self.published.notify_all()
 
     def wait_published(self, run: LocalRun, version: int, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
         with self.published:
-            while run.published_version < version:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self.published.wait(left)
-            return True
+            return self.published.wait_for(lambda: run.published_version >= version, timeout)
 
     def prune_published(self, run: LocalRun, keep: str) -> None:
-        """Delete published sampler weights older than the last `PUBLISHED_RETENTION` ones.
-
-        RL publishes a policy every step; on a laptop those copies would fill the disk. Weights saved
-        with `save_weights_for_sampler` (no version bump) and trainer state are never pruned.
-        """
+        """Delete published sampler weights older than the last `PUBLISHED_RETENTION` ones (RL publishes a
+        policy every step, which would fill a laptop's disk; docs/reference/local_loops.md, "Limits")."""
         if keep in run.published_names:
             run.published_names.remove(keep)
         run.published_names.append(keep)
