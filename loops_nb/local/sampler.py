@@ -127,7 +127,6 @@ class SamplerEngine:
         self._endings = RowEndings(self.tokenizer, self.stats)
         self._prefiller = Prefiller(
             self._batch_forward,
-            self.device,
             self._decode,
             self._mergeable,
             max_prefill_tokens,
@@ -384,10 +383,8 @@ class SamplerEngine:
                 for job in jobs:
                     job.adapter_version = version
                 vision = jobs[0].pixels is not None
-                forward = self._batch_forward.image_prompt(jobs[0]) if vision else self._batch_forward.text
                 if vision:
-                    new_cache = self._batch_forward.new_cache
-                    batch = DecodeBatch.prefill(jobs, forward, new_cache, self.device, self._decode)
+                    batch = self._prefiller.batch(jobs, self._batch_forward.image_prompt(jobs[0]))
                 else:
                     batch = self._prefiller.prefill(jobs)
                 self.stats["batches"] += 1
@@ -406,7 +403,7 @@ class SamplerEngine:
                     if len(keep) < len(batch.rows):
                         batch.keep(keep, trim=self._mergeable)
                         tokens = tokens[torch.tensor(keep, device=tokens.device)]
-                    batch.advance(tokens, forward)
+                    batch.advance(tokens)
         except Exception as exc:
             if not isinstance(exc, SamplerClosedError):
                 logger.exception("sampling batch failed")
