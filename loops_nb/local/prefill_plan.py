@@ -128,7 +128,7 @@ class Prefiller:
         bound_growth(cache, width + max(job.max_tokens for job in jobs) - 1)
         start = 0 if hit is None else hit.length
         if hit is not None:  # the kept sequence's keys and values, copied: kept ones are never written
-            for piece_keys, piece_values in hit.pieces():  # its parents' tokens first
+            for piece_keys, piece_values in hit.sequence.pieces(hit.length):  # its parents' tokens first
                 for layer, key, value in zip(cache_layers(cache), piece_keys, piece_values, strict=True):
                     layer.update(key.to(device), value.to(device))
         logits = forward(ids[:, start:], mask, positions[:, start:], cache, all_logits, None)

@@ -46,7 +46,7 @@ from loops_nb.local.prefill_plan import Prefiller
 from loops_nb.local.prefix_cache import PrefixCache
 from loops_nb.local.row_endings import RowEndings, SampleAbandoned
 from loops_nb.local.sampler_adapters import AdapterSet, read_adapter_dir
-from loops_nb.local.sampler_batch import DecodeBatch, Job, Row
+from loops_nb.local.sampler_batch import DecodeBatch, Job
 from loops_nb.local.sampling_types import (
     DEFAULT_MAX_TOKENS,
     IMAGE_POSITION,
@@ -396,7 +396,7 @@ class SamplerEngine:
                         joined = self._join(batch, adapter, version)
                         running += joined
                     tokens, logprobs = select_tokens(batch.logits, batch.params)
-                    keep = self._record(batch.rows, tokens.tolist(), logprobs.tolist())
+                    keep = self._endings.record(batch.rows, tokens.tolist(), logprobs.tolist())
                     self._prefiller.keep_finished(batch, keep)
                     if not keep:
                         break
@@ -424,7 +424,3 @@ class SamplerEngine:
             self.stats["joined"] += len(jobs)
             self.stats["rows"] += sum(job.rows for job in jobs)
         return jobs
-
-    def _record(self, rows: list[Row], tokens: list[int], logprobs: list[float]) -> list[int]:
-        """Record a decode step's tokens in the rows (see `row_endings`); returns the indices still running."""
-        return self._endings.record(rows, tokens, logprobs)
