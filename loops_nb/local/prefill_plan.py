@@ -14,20 +14,24 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import torch
+import torch.nn.functional as F
 
 from loops_nb.local.batch_forward import BatchForward
+from loops_nb.local.decoding import RowParams, draw_uniforms, prompt_logprobs
+from loops_nb.local.kv_cache import bound_growth
 from loops_nb.local.prefix_cache import PrefixCache, PrefixHit
-from loops_nb.local.sampler_batch import DecodeBatch, Job
+from loops_nb.local.sampler_batch import DecodeBatch, Forward, Job, Row, cache_layers
+from loops_nb.local.shared_prompt_kv import PromptSlot, SharedPrompts
 
 
 @dataclass
 class Prefiller:
     """The sampler's prefill: its model forward, limits and prefix cache; counts what it computes."""
 
-    forward: BatchForward
-    device: torch.device
+    model: BatchForward
     decode: Callable[[list[int]], list[str]]
     mergeable: bool
     max_prefill_tokens: int
@@ -71,15 +75,12 @@ class Prefiller:
 
     def _together(self, jobs: list[Job]) -> DecodeBatch:
         self.stats["prefill_tokens"] += sum(len(p) for p in {tuple(j.prompt) for j in jobs})
-        forward, new_cache, share = self.forward.text, self.forward.new_cache, self.share_prompts
-        return DecodeBatch.prefill(jobs, forward, new_cache, self.device, self.decode, share)
+        return self.batch(jobs, self.model.text, share=self.share_prompts)
 
     def _extending(self, jobs: list[Job], hit: PrefixHit) -> DecodeBatch:
         self.stats["prefill_tokens"] += len(jobs[0].prompt) - hit.length
         self.stats["prefix_cached_tokens"] += hit.length
-        forward, new_cache = self.forward.text, self.forward.new_cache
-        share = self.share_prompts
-        return DecodeBatch.prefill_extending(jobs, hit, forward, new_cache, self.device, self.decode, share)
+        return self.batch(jobs, self.model.text, hit, self.share_prompts)
 
     def _hits(self, jobs: list[Job]) -> list[tuple[list[Job], PrefixHit]]:
         """The jobs a kept sequence extends, grouped by prompt, each group with its hit."""
@@ -97,3 +98,83 @@ class Prefiller:
             if hit is not None:
                 hits.append((group, hit))
         return hits
+
+    def batch(
+        self, jobs: list[Job], forward: Forward, hit: PrefixHit | None = None, share: bool = False
+    ) -> DecodeBatch:
+        """Run the prompts of `jobs` through `forward` once each and expand them to one row per sample, each
+        prompt's cache row copied to its rows or, with `share`, kept once (unpadded, out of the prefill's
+        buffers) for rows whose own cache starts empty.
+
+        With `hit`, the jobs send one prompt that extends a kept sequence (`prefix_cache`): the shared
+        prefix's keys and values are copied into the fresh cache, and only the rest of the prompt runs.
+        Jobs asking for prompt logprobs need logits at every prompt position; `prefill` runs such a job on
+        its own (it may be long) and merges, where the model allows merging.
+        """
+        device = self.model.device
+        all_logits = any(job.request.prompt_logprobs is not None for job in jobs)
+        unique: dict[tuple[int, ...], int] = {}
+        for job in jobs:
+            unique.setdefault(tuple(job.prompt), len(unique))
+        width = max(len(p) for p in unique)
+        ids = torch.zeros(len(unique), width, dtype=torch.long)
+        mask = torch.zeros(len(unique), width, dtype=torch.long)
+        for i, prompt in enumerate(unique):
+            ids[i, width - len(prompt) :] = torch.tensor(prompt)
+            mask[i, width - len(prompt) :] = 1
+        ids, mask = ids.to(device), mask.to(device)
+        positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)
+        cache = self.model.new_cache()
+        bound_growth(cache, width + max(job.max_tokens for job in jobs) - 1)
+        start = 0 if hit is None else hit.length
+        if hit is not None:  # the kept sequence's keys and values, copied: kept ones are never written
+            for piece_keys, piece_values in hit.sequence.pieces(hit.length):  # its parents' tokens first
+                for layer, key, value in zip(cache_layers(cache), piece_keys, piece_values, strict=True):
+                    layer.update(key.to(device), value.to(device))
+        logits = forward(ids[:, start:], mask, positions[:, start:], cache, all_logits, None)
+        rows: list[Row] = []
+        source: list[int] = []
+        uniforms = []
+        for job in jobs:
+            slot = unique[tuple(job.prompt)]
+            request = job.request
+            if request.prompt_logprobs is not None:
+                job.prompt_logprobs = prompt_logprobs(
+                    logits[slot, width - len(job.prompt) : width - 1],
+                    job.prompt,
+                    request.prompt_logprobs,
+                    self.decode,
+                )
+            job.choices = [None] * request.n
+            rows += [Row(job, i) for i in range(request.n)]
+            source += [slot] * request.n
+            uniforms.append(draw_uniforms(request.n, job.max_tokens, request.seed))
+        steps = max(u.shape[1] for u in uniforms)
+        table = torch.cat([F.pad(u, (0, steps - u.shape[1])) for u in uniforms])
+        params = RowParams.build([row.job.request for row in rows], table, mask.device)
+        index = torch.tensor(source, dtype=torch.long, device=mask.device)
+        next_position, last_logits = positions[index, -1] + 1, logits[index, -1]
+        if not share:
+            if source != list(range(len(unique))):  # every layer kind selects its rows (linear attention too)
+                cache.reorder_cache(cast(torch.LongTensor, index))
+            return DecodeBatch(rows, cache, mask[index], next_position, last_logits, params, forward)
+        slots, layers = [], cache_layers(cache)
+        for prompt, slot in unique.items():
+            begin = width - len(prompt)
+            kept = [
+                (k, v)
+                for layer in layers
+                if (k := layer.keys) is not None and (v := layer.values) is not None
+            ]
+            keys, values = ([kv[i][slot : slot + 1, :, begin:].clone() for kv in kept] for i in (0, 1))
+            slots.append(PromptSlot(prompt, keys, values, (index == slot).nonzero()[:, 0]))
+        own = self.model.new_cache()
+        for layer, key, value in zip(cache_layers(own), slots[0].keys, slots[0].values, strict=True):
+            layer.lazy_initialization(key, value)
+            layer.keys = key.new_empty(len(rows), key.shape[1], 0, key.shape[3])
+            layer.values = value.new_empty(len(rows), value.shape[1], 0, value.shape[3])
+        bound_growth(own, max(job.max_tokens for job in jobs) - 1)
+        empty = mask.new_zeros(len(rows), 0)
+        return DecodeBatch(
+            rows, own, empty, next_position, last_logits, params, forward, SharedPrompts(slots)
+        )

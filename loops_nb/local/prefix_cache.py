@@ -1,26 +1,12 @@
 """The sampler's prefix cache: keys and values of finished sequences, so a next call prefills only what is new.
 
-An agent's next call sends its whole history again: the previous prompt, the exact completion it sampled,
-then a few new tokens (a tool result, a user turn). Without this cache every call prefilled the whole
-history (a 10-turn agent prefilled its first turn ten times). When a request finishes, each of its rows'
-keys and values (the prompt and all its sampled tokens but the last, which was never fed back) are kept
-here under their token ids. A later prompt under the same adapter and policy version reuses the longest
-prefix it shares with any kept sequence and prefills only the rest; vLLM's automatic prefix caching and
-SGLang's radix attention do the same on GPUs.
-
-Siblings share what they have in common. A group's attempts send one prompt and each keeps its own
-completion; the first of them is kept whole, and each later one keeps only its tokens past the longest
-prefix a kept sequence already holds, with a reference to that sequence (its `parent`) for the rest, as a
-radix tree does. Measured on the quickstart (64 attempts of a 44-token prompt, 16 new tokens each): 177 MB
-of keys and values a step kept whole (more than the 128 MiB budget), 46 MB shared. A sequence is evicted
-with everything kept on top of it, and using one refreshes its parents, so a parent outlives its children
-in the least-recently-used order.
-
-Keys and values depend on the weights, so an entry is valid only for the adapter and adapter version that
-made it: a new policy (`save_weights_and_get_sampling_client` publishes a new version) drops the adapter's
-older entries. The cache holds at most `budget_bytes`, evicting the least recently used sequence first.
-Only models whose cache layers are all full attention use it (a sliding-window or recurrent layer cannot be
-cut at an arbitrary prefix).
+What it keeps, what it saves and its bound: docs/reference/local_loops.md, "Memory and precision" ("An
+agent's next call prefills only what is new"). As in a radix tree, a sequence kept after another with which
+it shares a prefix holds only its own tokens and refers to that one (its `parent`) for the rest; a sequence
+is evicted with everything kept on top of it, and using one refreshes its parents, so a parent outlives its
+children in the least-recently-used order. Keys and values depend on the weights, so an entry serves only
+the adapter and adapter version that made it; only models whose cache layers are all full attention use it
+(a sliding-window or recurrent layer cannot be cut at an arbitrary prefix).
 """
 
 from __future__ import annotations
@@ -72,15 +58,6 @@ class CachedSequence:
             (tuple(k[:, :, :own] for k in self.keys), tuple(v[:, :, :own] for v in self.values)),
         ]
 
-    def lineage(self) -> list[CachedSequence]:
-        """This sequence, then its parent, its parent's parent, and so on."""
-        chain: list[CachedSequence] = []
-        node: CachedSequence | None = self
-        while node is not None:
-            chain.append(node)
-            node = node.parent
-        return chain
-
     def kept_after(self, parent: CachedSequence | None, start: int) -> CachedSequence:
         """A copy of this sequence's keys and values from `start` on, in one block, over `parent`.
 
@@ -115,10 +92,6 @@ class PrefixHit:
 
     sequence: CachedSequence
     length: int
-
-    def pieces(self) -> list[tuple[tuple[Tensor, ...], tuple[Tensor, ...]]]:
-        """Each layer's keys and values of the shared prefix, in consecutive pieces (`CachedSequence.pieces`)."""
-        return self.sequence.pieces(self.length)
 
 
 class PrefixCache:
@@ -192,9 +165,11 @@ class PrefixCache:
     def _touch(self, sequence: CachedSequence) -> None:
         # The sequence, then its parents, to the most recent end: a parent is never evicted before its
         # children for age alone.
-        for node in sequence.lineage():
+        node: CachedSequence | None = sequence
+        while node is not None:
             if node.key in self._entries:
                 self._entries.move_to_end(node.key)
+            node = node.parent
 
     def _drop(self, key: tuple[str | None, int | None, tuple[int, ...]]) -> None:
         sequence = self._entries.pop(key, None)

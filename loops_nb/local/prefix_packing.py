@@ -1,13 +1,9 @@
-"""Micro-batches that keep a shared prompt's rows together, priced as the shared forward runs them.
+"""Micro-batches that keep a shared prompt's rows together, priced as the shared forward runs them
+(docs/reference/local_loops.md, "Memory and precision": "The micro-batches keep a prompt's rows together").
 
 `losses.micro_batches` packs rows by padded tokens (rows x longest row), which would spread a GRPO group
 over micro-batches of a row or two (so nothing is shared) and overstate a group that runs its prompt once.
-Here units (a datum, or a dpo pair) go prompt by prompt, each prompt's longest first, then the rows that
-share nothing, greedily into micro-batches whose cost fits the budget. The cost is what
-`shared_prefix.forward_size` says the forward runs: bytes a token x positions run, plus a longer group's
-prompt keys and values expanded per row, plus `MASK_CELL_BYTES` x a packed group's length squared. A group
-that fits a micro-batch is never split; one that fits none is split over consecutive ones. Rows whose loss
-needs no position go to one micro-batch of their own, which runs no model.
+The cost here is what `shared_prefix.forward_size` says the forward runs.
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ from loops_nb.local.prefill_plan import Prefiller
 from loops_nb.local.prefix_cache import PrefixCache
 from loops_nb.local.row_endings import RowEndings, SampleAbandoned
 from loops_nb.local.sampler_adapters import AdapterSet, read_adapter_dir
-from loops_nb.local.sampler_batch import DecodeBatch, Job, Row
+from loops_nb.local.sampler_batch import DecodeBatch, Job
 from loops_nb.local.sampling_types import (
     DEFAULT_MAX_TOKENS,
     IMAGE_POSITION,
@@ -127,7 +127,6 @@ class SamplerEngine:
         self._endings = RowEndings(self.tokenizer, self.stats)
         self._prefiller = Prefiller(
             self._batch_forward,
-            self.device,
             self._decode,
             self._mergeable,
             max_prefill_tokens,
@@ -384,10 +383,8 @@ class SamplerEngine:
                 for job in jobs:
                     job.adapter_version = version
                 vision = jobs[0].pixels is not None
-                forward = self._batch_forward.image_prompt(jobs[0]) if vision else self._batch_forward.text
                 if vision:
-                    new_cache = self._batch_forward.new_cache
-                    batch = DecodeBatch.prefill(jobs, forward, new_cache, self.device, self._decode)
+                    batch = self._prefiller.batch(jobs, self._batch_forward.image_prompt(jobs[0]))
                 else:
                     batch = self._prefiller.prefill(jobs)
                 self.stats["batches"] += 1
@@ -399,14 +396,14 @@ class SamplerEngine:
                         joined = self._join(batch, adapter, version)
                         running += joined
                     tokens, logprobs = select_tokens(batch.logits, batch.params)
-                    keep = self._record(batch.rows, tokens.tolist(), logprobs.tolist())
+                    keep = self._endings.record(batch.rows, tokens.tolist(), logprobs.tolist())
                     self._prefiller.keep_finished(batch, keep)
                     if not keep:
                         break
                     if len(keep) < len(batch.rows):
                         batch.keep(keep, trim=self._mergeable)
                         tokens = tokens[torch.tensor(keep, device=tokens.device)]
-                    batch.advance(tokens, forward)
+                    batch.advance(tokens)
         except Exception as exc:
             if not isinstance(exc, SamplerClosedError):
                 logger.exception("sampling batch failed")
@@ -427,7 +424,3 @@ class SamplerEngine:
             self.stats["joined"] += len(jobs)
             self.stats["rows"] += sum(job.rows for job in jobs)
         return jobs
-
-    def _record(self, rows: list[Row], tokens: list[int], logprobs: list[float]) -> list[int]:
-        """Record a decode step's tokens in the rows (see `row_endings`); returns the indices still running."""
-        return self._endings.record(rows, tokens, logprobs)

@@ -1,23 +1,19 @@
 """Shared-prefix forward: the rows of a micro-batch that share a prompt run it through the decoder once.
 
-A GRPO group's datums share their prompt (the quickstart's 16 samples share 44 tokens: about 70% of the
-trainer's tokens were that prompt again). Here the rows of a micro-batch are grouped by the tokens before
-the first position their loss needs; a group of two or more with at least `MIN_SHARED_TOKENS` shared tokens
-runs those tokens once, with grad, and each row's own tokens run on top of its keys and values (expanded
-for the rows, whose gradients the expansion's backward sums back into the one prompt). The hidden states at every position the loss needs are the unshared forward's, within float rounding,
-and so are the gradients (`tests/local/test_shared_prefix.py` checks both against the plain forward).
+How rows are grouped, the two ways a group runs (packed into one sequence, or its rows on the prompt's
+expanded keys and values) and what it saves: docs/reference/local_loops.md, "Memory and precision" ("A
+group's shared prompt trains once"). `tests/local/test_shared_prefix.py` checks hidden states and gradients
+against the plain forward.
 
 The prompt's keys and values are kept once ([1, heads, prompt, dim] a layer) and expanded for the rows only
-inside each layer's attention (`ExpandedPrefixLayer`), so across layers they cost what one row's would. Both
-passes may run under layer recompute (`activation_memory.checkpointed`): a recomputed layer calls its cache
-again in the backward, so neither cache accumulates. The prompt's pass records (a second call overwrites
-with the same tensors) and the rows' pass reads (its keys are the prompt's plus its own, never stored).
-With recompute a whole group's rows fit a micro-batch whose activations would otherwise hold two of them.
+inside each layer's attention (`ExpandedPrefixLayer`), so across layers they cost what one row's would.
+Under layer recompute (`activation_memory.checkpointed`) a recomputed layer calls its cache again in the
+backward, so neither cache accumulates: the prompt's pass records (a second call overwrites with the same
+tensors) and the rows' pass reads (its keys are the prompt's plus its own, never stored).
 
-Only the positions the loss needs are filled in the returned hidden states: a row's prompt positions before
-the split are not computed for it. Rows that share nothing run as one plain padded forward, as before.
-Deliberate simplification: a group shares exactly its rows' common prompt; rows whose prompts merely
-overlap (a common system prompt, then different tasks) are not split into nested groups.
+Only the positions the loss needs are filled in the returned hidden states. Deliberate simplification: a
+group shares exactly its rows' common prompt; rows whose prompts merely overlap (a common system prompt,
+then different tasks) are not split into nested groups.
 """
 
 from __future__ import annotations

@@ -1,17 +1,12 @@
 """A decode batch's prompts held once: each prompt's keys and values [1, heads, prompt, dim] a layer, shared
-by every row sampling from it, and attention over them and each row's own cache.
+by every row sampling from it, and attention over them and each row's own cache (what it saves:
+docs/reference/local_loops.md, "Memory and precision").
 
-The quickstart's step decodes 64 rows of one 44-token prompt and at most 16 new tokens: with the prompt's
-cache rows copied to every row, the batch held 64 x 59 tokens of keys and values (175 MB, the embedded
-Loops' peak while sampling); held once, 44 + 64 x 15 (46 MB). The batch's `DynamicCache` then holds only the
-rows' own tokens, and `prompt_attention` (registered with transformers as `IMPLEMENTATION`, the sampler's
-attention on models that can share) scores each row's query against its prompt's keys (the rows of one
-prompt in one product: their queries become the query-length dimension, so no key is repeated) and against
-its own, takes one softmax over both and sums both sets of values. The trainer's `shared_prefix` does the
-same for training with the keys expanded to its rows; here they are never expanded, because a decode step
-reads the prompt's keys once for all its rows instead of once per row.
-
-A forward without `shared_prompts` (a prefill, a batch that copies rows) is transformers' SDPA unchanged.
+`prompt_attention` scores the rows of one prompt against its keys in one product (their queries become the
+query-length dimension, so no key is repeated) and each row against its own cache, and takes one softmax
+over both. The trainer's `shared_prefix` expands a prompt's keys to its rows; here they never are, because a
+decode step then reads the prompt's keys once for all its rows instead of once per row. A forward without
+`shared_prompts` (a prefill, a batch that copies rows) is transformers' SDPA unchanged.
 """
 
 from __future__ import annotations

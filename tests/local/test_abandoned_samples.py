@@ -34,7 +34,7 @@ def decode_once_abandoned(
     def hold(engine: SamplerEngine) -> threading.Event:
         abandoned = threading.Event()
         events.append(abandoned)
-        abandon, record = engine.abandon, engine._record
+        abandon, record = engine.abandon, engine._endings.record
 
         def abandon_and_go_on(future: Any) -> None:
             abandon(future)
@@ -45,7 +45,7 @@ def decode_once_abandoned(
             return record(*args)
 
         monkeypatch.setattr(engine, "abandon", abandon_and_go_on)
-        monkeypatch.setattr(engine, "_record", record_once_abandoned)
+        monkeypatch.setattr(engine._endings, "record", record_once_abandoned)
         return abandoned
 
     yield hold

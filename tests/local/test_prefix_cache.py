@@ -165,7 +165,7 @@ def test_siblings_keep_only_what_they_add_and_a_parent_goes_with_its_children() 
     assert cache.nbytes == first.nbytes + 4 * per_token, "the second keeps only its 4 own tokens"
     hit = cache.lookup(None, 0, [*prompt, 5, 6, 7, 8, 9])
     assert hit is not None and hit.length == 44 and hit.sequence.tokens == second.tokens
-    keys, values = joined(hit.pieces())
+    keys, values = joined(hit.sequence.pieces(hit.length))
     # The shared prompt's keys and values come from the first row (kept whole), the rest from the second.
     for mine, parents, own in zip(keys, first.keys, second.keys, strict=True):
         assert torch.equal(mine[:, :, :40], parents[:, :, :40]) and torch.equal(

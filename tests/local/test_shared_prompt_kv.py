@@ -98,7 +98,7 @@ def test_a_shared_batch_holds_its_prompt_once_and_its_rows_own_tokens(twins) -> 
         assert [slot.keys[0].shape[:3] for slot in batch.prompts.slots] == [(1, 2, len(PROMPT))]
         tokens = torch.full((8,), 40, dtype=torch.long)
         for step in range(1, 3):
-            batch.advance(tokens, engine._batch_forward.text)
+            batch.advance(tokens)
             assert all(layer.keys.shape[:3] == (8, 2, step) for layer in batch.cache.layers)
 
 
