@@ -102,7 +102,6 @@ class RLRun(RecipeRun):
             max_concurrent=t.max_concurrent_rollouts,
             attempt_timeout=t.attempt_timeout_seconds,
             seed=t.seed,
-            mode=t.mode,
             max_staleness=t.max_staleness,
             stale_policy=t.stale_policy,
             resources=self.resources,
