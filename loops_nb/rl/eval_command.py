@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from loops_nb.compute import LoopsConnection
 from loops_nb.errors import UserError
 from loops_nb.model_renderer import load_model_renderer
+from loops_nb.observers import shown
 from loops_nb.resources import ResourceJournal, ResourceRegistry, RunLock
 from loops_nb.rl.config import RLConfig
 from loops_nb.rl.evaluation import EvalLog, Evaluator, eval_sampling, eval_tasks
@@ -54,7 +55,7 @@ class EvalReport:
         out.append(f"checkpoint: {self.checkpoint} ({self.step} steps)")
         for key, value in self.metrics.items():
             if key.startswith("eval/") and not key.startswith("eval/discarded/"):
-                out.append(f"{key}: {value:.4g}" if isinstance(value, float) else f"{key}: {value}")
+                out.append(f"{key}: {shown(value)}")
         out.append(f"results: {self.output_dir}")
         return out
 

@@ -82,11 +82,9 @@ class RLRun(RecipeRun):
 
     def rewind(self, step: int) -> None:
         super().rewind(step)
-        self.evals.keep_up_to(step)  # the policy at the checkpoint is the one those evaluations measured
-
-    def start_over(self) -> None:
-        super().start_over()
-        self.evals.keep_up_to(0)  # a fresh LoRA with the same seed is the base model evaluated at step 0
+        # The policy at the checkpoint is the one those evaluations measured (at 0, when the run starts over: a
+        # fresh LoRA with the same seed, the base model evaluated there).
+        self.evals.keep_up_to(step)
 
     async def begin(self, start: int) -> None:
         t, s = self.config.training, self.config.sampling
