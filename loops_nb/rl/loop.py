@@ -111,6 +111,7 @@ class RLRun(RecipeRun):
                 self.config,
                 self.eval_runtime or self.runtime,
                 held_out,
+                log=self.evals,
                 policy=self.policy,
                 renderer=self.renderer,
                 resources=self.resources,
@@ -137,7 +138,7 @@ class RLRun(RecipeRun):
         assert self._evaluator is not None, "begin() creates the evaluator"
         record = self.evals.recorded(step)
         if record is None:
-            record = self.evals.write(await self._evaluator.evaluate(step))
+            record = await self._evaluator.evaluate(step)
             self.observers.emit(record)
             if self.policy.lost is not None:
                 raise self.policy.lost
