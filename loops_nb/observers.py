@@ -115,8 +115,6 @@ class TerminalReporter:
         self._print("  … " + ", ".join(f"{k}={v}" for k, v in tick.to_json().items()))
 
     def on_eval(self, line: EvalRecord) -> None:
-        """An evaluation: the policy after ``step`` steps on the eval tasks (RL), or SFT's held-out loss before
-        training (``step`` 0; later ones arrive in the step records)."""
         measures = [
             f"{k.removeprefix('eval/')}={shown(v)}"
             for k, v in line.metrics.items()

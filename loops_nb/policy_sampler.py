@@ -1,14 +1,7 @@
-"""Try what a run trained: chat with one of its checkpoints (or the base model) from a cell or a script.
+"""Try what a run trained: chat with one of its checkpoints (or the base model) from a cell or a script
+(docs/reference/after_training.md#try-the-policy).
 
-    policy = project.sampler()                          # the run's latest checkpoint; or PolicySampler(run_dir)
-    reply = await policy.chat([{"role": "user", "content": "Hi"}])      # in a notebook
-    reply = policy.chat_sync([{"role": "user", "content": "Hi"}])       # anywhere, a running loop included
-    base = policy.base()                                # the same run's base model, for side by side
-
-The prompt is rendered, and the reply parsed, by the renderer the run recorded, exactly as training did;
-the checkpoint is served by the one checkpoint-to-sampler path (`loops_nb.run_checkpoints`). Each handle runs
-its SDK calls on an event loop of its own thread, so `chat` and `chat_sync` both work inside a notebook's
-running loop (docs/reference/after_training.md#try-the-policy).
+The prompt is rendered, and the reply parsed, by the renderer the run recorded, exactly as training did.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
 """A run's checkpoints, found by name or step, and any of them as a sampling client: the one path from a
-checkpoint to a sampler, which `loops eval`, `project.sampler()` and SFT's `compare` all take.
-
-    checkpoint = find_checkpoint(run_dir, "4")        # base, latest, a step, a name or a bt:// path
-    client = await checkpoint_sampling_client(connection, model, checkpoint)
-
-Trainer state is loaded *with its optimizer* before it is published: the SDK serves a publish numbered 0 as the
-base model (``TrainingClient._compose_sampling_future``, baseten-loops 0.32), and plain ``load_state`` resets the
-trainer's step to 0. The whole story: docs/reference/after_training.md.
+checkpoint to a sampler, which `loops eval`, `project.sampler()` and SFT's `compare` all take. Why trainer
+state is loaded *with its optimizer*: docs/reference/after_training.md#try-the-policy.
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""A finished (or stopped) run read back to use what it trained: its model and compute settings, its checkpoints.
-
-    run = SavedRun.open("runs/my-run")
-    run.checkpoint("latest")          # or a step (12), a name (final-000012, state-000010), a bt:// path
-    connection = await run.connect()  # the Loops the run trained on (the local scope: its own state directory)
-
-Used by `loops export` (`export.py`) and by the policy sampler (`policy_sampler.py`).
+"""A finished (or stopped) run read back to use what it trained: its model and compute settings, its checkpoints,
+and the Loops it trained on. Used by `loops export` (`export.py`) and by the policy sampler (`policy_sampler.py`).
 """
 
 from __future__ import annotations

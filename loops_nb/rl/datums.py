@@ -1,8 +1,5 @@
-"""Turning captured sequences and advantages into trainer Datums, and batches of them.
-
-Alignment follows Loops (no server-side shift): `model_input = tokens[:-1]`, `target_tokens =
-tokens[1:]`. Per target position: the sampler's logprob of that token, a mask (1 where the token was
-sampled, so it trains), and the advantage on masked positions. Only sampled tokens ever train.
+"""Turning captured sequences and advantages into trainer Datums, and batches of them; what a datum holds, and
+why only sampled tokens train: docs/reference/training_loop.md (step 5, Datums).
 """
 
 from __future__ import annotations

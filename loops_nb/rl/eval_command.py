@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from loops_nb.compute import LoopsConnection
 from loops_nb.errors import UserError
 from loops_nb.model_renderer import load_model_renderer
+from loops_nb.observers import shown
 from loops_nb.resources import ResourceJournal, ResourceRegistry, RunLock
 from loops_nb.rl.config import RLConfig
 from loops_nb.rl.evaluation import EvalLog, Evaluator, eval_sampling, eval_tasks
@@ -54,7 +55,7 @@ class EvalReport:
         out.append(f"checkpoint: {self.checkpoint} ({self.step} steps)")
         for key, value in self.metrics.items():
             if key.startswith("eval/") and not key.startswith("eval/discarded/"):
-                out.append(f"{key}: {value:.4g}" if isinstance(value, float) else f"{key}: {value}")
+                out.append(f"{key}: {shown(value)}")
         out.append(f"results: {self.output_dir}")
         return out
 
@@ -111,18 +112,18 @@ async def evaluate(project: Project, *, checkpoint: str = "latest", out: Path | 
                 config,
                 runtimes.training,
                 tasks,
+                log=EvalLog(out),
                 policy=FixedPolicy(client, step),
                 renderer=renderer,
                 resources=resources,
             )
-            evaluation = await evaluator.evaluate(step)
+            record = await evaluator.evaluate(step)
         finally:
             # The evaluation is what the user asked for: a runtime that fails to close does not lose it.
             with contextlib.suppress(Exception):
                 await runtimes.aclose()
             if connection is not None:
                 await connection.close()
-        line = EvalLog(out).write(evaluation).to_json()
         temperature = eval_sampling(config).temperature
         lines = [
             f"eval: {len(tasks)} task(s) x {config.eval.attempts} attempt(s), temperature {temperature:g}"
@@ -138,13 +139,13 @@ async def evaluate(project: Project, *, checkpoint: str = "latest", out: Path | 
                 # Saved sampler weights (`bt://loops:<run>/sampler_weights/<name>`), or trainer state.
                 "sampler_path": target.path if target is not None and target.kind == "sampler" else None,
                 "state_path": target.path if target is not None and target.kind == "trainer" else None,
-                **line,
+                **record.to_json(),
             },
         )
         return EvalReport(
             label,
             step,
-            evaluation.metrics,
+            dict(record.metrics),
             str(out),
             str(run_dir.root) if run_dir is not None else None,
             lines,

@@ -15,7 +15,7 @@ import statistics
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import KW_ONLY, dataclass, field
+from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -147,18 +147,6 @@ def eval_due(settings: RLEvalConfig, step: int) -> bool:
     return bool(settings.every) and step % settings.every == 0
 
 
-@dataclass
-class Evaluation:
-    """One evaluation: its `evals.jsonl` line and the lines its attempts give `eval_attempts.jsonl`."""
-
-    step: int
-    """Optimizer steps the evaluated policy had (0: the base model)."""
-    metrics: dict[str, Any]
-    """`eval/*` metrics, as a step record and evals.jsonl carry them."""
-    attempts: list[AttemptRow] = field(default_factory=list)
-    transcripts: list[dict[str, Any]] = field(default_factory=list)
-
-
 def summarize(
     records: Sequence[AttemptRecord], tasks: Sequence[Task], settings: RLEvalConfig
 ) -> dict[str, Any]:
@@ -199,12 +187,14 @@ def _passed(record: AttemptRecord, settings: RLEvalConfig) -> bool:
 @dataclass
 class Evaluator:
     """Runs evaluations of ``policy`` (the run's current one, or a checkpoint's) on ``tasks`` through ``runtime``,
-    with the config's `[eval]` settings and `[training]`'s concurrency, timeout and reward range."""
+    with the config's `[eval]` settings and `[training]`'s concurrency, timeout and reward range, and records
+    each in ``log``."""
 
     config: RLConfig
     runtime: RolloutRuntime
     tasks: Sequence[Task]
     _: KW_ONLY
+    log: EvalLog
     policy: PolicySource
     renderer: Renderer
     resources: ResourceRegistry | None = None
@@ -213,8 +203,8 @@ class Evaluator:
     on_sampling_error: Callable[[Exception], None] | None = None
     full_transcripts: bool = True
 
-    async def evaluate(self, step: int) -> Evaluation:
-        """Evaluate the current policy, which has had ``step`` optimizer steps."""
+    async def evaluate(self, step: int) -> EvalRecord:
+        """Evaluate the current policy, which has had ``step`` optimizer steps (0: the base model), and record it."""
         started = time.perf_counter()
         settings, t, sampling = self.config.eval, self.config.training, eval_sampling(self.config)
         scheduler = RolloutScheduler(
@@ -245,13 +235,13 @@ class Evaluator:
             **summarize(records, self.tasks, settings),
             "time/eval_s": round(time.perf_counter() - started, 3),
         }
-        evaluation = Evaluation(step, metrics)
+        rows, transcripts = [], []
         for group, view in views:
             row = view.row(step, group)
             row["passed"] = _passed(view.record, settings)
-            evaluation.attempts.append(row)
-            evaluation.transcripts.append(view.transcript(self.renderer, full=self.full_transcripts))
-        return evaluation
+            rows.append(row)
+            transcripts.append(view.transcript(self.renderer, full=self.full_transcripts))
+        return self.log.write(step, metrics, rows, transcripts)
 
 
 class EvalLog:
@@ -269,14 +259,18 @@ class EvalLog:
     def records(self) -> list[EvalRecord]:
         return [EvalRecord.from_json(line) for line in self.evals.records()]
 
-    def write(self, evaluation: Evaluation) -> EvalRecord:
+    def write(
+        self,
+        step: int,
+        metrics: dict[str, Any],
+        attempts: list[AttemptRow],
+        transcripts: list[dict[str, Any]],
+    ) -> EvalRecord:
         """Record an evaluation: its attempts and transcript first, its evals.jsonl line (what marks it
         done) last, so a crash in between leaves it to be redone, never half-recorded."""
-        self.attempts.extend(evaluation.attempts)
-        atomic_write_json(
-            self.root / "transcripts" / f"eval-{evaluation.step:06d}.json", evaluation.transcripts
-        )
-        record = EvalRecord(evaluation.step, evaluation.metrics, time.time())
+        self.attempts.extend(attempts)
+        atomic_write_json(self.root / "transcripts" / f"eval-{step:06d}.json", transcripts)
+        record = EvalRecord(step, metrics, time.time())
         self.evals.append(record.to_json())
         return record
 

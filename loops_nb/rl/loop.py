@@ -82,11 +82,9 @@ class RLRun(RecipeRun):
 
     def rewind(self, step: int) -> None:
         super().rewind(step)
-        self.evals.keep_up_to(step)  # the policy at the checkpoint is the one those evaluations measured
-
-    def start_over(self) -> None:
-        super().start_over()
-        self.evals.keep_up_to(0)  # a fresh LoRA with the same seed is the base model evaluated at step 0
+        # The policy at the checkpoint is the one those evaluations measured (at 0, when the run starts over: a
+        # fresh LoRA with the same seed, the base model evaluated there).
+        self.evals.keep_up_to(step)
 
     async def begin(self, start: int) -> None:
         t, s = self.config.training, self.config.sampling
@@ -102,7 +100,6 @@ class RLRun(RecipeRun):
             max_concurrent=t.max_concurrent_rollouts,
             attempt_timeout=t.attempt_timeout_seconds,
             seed=t.seed,
-            mode=t.mode,
             max_staleness=t.max_staleness,
             stale_policy=t.stale_policy,
             resources=self.resources,
@@ -114,6 +111,7 @@ class RLRun(RecipeRun):
                 self.config,
                 self.eval_runtime or self.runtime,
                 held_out,
+                log=self.evals,
                 policy=self.policy,
                 renderer=self.renderer,
                 resources=self.resources,
@@ -140,7 +138,7 @@ class RLRun(RecipeRun):
         assert self._evaluator is not None, "begin() creates the evaluator"
         record = self.evals.recorded(step)
         if record is None:
-            record = self.evals.write(await self._evaluator.evaluate(step))
+            record = await self._evaluator.evaluate(step)
             self.observers.emit(record)
             if self.policy.lost is not None:
                 raise self.policy.lost

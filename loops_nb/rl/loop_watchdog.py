@@ -58,8 +58,7 @@ class LoopBlock:
 class LoopWatchdog:
     """Watches one running event loop from a daemon thread; `start()` it from inside that loop."""
 
-    def __init__(self, block_seconds: float = BLOCK_SECONDS, beat_seconds: float = BEAT_SECONDS) -> None:
-        self.block_seconds, self.beat_seconds = block_seconds, beat_seconds
+    def __init__(self) -> None:
         self._labels: weakref.WeakKeyDictionary[asyncio.Task[Any], str] = weakref.WeakKeyDictionary()
         self._blocks: list[LoopBlock] = []
         self._lock = threading.Lock()
@@ -111,8 +110,8 @@ class LoopWatchdog:
                 loop.call_soon_threadsafe(answered.set)
             except RuntimeError:  # the loop is closed: the run is over
                 return
-            if answered.wait(self.beat_seconds):
-                self._stopped.wait(self.beat_seconds)
+            if answered.wait(BEAT_SECONDS):
+                self._stopped.wait(BEAT_SECONDS)
                 continue
             self._watch_late_beat(loop, answered, posted)
 
@@ -122,7 +121,7 @@ class LoopWatchdog:
         """The heartbeat is late: while one task holds the loop, it is a block when that lasts long enough."""
         holder, since = self._holder(loop), posted
         block: LoopBlock | None = None
-        while not answered.wait(self.beat_seconds):
+        while not answered.wait(BEAT_SECONDS):
             if self._stopped.is_set() or not loop.is_running():
                 return
             current = self._holder(loop)
@@ -130,7 +129,7 @@ class LoopWatchdog:
                 holder, since = current, time.monotonic()
                 block = None
                 continue
-            if block is None and time.monotonic() - since >= self.block_seconds:
+            if block is None and time.monotonic() - since >= BLOCK_SECONDS:
                 block = self._record(holder, since)
             if block is not None:
                 block.samples[self._innermost()] += 1

@@ -131,10 +131,8 @@ class Policy:
             out_metrics = getattr(out, "metrics", None) or {}
             custom = {k: float(v) for k, v in out_metrics.items() if k.startswith("custom/")}
             metrics.update(custom)
-            for key in (
-                "trainer/computed_tokens",
-                "trainer/total_tokens",
-            ):  # the embedded Loops reports these
+            # The embedded Loops reports these.
+            for key in ("trainer/computed_tokens", "trainer/total_tokens"):
                 if key in out_metrics:
                     metrics[key] = metrics.get(key, 0.0) + float(out_metrics[key])
             losses.append((custom.get("custom/loss", float(out.loss)), len(batch)))

@@ -67,7 +67,6 @@ class GroupResult:
 @dataclass
 class SchedulerStats:
     stale_requeued: int = 0
-    paced_seconds: float = 0.0
     discarded: Counter[str] = field(default_factory=Counter)
     first_detail: dict[str, str] = field(default_factory=dict)
     """Each discard reason's first detail, for a run that must say why it trained nothing."""
@@ -100,7 +99,6 @@ class RolloutScheduler:
     max_concurrent: int
     attempt_timeout: float
     seed: int
-    mode: str = "sync"
     max_staleness: int = 1
     stale_policy: str = "requeue"
     resources: ResourceRegistry | None = None
@@ -245,11 +243,9 @@ class RolloutScheduler:
         self._version_changed.set()
 
     async def _wait_for_version(self, at_least: int) -> None:
-        started = time.perf_counter()
         while max(self.version(), self._steps_done) < at_least:
             self._version_changed.clear()
             await self._version_changed.wait()
-        self.stats.paced_seconds += time.perf_counter() - started
 
     async def _produce(self, first_step: int, last_step: int) -> None:
         for slot in range(first_step, last_step):

@@ -88,8 +88,8 @@ class RecipeRun(ABC):
 
     def start_over(self) -> None:
         """Forget every record: the run was killed before its first checkpoint, and the fresh trainer starts
-        over from step 0."""
-        self.run_dir.rewind_to(0)
+        over from step 0 (`rewind` to 0, unless a recipe forgets more)."""
+        self.rewind(0)
 
     def policy_version(self) -> int | None:
         """The policy version a checkpoint records besides its step and paths (RL's; None in SFT)."""

@@ -101,7 +101,7 @@ async def test_failing_and_slow_attempts_are_discarded_with_their_reason():
 async def test_async_pace_never_starts_a_step_further_ahead_than_max_staleness():
     clock = Clock()
     runtime = FakeRuntime(clock)
-    s = scheduler(runtime, clock, mode="async", max_staleness=1, stale_policy="pace")
+    s = scheduler(runtime, clock, max_staleness=1, stale_policy="pace")
     s.start(0, 4)
     first = await s.next_groups(0)
     await until(settled(s, runtime, 2 * 2 * 3), "slots 0 and 1 have run")
@@ -123,7 +123,7 @@ async def test_async_pace_moves_on_after_a_step_that_trained_nothing():
     # must still start the next slot (it used to wait for a version that never came, and the run hung).
     clock = Clock()
     runtime = FakeRuntime(clock)
-    s = scheduler(runtime, clock, mode="async", max_staleness=1, stale_policy="pace")
+    s = scheduler(runtime, clock, max_staleness=1, stale_policy="pace")
     s.start(0, 4)
     await s.next_groups(0)
     s.step_finished()  # step 0 trained nothing: the version stays 0
@@ -140,7 +140,7 @@ async def test_async_pace_moves_on_after_a_step_that_trained_nothing():
 async def test_async_requeue_drops_groups_that_got_too_stale_and_reruns_their_task():
     clock = Clock()
     runtime = FakeRuntime(clock, delay=0.01)
-    s = scheduler(runtime, clock, mode="async", max_staleness=0, stale_policy="requeue")
+    s = scheduler(runtime, clock, max_staleness=0, stale_policy="requeue")
     s.start(0, 3)
     # Slot 0 and slot 1 (one step of look-ahead) finish at version 0.
     await until(settled(s, runtime, 2 * 2 * 3), "slots 0 and 1 have run")
@@ -158,7 +158,7 @@ async def test_close_cancels_outstanding_work(mode):
     loop watchdog's thread, which otherwise outlives the run on a loop that keeps running (a notebook's)."""
     clock = Clock()
     runtime = FakeRuntime(clock, delay=5 if mode == "async" else 0)
-    s = scheduler(runtime, clock, mode=mode)
+    s = scheduler(runtime, clock)
     if mode == "async":
         s.start(0, 10)
         await until(lambda: s.in_flight == 4, "max_concurrent attempts are running")
