@@ -1,13 +1,10 @@
 """`LiveRun`: a run observer that shows the whole run in one live notebook output, or prints lines in a script.
 
-It composes the parts that do the work (its attributes: ``live.run``, the run's `RunPanelState`; ``live.chart``,
-``live.tokens``, ``live.health``, ``live.attempts``, ``live.stop_control``; ``live.task``) and renders the panel
-through one throttled `LiveDisplay`, so the notebook never gets more than a couple of updates a second and a
-saved notebook holds the final state. A heartbeat re-renders the panel every ``heartbeat_s`` seconds while a
-step runs: steps can take minutes, and without it the clock would stand still and a slow step look like a hung
-kernel. RL attempts are displayed below the panel by an `AttemptsLog`, never re-rendered, so a transcript a
-person opens stays open. What the panel shows: docs/reference/notebook_widgets.md; how a Stop click reaches a
-running cell: `stop_control`.
+It composes the parts that do the work (its attributes) and renders the panel through one throttled
+`LiveDisplay`. A heartbeat re-renders the panel while a step runs: steps can take minutes, and without it the
+clock would stand still and a slow step look like a hung kernel. What the panel shows, and its attributes:
+docs/reference/notebook_widgets.md; RL attempts: `AttemptsLog`; how a Stop click reaches a running cell:
+`stop_control`.
 """
 
 from __future__ import annotations

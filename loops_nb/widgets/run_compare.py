@@ -1,11 +1,5 @@
-"""Several runs side by side: their reward, loss and eval curves overlaid, and the runs table.
-
-    comparison = compare_runs("runs/*")      # or several directories; metrics=["reward/mean", "eval/loss"]
-    comparison                               # the table and one chart per metric, one line per run
-    comparison.watch()                       # live: re-read the directories every few seconds while runs train
-
-The legend names each run by what differs in its saved config, else by its name; each run's curve is its
-`RunChart`'s series, so steps are numbered as there. The renderers: docs/reference/after_training.md.
+"""Several runs side by side: their curves overlaid (each run's `RunChart` series), and the runs table. How to
+use it, the legend and the renderers: docs/reference/after_training.md, "Compare runs".
 """
 
 from __future__ import annotations
