@@ -53,9 +53,6 @@ class RunComparison(Widget):
     def metrics(self) -> list[str]:
         return self.requested if self.requested is not None else default_metrics(self.runs)
 
-    def labels(self) -> list[str]:
-        return self.runs.labels()
-
     def colors(self) -> list[str]:
         return [PALETTE[i % len(PALETTE)] for i in range(len(self.runs))]
 
@@ -63,7 +60,7 @@ class RunComparison(Widget):
         """One line per run that logged ``key``: the points its `RunChart` has (numbered as there, from 1)."""
         out = []
         for run, chart, label, color in zip(
-            self.runs, self.charts, self.labels(), self.colors(), strict=True
+            self.runs, self.charts, self.runs.labels(), self.colors(), strict=True
         ):
             s = chart.series(metric_definition(key, chart.kind))
             if s.has_points():
@@ -83,7 +80,7 @@ class RunComparison(Widget):
 
     def __str__(self) -> str:
         lines = [self.summary(), *self.runs.describe()]
-        labels = self.labels()
+        labels = self.runs.labels()
         width = max((len(label) for label in labels), default=0)
         for metric in self.metrics:
             lines.append(f"{metric}:")
@@ -105,7 +102,7 @@ class RunComparison(Widget):
     def table(self) -> dict[str, list[str]]:
         """The runs table, column by column (`Runs.columns`): what both the HTML and the plotly table show;
         ``differs`` is each run's legend label."""
-        return {**self.runs.columns(), "differs": self.labels()}
+        return {**self.runs.columns(), "differs": self.runs.labels()}
 
     def _table_html(self) -> str:
         cell = "padding:2px 8px;border-bottom:1px solid #e5e7eb;text-align:left;white-space:nowrap"
