@@ -220,10 +220,8 @@ class AttemptsTable(Widget):
         page_size: int = 50,
         max_chars: int = 4000,
     ) -> AttemptsTable:
-        """One page of every attempt a run recorded in rollouts.jsonl, with transcripts from transcripts/ when
-        ``[output] trace = "full"`` kept them. ``sort``: step, reward, tokens or time (``descending``: highest
-        first; by default for all but step); ``status``: trained, not_trained, discarded or kept (not
-        discarded); ``page`` counts from 1."""
+        """One page of every attempt a run recorded in rollouts.jsonl, with transcripts when they were kept (the
+        options: docs/reference/notebook_widgets.md, "Every attempt of a run")."""
         root = Path(run_dir)
         path = root / "rollouts.jsonl"
         if not path.is_file():

@@ -179,12 +179,9 @@ _NOTE = "border-radius:4px;background:#fff8c5;color:#1f2328"
 class LiveRun:
     """A run observer (``on_start``/``on_step``/``on_attempt``/``on_progress``/``on_end``) rendering the run live.
 
-    ``stop_event`` adds a Stop button that sets it; ``max_hz`` caps re-renders; ``mode`` overrides
-    ``$LOOPS_NB_PROGRESS``; ``stream`` is where script lines go; ``attempts`` how many attempts of a step the
-    attempts log shows and ``attempt_steps`` for how many recent steps; ``heartbeat_s`` how often the panel
-    re-renders while a step runs (0: never); ``display_fn`` replaces IPython's ``display`` (tests, other
-    frontends); ``live_chart`` shows the chart as a live widget (default: in a kernel, and not with a
-    ``display_fn``, whose frontend may have no widgets), else as its static figure re-rendered.
+    ``max_hz`` caps re-renders; ``mode`` overrides ``$LOOPS_NB_PROGRESS``; ``stream`` is where script lines go;
+    ``display_fn`` replaces IPython's ``display`` (tests, other frontends); ``heartbeat_s=0`` never beats; the
+    other options: docs/reference/notebook_widgets.md, "The live panel".
     """
 
     def __init__(
