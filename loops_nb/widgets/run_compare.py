@@ -45,6 +45,7 @@ class RunComparison(Widget):
         """Re-read the run directories (new steps, new runs the globs now match) and update the display."""
         self.runs = read_runs(self.patterns)
         self.charts = [RunChart.from_run(run) for run in self.runs]
+        self.colors = [PALETTE[i % len(PALETTE)] for i in range(len(self.runs))]
         if self._display is not None:
             self._display.update(force=True)
         return self
@@ -53,14 +54,11 @@ class RunComparison(Widget):
     def metrics(self) -> list[str]:
         return self.requested if self.requested is not None else default_metrics(self.runs)
 
-    def colors(self) -> list[str]:
-        return [PALETTE[i % len(PALETTE)] for i in range(len(self.runs))]
-
     def series(self, key: str) -> list[Series]:
         """One line per run that logged ``key``: the points its `RunChart` has (numbered as there, from 1)."""
         out = []
         for run, chart, label, color in zip(
-            self.runs, self.charts, self.runs.labels(), self.colors(), strict=True
+            self.runs, self.charts, self.runs.labels(), self.colors, strict=True
         ):
             s = chart.series(metric_definition(key, chart.kind))
             if s.has_points():
@@ -109,7 +107,7 @@ class RunComparison(Widget):
         table = self.table()
         head = "".join(tag("th", escape(c), f"{cell};color:#374151") for c in table)
         rows = []
-        for i, (run, color) in enumerate(zip(self.runs, self.colors(), strict=True)):
+        for i, (run, color) in enumerate(zip(self.runs, self.colors, strict=True)):
             tds = []
             for column, values in table.items():
                 text = values[i]
@@ -154,7 +152,7 @@ class RunComparison(Widget):
 
     def _plotly_table(self, bottom: float) -> dict[str, Any]:
         table = self.table()
-        colors = [self.colors() if c in ("name", "differs") else ["#1f2328"] * len(self.runs) for c in table]
+        colors = [self.colors if c in ("name", "differs") else ["#1f2328"] * len(self.runs) for c in table]
         return {
             "type": "table",
             "domain": {"x": [0, 1], "y": [bottom, 1]},
