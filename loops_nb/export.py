@@ -1,7 +1,5 @@
 """`loops export`: a run's LoRA adapter, or the base model with the adapter merged in, as a directory other tools
-load (what each holds and loads with: docs/reference/after_training.md).
-
-    result = await export_run("runs/my-run", "exported/merged", merged=True)
+load (how to call it, what each holds and loads with: docs/reference/after_training.md).
 
 The checkpoint's files come through the SDK's `download_checkpoint` on every scope. The target is written whole
 or not at all: everything goes to a hidden temporary directory beside it, renamed to the target when complete.

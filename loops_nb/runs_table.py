@@ -1,12 +1,8 @@
 """Runs read back from their directories: what `loops runs` prints and the compare widget overlays.
 
-    runs = read_runs(["runs/*"])          # directories (or globs) holding run.json or steps.jsonl
-    print("\\n".join(runs.describe()))     # name, recipe, model, steps, status, last reward, eval, wall time
-    runs.differences()                    # the config keys whose values differ between the runs
-
 Everything comes from the files a run writes (run.json, steps.jsonl, checkpoints.jsonl, run.log and the run
 lock), so a finished, stopped, failed or live run reads the same way and nothing needs a Loops connection.
-What each column and status means: docs/reference/after_training.md.
+How to use it, and what each column and status means: docs/reference/after_training.md.
 """
 
 from __future__ import annotations

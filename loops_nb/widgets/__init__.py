@@ -1,10 +1,7 @@
-"""Notebook widgets for runs and datasets: one object, three renderers.
-
-Every object here renders as a one-line ``text/plain``, an inline-styled ``text/html`` snapshot that JupyterLab's
-sanitizer keeps (so it survives untrusted notebooks and offline HTML export) and, for charts, plotly JSON; live
-views go through one throttled display handle (`LiveDisplay`) whose last update is forced, so a saved notebook
-holds the final state. In scripts the same objects print text. What each widget shows:
-docs/reference/notebook_widgets.md (`RunComparison`, `SideBySide`: after_training.md).
+"""Notebook widgets for runs and datasets: one object, three renderers (``text/plain``, sanitizer-proof
+``text/html``, and plotly JSON for charts); live views go through one throttled `LiveDisplay` whose last update
+is forced, so a saved notebook holds the final state. What each widget shows: docs/reference/notebook_widgets.md
+(`RunComparison`, `SideBySide`: after_training.md).
 """
 
 from loops_nb.widgets.attempts_table import AttemptsTable

@@ -2,10 +2,9 @@
 trained step's attempts (`AttemptsLog`).
 
 Reading transcripts is the check that numbers cannot replace: a reward that rises because the model found a
-loophole looks like learning on every chart. Each row is a ``<details>`` element whose ``<summary>`` is the row
-and whose body is the transcript: it opens without JavaScript, in a saved, untrusted notebook too, because it
-uses only what JupyterLab's sanitizer keeps (docs/reference/notebook_widgets.md, "Saved and reopened
-notebooks"): cells are inline-block ``<span>``s sized in ``em``, each with its full text in ``title``.
+loophole looks like learning on every chart. Each row is a ``<details>`` element whose body is the transcript:
+it opens without JavaScript, and uses only what JupyterLab's sanitizer keeps in an untrusted notebook
+(docs/reference/notebook_widgets.md, "Saved and reopened notebooks").
 
 Whether an attempt trained is known only after its step trained: ``on_attempt`` rows say "pending" until the
 step's rollouts.jsonl rows fill in ``trained``, ``step`` and ``group`` (`merge_rollout`). Steps are numbered
@@ -221,10 +220,8 @@ class AttemptsTable(Widget):
         page_size: int = 50,
         max_chars: int = 4000,
     ) -> AttemptsTable:
-        """One page of every attempt a run recorded in rollouts.jsonl, with transcripts from transcripts/ when
-        ``[output] trace = "full"`` kept them. ``sort``: step, reward, tokens or time (``descending``: highest
-        first; by default for all but step); ``status``: trained, not_trained, discarded or kept (not
-        discarded); ``page`` counts from 1."""
+        """One page of every attempt a run recorded in rollouts.jsonl, with transcripts when they were kept (the
+        options: docs/reference/notebook_widgets.md, "Every attempt of a run")."""
         root = Path(run_dir)
         path = root / "rollouts.jsonl"
         if not path.is_file():

@@ -1,13 +1,10 @@
 """`LiveRun`: a run observer that shows the whole run in one live notebook output, or prints lines in a script.
 
-It composes the parts that do the work (its attributes: ``live.run``, the run's `RunPanelState`; ``live.chart``,
-``live.tokens``, ``live.health``, ``live.attempts``, ``live.stop_control``; ``live.task``) and renders the panel
-through one throttled `LiveDisplay`, so the notebook never gets more than a couple of updates a second and a
-saved notebook holds the final state. A heartbeat re-renders the panel every ``heartbeat_s`` seconds while a
-step runs: steps can take minutes, and without it the clock would stand still and a slow step look like a hung
-kernel. RL attempts are displayed below the panel by an `AttemptsLog`, never re-rendered, so a transcript a
-person opens stays open. What the panel shows: docs/reference/notebook_widgets.md; how a Stop click reaches a
-running cell: `stop_control`.
+It composes the parts that do the work (its attributes) and renders the panel through one throttled
+`LiveDisplay`. A heartbeat re-renders the panel while a step runs: steps can take minutes, and without it the
+clock would stand still and a slow step look like a hung kernel. What the panel shows, and its attributes:
+docs/reference/notebook_widgets.md; RL attempts: `AttemptsLog`; how a Stop click reaches a running cell:
+`stop_control`.
 """
 
 from __future__ import annotations
@@ -182,12 +179,9 @@ _NOTE = "border-radius:4px;background:#fff8c5;color:#1f2328"
 class LiveRun:
     """A run observer (``on_start``/``on_step``/``on_attempt``/``on_progress``/``on_end``) rendering the run live.
 
-    ``stop_event`` adds a Stop button that sets it; ``max_hz`` caps re-renders; ``mode`` overrides
-    ``$LOOPS_NB_PROGRESS``; ``stream`` is where script lines go; ``attempts`` how many attempts of a step the
-    attempts log shows and ``attempt_steps`` for how many recent steps; ``heartbeat_s`` how often the panel
-    re-renders while a step runs (0: never); ``display_fn`` replaces IPython's ``display`` (tests, other
-    frontends); ``live_chart`` shows the chart as a live widget (default: in a kernel, and not with a
-    ``display_fn``, whose frontend may have no widgets), else as its static figure re-rendered.
+    ``max_hz`` caps re-renders; ``mode`` overrides ``$LOOPS_NB_PROGRESS``; ``stream`` is where script lines go;
+    ``display_fn`` replaces IPython's ``display`` (tests, other frontends); ``heartbeat_s=0`` never beats; the
+    other options: docs/reference/notebook_widgets.md, "The live panel".
     """
 
     def __init__(

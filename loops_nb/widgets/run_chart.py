@@ -1,12 +1,8 @@
 """`RunChart`: a run's metrics per step in one plotly chart, live in the notebook and saved with it.
 
-It opens on the run's training curve; plotly's own buttons (``updatemenus``) switch views, so they work live,
-reopened untrusted and in plotly's HTML export alike (the series: `loops_nb.widgets.series`; what it shows:
-docs/reference/notebook_widgets.md). Where no JavaScript runs, the HTML is a table of the curve's points.
-``chart.show()`` displays it live (`LiveChart`): a `LiveFigure` that each update sends only the new values to,
-so zoom and the chosen view survive, replaced by the static figure when it is finalized.
-
-Steps are numbered from 1, as in the panel; an eval at 0 is the model before training.
+Plotly's own buttons (``updatemenus``) switch views, so they work live, reopened untrusted and in plotly's HTML
+export alike. The series: `loops_nb.widgets.series`; what it shows, live (`LiveChart`) and saved, and how steps
+are numbered: docs/reference/notebook_widgets.md.
 """
 
 from __future__ import annotations

@@ -1,11 +1,5 @@
-"""Several runs side by side: their reward, loss and eval curves overlaid, and the runs table.
-
-    comparison = compare_runs("runs/*")      # or several directories; metrics=["reward/mean", "eval/loss"]
-    comparison                               # the table and one chart per metric, one line per run
-    comparison.watch()                       # live: re-read the directories every few seconds while runs train
-
-The legend names each run by what differs in its saved config, else by its name; each run's curve is its
-`RunChart`'s series, so steps are numbered as there. The renderers: docs/reference/after_training.md.
+"""Several runs side by side: their curves overlaid (each run's `RunChart` series), and the runs table. How to
+use it, the legend and the renderers: docs/reference/after_training.md, "Compare runs".
 """
 
 from __future__ import annotations
@@ -51,6 +45,7 @@ class RunComparison(Widget):
         """Re-read the run directories (new steps, new runs the globs now match) and update the display."""
         self.runs = read_runs(self.patterns)
         self.charts = [RunChart.from_run(run) for run in self.runs]
+        self.colors = [PALETTE[i % len(PALETTE)] for i in range(len(self.runs))]
         if self._display is not None:
             self._display.update(force=True)
         return self
@@ -59,17 +54,11 @@ class RunComparison(Widget):
     def metrics(self) -> list[str]:
         return self.requested if self.requested is not None else default_metrics(self.runs)
 
-    def labels(self) -> list[str]:
-        return self.runs.labels()
-
-    def colors(self) -> list[str]:
-        return [PALETTE[i % len(PALETTE)] for i in range(len(self.runs))]
-
     def series(self, key: str) -> list[Series]:
         """One line per run that logged ``key``: the points its `RunChart` has (numbered as there, from 1)."""
         out = []
         for run, chart, label, color in zip(
-            self.runs, self.charts, self.labels(), self.colors(), strict=True
+            self.runs, self.charts, self.runs.labels(), self.colors, strict=True
         ):
             s = chart.series(metric_definition(key, chart.kind))
             if s.has_points():
@@ -89,7 +78,7 @@ class RunComparison(Widget):
 
     def __str__(self) -> str:
         lines = [self.summary(), *self.runs.describe()]
-        labels = self.labels()
+        labels = self.runs.labels()
         width = max((len(label) for label in labels), default=0)
         for metric in self.metrics:
             lines.append(f"{metric}:")
@@ -111,14 +100,14 @@ class RunComparison(Widget):
     def table(self) -> dict[str, list[str]]:
         """The runs table, column by column (`Runs.columns`): what both the HTML and the plotly table show;
         ``differs`` is each run's legend label."""
-        return {**self.runs.columns(), "differs": self.labels()}
+        return {**self.runs.columns(), "differs": self.runs.labels()}
 
     def _table_html(self) -> str:
         cell = "padding:2px 8px;border-bottom:1px solid #e5e7eb;text-align:left;white-space:nowrap"
         table = self.table()
         head = "".join(tag("th", escape(c), f"{cell};color:#374151") for c in table)
         rows = []
-        for i, (run, color) in enumerate(zip(self.runs, self.colors(), strict=True)):
+        for i, (run, color) in enumerate(zip(self.runs, self.colors, strict=True)):
             tds = []
             for column, values in table.items():
                 text = values[i]
@@ -163,7 +152,7 @@ class RunComparison(Widget):
 
     def _plotly_table(self, bottom: float) -> dict[str, Any]:
         table = self.table()
-        colors = [self.colors() if c in ("name", "differs") else ["#1f2328"] * len(self.runs) for c in table]
+        colors = [self.colors if c in ("name", "differs") else ["#1f2328"] * len(self.runs) for c in table]
         return {
             "type": "table",
             "domain": {"x": [0, 1], "y": [bottom, 1]},

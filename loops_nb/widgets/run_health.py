@@ -1,13 +1,8 @@
 """Run health: the handful of numbers to read, in the order to read them, each with a hint.
 
-For RL the reading order is: is reward moving (``reward/mean``); is there a learning signal at all
-(``reward/group_std_mean`` and the share of groups whose attempts all scored the same, which train nothing); are
-attempts being thrown away (discards, by reason); do sampler and trainer agree on the policy
-(``kl/sample_train_v1``, which should stay near zero); and finally the transcripts, because a reward can rise for
-the wrong reason. SFT step records (``loss``, ``eval/loss``) get the two questions that matter there: is loss
-falling, and is eval loss following it.
-
-The hints are rough guides over the last ``window`` steps, not verdicts: they point at what to look at next.
+RL's reading order: docs/reference/training_loop.md, "Reading a run's health". SFT step records (``loss``,
+``eval/loss``) get the two questions that matter there: is loss falling, and is eval loss following it. The
+hints are rough guides over the last ``window`` steps, not verdicts: they point at what to look at next.
 """
 
 from __future__ import annotations

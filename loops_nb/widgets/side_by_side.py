@@ -1,8 +1,5 @@
-"""Two (or more) models' replies to the same prompts, side by side, each token's logprob on hover.
-
-    policy = project.sampler()
-    view = await side_by_side(["What is 2+2?", "Name a game."], policy.base(), policy)
-    view                                    # one row per prompt, one column per model
+"""Two (or more) models' replies to the same prompts, side by side, each token's logprob on hover (how to use
+it: docs/reference/after_training.md).
 
 The samplers are duck-typed (`Sampler`), so the widget imports no sampling code. Each token is a ``<span>``
 whose ``title`` holds its logprob, shaded lighter the less likely it was.

@@ -214,8 +214,6 @@ class TargetPreview(Widget):
 class _Piece:
     """Consecutive tokens whose text is whole characters (usually one token); coloured by the first."""
 
-    start: int
-    end: int
     text: str
     weight: float
     turn: int
@@ -231,8 +229,6 @@ def _split(seq: TokenSequence, tokenizer: Tokenizer, shown: int) -> list[_Piece]
     turns = seq.turns if seq.turns is not None else [-1] * len(seq.input_ids)
     return [
         _Piece(
-            a,
-            b,
             text,
             float(seq.weights[a]),
             int(turns[a]),

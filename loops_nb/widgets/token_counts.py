@@ -33,9 +33,8 @@ class TokenCounts(Widget):
 
     def __init__(self, *, recent: int = 8) -> None:
         self.recent = recent
-        self.columns: list[str] = []
         self.steps: list[tuple[int, dict[str, int]]] = []
-        self.totals: dict[str, int] = {}
+        self.totals: dict[str, int] = {}  # by key, in the order the keys first came: the columns
         self.report_rows: list[tuple[str, str]] | None = None  # set by from_report
         self._report_summary = ""
 
@@ -48,9 +47,6 @@ class TokenCounts(Widget):
         }
         if not counts:
             return
-        for key in counts:
-            if key not in self.columns:
-                self.columns.append(key)
         self.steps.append((step.step + 1, counts))  # numbered from 1, as the rest of the panel
         for key, value in counts.items():
             self.totals[key] = self.totals.get(key, 0) + value
@@ -64,7 +60,6 @@ class TokenCounts(Widget):
             "tokens/trained": report.trained_tokens,
             "tokens/untrained": report.untrained_tokens,
         }
-        counts.columns = list(counts.totals)
         share = _share(report.trained_tokens, report.tokens)
         split = f"{report.rows_trained:,} / {report.rows_split:,} / {report.rows_refused:,}"
         rows = [
@@ -100,7 +95,7 @@ class TokenCounts(Widget):
             return self._report_summary
         if not self.steps:
             return "tokens: no steps yet"
-        parts = [f"{_label(k)} {self.totals[k]:,}" for k in self.columns]
+        parts = [f"{_label(k)} {self.totals[k]:,}" for k in self.totals]
         share = f" ({self.trained_share:.1%} trained)" if self.trained_share is not None else ""
         return f"tokens over {plural(len(self.steps), 'step')}: {', '.join(parts)}{share}"
 
@@ -129,7 +124,7 @@ class TokenCounts(Widget):
             rows = [tag("tr", "".join(tag("th", escape(h), _HEAD) for h in header))]
             if (skipped := len(self.steps) - self.recent) > 0:
                 rows.append(
-                    f'<tr><td colspan="{len(self.columns) + 1}" style="{_CELL};color:#9ca3af">'
+                    f'<tr><td colspan="{len(self.totals) + 1}" style="{_CELL};color:#9ca3af">'
                     f"… {plural(skipped, 'earlier step')}</td></tr>"
                 )
             for n, row in enumerate(grid, 1):
@@ -139,9 +134,9 @@ class TokenCounts(Widget):
 
     def _grid(self) -> list[list[str]]:
         """The header, the recent steps and the totals, as the text and the HTML table show them."""
-        header = ["step", *(_label(k) for k in self.columns)]
-        body = [[str(s), *(f"{c.get(k, 0):,}" for k in self.columns)] for s, c in self.steps[-self.recent :]]
-        return [header, *body, ["total", *(f"{self.totals.get(k, 0):,}" for k in self.columns)]]
+        header = ["step", *(_label(k) for k in self.totals)]
+        body = [[str(s), *(f"{c.get(k, 0):,}" for k in self.totals)] for s, c in self.steps[-self.recent :]]
+        return [header, *body, ["total", *(f"{v:,}" for v in self.totals.values())]]
 
     def _share_bar(self) -> str:
         share = self.trained_share
