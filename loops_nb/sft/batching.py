@@ -145,12 +145,6 @@ def stream_rendered(
         yield index, result
 
 
-def batch_id(index: ExampleIndex, indices: Sequence[int]) -> str:
-    """A short hash of a batch's example ids, in order: equal ids, equal batch."""
-    text = ",".join(index.example_id(i) for i in indices)
-    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
-
-
 def pack(order: Sequence[int], sizes: Sequence[int], budget: int) -> list[int]:
     """Batch boundaries over ``order``: batch k is ``order[bounds[k]:bounds[k+1]]``.
 
@@ -213,7 +207,9 @@ class BatchPlan:
             yield self.batch(step)
 
     def batch_id(self, step: int) -> str:
-        return batch_id(self.index, self.batch(step).indices)
+        """A short hash of the step's example ids, in order: equal ids, equal batch."""
+        text = ",".join(self.index.example_id(i) for i in self.batch(step).indices)
+        return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
     @property
     def epochs_covered(self) -> float:
@@ -236,31 +232,20 @@ def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
 
 @dataclass
 class HeldOut:
-    """The held-out set: where it comes from, how much of it there is, and the examples evaluated."""
+    """The held-out set: where it comes from, its rows' report, and the examples evaluated."""
 
     source: str
     """How it was chosen, for reports: the eval file, or the share of training rows."""
     index: ExampleIndex | None = None
-    rows: int = 0
-    refused: int = 0
+    report: CheckReport = field(default_factory=CheckReport)
+    """Its rows, counted and refused as `check` counts training rows; ``report.source`` is the file they are
+    read from (the eval file, or the training file)."""
     truncated: bool = False
     """True when the eval file was read only until ``eval_max_examples`` examples were found."""
-    path: Path | None = None
-    """The file the held-out rows are read from (the eval file, or the training file)."""
-    refusals: list[tuple[int, str]] = field(default_factory=list)
-    """``(row_number, reason)`` of the first refused held-out rows (`check` lists them as it lists training
-    rows); only the first 100 are kept, so memory stays flat however many rows a file gets wrong."""
 
     @property
     def examples(self) -> int:
         return 0 if self.index is None else len(self.index)
-
-    def count(self, result: RenderResult) -> None:
-        self.rows += 1
-        if isinstance(result, RefusedRow):
-            self.refused += 1
-            if len(self.refusals) < 100:
-                self.refusals.append((result.row_number, result.reason))
 
 
 @dataclass
@@ -298,13 +283,15 @@ class SFTData:
         cap = t.eval_max_examples
         if d.eval is not None:
             require_data_file(d.eval, "data.eval", config_path)
-            held = HeldOut(f"the eval file {d.eval.name}", ExampleIndex(d.eval), path=d.eval)
+            held = HeldOut(
+                f"the eval file {d.eval.name}", ExampleIndex(d.eval), CheckReport(source=str(d.eval))
+            )
         elif d.eval_fraction > 0:
             held = HeldOut(
                 f"{d.eval_fraction:.0%} of the training rows, chosen by a hash of the row number and "
                 f"data.shuffle_seed ({d.shuffle_seed})",
                 ExampleIndex(d.train),
-                path=d.train,
+                CheckReport(source=str(d.train)),
             )
         else:
             held = HeldOut("none (data.eval_fraction = 0 and no data.eval)")
@@ -318,10 +305,8 @@ class SFTData:
         for index, result in stream_rendered(d.train, renderer, route=route, max_rows=d.max_rows):
             if on_refusal is not None and isinstance(result, RefusedRow):
                 on_refusal(d.train, result)
-            if index is train:
-                report.add(result)
-            else:  # a held-out row (maybe past the cap): counted, never trained
-                held.count(result)
+            # A held-out row (maybe past the cap) is counted in the held-out report, never trained.
+            (report if index is train else held.report).add(result)
         if d.eval is not None:
             assert held.index is not None
             eval_index = held.index
@@ -330,7 +315,7 @@ class SFTData:
             ):
                 if on_refusal is not None and isinstance(result, RefusedRow):
                     on_refusal(d.eval, result)
-                held.count(result)
+                held.report.add(result)
             held.truncated = len(eval_index) >= cap
         plan = BatchPlan(
             train, batch_tokens=t.batch_tokens, epochs=t.epochs, seed=d.shuffle_seed, max_steps=t.max_steps

@@ -1,20 +1,24 @@
 """`check`'s report: what trains, what is split per turn, what is refused and why, in one streaming pass
 through the `Renderer`, so it sees exactly what training will. Memory stays flat as the dataset grows: a few
-integers per row, fixed histogram bins, and a bounded sample of rendered rows for previews.
+integers per row, fixed histogram bins, and a bounded sample of rendered rows for previews. The report lists
+the first refusals; `RefusalFile` (`loops check --refusals FILE`) writes every one as it streams
+(docs/reference/sft.md#the-check-report).
 """
 
 from __future__ import annotations
 
 import bisect
+import json
 import math
 from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
+from loops_nb.errors import UserError
 from loops_nb.sft.data import RefusedRow, RowResult, read_rows
-from loops_nb.sft.refusal_wording import with_fix
+from loops_nb.sft.refusal_wording import refused_field, remedy, with_fix
 from loops_nb.sft.targets import RenderedRow, SFTTargets
 
 if TYPE_CHECKING:
@@ -238,6 +242,40 @@ def refusal_lines(
         where = f"all are in {written}" if written else "`loops check CONFIG --refusals FILE` writes them all"
         lines.append(f"    ... and {count - _LISTED_REFUSALS:,} more ({where})")
     return lines
+
+
+class RefusalFile:
+    """A JSONL file of every refusal, one ``{"file", "row", "field", "reason", "fix"}`` record each, written as
+    rows are rendered; use as a context manager (or `close` it)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.count = 0
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file: IO[str] = self.path.open("w", encoding="utf-8")
+        except OSError as exc:
+            raise UserError(f"--refusals {self.path}: cannot write it ({exc.strerror or exc})") from None
+
+    def write(self, source: Path, refused: RefusedRow) -> None:
+        record = {
+            "file": str(source),
+            "row": refused.row_number,
+            "field": refused_field(refused.reason),
+            "reason": refused.reason,
+            "fix": remedy(refused.reason),
+        }
+        self._file.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self.count += 1
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> RefusalFile:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
 
 def _bin_labels() -> list[str]:
