@@ -2,9 +2,7 @@
 
 Everything here is a pure function of the data files and the config, so the mapping *step -> batch* is the
 same in every process that computes it: a resumed run recomputes the plan and trains the rest, with no batch
-replayed or skipped. A held-out row is chosen by a hash of its row number alone (stable while streaming and
-when rows are appended). One streaming pass keeps four integers per example, never its tokens: a batch is
-rendered again from its rows when it trains, so memory is O(examples) however large the file
+replayed or skipped. One streaming pass keeps a few integers per example, never its tokens
 (docs/reference/sft.md#the-plan-which-examples-train-at-which-step).
 """
 

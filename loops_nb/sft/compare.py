@@ -1,13 +1,9 @@
 """Base model vs trained adapter on held-out conversations: what did the fine-tuning change?
 
-    comparison = await compare(project, outcome, rows=20)      # or a run directory
-    print("\\n".join(comparison.describe()))
-    comparison.table                                            # one line per compared turn
-
 Both models answer each held-out prompt greedily through the SDK (the one checkpoint-to-sampler path,
 `loops_nb.run_checkpoints`), and each reply is scored against the reference turn as a `tool_call`, a
-`direct_answer` or `text` (docs/reference/sft.md#comparing-the-base-model-and-the-adapter has the rules).
-Deliberate simplification: one greedy sample per turn, no tool execution.
+`direct_answer` or `text`. Deliberate simplification: one greedy sample per turn, no tool execution. The use
+and the rules: docs/reference/sft.md#comparing-the-base-model-and-the-adapter.
 """
 
 from __future__ import annotations
