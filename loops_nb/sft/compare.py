@@ -178,16 +178,6 @@ def held_out_rows(
     )  # one at least
 
 
-def _run_directory(project: Project, run: Outcome | str | Path | None) -> RunDirectory:
-    """``run`` (its `Outcome` or directory), else the config's run (`Project.run_dir`)."""
-    if isinstance(run, Outcome):
-        run = run.run_dir
-    root = Path(run) if run is not None else project.run_dir()
-    if not (root / "checkpoints.jsonl").is_file():
-        raise UserError(f"{root}: no checkpoints.jsonl, so no trained adapter to compare (train first)")
-    return RunDirectory(root)
-
-
 async def _sample(
     client: SamplingClient, prompt: list[int], params: SamplingParams, gate: asyncio.Semaphore
 ) -> list[int]:
@@ -216,7 +206,10 @@ async def compare(
     if project.config.recipe != "sft":
         raise UserError(f"compare is for SFT runs; {project.path} is a {project.config.recipe} config")
     config = project.config_as(SFTConfig)
-    run_dir = _run_directory(project, run)
+    if isinstance(run, Outcome):
+        run = run.run_dir
+    # ``run`` (its `Outcome` or directory), else the config's run; a run without a checkpoint is refused.
+    run_dir = RunDirectory.existing(run if run is not None else project.run_dir())
     checkpoint = find_checkpoint(run_dir, "latest")
     tokenizer = await asyncio.to_thread(
         load_model_tokenizer, config.model, config.compute.scope, cache_dir=config.compute.local.cache_dir

@@ -65,11 +65,8 @@ class CheckReport:
         epochs: int = 1,
         n_samples: int = 3,
     ) -> CheckReport:
-        """Stream ``rows`` (e.g. `read_rows(path)`) through ``renderer``.
-
-        Steps per epoch are estimated from ``batch_tokens`` (a step takes whole examples, in file order, while
-        they fit; an example longer than the batch is a step of its own) or else from ``batch_size`` examples.
-        """
+        """Stream ``rows`` (e.g. `read_rows(path)`) through ``renderer``; steps per epoch are estimated from
+        ``batch_tokens`` or else ``batch_size`` (docs/reference/sft.md#the-check-report)."""
         report = cls(batch_tokens=batch_tokens, batch_size=batch_size, epochs=epochs)
         steps, fill = 0, 0
         for result in renderer.render_rows(rows):
