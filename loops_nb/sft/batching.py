@@ -120,29 +120,6 @@ def _render_line(line: bytes, row_number: int, renderer: SFTTargets) -> RenderRe
     return row if isinstance(row, RefusedRow) else renderer.render(row)
 
 
-def stream_rendered(
-    path: Path,
-    renderer: SFTTargets,
-    *,
-    route: Callable[[int], ExampleIndex | None],
-    max_rows: int | None = None,
-    stop: Callable[[], bool] | None = None,
-) -> Iterator[tuple[ExampleIndex | None, RenderResult]]:
-    """Read ``path`` line by line, render each row and add what trains to the index ``route(row_number)`` picks.
-
-    Yields ``(index, result)`` per row, refusals included, so a report can be built in the same pass. Reads at
-    most ``max_rows`` rows, and stops early once ``stop()`` is true.
-    """
-    for read, (row_number, start, line) in enumerate(jsonl_lines(path)):
-        if (max_rows is not None and read >= max_rows) or (stop is not None and stop()):
-            return
-        index = route(row_number)
-        result = _render_line(line, row_number, renderer)
-        if index is not None and isinstance(result, RenderedRow):
-            index.add(start, result)
-        yield index, result
-
-
 def pack(order: Sequence[int], sizes: Sequence[int], budget: int) -> list[int]:
     """Batch boundaries over ``order``: batch k is ``order[bounds[k]:bounds[k+1]]``.
 
@@ -270,9 +247,9 @@ class SFTData:
     ) -> SFTData:
         """Stream the data files once: render every row, split, index, report and plan.
 
-        ``on_refusal(path, refused)`` is called for every refused row of either file, as it is read (the report
-        keeps only the first held-out refusals). ``renderer_choice``: the renderer the run recorded, for a
-        resume (default: what ``config.model`` resolves to).
+        ``on_refusal(path, refused)`` is called for every refused row of either file, as it is read.
+        ``renderer_choice``: the renderer the run recorded, for a resume (default: what ``config.model`` resolves
+        to).
         """
         d, t = config.data, config.training
         renderer = sft_targets(config.model, tokenizer, renderer_choice)
@@ -299,21 +276,32 @@ class SFTData:
                 return held.index if len(held.index or ()) < cap else None
             return train
 
+        def read(
+            path: Path,
+            route: Callable[[int], ExampleIndex | None],
+            *,
+            max_rows: int | None = None,
+            stop: Callable[[], bool] | None = None,
+        ) -> None:
+            """Render each row of ``path``, index what trains where ``route(row_number)`` says, and count it."""
+            for n, (row_number, start, line) in enumerate(jsonl_lines(path)):
+                if (max_rows is not None and n >= max_rows) or (stop is not None and stop()):
+                    return
+                index = route(row_number)
+                result = _render_line(line, row_number, renderer)
+                if index is not None and isinstance(result, RenderedRow):
+                    index.add(start, result)
+                elif on_refusal is not None and isinstance(result, RefusedRow):
+                    on_refusal(path, result)
+                # A held-out row (maybe past the cap) is counted in the held-out report, never trained.
+                (report if index is train else held.report).add(result)
+
         report = CheckReport(epochs=t.epochs, source=str(d.train))
-        for index, result in stream_rendered(d.train, renderer, route=route, max_rows=d.max_rows):
-            if on_refusal is not None and isinstance(result, RefusedRow):
-                on_refusal(d.train, result)
-            # A held-out row (maybe past the cap) is counted in the held-out report, never trained.
-            (report if index is train else held.report).add(result)
+        read(d.train, route, max_rows=d.max_rows)
         if d.eval is not None:
             assert held.index is not None
             eval_index = held.index
-            for _, result in stream_rendered(
-                d.eval, renderer, route=lambda _: eval_index, stop=lambda: len(eval_index) >= cap
-            ):
-                if on_refusal is not None and isinstance(result, RefusedRow):
-                    on_refusal(d.eval, result)
-                held.report.add(result)
+            read(d.eval, lambda _: eval_index, stop=lambda: len(eval_index) >= cap)
             held.truncated = len(eval_index) >= cap
         plan = BatchPlan(
             train, batch_tokens=t.batch_tokens, epochs=t.epochs, seed=d.shuffle_seed, max_steps=t.max_steps

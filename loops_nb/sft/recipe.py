@@ -25,7 +25,7 @@ from loops_nb.sft.batching import SFTData
 from loops_nb.sft.config import SFTConfig
 from loops_nb.sft.loop import SFTRun, check_plan
 from loops_nb.sft.outcome import SFTOutcome
-from loops_nb.sft.report import CheckReport, RefusalFile, refusal_lines
+from loops_nb.sft.report import CheckReport, RefusalFile
 
 if TYPE_CHECKING:
     from loops_nb.llm.renderer_choice import RendererChoice
@@ -102,9 +102,7 @@ def plan_lines(config: SFTConfig, data: SFTData, *, refusals_written: str | None
         # Held-out rows are not in the training report: list their refusals here, or a bad row that the split
         # happened to hold out would be counted but never named.
         if r.rows_refused:
-            lines += refusal_lines(
-                "held-out rows refused", r.refusals, r.rows_refused, r.source, written=refusals_written
-            )
+            lines += r.refusal_lines("held-out rows refused", written=refusals_written)
     per_epoch = " + ".join(f"{n:,}" for n in plan.steps_per_epoch[:4]) + (" + ..." if t.epochs > 4 else "")
     capped = f"; max_steps {t.max_steps:,}" if t.max_steps is not None else ""
     lines.append(

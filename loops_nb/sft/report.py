@@ -178,6 +178,24 @@ class CheckReport:
 
         return pd.DataFrame({"bin": _bin_labels(), "examples": self.length_counts})
 
+    def refusal_lines(self, what: str, *, written: str | None = None) -> list[str]:
+        """``what: N`` and the first refused rows, one line each and each ending in what to do, under a line naming
+        the file: a user reading ``row 12: ...`` must know which file row 12 is in, and that the other rows still
+        count. ``written`` is the file `loops check --refusals` wrote every refusal to, if it did."""
+        count = self.rows_refused
+        if not count:
+            return [f"  {what}: 0"]
+        rows = " row" if count == 1 else " rows"
+        of = f"{rows} of {self.source}" if self.source else rows
+        lines = [f"  {what}: {count:,}{of} (the other rows are unaffected); fix or remove these:"]
+        lines += [f"    row {n}: {with_fix(reason)}" for n, reason in self.refusals[:_LISTED_REFUSALS]]
+        if count > _LISTED_REFUSALS:
+            where = (
+                f"all are in {written}" if written else "`loops check CONFIG --refusals FILE` writes them all"
+            )
+            lines.append(f"    ... and {count - _LISTED_REFUSALS:,} more ({where})")
+        return lines
+
     def describe(self, *, refusals_written: str | None = None) -> list[str]:
         """Lines for a CLI print-out; ``refusals_written``: the file every refusal was written to, if any."""
         lines = [f"rows read: {self.rows_read:,}"]
@@ -186,9 +204,7 @@ class CheckReport:
             lines.append(f"  split per turn: {self.rows_split:,} rows into {self.split_examples:,} examples")
             first = next(i for i, s in enumerate(self._status) if s == 1)
             lines.append(f"    e.g. row {self._row_numbers[first]}: {self._reasons.get(first)}")
-        lines += refusal_lines(
-            "refused", self.refusals, self.rows_refused, self.source, written=refusals_written
-        )
+        lines += self.refusal_lines("refused", written=refusals_written)
         share = f" ({self.trained_tokens / self.tokens:.1%})" if self.tokens else ""
         lines.append(
             f"examples: {self.n_examples:,}; tokens: {self.tokens:,}, trained {self.trained_tokens:,}{share}, "
@@ -214,31 +230,6 @@ class CheckReport:
                 f"~{self.total_steps:,} steps"
             )
         return lines
-
-
-def refusal_lines(
-    what: str,
-    refusals: list[tuple[int, str]],
-    count: int,
-    source: str | None,
-    *,
-    written: str | None = None,
-) -> list[str]:
-    """``what: N`` and the first refused rows, one line each and each ending in what to do, under a line naming
-    the file: a user reading ``row 12: ...`` must know which file row 12 is in, and that the other rows still
-    count. ``written`` is the file `loops check --refusals` wrote every refusal to, if it did."""
-    if not count:
-        return [f"  {what}: 0"]
-    rows = " row" if count == 1 else " rows"
-    of = f"{rows} of {source}" if source else rows
-    lines = [f"  {what}: {count:,}{of} (the other rows are unaffected); fix or remove these:"]
-    lines += [
-        f"    row {row_number}: {with_fix(reason)}" for row_number, reason in refusals[:_LISTED_REFUSALS]
-    ]
-    if count > _LISTED_REFUSALS:
-        where = f"all are in {written}" if written else "`loops check CONFIG --refusals FILE` writes them all"
-        lines.append(f"    ... and {count - _LISTED_REFUSALS:,} more ({where})")
-    return lines
 
 
 class RefusalFile:
