@@ -1,12 +1,8 @@
-"""`loops cleanup`: release what a crashed run's resource journal lists as still alive.
+"""`loops cleanup`: release what a crashed run's resource journal lists as still alive
+(docs/reference/resources.md#loops-cleanup).
 
-    uv run loops cleanup patterns/harbor/in_process_direct/train_blaxel.toml --state-dir runs/<run>/state
-
-The journal (`<state-dir>/journal.jsonl`) has a line for every sandbox before it was requested, with
-the provider's id once it existed; a run that ended cleanly marked each one released. Cleanup asks each
-provider adapter to release the rest, journals each release, and leaves anything it could not release
-live in the journal (so running it again retries). The config supplies the `[providers.<name>]` tables;
-credentials come from the environment or `.env` as for a run.
+Each provider adapter releases the rest; what it could not release stays live in the journal, so running
+cleanup again retries.
 """
 
 from __future__ import annotations

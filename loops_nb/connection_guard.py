@@ -1,12 +1,9 @@
 """`ConnectionGuard`: the limits a loopback HTTP server keeps against clients that connect and say nothing.
 
 uvicorn alone holds a silent connection open indefinitely and accepts connections until the process runs
-out of descriptors. The guard adds a header deadline, a body idle timeout (back-pressure pauses not
-counted), a cap on unproven connections (not yet sent a request with the server's key: a new one closes
-the oldest unproven, so a client with the key always gets in) and a cap on a refused request's unread body
-(`DISCARD_LIMIT_BYTES`); docs/reference/local_loops.md lists the numbers. `guard.protocol_class()` is the
-uvicorn `http` class; it also puts `CLIENT_CONNECTED` in each request's scope, which tells the app whether
-its client is still there (ASGI cannot say so once a response has been sent).
+out of descriptors; the guard's limits are docs/reference/local_loops.md#slow-clients. `guard.protocol_class()`
+is the uvicorn `http` class; it also puts `CLIENT_CONNECTED` in each request's scope, which tells the app
+whether its client is still there (ASGI cannot say so once a response has been sent).
 """
 
 from __future__ import annotations

@@ -128,12 +128,8 @@ def load(
     env_file: str | os.PathLike[str] | None = None,
     cwd: str | os.PathLike[str] | None = None,
 ) -> Project:
-    """Read a TOML or JSON config; its `recipe` key picks RL or SFT.
-
-    Paths in the config are relative to it (a symlinked config: its target); paths in `overrides` and
-    the output directory are relative to the working directory. `env_file` (relative to the config) is
-    read only when passed, and never overrides variables already set.
-    """
+    """Read a TOML or JSON config; its `recipe` key picks RL or SFT. Paths and `env_file` follow README.md's
+    rules ("Use it as a library"): `env_file` is relative to the config and read only when passed."""
     loaded = load_config(
         path,
         overrides,

@@ -194,12 +194,8 @@ class RunDirectory:
         return data
 
     def record_attempt(self, resumed: RunJson | None, client_run_id: str, record: RunJson) -> None:
-        """Write run.json for an attempt that opened the Loops training client ``client_run_id``.
-
-        ``run_id`` is the first attempt's and is never replaced: it names the Loops run of the first checkpoints.
-        ``run_ids`` lists every client this directory has opened, oldest first (a resume is a new one). ``started``
-        is the first attempt's start. ``resumed`` is the run.json read before (None for a new run).
-        """
+        """Write run.json for an attempt that opened the Loops training client ``client_run_id`` (`RunJson` says
+        what its keys keep); ``resumed`` is the run.json read before (None for a new run)."""
         before: RunJson = resumed or {}
         # Older run.json files kept the latest id in run_id and the earlier ones in previous_run_ids.
         earlier = before.get("run_ids") or [

@@ -1,13 +1,6 @@
 """Reading a config: the file, its path rules, `.env` files, dotted overrides and clear errors.
 
-Path rules (the seed README's):
-- a path in the config is relative to the config; a symlinked config means its target's directory;
-- a path given in an override, and the output directory, are relative to the working directory;
-- the config's directory is importable (for `[runtime] factory` modules beside it);
-- `.env` beside the config and in the working directory are read by the CLI, never overriding
-  variables already set; `load(env_file=...)` reads one only when passed;
-- a config path that does not exist in the working directory resolves to the copy shipped inside
-  the installed package.
+The path and `.env` rules are README.md's ("Use it as a library"); each function below keeps one of them.
 """
 
 from __future__ import annotations

@@ -2,9 +2,7 @@
 
 Everything here is a pure function of the data files and the config, so the mapping *step -> batch* is the
 same in every process that computes it: a resumed run recomputes the plan and trains the rest, with no batch
-replayed or skipped. A held-out row is chosen by a hash of its row number alone (stable while streaming and
-when rows are appended). One streaming pass keeps four integers per example, never its tokens: a batch is
-rendered again from its rows when it trains, so memory is O(examples) however large the file
+replayed or skipped. One streaming pass keeps a few integers per example, never its tokens
 (docs/reference/sft.md#the-plan-which-examples-train-at-which-step).
 """
 
@@ -122,35 +120,6 @@ def _render_line(line: bytes, row_number: int, renderer: SFTTargets) -> RenderRe
     return row if isinstance(row, RefusedRow) else renderer.render(row)
 
 
-def stream_rendered(
-    path: Path,
-    renderer: SFTTargets,
-    *,
-    route: Callable[[int], ExampleIndex | None],
-    max_rows: int | None = None,
-    stop: Callable[[], bool] | None = None,
-) -> Iterator[tuple[ExampleIndex | None, RenderResult]]:
-    """Read ``path`` line by line, render each row and add what trains to the index ``route(row_number)`` picks.
-
-    Yields ``(index, result)`` per row, refusals included, so a report can be built in the same pass. Reads at
-    most ``max_rows`` rows, and stops early once ``stop()`` is true.
-    """
-    for read, (row_number, start, line) in enumerate(jsonl_lines(path)):
-        if (max_rows is not None and read >= max_rows) or (stop is not None and stop()):
-            return
-        index = route(row_number)
-        result = _render_line(line, row_number, renderer)
-        if index is not None and isinstance(result, RenderedRow):
-            index.add(start, result)
-        yield index, result
-
-
-def batch_id(index: ExampleIndex, indices: Sequence[int]) -> str:
-    """A short hash of a batch's example ids, in order: equal ids, equal batch."""
-    text = ",".join(index.example_id(i) for i in indices)
-    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
-
-
 def pack(order: Sequence[int], sizes: Sequence[int], budget: int) -> list[int]:
     """Batch boundaries over ``order``: batch k is ``order[bounds[k]:bounds[k+1]]``.
 
@@ -213,7 +182,9 @@ class BatchPlan:
             yield self.batch(step)
 
     def batch_id(self, step: int) -> str:
-        return batch_id(self.index, self.batch(step).indices)
+        """A short hash of the step's example ids, in order: equal ids, equal batch."""
+        text = ",".join(self.index.example_id(i) for i in self.batch(step).indices)
+        return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
     @property
     def epochs_covered(self) -> float:
@@ -236,31 +207,20 @@ def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
 
 @dataclass
 class HeldOut:
-    """The held-out set: where it comes from, how much of it there is, and the examples evaluated."""
+    """The held-out set: where it comes from, its rows' report, and the examples evaluated."""
 
     source: str
     """How it was chosen, for reports: the eval file, or the share of training rows."""
     index: ExampleIndex | None = None
-    rows: int = 0
-    refused: int = 0
+    report: CheckReport = field(default_factory=CheckReport)
+    """Its rows, counted and refused as `check` counts training rows; ``report.source`` is the file they are
+    read from (the eval file, or the training file)."""
     truncated: bool = False
     """True when the eval file was read only until ``eval_max_examples`` examples were found."""
-    path: Path | None = None
-    """The file the held-out rows are read from (the eval file, or the training file)."""
-    refusals: list[tuple[int, str]] = field(default_factory=list)
-    """``(row_number, reason)`` of the first refused held-out rows (`check` lists them as it lists training
-    rows); only the first 100 are kept, so memory stays flat however many rows a file gets wrong."""
 
     @property
     def examples(self) -> int:
         return 0 if self.index is None else len(self.index)
-
-    def count(self, result: RenderResult) -> None:
-        self.rows += 1
-        if isinstance(result, RefusedRow):
-            self.refused += 1
-            if len(self.refusals) < 100:
-                self.refusals.append((result.row_number, result.reason))
 
 
 @dataclass
@@ -287,9 +247,9 @@ class SFTData:
     ) -> SFTData:
         """Stream the data files once: render every row, split, index, report and plan.
 
-        ``on_refusal(path, refused)`` is called for every refused row of either file, as it is read (the report
-        keeps only the first held-out refusals). ``renderer_choice``: the renderer the run recorded, for a
-        resume (default: what ``config.model`` resolves to).
+        ``on_refusal(path, refused)`` is called for every refused row of either file, as it is read.
+        ``renderer_choice``: the renderer the run recorded, for a resume (default: what ``config.model`` resolves
+        to).
         """
         d, t = config.data, config.training
         renderer = sft_targets(config.model, tokenizer, renderer_choice)
@@ -298,13 +258,15 @@ class SFTData:
         cap = t.eval_max_examples
         if d.eval is not None:
             require_data_file(d.eval, "data.eval", config_path)
-            held = HeldOut(f"the eval file {d.eval.name}", ExampleIndex(d.eval), path=d.eval)
+            held = HeldOut(
+                f"the eval file {d.eval.name}", ExampleIndex(d.eval), CheckReport(source=str(d.eval))
+            )
         elif d.eval_fraction > 0:
             held = HeldOut(
                 f"{d.eval_fraction:.0%} of the training rows, chosen by a hash of the row number and "
                 f"data.shuffle_seed ({d.shuffle_seed})",
                 ExampleIndex(d.train),
-                path=d.train,
+                CheckReport(source=str(d.train)),
             )
         else:
             held = HeldOut("none (data.eval_fraction = 0 and no data.eval)")
@@ -314,23 +276,32 @@ class SFTData:
                 return held.index if len(held.index or ()) < cap else None
             return train
 
+        def read(
+            path: Path,
+            route: Callable[[int], ExampleIndex | None],
+            *,
+            max_rows: int | None = None,
+            stop: Callable[[], bool] | None = None,
+        ) -> None:
+            """Render each row of ``path``, index what trains where ``route(row_number)`` says, and count it."""
+            for n, (row_number, start, line) in enumerate(jsonl_lines(path)):
+                if (max_rows is not None and n >= max_rows) or (stop is not None and stop()):
+                    return
+                index = route(row_number)
+                result = _render_line(line, row_number, renderer)
+                if index is not None and isinstance(result, RenderedRow):
+                    index.add(start, result)
+                elif on_refusal is not None and isinstance(result, RefusedRow):
+                    on_refusal(path, result)
+                # A held-out row (maybe past the cap) is counted in the held-out report, never trained.
+                (report if index is train else held.report).add(result)
+
         report = CheckReport(epochs=t.epochs, source=str(d.train))
-        for index, result in stream_rendered(d.train, renderer, route=route, max_rows=d.max_rows):
-            if on_refusal is not None and isinstance(result, RefusedRow):
-                on_refusal(d.train, result)
-            if index is train:
-                report.add(result)
-            else:  # a held-out row (maybe past the cap): counted, never trained
-                held.count(result)
+        read(d.train, route, max_rows=d.max_rows)
         if d.eval is not None:
             assert held.index is not None
             eval_index = held.index
-            for _, result in stream_rendered(
-                d.eval, renderer, route=lambda _: eval_index, stop=lambda: len(eval_index) >= cap
-            ):
-                if on_refusal is not None and isinstance(result, RefusedRow):
-                    on_refusal(d.eval, result)
-                held.count(result)
+            read(d.eval, lambda _: eval_index, stop=lambda: len(eval_index) >= cap)
             held.truncated = len(eval_index) >= cap
         plan = BatchPlan(
             train, batch_tokens=t.batch_tokens, epochs=t.epochs, seed=d.shuffle_seed, max_steps=t.max_steps

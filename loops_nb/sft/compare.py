@@ -1,13 +1,9 @@
 """Base model vs trained adapter on held-out conversations: what did the fine-tuning change?
 
-    comparison = await compare(project, outcome, rows=20)      # or a run directory
-    print("\\n".join(comparison.describe()))
-    comparison.table                                            # one line per compared turn
-
 Both models answer each held-out prompt greedily through the SDK (the one checkpoint-to-sampler path,
 `loops_nb.run_checkpoints`), and each reply is scored against the reference turn as a `tool_call`, a
-`direct_answer` or `text` (docs/reference/sft.md#comparing-the-base-model-and-the-adapter has the rules).
-Deliberate simplification: one greedy sample per turn, no tool execution.
+`direct_answer` or `text`. Deliberate simplification: one greedy sample per turn, no tool execution. The use
+and the rules: docs/reference/sft.md#comparing-the-base-model-and-the-adapter.
 """
 
 from __future__ import annotations
@@ -182,16 +178,6 @@ def held_out_rows(
     )  # one at least
 
 
-def _run_directory(project: Project, run: Outcome | str | Path | None) -> RunDirectory:
-    """``run`` (its `Outcome` or directory), else the config's run (`Project.run_dir`)."""
-    if isinstance(run, Outcome):
-        run = run.run_dir
-    root = Path(run) if run is not None else project.run_dir()
-    if not (root / "checkpoints.jsonl").is_file():
-        raise UserError(f"{root}: no checkpoints.jsonl, so no trained adapter to compare (train first)")
-    return RunDirectory(root)
-
-
 async def _sample(
     client: SamplingClient, prompt: list[int], params: SamplingParams, gate: asyncio.Semaphore
 ) -> list[int]:
@@ -220,7 +206,10 @@ async def compare(
     if project.config.recipe != "sft":
         raise UserError(f"compare is for SFT runs; {project.path} is a {project.config.recipe} config")
     config = project.config_as(SFTConfig)
-    run_dir = _run_directory(project, run)
+    if isinstance(run, Outcome):
+        run = run.run_dir
+    # ``run`` (its `Outcome` or directory), else the config's run; a run without a checkpoint is refused.
+    run_dir = RunDirectory.existing(run if run is not None else project.run_dir())
     checkpoint = find_checkpoint(run_dir, "latest")
     tokenizer = await asyncio.to_thread(
         load_model_tokenizer, config.model, config.compute.scope, cache_dir=config.compute.local.cache_dir

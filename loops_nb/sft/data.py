@@ -1,19 +1,8 @@
-"""SFT data contracts, and a streaming reader that refuses bad rows one at a time.
-
-A dataset is a JSONL file. Each line is one of two formats:
-
-* **chat** — OpenAI chat fine-tuning rows: ``{"messages": [...], "tools": [...]}``. Messages have the roles
-  system, user, assistant and tool. An assistant turn holds ``content`` (a string, or a list of OpenAI
-  ``{"type": "text"}`` parts, which are joined) and/or ``tool_calls`` in OpenAI shape. A user turn's parts may
-  hold images (``{"type": "image_url", "image_url": {"url": u}}``, ``u`` a URL, data URL or absolute path). A tool message answers an
-  earlier call through ``tool_call_id``. An assistant turn may carry ``weight`` 0 or 1; without one it trains
-  (every assistant turn trains by default, as in OpenAI fine-tuning).
-* **tokenized** — ``{"input_ids": [...], "weights": [...]}`` for full control: the tokens are trained as given,
-  with a per-token loss weight.
+"""SFT data contracts (chat and tokenized rows: docs/reference/sft.md#data-contracts), and a streaming reader.
 
 `read_rows` never loads the file: it reads one line at a time and yields a parsed row or a `RefusedRow` whose
 reason names the line and the field at fault, so one bad row never stops the others. Whether a row *trains* also
-depends on the chat template; that is decided in `loops_nb.sft.targets`.
+depends on the renderer; that is decided in `loops_nb.sft.targets`.
 """
 
 from __future__ import annotations

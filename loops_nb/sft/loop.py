@@ -18,7 +18,7 @@ from loops_nb.observers import ObserverSet
 from loops_nb.run.recipe_run import RecipeRun
 from loops_nb.run_dir import Checkpoint, JsonlLog, RunDirectory
 from loops_nb.run_events import EvalRecord, StepRecord
-from loops_nb.sft.batching import BatchPlan, SFTData, batch_id
+from loops_nb.sft.batching import BatchPlan, SFTData
 from loops_nb.sft.config import SFTConfig
 from loops_nb.sft.evaluation import EvalResult, example_datum, held_out_loss, weighted_nll
 from loops_nb.sft.outcome import SFTOutcome
@@ -102,7 +102,7 @@ class SFTRun(RecipeRun):
             "tokens/trained": sum(e.n_trained for e in examples),
             "tokens/total": sum(e.n_tokens for e in examples),
             "examples": len(examples),
-            "batch": batch_id(self.data.train, batch.indices),
+            "batch": self.data.plan.batch_id(step),
         }
         grad_norm = (getattr(optim_out, "metrics", None) or {}).get("grad_norm")
         if isinstance(grad_norm, int | float):

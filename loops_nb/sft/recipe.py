@@ -25,8 +25,7 @@ from loops_nb.sft.batching import SFTData
 from loops_nb.sft.config import SFTConfig
 from loops_nb.sft.loop import SFTRun, check_plan
 from loops_nb.sft.outcome import SFTOutcome
-from loops_nb.sft.refusal_file import RefusalFile
-from loops_nb.sft.report import CheckReport, refusal_lines
+from loops_nb.sft.report import CheckReport, RefusalFile
 
 if TYPE_CHECKING:
     from loops_nb.llm.renderer_choice import RendererChoice
@@ -69,15 +68,15 @@ async def _tokenizer(config: SFTConfig) -> Any:
 def held_out_warnings(config: SFTConfig, data: SFTData) -> list[str]:
     """Why no held-out loss will be measured although held-out data is configured, naming the data and the first
     reasons (none when there is held-out data to evaluate, or none was asked for)."""
-    held = data.held_out
+    held, report = data.held_out, data.held_out.report
     if held.index is None or held.examples:
         return []
-    where = str(held.path) if config.data.eval is not None else held.source
-    why = "; ".join(f"row {n}: {reason}" for n, reason in held.refusals[:2])
-    more = f" ({held.refused - 2:,} more refused)" if held.refused > 2 else ""
-    if held.rows:
+    where = report.source if config.data.eval is not None else held.source
+    why = "; ".join(f"row {n}: {reason}" for n, reason in report.refusals[:2])
+    more = f" ({report.rows_refused - 2:,} more refused)" if report.rows_refused > 2 else ""
+    if report.rows_read:
         return [
-            f"the held-out data ({where}) yields no example: all {held.rows:,} rows are refused, so no held-out "
+            f"the held-out data ({where}) yields no example: all {report.rows_read:,} rows are refused, so no held-out "
             f"loss will be measured; first reasons: {why}{more}"
         ]
     return [
@@ -93,19 +92,17 @@ def plan_lines(config: SFTConfig, data: SFTData, *, refusals_written: str | None
     if held.index is None:
         lines.append(f"held-out: {held.source}; no held-out loss is measured")
     else:
+        r = held.report
         more = " (read until the cap was reached)" if held.truncated else ""
         lines.append(
-            f"held-out: {held.source}: {held.rows:,} rows{more}, {held.examples:,} examples indexed, "
-            f"{held.refused:,} refused; the held-out loss uses the first {min(held.examples, data.eval_cap):,} "
+            f"held-out: {held.source}: {r.rows_read:,} rows{more}, {held.examples:,} examples indexed, "
+            f"{r.rows_refused:,} refused; the held-out loss uses the first {min(held.examples, data.eval_cap):,} "
             f"(training.eval_max_examples {data.eval_cap:,})"
         )
         # Held-out rows are not in the training report: list their refusals here, or a bad row that the split
         # happened to hold out would be counted but never named.
-        if held.refused:
-            path = str(held.path) if held.path is not None else None
-            lines += refusal_lines(
-                "held-out rows refused", held.refusals, held.refused, path, written=refusals_written
-            )
+        if r.rows_refused:
+            lines += r.refusal_lines("held-out rows refused", written=refusals_written)
     per_epoch = " + ".join(f"{n:,}" for n in plan.steps_per_epoch[:4]) + (" + ..." if t.epochs > 4 else "")
     capped = f"; max_steps {t.max_steps:,}" if t.max_steps is not None else ""
     lines.append(
@@ -212,7 +209,7 @@ class SFTRecipe(Recipe):
             "tokens": data.train.total_tokens,
             "trained_tokens": data.train.total_trained,
             "held_out": data.held_out.source,
-            "held_out_rows": data.held_out.rows,
+            "held_out_rows": data.held_out.report.rows_read,
             "eval_examples": min(data.held_out.examples, data.eval_cap),
             "steps_per_epoch": data.plan.steps_per_epoch,
             "total_steps": data.plan.total_steps,

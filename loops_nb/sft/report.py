@@ -1,20 +1,24 @@
 """`check`'s report: what trains, what is split per turn, what is refused and why, in one streaming pass
 through the `Renderer`, so it sees exactly what training will. Memory stays flat as the dataset grows: a few
-integers per row, fixed histogram bins, and a bounded sample of rendered rows for previews.
+integers per row, fixed histogram bins, and a bounded sample of rendered rows for previews. The report lists
+the first refusals; `RefusalFile` (`loops check --refusals FILE`) writes every one as it streams
+(docs/reference/sft.md#the-check-report).
 """
 
 from __future__ import annotations
 
 import bisect
+import json
 import math
 from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
+from loops_nb.errors import UserError
 from loops_nb.sft.data import RefusedRow, RowResult, read_rows
-from loops_nb.sft.refusal_wording import with_fix
+from loops_nb.sft.refusal_wording import refused_field, remedy, with_fix
 from loops_nb.sft.targets import RenderedRow, SFTTargets
 
 if TYPE_CHECKING:
@@ -61,11 +65,8 @@ class CheckReport:
         epochs: int = 1,
         n_samples: int = 3,
     ) -> CheckReport:
-        """Stream ``rows`` (e.g. `read_rows(path)`) through ``renderer``.
-
-        Steps per epoch are estimated from ``batch_tokens`` (a step takes whole examples, in file order, while
-        they fit; an example longer than the batch is a step of its own) or else from ``batch_size`` examples.
-        """
+        """Stream ``rows`` (e.g. `read_rows(path)`) through ``renderer``; steps per epoch are estimated from
+        ``batch_tokens`` or else ``batch_size`` (docs/reference/sft.md#the-check-report)."""
         report = cls(batch_tokens=batch_tokens, batch_size=batch_size, epochs=epochs)
         steps, fill = 0, 0
         for result in renderer.render_rows(rows):
@@ -177,6 +178,24 @@ class CheckReport:
 
         return pd.DataFrame({"bin": _bin_labels(), "examples": self.length_counts})
 
+    def refusal_lines(self, what: str, *, written: str | None = None) -> list[str]:
+        """``what: N`` and the first refused rows, one line each and each ending in what to do, under a line naming
+        the file: a user reading ``row 12: ...`` must know which file row 12 is in, and that the other rows still
+        count. ``written`` is the file `loops check --refusals` wrote every refusal to, if it did."""
+        count = self.rows_refused
+        if not count:
+            return [f"  {what}: 0"]
+        rows = " row" if count == 1 else " rows"
+        of = f"{rows} of {self.source}" if self.source else rows
+        lines = [f"  {what}: {count:,}{of} (the other rows are unaffected); fix or remove these:"]
+        lines += [f"    row {n}: {with_fix(reason)}" for n, reason in self.refusals[:_LISTED_REFUSALS]]
+        if count > _LISTED_REFUSALS:
+            where = (
+                f"all are in {written}" if written else "`loops check CONFIG --refusals FILE` writes them all"
+            )
+            lines.append(f"    ... and {count - _LISTED_REFUSALS:,} more ({where})")
+        return lines
+
     def describe(self, *, refusals_written: str | None = None) -> list[str]:
         """Lines for a CLI print-out; ``refusals_written``: the file every refusal was written to, if any."""
         lines = [f"rows read: {self.rows_read:,}"]
@@ -185,9 +204,7 @@ class CheckReport:
             lines.append(f"  split per turn: {self.rows_split:,} rows into {self.split_examples:,} examples")
             first = next(i for i, s in enumerate(self._status) if s == 1)
             lines.append(f"    e.g. row {self._row_numbers[first]}: {self._reasons.get(first)}")
-        lines += refusal_lines(
-            "refused", self.refusals, self.rows_refused, self.source, written=refusals_written
-        )
+        lines += self.refusal_lines("refused", written=refusals_written)
         share = f" ({self.trained_tokens / self.tokens:.1%})" if self.tokens else ""
         lines.append(
             f"examples: {self.n_examples:,}; tokens: {self.tokens:,}, trained {self.trained_tokens:,}{share}, "
@@ -215,29 +232,38 @@ class CheckReport:
         return lines
 
 
-def refusal_lines(
-    what: str,
-    refusals: list[tuple[int, str]],
-    count: int,
-    source: str | None,
-    *,
-    written: str | None = None,
-) -> list[str]:
-    """``what: N`` and the first refused rows, one line each and each ending in what to do, under a line naming
-    the file: a user reading ``row 12: ...`` must know which file row 12 is in, and that the other rows still
-    count. ``written`` is the file `loops check --refusals` wrote every refusal to, if it did."""
-    if not count:
-        return [f"  {what}: 0"]
-    rows = " row" if count == 1 else " rows"
-    of = f"{rows} of {source}" if source else rows
-    lines = [f"  {what}: {count:,}{of} (the other rows are unaffected); fix or remove these:"]
-    lines += [
-        f"    row {row_number}: {with_fix(reason)}" for row_number, reason in refusals[:_LISTED_REFUSALS]
-    ]
-    if count > _LISTED_REFUSALS:
-        where = f"all are in {written}" if written else "`loops check CONFIG --refusals FILE` writes them all"
-        lines.append(f"    ... and {count - _LISTED_REFUSALS:,} more ({where})")
-    return lines
+class RefusalFile:
+    """A JSONL file of every refusal, one ``{"file", "row", "field", "reason", "fix"}`` record each, written as
+    rows are rendered; use as a context manager (or `close` it)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.count = 0
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file: IO[str] = self.path.open("w", encoding="utf-8")
+        except OSError as exc:
+            raise UserError(f"--refusals {self.path}: cannot write it ({exc.strerror or exc})") from None
+
+    def write(self, source: Path, refused: RefusedRow) -> None:
+        record = {
+            "file": str(source),
+            "row": refused.row_number,
+            "field": refused_field(refused.reason),
+            "reason": refused.reason,
+            "fix": remedy(refused.reason),
+        }
+        self._file.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self.count += 1
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> RefusalFile:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
 
 def _bin_labels() -> list[str]:

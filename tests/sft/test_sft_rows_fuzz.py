@@ -264,7 +264,7 @@ def test_hostile_rows_are_refused_by_row_and_the_good_rows_still_train(
     table = report.data.rows
     # Every non-blank line is read once, as itself: training rows in the report, the others held out.
     assert list(table["row_number"]) == [n for n, _ in rows if n not in held]
-    assert data.held_out.rows == len(held)
+    assert data.held_out.report.rows_read == len(held)
     status = dict(zip(table["row_number"], table["status"], strict=True))
     good = [n for n, kind in rows if kind == "good"]
     for n in good:
@@ -272,9 +272,9 @@ def test_hostile_rows_are_refused_by_row_and_the_good_rows_still_train(
     # The good rows are the ones `train` would train: nothing bad displaced them, nothing bad joined them.
     trained_rows = set(data.train.rows)
     assert {n for n in good if n not in held} <= trained_rows
-    assert not {n for n, _ in data.held_out.refusals} & set(good)
+    assert not {n for n, _ in data.held_out.report.refusals} & set(good)
 
-    refusals = report.data.refusals + data.held_out.refusals
+    refusals = report.data.refusals + data.held_out.report.refusals
     text = "\n".join(report.describe())
     for n, reason in refusals:
         assert_clear(reason)
@@ -283,7 +283,7 @@ def test_hostile_rows_are_refused_by_row_and_the_good_rows_still_train(
         assert f" of {data_file} (the other rows are unaffected); fix or remove these:" in text
     for n, reason in report.data.refusals[:10]:
         assert f"    row {n}: {reason}" in text
-    for n, reason in data.held_out.refusals[:10]:
+    for n, reason in data.held_out.report.refusals[:10]:
         assert f"    row {n}: {reason}" in text
     if not report.ok:
         assert not trained_rows and f"no row of {data_file} trains" in text

@@ -23,9 +23,9 @@ from loops_nb import load
 from loops_nb.compute import LoopsConnection
 from loops_nb.errors import DataError, UserError
 from loops_nb.sft import learning_rate, score_reply
-from loops_nb.sft.batching import BatchPlan, ExampleIndex, is_held_out, pack, stream_rendered
+from loops_nb.sft.batching import BatchPlan, ExampleIndex, is_held_out, pack
 from loops_nb.sft.compare import COLUMNS, compare, normalise_text
-from loops_nb.sft.data import Message
+from loops_nb.sft.data import Message, jsonl_lines, parse_line
 from loops_nb.sft.targets import chat_targets
 
 # -- learning-rate schedule ------------------------------------------------------------------------------------
@@ -95,8 +95,8 @@ def indexed(tmp_path, smollm2):
     path = write_jsonl(tmp_path / "train.jsonl", _rows(40))
     renderer = chat_targets(smollm2)
     index = ExampleIndex(path)
-    for _ in stream_rendered(path, renderer, route=lambda _: index):
-        pass
+    for row_number, start, line in jsonl_lines(path):
+        index.add(start, renderer.render(parse_line(line, row_number)))
     return index, renderer
 
 
