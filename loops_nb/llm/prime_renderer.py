@@ -29,10 +29,19 @@ from typing import TYPE_CHECKING, Any
 
 from loops_nb.errors import ConfigError, UserError
 from loops_nb.llm.breaks import continuation_start
-from loops_nb.llm.chat_messages import ChatMessage, ToolCall, ToolSpec, is_image_part, tool_call
+from loops_nb.llm.chat_messages import ChatMessage, ParsedReply, ToolCall, ToolSpec, is_image_part, tool_call
 from loops_nb.llm.model_input import PromptImage
-from loops_nb.llm.renderer import ParsedReply, Renderer
-from loops_nb.llm.target_rule import Refusal
+from loops_nb.llm.renderer import Renderer
+from loops_nb.llm.target_rule import (
+    Refusal,
+    SupervisedExamples,
+    TargetChecks,
+    opening_turn,
+    render_failed,
+    split_reason,
+    turn_groups,
+    weighted_example,
+)
 
 if TYPE_CHECKING:
     from PIL.Image import Image as PILImage
@@ -41,7 +50,6 @@ if TYPE_CHECKING:
     from transformers import ProcessorMixin
 
     from loops_nb.llm.capture import ModelCall
-    from loops_nb.llm.target_rule import SupervisedExamples, TargetChecks
 
 
 PARSES_KEPT = 64
@@ -206,8 +214,6 @@ class PrimeRenderer(Renderer):
         of the whole conversation: on Qwen3.6 that includes the ``<think>\\n`` the prompt already holds, on
         gpt-oss it leaves out the channel headers the model writes, and earlier turns train in the history the
         last one sees; this rule trains what the sampler's prompt is followed by.)"""
-        from loops_nb.llm.target_rule import SupervisedExamples, split_reason, turn_groups, weighted_example
-
         converted = self._prime_messages(messages)
         turns = {j: self._target_turn(converted, tools, j, checks) for j in trained_turns}
         groups = turn_groups({j: ids for j, (ids, _) in turns.items()})
@@ -234,7 +240,6 @@ class PrimeRenderer(Renderer):
         same). Where prompt and turn split a token differently at the seam (Qwen3.6's `<think>\\n` before an
         empty `\\n\\n</think>`), the rest of the turn's text is tokenized on its own."""
         from loops_nb.llm.renderer_choice import reasoning_kept
-        from loops_nb.llm.target_rule import opening_turn, render_failed
 
         opening_turn(j)
         who = f"the {self.name} renderer"

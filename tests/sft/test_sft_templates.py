@@ -94,14 +94,17 @@ def test_parse_assistant_text_reports_malformed_calls() -> None:
     )
     reply = parse_assistant_text(text)
     assert reply.content == "Checking."
-    assert reply.tool_calls == [{"name": "a", "arguments": {"x": 1}}, {"name": "b", "arguments": {"y": 2}}]
-    assert reply.errors == [
+    assert parse_tool_calls(text) == [
+        {"name": "a", "arguments": {"x": 1}},
+        {"name": "b", "arguments": {"y": 2}},
+    ]
+    assert reply.tool_call_errors == [
         "tool call 1: not valid JSON (Expecting property name enclosed in double quotes)",
         'tool call 2: expected {"name": <string>, "arguments": <object>}',
         "tool call 4: arguments must be a JSON object",
         "tool call 5: no closing </tool_call>",
     ]
-    assert reply.openai_tool_calls()[1] == {
+    assert reply.tool_calls[1] == {
         "id": "call_1",
         "type": "function",
         "function": {"name": "b", "arguments": '{"y": 2}'},
