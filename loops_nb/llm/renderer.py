@@ -1,18 +1,7 @@
-"""The renderer seam: what turns a conversation into prompt tokens, sampled tokens back into a reply, and a
-training conversation into its supervised targets; and its first implementation, the model's own chat template
-(`ChatRenderer`).
-
-`Renderer` is what every model call goes through (`llm().chat`, the gateway, evaluation, the policy
-sampler, the preflight) and what SFT trains through (`supervised_examples`, target_rule.py): one object per
-model, so what trains is what samples. Two implementations: `ChatRenderer` here, and `PrimeRenderer`
-(prime_renderer.py), Prime Intellect's hand-written renderer of the model's family. `renderer_choice.py` says
-which one a config gets.
-
-`ChatRenderer`: for turn n+1 the conversation is rendered to text. When that text starts with the decoded text of
-turn n's prompt + sampled completion, the new prompt is those exact tokens followed by the tokens of
-the new suffix (tool results, the next user message, the generation header): sampled tokens are never
-re-tokenized. When it does not (the template re-rendered history, e.g. dropped earlier reasoning),
-the whole conversation is tokenized afresh and the capture starts a new training sequence.
+"""The renderer seam, `Renderer` (a conversation to prompt tokens, sampled tokens to a reply, a training
+conversation to its supervised targets: one object per model, so what trains is what samples), and its
+implementation on the model's chat template, `ChatRenderer` (docs/reference/renderers.md, "The chat template's
+renderer"). The other implementation is `PrimeRenderer` (prime_renderer.py); renderer_choice.py picks one.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""Chat templates: rendering them fast and exactly as transformers does (`ChatTemplate`), the built-in ones
-(`chatml-tools` for SmolLM2, whose own template ignores tools; `gemma` for a Gemma 3 GGUF without one), and
-`parse_assistant_text`, which reads back a reply written in their Hermes/Qwen syntax: `<tool_call>` blocks of
-JSON or Qwen3.5/3.6's XML, and a `<think>` block as reasoning. `renderers` parses on token ids, and these
-models write `<tool_call>` as plain text, so a family it covers is parsed by its renderer
-(`ChatRenderer.parser`) and only the rest here (docs/reference/renderers.md).
+"""Chat templates: rendering them exactly as transformers does (`ChatTemplate`), the built-in ones
+(`chatml-tools`, `gemma`), and `parse_assistant_text`, which reads back a reply in their Hermes/Qwen syntax
+where `renderers` has no family renderer to parse it (docs/reference/renderers.md).
 """
 
 from __future__ import annotations
@@ -19,14 +16,6 @@ from loops_nb.llm.chat_messages import ChatMessage, ParsedReply, ToolCall, ToolS
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
-
-# Verbatim from the SmolLM2-Instruct GGUF metadata (tokenizer.chat_template).
-SMOLLM2_CHAT_TEMPLATE = (
-    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
-    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}"
-    "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
 
 # The Hermes tool syntax (what `parse_assistant_text` reads back) that chatml-tools and gemma share, spliced into
 # both as text, not called as a Jinja macro, so that each template's source stays byte for byte what it was: a
@@ -257,12 +246,9 @@ def parse_tool_calls(text: str) -> list[dict[str, Any]]:
 
 
 class ChatTemplate:
-    """A tokenizer's chat template (or an override), rendered to text the way ``apply_chat_template`` does.
-
-    It compiles through transformers' own (cached) sandboxed Jinja environment, so filters like ``tojson`` and
-    globals like ``raise_exception`` behave identically, but skips ``apply_chat_template``'s per-call copying of
-    its inputs: rendering is the hot loop of `check` and data loading.
-    """
+    """A tokenizer's chat template (or an override), rendered to text the way ``apply_chat_template`` does,
+    without its per-call copying of the inputs: rendering is the hot loop of `check` and data loading
+    (docs/reference/renderers.md, "Rendering exactly as transformers does")."""
 
     def __init__(
         self,

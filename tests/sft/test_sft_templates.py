@@ -4,12 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from loops_nb.llm.templates import (
-    SMOLLM2_CHAT_TEMPLATE,
-    TOOL_CAPABLE_CHATML_TEMPLATE,
-    parse_assistant_text,
-    parse_tool_calls,
-)
+from sft_fixtures import SMOLLM2_CHAT_TEMPLATE
+
+from loops_nb.llm.templates import TOOL_CAPABLE_CHATML_TEMPLATE, parse_assistant_text, parse_tool_calls
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
 
