@@ -112,19 +112,32 @@ def model_renderer_choice(model: ModelConfig) -> RendererChoice:
 def run_renderer_choice(model: ModelConfig, run_json: Mapping[str, Any] | None) -> RendererChoice:
     """The renderer of a run: the one its run.json recorded when it started, so a later `renderers` (a new
     family in its table) or loops_nb never samples or resumes an older run with another renderer; resolved
-    afresh for a run that recorded none, or whose `[model] renderer` / template changed since."""
-    recorded = RendererChoice.recorded(run_json, model.renderer, template_override_key(model))
-    return recorded if recorded is not None else model_renderer_choice(model)
+    afresh for a run that recorded none (from before it did), or whose `[model] renderer` / template changed
+    since (a resume that changed them)."""
+    found = (run_json or {}).get("renderer")
+    if (
+        not isinstance(found, Mapping)
+        or not isinstance(found.get("name"), str)
+        or (found.get("setting"), found.get("template")) != (model.renderer, template_override_key(model))
+    ):
+        return model_renderer_choice(model)
+    return RendererChoice(found["name"], str(found.get("why") or "recorded in run.json"))
 
 
 def renderer_record(model: ModelConfig, run_json: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """run.json's `renderer` for a run starting with `model` (None when the setting names no renderer: the
-    run's check has said so)."""
+    """run.json's `renderer` for a run starting with `model`: the name and why, and the settings it was
+    resolved from (`run_renderer_choice` reuses the name only while those are unchanged); None when the
+    setting names no renderer (the run's check has said so)."""
     try:
         choice = run_renderer_choice(model, run_json)
     except ConfigError:
         return None
-    return choice.record(model.renderer, template_override_key(model))
+    return {
+        "name": choice.name,
+        "why": choice.why,
+        "setting": model.renderer,
+        "template": template_override_key(model),
+    }
 
 
 def load_model_renderer(
@@ -134,10 +147,8 @@ def load_model_renderer(
     cache_dir: Path | None = None,
     run_json: Mapping[str, Any] | None = None,
 ) -> Renderer:
-    """The renderer `[model]` chooses (the one a run's ``run_json`` recorded: `run_renderer_choice`), with the
-    configured tokenizer: the family's `PrimeRenderer`, else the chat template: a `VisionRenderer` (images
-    through the processor) for a vision-language model, a `ChatRenderer` otherwise. Its `why` says how it was
-    chosen."""
+    """The renderer `[model]` chooses (the one a run's ``run_json`` recorded: `run_renderer_choice`) on the
+    configured tokenizer, with the model's processor for images (`text_renderer`)."""
     from loops_nb.llm.renderer import CHAT_TEMPLATE
     from loops_nb.llm.vision import load_processor
 
@@ -156,10 +167,9 @@ def load_model_renderer(
 def text_renderer(
     model: ModelConfig, tokenizer: Any, choice: RendererChoice, processor: Any | None = None
 ) -> Renderer:
-    """`choice`'s renderer on an already loaded `tokenizer`: the family's `PrimeRenderer` with `[model]
-    renderer_options` (rendering images with `processor`, or the one it loads from the model `processor`
-    names), or the tokenizer's template (parsing replies by the family's renderer where `renderers` has one:
-    `family_parser`) as a `ChatRenderer`, or a `VisionRenderer` on `processor` for images."""
+    """`choice`'s renderer on an already loaded `tokenizer`, its `why` saying how it was chosen: the family's
+    `PrimeRenderer` with `[model] renderer_options` (images through `processor`, or the one it loads from the
+    model `processor` names), else the template's `ChatRenderer`, or `VisionRenderer` on `processor`."""
     from loops_nb.llm.prime_renderer import PrimeRenderer
     from loops_nb.llm.renderer import CHAT_TEMPLATE, ChatRenderer
     from loops_nb.llm.vision import VisionRenderer
@@ -171,7 +181,13 @@ def text_renderer(
             tokenizer, choice.name, hub_id=model.base_model, config=config, processor=processor
         )
     else:
-        check_chat_template(model, tokenizer, choice)
+        if model.renderer_options:
+            raise ConfigError(
+                "model.renderer_options apply to a family's renderer, and this model renders with its chat "
+                f"template ({choice.why}); remove them, or set model.renderer to the family's renderer"
+            )
+        if not getattr(tokenizer, "chat_template", None):
+            raise ConfigError(no_template(model.base_model, choice))
         if processor is None:
             renderer = ChatRenderer(tokenizer, parser=family_parser(model, tokenizer))
         else:
@@ -183,9 +199,8 @@ def text_renderer(
 
 def family_parser(model: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> Renderer | None:
     """The family's renderer that parses a chat template's replies, where `renderers` has one for `[model]
-    base_model` (`[model] renderer = "chat_template"`, a template override, a vision model): the model writes
-    its family's tool calls and reasoning whatever renders its prompt. None where it has none, or cannot build
-    it for this tokenizer: the template's hand parser (templates.py) reads the replies then."""
+    base_model`: the model writes its family's syntax whatever renders its prompt. None where it has none or
+    cannot build it for this tokenizer (then templates.py's parser reads the replies)."""
     from loops_nb.llm.prime_renderer import PrimeRenderer
 
     name = family_renderer(model.base_model)
@@ -195,17 +210,3 @@ def family_parser(model: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> Ren
         return PrimeRenderer(tokenizer, name, hub_id=model.base_model)
     except ConfigError:
         return None
-
-
-def check_chat_template(model: ModelConfig, tokenizer: Any, choice: RendererChoice) -> None:
-    """Refuses `[model]` where `choice` (the chat template) cannot render: `renderer_options` set (they apply
-    to a family's renderer only), or a tokenizer without a template. Its own function so that the renderers
-    built elsewhere on the template (a vision model's, SFT's target rule) get the same refusals without
-    building a `ChatRenderer` only to have them."""
-    if model.renderer_options:
-        raise ConfigError(
-            f"model.renderer_options apply to a family's renderer, and this model renders with its chat template "
-            f"({choice.why}); remove them, or set model.renderer to the family's renderer"
-        )
-    if not getattr(tokenizer, "chat_template", None):
-        raise ConfigError(no_template(model.base_model, choice))

@@ -1,11 +1,6 @@
-"""Why a model call's prompt did not extend the previous call's prompt + completion (a *sequence break*).
-
-Each break costs context: the new sequence re-reads the whole conversation. Its cause says what to change
-(docs/reference/renderers.md, "Sequence breaks by cause", has each with its fix), so `steps.jsonl` counts them
-by cause and the attempt's rollouts row keeps each with the first tokens that differ. The causes and
-`SequenceBreak` live in capture.py (this module's renderer imports would make GRPO's import heavy). Both
-renderers are told apart the same way: by the conversation (`continuation_start`, which is also where
-`PrimeRenderer` decides whether it may bridge) and by what of the sampled reply the new rendering keeps.
+"""Why a model call's prompt did not extend the previous call's prompt + completion: a *sequence break*, by
+cause (docs/reference/renderers.md, "Sequence breaks by cause"). The causes and `SequenceBreak` live in
+capture.py (this module's renderer imports would make GRPO's import heavy).
 """
 
 from __future__ import annotations

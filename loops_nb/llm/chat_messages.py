@@ -2,6 +2,7 @@
 SFT rows write them (a renderer reads the keys its format has and leaves the rest)."""
 
 import json
+from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 ChatMessage = dict[str, Any]
@@ -12,6 +13,24 @@ ToolSpec = dict[str, Any]
 ToolCall = dict[str, Any]
 """One call: `{"id", "type": "function", "function": {"name", "arguments"}}`, `arguments` a JSON string (an
 object once `renderers` has decoded it)."""
+
+
+@dataclass(frozen=True)
+class ParsedReply:
+    """A sampled reply as a renderer reads it back (`Renderer.parse`, `templates.parse_assistant_text`)."""
+
+    text: str
+    """The completion's text, special tokens removed."""
+    content: str
+    """The prose, with reasoning and tool-call blocks removed."""
+    tool_calls: list[ToolCall]
+    """The well-formed calls, OpenAI-shaped (`arguments` a JSON string)."""
+    tool_call_errors: list[str]
+    """One line per malformed call (bad JSON, no name, cut off before its end), with what the model wrote:
+    kept and counted, never raised, so evaluation can score it."""
+    reasoning: str = ""
+    """The reasoning the model wrote before its answer (a `<think>` block, an analysis channel); empty when
+    none."""
 
 
 def tool_call(call_id: str, name: str, arguments: dict[str, Any]) -> ToolCall:

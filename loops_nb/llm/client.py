@@ -1,9 +1,6 @@
-"""`LoopsLLM`: the handle an agent calls the model through, and `llm()` inside an episode.
-
-Every call renders messages with the run's renderer (renderer.py: the model's chat template, or its family's
-renderer), samples from the current policy through the SDK's `SamplingClient`, parses the reply (reasoning,
-text and tool calls, by the same renderer) and records the exact prompt tokens,
-sampled ids and logprobs in the attempt's `TokenCapture`.
+"""`LoopsLLM`: the handle an agent calls the model through, and `llm()` inside an episode: each call renders
+with the run's renderer, samples the current policy, parses the reply by the same renderer and records the
+exact tokens in the attempt's `TokenCapture`.
 """
 
 from __future__ import annotations

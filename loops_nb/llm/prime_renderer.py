@@ -1,17 +1,5 @@
 """`PrimeRenderer`: a model family's own renderer from Prime Intellect's `renderers` package, behind the
-`Renderer` seam (renderer.py).
-
-`renderers` writes each family's chat format by hand (Qwen3, Qwen3.5/3.6, Llama 3, DeepSeek V3/V4, Kimi K2,
-GLM, Nemotron 3, gpt-oss, ...): the prompt as token ids, the family's own tool-call and reasoning syntax parsed
-back from sampled tokens (malformed calls kept with their status), its stop tokens, and
-`bridge_to_next_turn`, which continues the previous prompt + completion token for token where it can prove
-that safe. So a template that drops earlier reasoning no longer splits every multi-turn attempt.
-
-Images: the families `renderers` renders images for (Qwen3-VL, Qwen3.5/3.6/3.8, Gemma 4, Kimi K2.5/2.6: its
-multimodal renderers) render image parts with the model's processor into each image's run of placeholder
-tokens; the prompt keeps each image as a `PromptImage` (its run and PNG bytes, the SDK's image chunk). A
-later turn bridges with the earlier images carried (`previous_multi_modal_data`), so an attempt with images
-stays one sequence. Other families refuse image parts.
+`Renderer` seam (docs/reference/renderers.md, "`PrimeRenderer`"; its images: vision_and_custom_loss.md).
 
 The renderer is named explicitly (renderer_choice.py picks the name from the model's Hub id), never left to
 `renderers`' own lookup of `tokenizer.name_or_path`: a tokenizer loaded from a folder misses that lookup, and
@@ -29,10 +17,19 @@ from typing import TYPE_CHECKING, Any
 
 from loops_nb.errors import ConfigError, UserError
 from loops_nb.llm.breaks import continuation_start
-from loops_nb.llm.chat_messages import ChatMessage, ToolCall, ToolSpec, is_image_part, tool_call
+from loops_nb.llm.chat_messages import ChatMessage, ParsedReply, ToolCall, ToolSpec, is_image_part, tool_call
 from loops_nb.llm.model_input import PromptImage
-from loops_nb.llm.renderer import ParsedReply, Renderer
-from loops_nb.llm.target_rule import Refusal
+from loops_nb.llm.renderer import Renderer
+from loops_nb.llm.target_rule import (
+    Refusal,
+    SupervisedExamples,
+    TargetChecks,
+    opening_turn,
+    render_failed,
+    split_reason,
+    turn_groups,
+    weighted_example,
+)
 
 if TYPE_CHECKING:
     from PIL.Image import Image as PILImage
@@ -41,7 +38,6 @@ if TYPE_CHECKING:
     from transformers import ProcessorMixin
 
     from loops_nb.llm.capture import ModelCall
-    from loops_nb.llm.target_rule import SupervisedExamples, TargetChecks
 
 
 PARSES_KEPT = 64
@@ -198,16 +194,8 @@ class PrimeRenderer(Renderer):
         trained_turns: Sequence[int],
         checks: TargetChecks | None = None,
     ) -> SupervisedExamples:
-        """The target rule (target_rule.py) in token ids: trained turn ``j``'s context is the family's
-        generation prompt after ``messages[:j]``, its own tokens what the family writes after that prompt
-        (`_target_turn`) through the first stop token.
-        A reasoning the family does not write in the configured mode (DeepSeek V4 chat mode) fails the caller's
-        checks. (`renderers`' own `build_training_sample` marks what its renderer calls sampled over one render
-        of the whole conversation: on Qwen3.6 that includes the ``<think>\\n`` the prompt already holds, on
-        gpt-oss it leaves out the channel headers the model writes, and earlier turns train in the history the
-        last one sees; this rule trains what the sampler's prompt is followed by.)"""
-        from loops_nb.llm.target_rule import SupervisedExamples, split_reason, turn_groups, weighted_example
-
+        """The target rule in token ids (docs/reference/renderers.md, "SFT through a family's renderer", which
+        says why not `renderers`' own `build_training_sample`)."""
         converted = self._prime_messages(messages)
         turns = {j: self._target_turn(converted, tools, j, checks) for j in trained_turns}
         groups = turn_groups({j: ids for j, (ids, _) in turns.items()})
@@ -227,14 +215,9 @@ class PrimeRenderer(Renderer):
     def _target_turn(
         self, messages: list[ChatMessage], tools: list[ToolSpec] | None, j: int, checks: TargetChecks | None
     ) -> tuple[list[int], int]:
-        """Turn `j` as (its context and own tokens through the stop token, where its own tokens start). Its own
-        tokens are how the family writes it after its generation prompt for the turns before: what a model of
-        the family samples there (SFT trains them; the preflight plays them). Rendered with the turn's
-        reasoning kept (gpt-oss drops a final answer's analysis from any history; the generation prompt is the
-        same). Where prompt and turn split a token differently at the seam (Qwen3.6's `<think>\\n` before an
-        empty `\\n\\n</think>`), the rest of the turn's text is tokenized on its own."""
+        """Turn `j` as (its context and own tokens through the stop token, where its own tokens start): what a
+        model of the family samples after its generation prompt (SFT trains it; the preflight plays it)."""
         from loops_nb.llm.renderer_choice import reasoning_kept
-        from loops_nb.llm.target_rule import opening_turn, render_failed
 
         opening_turn(j)
         who = f"the {self.name} renderer"

@@ -1,18 +1,7 @@
-"""The renderer seam: what turns a conversation into prompt tokens, sampled tokens back into a reply, and a
-training conversation into its supervised targets; and its first implementation, the model's own chat template
-(`ChatRenderer`).
-
-`Renderer` is what every model call goes through (`llm().chat`, the gateway, evaluation, the policy
-sampler, the preflight) and what SFT trains through (`supervised_examples`, target_rule.py): one object per
-model, so what trains is what samples. Two implementations: `ChatRenderer` here, and `PrimeRenderer`
-(prime_renderer.py), Prime Intellect's hand-written renderer of the model's family. `renderer_choice.py` says
-which one a config gets.
-
-`ChatRenderer`: for turn n+1 the conversation is rendered to text. When that text starts with the decoded text of
-turn n's prompt + sampled completion, the new prompt is those exact tokens followed by the tokens of
-the new suffix (tool results, the next user message, the generation header): sampled tokens are never
-re-tokenized. When it does not (the template re-rendered history, e.g. dropped earlier reasoning),
-the whole conversation is tokenized afresh and the capture starts a new training sequence.
+"""The renderer seam, `Renderer` (a conversation to prompt tokens, sampled tokens to a reply, a training
+conversation to its supervised targets: one object per model, so what trains is what samples), and its
+implementation on the model's chat template, `ChatRenderer` (docs/reference/renderers.md, "The chat template's
+renderer"). The other implementation is `PrimeRenderer` (prime_renderer.py); renderer_choice.py picks one.
 """
 
 from __future__ import annotations
@@ -20,11 +9,10 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from loops_nb.errors import UserError
-from loops_nb.llm.chat_messages import ChatMessage, ToolCall, ToolSpec, has_images
+from loops_nb.llm.chat_messages import ChatMessage, ParsedReply, ToolSpec, has_images
 from loops_nb.llm.target_rule import (
     END_OF_TURN_TOKENS,
     ChatTemplateTargets,
@@ -41,23 +29,6 @@ if TYPE_CHECKING:
 
 CHAT_TEMPLATE = "chat_template"
 """The name of `ChatRenderer`, as `[model] renderer` spells it."""
-
-
-@dataclass(frozen=True)
-class ParsedReply:
-    text: str
-    """The completion's text, special tokens removed."""
-    content: str
-    """The prose, with reasoning and tool-call blocks removed."""
-    tool_calls: list[ToolCall]
-    """The well-formed calls, OpenAI-shaped (`{"id", "type": "function", "function": {"name", "arguments"}}`,
-    `arguments` a JSON string)."""
-    tool_call_errors: list[str]
-    """One line per malformed call (bad JSON, no name, cut off before its end), with what the model wrote:
-    kept and counted, never raised, so evaluation can score it."""
-    reasoning: str = ""
-    """The reasoning the model wrote before its answer (a `<think>` block, an analysis channel); empty when
-    none."""
 
 
 class Renderer(Protocol):
@@ -225,14 +196,7 @@ class ChatRenderer(Renderer):
         text = self.decode(completion_tokens, skip_special=True)
         # A template that opens the think block in the prompt (Qwen3.5/3.6) leaves only its end in the reply.
         opened = prompt_tokens is not None and self.decode(prompt_tokens[-4:]).rstrip().endswith("<think>")
-        reply = parse_assistant_text(text, tools=tools, reasoning_open=opened)
-        return ParsedReply(
-            text=text,
-            content=reply.content,
-            tool_calls=reply.openai_tool_calls(),
-            tool_call_errors=list(reply.errors),
-            reasoning=reply.reasoning,
-        )
+        return parse_assistant_text(text, tools=tools, reasoning_open=opened)
 
     def targets(self) -> ChatTemplateTargets:
         """The target rule on this template, built on first use (it needs a fast tokenizer, which sampling

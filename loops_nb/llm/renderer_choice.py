@@ -1,11 +1,5 @@
 """Which renderer a model gets (`[model] renderer`): the model's chat template, or its family's renderer from
-Prime Intellect's `renderers` package.
-
-`auto` looks the model's Hub id (`[model] base_model`) up in `renderers`' own table of the checkpoints each
-hand-written renderer is tested against (`MODEL_RENDERER_MAP`): a hit takes that renderer, anything else the
-chat template. The Hub id decides, not the tokenizer's `name_or_path`, so a tokenizer loaded from a folder
-(`[model] tokenizer`) still gets its family's renderer. A fine-tune under another name names its family's
-renderer (`qwen3`, `llama-3`, ...); `chat_template` keeps the tokenizer's template.
+Prime Intellect's `renderers` package (docs/reference/renderers.md, "Which renderer").
 
 `renderers` is imported only when the answer needs it: its import pulls in `openai` (seconds on a busy
 machine), and the offline default model, which has no family renderer, should not pay for it.
@@ -39,24 +33,6 @@ class RendererChoice:
     """`chat_template`, or a `renderers` name."""
     why: str
     """Why, in words `loops check` prints."""
-
-    def record(self, setting: str, template_key: str | None) -> dict[str, Any]:
-        """What run.json keeps under `renderer`: the name and why, and the settings it was resolved from (a
-        resume or a saved run reuses the name only while those are unchanged)."""
-        return {"name": self.name, "why": self.why, "setting": setting, "template": template_key}
-
-    @classmethod
-    def recorded(
-        cls, run_json: Mapping[str, Any] | None, setting: str, template_key: str | None
-    ) -> RendererChoice | None:
-        """The choice run.json recorded for `setting` and `template_key`; None when it recorded none (a run
-        from before it did), or recorded it for other settings (the config changed them on a resume)."""
-        found = (run_json or {}).get("renderer")
-        if not isinstance(found, Mapping) or not isinstance(found.get("name"), str):
-            return None
-        if found.get("setting") != setting or found.get("template") != template_key:
-            return None
-        return cls(found["name"], str(found.get("why") or "recorded in run.json"))
 
 
 @functools.cache

@@ -1,12 +1,6 @@
 """The supervised target rule that every renderer implements (`Renderer.supervised_examples`): which tokens of
-a conversation train (docs/reference/sft.md, "The target rule").
-
-Every trained assistant turn learns its own tokens and its stop token, in the context it was generated in;
-everything else has weight 0, what follows the stop token too, since the model never generates it. Trained
-turns share an example only if the latest one's rendering starts with each earlier turn's context + turn
-exactly (`turn_groups`), so no turn is trained in a context it never saw. Two implementations: the chat
-template's, on text (`ChatTemplateTargets` here), and a family renderer's, on token ids
-(`PrimeRenderer.supervised_examples`). The caller's `TargetChecks` says why what a row says did not survive.
+a conversation train (docs/reference/sft.md, "The target rule"), its shared pieces, and its implementation on
+a chat template's text (`ChatTemplateTargets`); a family renderer's is `PrimeRenderer.supervised_examples`.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """`loops check`'s template preflight: an attempt's turns played through the configured renderer on a sample
-tool conversation (docs/reference/renderers.md), before any run pays for what the renderer does to it.
-
-Each assistant turn is "sampled" as the renderer itself writes it, parsed as a run parses it and sent back,
-and the next prompt is rendered from the previous call, as `llm().chat` does. Counted: the breaks an attempt
-of this shape will have, by cause, and whether the tool call parses back as the call that was written.
+tool conversation, counting its sequence breaks by cause and whether the tool call parses back as written
+(docs/reference/renderers.md, "Which renderer").
 """
 
 from __future__ import annotations

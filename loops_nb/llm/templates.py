@@ -1,9 +1,6 @@
-"""Chat templates: rendering them fast and exactly as transformers does (`ChatTemplate`), the built-in ones
-(`chatml-tools` for SmolLM2, whose own template ignores tools; `gemma` for a Gemma 3 GGUF without one), and
-`parse_assistant_text`, which reads back a reply written in their Hermes/Qwen syntax: `<tool_call>` blocks of
-JSON or Qwen3.5/3.6's XML, and a `<think>` block as reasoning. `renderers` parses on token ids, and these
-models write `<tool_call>` as plain text, so a family it covers is parsed by its renderer
-(`ChatRenderer.parser`) and only the rest here (docs/reference/renderers.md).
+"""Chat templates: rendering them exactly as transformers does (`ChatTemplate`), the built-in ones
+(`chatml-tools`, `gemma`), and `parse_assistant_text`, which reads back a reply in their Hermes/Qwen syntax
+where `renderers` has no family renderer to parse it (docs/reference/renderers.md).
 """
 
 from __future__ import annotations
@@ -12,22 +9,13 @@ import contextlib
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from loops_nb.errors import ConfigError
-from loops_nb.llm.chat_messages import ChatMessage, ToolCall, ToolSpec, tool_call
+from loops_nb.llm.chat_messages import ChatMessage, ParsedReply, ToolCall, ToolSpec, tool_call
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
-
-# Verbatim from the SmolLM2-Instruct GGUF metadata (tokenizer.chat_template).
-SMOLLM2_CHAT_TEMPLATE = (
-    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
-    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}"
-    "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
 
 # The Hermes tool syntax (what `parse_assistant_text` reads back) that chatml-tools and gemma share, spliced into
 # both as text, not called as a Jinja macro, so that each template's source stays byte for byte what it was: a
@@ -163,32 +151,18 @@ _XML_PARAMETER_RE = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.DOT
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 
-@dataclass(frozen=True)
-class AssistantReply:
-    """Generated assistant text split into its reasoning, its prose and its ``<tool_call>`` blocks."""
-
-    content: str
-    tool_calls: list[ToolCall] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-    reasoning: str = ""
-
-    def openai_tool_calls(self) -> list[ToolCall]:
-        """The calls in OpenAI shape (``arguments`` as a JSON string, ids ``call_0``, ``call_1``, ...)."""
-        return [tool_call(f"call_{i}", c["name"], c["arguments"]) for i, c in enumerate(self.tool_calls)]
-
-
 def parse_assistant_text(
     text: str, *, tools: Sequence[Mapping[str, Any]] | None = None, reasoning_open: bool = False
-) -> AssistantReply:
+) -> ParsedReply:
     """Split text generated under `TOOL_CAPABLE_CHATML_TEMPLATE` (or a Qwen/Hermes template) into reasoning,
     content and calls (docs/reference/renderers.md has the rules). ``reasoning_open``: the prompt opened a
-    ``<think>`` block; ``tools`` type XML arguments. A malformed or cut-off block is reported in ``errors``,
+    ``<think>`` block; ``tools`` type XML arguments. A malformed or cut-off block is reported in ``tool_call_errors``,
     never raised: a model under training writes such blocks, and evaluation has to score them, not crash.
     """
-    reasoning, text = split_generated_reasoning(text, reasoning_open=reasoning_open)
+    reasoning, rest = split_generated_reasoning(text, reasoning_open=reasoning_open)
     calls: list[ToolCall] = []
     errors: list[str] = []
-    for i, match in enumerate(_TOOL_CALL_RE.finditer(text)):
+    for i, match in enumerate(_TOOL_CALL_RE.finditer(rest)):
         if not match.group(0).endswith("</tool_call>"):
             errors.append(f"tool call {i}: no closing </tool_call>")
             continue
@@ -197,9 +171,9 @@ def parse_assistant_text(
         if isinstance(call, str):
             errors.append(f"tool call {i}: {call}")
         else:
-            calls.append(call)
-    content = _TOOL_CALL_RE.sub("", text).strip()
-    return AssistantReply(content=content, tool_calls=calls, errors=errors, reasoning=reasoning)
+            calls.append(tool_call(f"call_{len(calls)}", call["name"], call["arguments"]))
+    content = _TOOL_CALL_RE.sub("", rest).strip()
+    return ParsedReply(text, content, calls, errors, reasoning)
 
 
 def split_generated_reasoning(text: str, *, reasoning_open: bool = False) -> tuple[str, str]:
@@ -265,16 +239,16 @@ def _string_parameters(tools: Sequence[Mapping[str, Any]] | None, name: str) -> 
 
 def parse_tool_calls(text: str) -> list[dict[str, Any]]:
     """The well-formed ``<tool_call>`` blocks in ``text``, as ``{"name": str, "arguments": dict}`` in order."""
-    return parse_assistant_text(text).tool_calls
+    calls = parse_assistant_text(text).tool_calls
+    return [
+        {"name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"])} for c in calls
+    ]
 
 
 class ChatTemplate:
-    """A tokenizer's chat template (or an override), rendered to text the way ``apply_chat_template`` does.
-
-    It compiles through transformers' own (cached) sandboxed Jinja environment, so filters like ``tojson`` and
-    globals like ``raise_exception`` behave identically, but skips ``apply_chat_template``'s per-call copying of
-    its inputs: rendering is the hot loop of `check` and data loading.
-    """
+    """A tokenizer's chat template (or an override), rendered to text the way ``apply_chat_template`` does,
+    without its per-call copying of the inputs: rendering is the hot loop of `check` and data loading
+    (docs/reference/renderers.md, "Rendering exactly as transformers does")."""
 
     def __init__(
         self,

@@ -1,18 +1,6 @@
-"""Image inputs for vision-language models (the `vision` extra): messages with image parts, rendered
-through the model's processor into the SDK's image chunks.
-
-A message's `content` may be a list of parts. Image parts, in any of these shapes:
-
-    {"type": "image", "image": <PIL image | path | URL | data URL | bytes>}
-    {"type": "image_url", "image_url": {"url": <URL | data URL | path>}}      # OpenAI's shape
-    {"type": "image", "path": ...} / {"type": "image", "url": ...}
-
-`VisionRenderer` renders the conversation with the chat template (each image becomes the template's
-image marker, e.g. Qwen's `<|vision_start|><|image_pad|><|vision_end|>`), runs the model's processor on
-text and images, and keeps the *expanded* token ids: each image is one run of image tokens as long as
-the processor makes it. `llm.model_input.model_input()` turns those ids into the SDK's `ModelInput`: text chunks around
-one `ImageChunk` per image (PNG bytes, `expected_tokens` = the run's length), which is what Loops and the
-embedded sampler and trainer expand again on their side.
+"""Image inputs (the `vision` extra): reading an image part's image, and `VisionRenderer`, the chat template's
+renderer for a vision-language model, which expands each image through the model's processor into its run of
+image tokens (docs/reference/vision_and_custom_loss.md, "Vision" has the part shapes and the rendering).
 """
 
 from __future__ import annotations

@@ -21,8 +21,8 @@ from pydantic import JsonValue
 
 from loops_nb.compute import LoopsConnection
 from loops_nb.errors import UserError
-from loops_nb.llm.renderer import ParsedReply
-from loops_nb.llm.templates import AssistantReply, parse_assistant_text
+from loops_nb.llm.chat_messages import ParsedReply
+from loops_nb.llm.templates import parse_assistant_text
 from loops_nb.model_renderer import load_model_tokenizer, run_renderer_choice, text_renderer
 from loops_nb.run.run_outcome import Outcome
 from loops_nb.run_checkpoints import checkpoint_sampling_client, find_checkpoint
@@ -83,32 +83,28 @@ def score_reply(
 
     ``parsed``: the reply as the run's renderer parsed its tokens (what `compare` passes, so evaluation reads
     replies as sampling does); without it the text is parsed as a chat template's reply."""
-    parsed_text = parse_assistant_text(reply) if parsed is None else _assistant_reply(parsed)
+    parsed = parse_assistant_text(reply) if parsed is None else parsed
+    errors = list(parsed.tool_call_errors)
     # Tool markup left in the prose (a hallucinated <tool_response> block, a stray </tool_call>) is neither an
     # answer nor a call: only blocks that parse as calls count, and they are no longer in the content.
-    if _TOOL_MARKUP.search(parsed_text.content):
-        parsed_text.errors.append("tool markup outside a parsed <tool_call> block")
-    return _score(parsed_text, reference, has_tools=has_tools)
+    if _TOOL_MARKUP.search(parsed.content):
+        errors.append("tool markup outside a parsed <tool_call> block")
+    return _score(parsed, errors, reference, has_tools=has_tools)
 
 
-def _assistant_reply(parsed: ParsedReply) -> AssistantReply:
-    calls = []
-    for call in parsed.tool_calls:
-        fn = call["function"]
-        calls.append({"name": fn["name"], "arguments": json.loads(fn["arguments"])})
-    return AssistantReply(parsed.content, calls, list(parsed.tool_call_errors), parsed.reasoning)
-
-
-def _score(parsed: AssistantReply, reference: Message, *, has_tools: bool) -> tuple[str, float, float | None]:
+def _score(
+    parsed: ParsedReply, errors: list[str], reference: Message, *, has_tools: bool
+) -> tuple[str, float, float | None]:
     if reference.tool_calls:
         want = sorted(_call_key(c.function.name, c.function.arguments) for c in reference.tool_calls)
-        got = sorted(_call_key(c["name"], c["arguments"]) for c in parsed.tool_calls)
-        return "tool_call", float(got == want and not parsed.errors), None
+        calls = [c["function"] for c in parsed.tool_calls]
+        got = sorted(_call_key(fn["name"], json.loads(fn["arguments"])) for fn in calls)
+        return "tool_call", float(got == want and not errors), None
     exact = float(not parsed.tool_calls and normalise_text(parsed.content) == normalise_text(reference.text))
     if has_tools:
         return (
             "direct_answer",
-            float(not parsed.tool_calls and not parsed.errors and bool(parsed.content)),
+            float(not parsed.tool_calls and not errors and bool(parsed.content)),
             exact,
         )
     return "text", exact, exact

@@ -3,6 +3,7 @@ model of that family writes them under its own template."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -18,10 +19,9 @@ QWEN36_CALL = (
 
 def test_the_qwen36_xml_call_parses() -> None:
     reply = parse_assistant_text(QWEN36_CALL)
-    assert reply.errors == []
-    assert reply.tool_calls == [{"name": "get_weather", "arguments": {"city": "Paris"}}]
+    assert reply.tool_call_errors == []
     assert reply.content == ""
-    assert reply.openai_tool_calls()[0]["function"] == {
+    assert reply.tool_calls[0]["function"] == {
         "name": "get_weather",
         "arguments": '{"city": "Paris"}',
     }
@@ -54,9 +54,9 @@ def test_xml_values_are_typed_by_the_tool_schema() -> None:
         }
     ]
     [parsed] = parse_assistant_text(call, tools=tools).tool_calls
-    assert parsed["arguments"] == {"city": "42", "days": 3, "note": "two\nlines"}
+    assert json.loads(parsed["function"]["arguments"]) == {"city": "42", "days": 3, "note": "two\nlines"}
     [untyped] = parse_assistant_text(call).tool_calls
-    assert untyped["arguments"]["city"] == 42
+    assert json.loads(untyped["function"]["arguments"])["city"] == 42
 
 
 def test_malformed_xml_calls_are_reported() -> None:
@@ -67,8 +67,8 @@ def test_malformed_xml_calls_are_reported() -> None:
         "<tool_call>\n<function=d>\n<parameter=x>\nhal"
     )
     reply = parse_assistant_text(text)
-    assert reply.tool_calls == [{"name": "a", "arguments": {"x": 1}}]
-    assert reply.errors == [
+    assert [c["function"] for c in reply.tool_calls] == [{"name": "a", "arguments": '{"x": 1}'}]
+    assert reply.tool_call_errors == [
         "tool call 1: text outside <parameter=...> blocks in <function=b>",
         "tool call 2: expected <function=name> ... </function>",
         "tool call 3: no closing </tool_call>",

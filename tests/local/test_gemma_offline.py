@@ -115,8 +115,10 @@ def test_gemma_template_lists_tools_and_its_calls_parse_back() -> None:
     assert "<start_of_turn>user\n<tool_response>\nsunny\n</tool_response><end_of_turn>\n" in text
     written = text.split("<start_of_turn>model\n")[1].split("<end_of_turn>")[0]
     parsed = parse_assistant_text(written, tools=TOOLS)
-    assert parsed.content == "" and not parsed.errors
-    assert [(c["name"], c["arguments"]) for c in parsed.tool_calls] == [("get_weather", {"city": "Paris"})]
+    assert parsed.content == "" and not parsed.tool_call_errors
+    assert [c["function"] for c in parsed.tool_calls] == [
+        {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    ]
 
 
 # --------------------------------------------------------------------- the real model (opt-in, `slow`)

@@ -12,7 +12,15 @@ import json
 from functools import cache
 from typing import Any
 
-from loops_nb.llm.templates import SMOLLM2_CHAT_TEMPLATE, TOOL_CAPABLE_CHATML_TEMPLATE
+from loops_nb.llm.templates import TOOL_CAPABLE_CHATML_TEMPLATE
+
+# Verbatim from the SmolLM2-Instruct GGUF metadata (tokenizer.chat_template).
+SMOLLM2_CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}"
+    "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
 
 # Qwen3's template (Qwen/Qwen3-8B tokenizer_config.json), unchanged but for whitespace: reasoning is kept only for
 # assistant turns after the last user query, and the last turn always carries a <think> block.

@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sft_fixtures import SMOLLM2_CHAT_TEMPLATE
 
-from loops_nb.llm.templates import SMOLLM2_CHAT_TEMPLATE, TOOL_CAPABLE_CHATML_TEMPLATE
+from loops_nb.llm.templates import TOOL_CAPABLE_CHATML_TEMPLATE
 from loops_nb.sft.data import parse_row
 from loops_nb.sft.targets import RenderedRow, chat_targets
 

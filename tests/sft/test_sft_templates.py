@@ -4,12 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from loops_nb.llm.templates import (
-    SMOLLM2_CHAT_TEMPLATE,
-    TOOL_CAPABLE_CHATML_TEMPLATE,
-    parse_assistant_text,
-    parse_tool_calls,
-)
+from sft_fixtures import SMOLLM2_CHAT_TEMPLATE
+
+from loops_nb.llm.templates import TOOL_CAPABLE_CHATML_TEMPLATE, parse_assistant_text, parse_tool_calls
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
 
@@ -94,14 +91,17 @@ def test_parse_assistant_text_reports_malformed_calls() -> None:
     )
     reply = parse_assistant_text(text)
     assert reply.content == "Checking."
-    assert reply.tool_calls == [{"name": "a", "arguments": {"x": 1}}, {"name": "b", "arguments": {"y": 2}}]
-    assert reply.errors == [
+    assert parse_tool_calls(text) == [
+        {"name": "a", "arguments": {"x": 1}},
+        {"name": "b", "arguments": {"y": 2}},
+    ]
+    assert reply.tool_call_errors == [
         "tool call 1: not valid JSON (Expecting property name enclosed in double quotes)",
         'tool call 2: expected {"name": <string>, "arguments": <object>}',
         "tool call 4: arguments must be a JSON object",
         "tool call 5: no closing </tool_call>",
     ]
-    assert reply.openai_tool_calls()[1] == {
+    assert reply.tool_calls[1] == {
         "id": "call_1",
         "type": "function",
         "function": {"name": "b", "arguments": '{"y": 2}'},
