@@ -10,12 +10,12 @@ line.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from loops_nb.llm.capture import TokenCapture
-from loops_nb.llm.client import LoopsLLM, Reply, SamplingDefaults
+from loops_nb.llm.client import LoopsLLM, SamplingDefaults
 from loops_nb.model_access.gateway import ModelGateway
 from loops_nb.runtime import Attempt, AttemptServices, Evidence
 from loops_nb.verifiers.listing import EnvironmentListing
@@ -23,7 +23,6 @@ from loops_nb.verifiers.listing import EnvironmentListing
 if TYPE_CHECKING:
     from baseten.loops import ModelInput, SamplingParams
 
-    from loops_nb.llm.chat_messages import ChatMessage, ToolSpec
     from loops_nb.llm.renderer import Renderer
 
 CHECK_REPLY = "loops check"
@@ -63,33 +62,6 @@ class FixedReplyPolicy:
         return _Response([_Sequence(list(self.tokens), [0.0] * len(self.tokens))] * num_samples)
 
 
-class _ToolCountingLLM(LoopsLLM):
-    """The check's `LoopsLLM` (the gateway samples through it), noting how many tools each call offered:
-    the capture keeps no tools."""
-
-    def __init__(self, renderer: Renderer) -> None:
-        super().__init__(
-            renderer, FixedReplyPolicy(renderer), TokenCapture(), SamplingDefaults(max_tokens=16)
-        )
-        self.offered: list[int] = []
-
-    async def sample(
-        self,
-        messages: Sequence[ChatMessage],
-        *,
-        tools: Sequence[ToolSpec] | None = None,
-        n: int = 1,
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        top_p: float | None = None,
-        stop: Sequence[str] | None = None,
-    ) -> list[Reply]:
-        self.offered.append(len(tools or ()))
-        return await super().sample(
-            messages, tools=tools, n=n, max_tokens=max_tokens, temperature=temperature, top_p=top_p, stop=stop
-        )
-
-
 async def check_episode(
     listing: EnvironmentListing,
     run_attempt: Callable[[Attempt], Awaitable[Evidence]],
@@ -103,10 +75,13 @@ async def check_episode(
     if renderer is None or listing.problems():
         return lines, []  # no renderer to sample through (reported on its own), or refused already
     task = listing.tasks[0]
-    llm = _ToolCountingLLM(renderer)
-    gateway = await ModelGateway(model_name=model).astart()
+    capture = TokenCapture()
+    llm = LoopsLLM(renderer, FixedReplyPolicy(renderer), capture, SamplingDefaults(max_tokens=16))
+    offered: list[int] = []  # the tools each request offered (the capture keeps no tools)
+    gateway = ModelGateway(model_name=model, on_request=lambda req: offered.append(len(req.tools or ())))
+    await gateway.astart()
     try:
-        attempt = Attempt(task, 0, 0, 0, 0, AttemptServices(llm=llm, capture=llm.capture))
+        attempt = Attempt(task, 0, 0, 0, 0, AttemptServices(llm=llm, capture=capture))
         lease = gateway.issue(attempt.id, llm)
         attempt.services.model_base_url, attempt.services.model_api_key = gateway.url, lease.key
         try:
@@ -115,7 +90,7 @@ async def check_episode(
             gateway.revoke(lease.key)
     finally:
         await gateway.astop()
-    calls = llm.capture.calls
+    calls = capture.calls
     if not calls:
         detail = evidence.detail or "it made no model call"
         return lines, [
@@ -124,7 +99,7 @@ async def check_episode(
         ]
     first = calls[0]
     lines.append(
-        f"first call through the gateway: task {task.id}, {len(first.messages)} message(s), {llm.offered[0]} tool(s), "
+        f"first call through the gateway: task {task.id}, {len(first.messages)} message(s), {offered[0]} tool(s), "
         f"prompt {len(first.prompt_tokens)} tokens; "
         f"the episode made {len(calls)} call(s) answered {CHECK_REPLY!r}"
     )
