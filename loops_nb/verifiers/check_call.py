@@ -1,11 +1,6 @@
-"""`loops check` for a verifiers environment: its tasks and rubric, and one episode played through the gateway.
-
-The check has no trainer, so nothing samples the policy. It still runs one attempt as a run would: the
-episode driver's `run` for the first task, its model calls through a real `ModelGateway` lease whose
-`LoopsLLM` renders each prompt with the run's renderer and answers with a fixed reply (`CHECK_REPLY`). So
-the first call's messages and tools reach the gateway and render for the model's family, and the rubric
-scores the episode: a rubric that returns no reward (or an episode that fails) refuses the check, in one
-line.
+"""`loops check` for a verifiers environment: its tasks and rubric, and one episode played through the gateway,
+each model call answered with `CHECK_REPLY` as the check has no trainer (docs/reference/verifiers.md,
+"`loops check`").
 """
 
 from __future__ import annotations

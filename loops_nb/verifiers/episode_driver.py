@@ -1,29 +1,8 @@
 """Run Prime verifiers 0.4 episodes inside the verifiers venv, for the loops_nb verifiers runtime.
 
 This file is copied into (or run by) a separate venv that holds `verifiers==0.4.*` and the environment
-packages; it imports nothing from loops_nb. The kit calls it as a subprocess and reads one JSON object
-from stdout.
-
-    python episode_driver.py list --env ENV_ID --env-args JSON [--split train|eval] [--limit N]
-        -> {"verifiers_version", "env_id", "rubric": {"name", "functions", "weights"},
-            "tasks": [{"id", "prompt": [chat messages], "info": {...}}]}
-
-    OPENAI_API_KEY=... python episode_driver.py run --env ENV_ID --env-args JSON --task-id ID \
-        --base-url URL --model NAME --sampling JSON
-        -> {"reward": float|null, "metrics": {name: float}, "completion": [chat messages],
-            "num_calls": int, "error": str|null}
-
-Exit codes: 0 when the command ran (`run`: the episode ran, even when `error` reports a rollout or
-scoring problem); 3 on a load-time error (verifiers missing or outside 0.4.x, the environment package
-missing, an environment that cannot load offline, a bad argument), with a one-line reason as stderr's
-last line; anything else is a crash, its traceback on stderr.
-
-verifiers 0.4 names an environment by its taskset id: the installed module `ENV_ID` (with `-` as `_`)
-exporting a `Taskset` subclass (and optionally a `Harness`) in `__all__`. `--env-args` are that
-taskset's config fields (`--env.taskset.*` on verifiers' own CLI). `--harness JSON` optionally pins the
-agents' harness config (e.g. '{"id": "null"}'); by default the taskset's own harness, else `null` (the
-plain chat loop; verifiers itself would pick `bash`, a shell). `--runtime JSON` is where the agents run:
-`{"type": "subprocess"}` (this machine) by default, as verifiers' own default is a Prime sandbox.
+packages; it imports nothing from loops_nb. The kit runs it as a subprocess: `list`, `run` and `serve`,
+their JSON, exit codes and options are in docs/reference/verifiers.md, "The episode driver".
 """
 
 from __future__ import annotations
