@@ -168,8 +168,12 @@ class ModelGateway:
         model_name: str = "policy",
         max_body_bytes: int = MAX_BODY_BYTES,
         limits: ConnectionLimits | None = None,
+        on_request: Callable[[chat_wire.ChatRequest], None] | None = None,
     ) -> None:
         self.registry = LeaseRegistry()
+        self.on_request = on_request
+        """Told of every sampling request it accepts, on the gateway's thread (`loops check` counts the
+        tools each offered)."""
         self.model_name = model_name
         self.port = 0
         self.max_body_bytes = max_body_bytes
@@ -233,6 +237,8 @@ class ModelGateway:
                 req = parse(await self._body(request), lease)
             except chat_wire.InvalidAgentRequest as exc:
                 return _error(400, str(exc), param=exc.param, code=exc.code)
+            if self.on_request is not None:
+                self.on_request(req)
 
             exchange = Exchange(
                 lease,

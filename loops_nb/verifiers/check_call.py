@@ -1,21 +1,16 @@
-"""`loops check` for a verifiers environment: its tasks and rubric, and one episode played through the gateway.
-
-The check has no trainer, so nothing samples the policy. It still runs one attempt as a run would: the
-episode driver's `run` for the first task, its model calls through a real `ModelGateway` lease whose
-`LoopsLLM` renders each prompt with the run's renderer and answers with a fixed reply (`CHECK_REPLY`). So
-the first call's messages and tools reach the gateway and render for the model's family, and the rubric
-scores the episode: a rubric that returns no reward (or an episode that fails) refuses the check, in one
-line.
+"""`loops check` for a verifiers environment: its tasks and rubric, and one episode played through the gateway,
+each model call answered with `CHECK_REPLY` as the check has no trainer (docs/reference/verifiers.md,
+"`loops check`").
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from loops_nb.llm.capture import TokenCapture
-from loops_nb.llm.client import LoopsLLM, Reply, SamplingDefaults
+from loops_nb.llm.client import LoopsLLM, SamplingDefaults
 from loops_nb.model_access.gateway import ModelGateway
 from loops_nb.runtime import Attempt, AttemptServices, Evidence
 from loops_nb.verifiers.listing import EnvironmentListing
@@ -23,7 +18,6 @@ from loops_nb.verifiers.listing import EnvironmentListing
 if TYPE_CHECKING:
     from baseten.loops import ModelInput, SamplingParams
 
-    from loops_nb.llm.chat_messages import ChatMessage, ToolSpec
     from loops_nb.llm.renderer import Renderer
 
 CHECK_REPLY = "loops check"
@@ -63,33 +57,6 @@ class FixedReplyPolicy:
         return _Response([_Sequence(list(self.tokens), [0.0] * len(self.tokens))] * num_samples)
 
 
-class _ToolCountingLLM(LoopsLLM):
-    """The check's `LoopsLLM` (the gateway samples through it), noting how many tools each call offered:
-    the capture keeps no tools."""
-
-    def __init__(self, renderer: Renderer) -> None:
-        super().__init__(
-            renderer, FixedReplyPolicy(renderer), TokenCapture(), SamplingDefaults(max_tokens=16)
-        )
-        self.offered: list[int] = []
-
-    async def sample(
-        self,
-        messages: Sequence[ChatMessage],
-        *,
-        tools: Sequence[ToolSpec] | None = None,
-        n: int = 1,
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        top_p: float | None = None,
-        stop: Sequence[str] | None = None,
-    ) -> list[Reply]:
-        self.offered.append(len(tools or ()))
-        return await super().sample(
-            messages, tools=tools, n=n, max_tokens=max_tokens, temperature=temperature, top_p=top_p, stop=stop
-        )
-
-
 async def check_episode(
     listing: EnvironmentListing,
     run_attempt: Callable[[Attempt], Awaitable[Evidence]],
@@ -103,10 +70,13 @@ async def check_episode(
     if renderer is None or listing.problems():
         return lines, []  # no renderer to sample through (reported on its own), or refused already
     task = listing.tasks[0]
-    llm = _ToolCountingLLM(renderer)
-    gateway = await ModelGateway(model_name=model).astart()
+    capture = TokenCapture()
+    llm = LoopsLLM(renderer, FixedReplyPolicy(renderer), capture, SamplingDefaults(max_tokens=16))
+    offered: list[int] = []  # the tools each request offered (the capture keeps no tools)
+    gateway = ModelGateway(model_name=model, on_request=lambda req: offered.append(len(req.tools or ())))
+    await gateway.astart()
     try:
-        attempt = Attempt(task, 0, 0, 0, 0, AttemptServices(llm=llm, capture=llm.capture))
+        attempt = Attempt(task, 0, 0, 0, 0, AttemptServices(llm=llm, capture=capture))
         lease = gateway.issue(attempt.id, llm)
         attempt.services.model_base_url, attempt.services.model_api_key = gateway.url, lease.key
         try:
@@ -115,7 +85,7 @@ async def check_episode(
             gateway.revoke(lease.key)
     finally:
         await gateway.astop()
-    calls = llm.capture.calls
+    calls = capture.calls
     if not calls:
         detail = evidence.detail or "it made no model call"
         return lines, [
@@ -124,7 +94,7 @@ async def check_episode(
         ]
     first = calls[0]
     lines.append(
-        f"first call through the gateway: task {task.id}, {len(first.messages)} message(s), {llm.offered[0]} tool(s), "
+        f"first call through the gateway: task {task.id}, {len(first.messages)} message(s), {offered[0]} tool(s), "
         f"prompt {len(first.prompt_tokens)} tokens; "
         f"the episode made {len(calls)} call(s) answered {CHECK_REPLY!r}"
     )

@@ -1,16 +1,9 @@
 """Running the episode driver (`episode_driver.py`) in the verifiers interpreter: `list` and `run`.
 
-The driver is a standalone script (it imports verifiers, never loops_nb) with two commands; each prints one
-JSON object on stdout. A load failure exits 3 with a one-line reason as stderr's last line; a crash exits
-with another non-zero code and a traceback on stderr.
-
-`run` is the attempt's agent program: it is launched as every agent program is (agent_program.py), with an
-allowlisted environment that holds its attempt's lease key and, where bubblewrap works, a PID namespace of
-its own, and it is killed with everything it started when the attempt ends or times out.
-
-    python episode_driver.py list --env ID --env-args JSON [--split train|eval] [--limit N]
-    python episode_driver.py run --env ID --env-args JSON --task-id ID --base-url URL --model NAME \
-        --sampling JSON                      # the lease key in OPENAI_API_KEY
+The driver is a standalone script (it imports verifiers, never loops_nb); each command prints one JSON object
+on stdout (docs/reference/verifiers.md, "The episode driver"). `run` is the attempt's agent program: it is
+launched as every agent program is (agent_program.py), with its attempt's lease key and a PID namespace of
+its own, and killed with everything it started when the attempt ends or times out.
 """
 
 from __future__ import annotations

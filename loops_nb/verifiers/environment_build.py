@@ -1,19 +1,9 @@
 """The verifiers environment: a uv environment of its own, built once per set of requirements and reused.
 
 verifiers cannot share the kit's environment (it pins `mcp` and `openai` below what Harbor and the OpenAI
-Agents SDK need), so each episode runs in a separate interpreter. The kit builds that interpreter with the
-`uv` on PATH (or beside this Python):
-
-    uv venv --relocatable --python <this python> <tmp>
-    uv pip install --compile-bytecode --python <tmp>/bin/python verifiers==0.4.0 <runtime.options.packages>
-
-under `<cache>/<hash of the requirements and Python version>`, where `<cache>` is
-`[runtime.options] cache_dir`, else `$LOOPS_NB_VERIFIERS_CACHE`, else `~/.cache/loops_nb/verifiers`. It is
-built in a temporary directory beside it and renamed into place once `uv` succeeded, with a marker file
-(`loops_nb_ready.json`, the requirements it holds) written last: a build that was interrupted is never
-taken for a finished one. Two processes building the same environment wait on one lock; the second finds
-it built. A local directory among the packages is hashed with its files, so editing it builds afresh;
-a package from an index is not re-resolved once built: delete the directory to rebuild it.
+Agents SDK need), so each episode runs in a separate interpreter. docs/reference/verifiers.md, "The verifiers
+environment: where and how it is built", has the commands, the cache, its key and why a half-built one is
+never reused.
 """
 
 from __future__ import annotations

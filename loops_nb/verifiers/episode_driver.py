@@ -1,29 +1,8 @@
 """Run Prime verifiers 0.4 episodes inside the verifiers venv, for the loops_nb verifiers runtime.
 
 This file is copied into (or run by) a separate venv that holds `verifiers==0.4.*` and the environment
-packages; it imports nothing from loops_nb. The kit calls it as a subprocess and reads one JSON object
-from stdout.
-
-    python episode_driver.py list --env ENV_ID --env-args JSON [--split train|eval] [--limit N]
-        -> {"verifiers_version", "env_id", "rubric": {"name", "functions", "weights"},
-            "tasks": [{"id", "prompt": [chat messages], "info": {...}}]}
-
-    OPENAI_API_KEY=... python episode_driver.py run --env ENV_ID --env-args JSON --task-id ID \
-        --base-url URL --model NAME --sampling JSON
-        -> {"reward": float|null, "metrics": {name: float}, "completion": [chat messages],
-            "num_calls": int, "error": str|null}
-
-Exit codes: 0 when the command ran (`run`: the episode ran, even when `error` reports a rollout or
-scoring problem); 3 on a load-time error (verifiers missing or outside 0.4.x, the environment package
-missing, an environment that cannot load offline, a bad argument), with a one-line reason as stderr's
-last line; anything else is a crash, its traceback on stderr.
-
-verifiers 0.4 names an environment by its taskset id: the installed module `ENV_ID` (with `-` as `_`)
-exporting a `Taskset` subclass (and optionally a `Harness`) in `__all__`. `--env-args` are that
-taskset's config fields (`--env.taskset.*` on verifiers' own CLI). `--harness JSON` optionally pins the
-agents' harness config (e.g. '{"id": "null"}'); by default the taskset's own harness, else `null` (the
-plain chat loop; verifiers itself would pick `bash`, a shell). `--runtime JSON` is where the agents run:
-`{"type": "subprocess"}` (this machine) by default, as verifiers' own default is a Prime sandbox.
+packages; it imports nothing from loops_nb. The kit runs it as a subprocess: `list`, `run` and `serve`,
+their JSON, exit codes and options are in docs/reference/verifiers.md, "The episode driver".
 """
 
 from __future__ import annotations
@@ -43,6 +22,8 @@ LOAD_ERROR = 3
 POOL_KEY_VAR = "LOOPS_VF_NO_KEY"
 """The pooled client's key variable (unset): a request is sent by a copy that holds its own key."""
 SUPPORTED = (0, 4)
+POOL_WRITTEN_FOR = "0.4.0"
+"""The verifiers whose private `InterceptionServer._client` `serve` replaces (the kit's pinned version)."""
 MAX_SCAN = 100_000
 """Tasks read at most while looking for a task id or listing an unbounded taskset without --limit."""
 
@@ -293,17 +274,27 @@ def _failed(request_id: str, error: str) -> dict[str, object]:
     return {"id": request_id, "reward": None, "metrics": {}, "completion": [], "num_calls": 0, "error": error}
 
 
-def _share_one_pool() -> None:
+def _share_one_pool(version: str) -> None:
     """Every episode's model client on one connection pool, each still with its own lease key. verifiers'
     interception server builds a client (an httpx pool and TLS context: ~20-40 ms of CPU) per distinct client
-    config and keeps its sockets until the process ends: per attempt here, as each key has its own variable."""
+    config and keeps its sockets until the process ends: per attempt here, as each key has its own variable.
+    This replaces a private method, `InterceptionServer._client(config)`, as verifiers `POOL_WRITTEN_FOR` has
+    it; a verifiers without it is a load error, not a pool per episode again."""
     import copy
+    import inspect
 
     import verifiers.v1 as vf
     from verifiers.v1.configs.client import resolve_api_key, resolve_headers
     from verifiers.v1.interception.server import InterceptionServer
 
-    pooled = InterceptionServer._client
+    pooled = getattr(InterceptionServer, "_client", None)
+    if not callable(pooled) or list(inspect.signature(pooled).parameters) != ["self", "config"]:
+        raise LoadError(
+            f"verifiers {version} has no `InterceptionServer._client(self, config)`, which the shared episode "
+            f'process (episodes = "shared") replaces to keep one connection pool; it is written against '
+            f"verifiers {POOL_WRITTEN_FOR}, the kit's pinned version: pin verifiers=={POOL_WRITTEN_FOR} or use "
+            f'episodes = "per_attempt"'
+        )
 
     def client(self, config):
         if type(config) is not vf.EvalClientConfig:
@@ -352,7 +343,7 @@ def cmd_serve(args: argparse.Namespace, out) -> None:
     version = _check_version()
     import verifiers.v1 as vf
 
-    _share_one_pool()
+    _share_one_pool(version)
     env = _env_from_args(args)
     listed = list(_tasks(env, args.limit))
     tasks = {_task_id(task): task for task in listed}

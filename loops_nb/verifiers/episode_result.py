@@ -1,17 +1,7 @@
 """An episode's outcome as `Evidence`: its reward and rubric metrics, or a discard that names the cause.
 
-Whatever the environment does, one attempt never stops the run and never scores a made-up 0:
-
-| the episode                                   | the attempt                                         |
-|-----------------------------------------------|-----------------------------------------------------|
-| ran, its rubric gave a finite reward          | trains: `reward`, metrics `verifiers/<function>`    |
-| ran, the rubric gave no reward (null)         | `no_reward`                                         |
-| ran, the reward is NaN, infinite or not a number | `invalid_reward`                                 |
-| ran, and verifiers recorded an error          | `error`, with the error                             |
-| ran past `episode_timeout_seconds` (a hang)   | `timeout`                                           |
-| the environment could not load (exit 3)       | `error`, with the driver's one-line reason          |
-| the process raised or died (other exit codes) | `error`, with its exit code and stderr's last lines |
-| printed no JSON object                        | `error`                                             |
+Whatever the environment does, one attempt never stops the run and never scores a made-up 0: each outcome
+and its discard reason is in docs/reference/verifiers.md, "Rewards and discards".
 """
 
 from __future__ import annotations

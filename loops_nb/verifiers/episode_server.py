@@ -1,16 +1,9 @@
 """`episodes = "shared"`: one verifiers process (the driver's `serve`) runs every attempt's episode.
 
-The default (`episodes = "per_attempt"`) starts a verifiers process per attempt: each imports verifiers and
-loads the environment (seconds of CPU), and each holds only its own attempt's lease key. A shared process
-pays that once; the price is isolation, since it holds the key of every attempt running, so an environment's
-code could sample (and be trained) as another attempt. Use it for environments you trust.
-
-Protocol (episode_driver.py `serve`): stdout first `{"ready": true, ...}` with `list`'s object (the tasks and
-rubric, so a shared run starts no `list` process), then one result line per finished
-episode (the `run` object plus its request's `id`); stdin one request a line, `{"id", "task_id", "base_url",
-"model", "sampling", "api_key"}` or `{"cancel": id}`. An episode past its timeout is cancelled; when the
-cancel is not answered within `CANCEL_GRACE_SECONDS` (an environment that blocks the process), or the
-process dies, every episode in flight ends as that process's death and the next attempt starts a new one.
+Loaded once instead of once an attempt, at the price of isolation: it holds the key of every attempt
+running. docs/reference/verifiers.md has the trade ("One process per attempt, or one for all") and the
+protocol ("The episode driver"). An episode past its timeout is cancelled; when the cancel is not answered
+within `CANCEL_GRACE_SECONDS`, or the process dies, every episode in flight ends as that process's death.
 """
 
 from __future__ import annotations

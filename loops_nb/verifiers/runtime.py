@@ -1,16 +1,9 @@
 """`VerifiersRuntime`: any verifiers environment as a RolloutRuntime, each episode out of process.
 
-`[runtime] factory = "loops_nb.verifiers:create_runtime"` with `[runtime.options]` (options.py). The
-environment runs in a verifiers interpreter of its own (environment_build.py), through the kit's episode
-driver (`episode_driver.py`, driver_process.py):
-
-- `tasks()` are what the driver's `list` prints for `env_id`, `env_args` and `split` (loaded once per run).
-- Each attempt runs the driver's `run` for its task as the attempt's agent program. verifiers relays every
-  model call of the episode (its harness's Chat Completions, tools included) to the attempt's gateway lease,
-  so the run's renderer samples and captures the exact tokens, a forked conversation trains as sequences
-  of its own, and only the replies the episode received train (model_access/).
-- The reward and the rubric's metrics come from the episode's trace; anything else discards the attempt
-  with its cause (episode_result.py).
+`[runtime] factory = "loops_nb.verifiers:create_runtime"` with `[runtime.options]` (options.py). `tasks()` are
+what the episode driver lists; each attempt is one driver `run` (or one episode of the shared `serve`) whose
+model calls reach the attempt's gateway lease: docs/reference/verifiers.md, "How an episode's calls reach the
+sampler".
 """
 
 from __future__ import annotations

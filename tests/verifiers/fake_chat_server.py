@@ -3,6 +3,8 @@
 Each request takes the next scripted reply (the last one repeats): a string is an assistant text reply,
 a dict `{"tool": name, "arguments": {...}}` an assistant tool call, `{"status": 500}` an error reply. Every request's path, headers and
 JSON body is kept in `requests`. Streaming requests (`"stream": true`) get the reply as SSE chunks.
+`connections` counts the TCP connections accepted; with `keep_alive` a connection serves many requests
+(HTTP/1.1), so a client that pools its connections opens few.
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ from typing import Any
 
 
 class FakeChatServer:
-    def __init__(self, replies: list[str | dict[str, Any]]) -> None:
+    def __init__(self, replies: list[str | dict[str, Any]], *, keep_alive: bool = False) -> None:
         self.replies = list(replies)
         self.requests: list[dict[str, Any]] = []
+        self.connections = 0
+        self.keep_alive = keep_alive
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -43,6 +47,13 @@ class FakeChatServer:
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1" if fake.keep_alive else "HTTP/1.0"
+
+            def setup(self) -> None:  # once per TCP connection, however many requests it carries
+                super().setup()
+                with fake._lock:
+                    fake.connections += 1
+
             def log_message(self, *args: object) -> None:
                 pass
 
@@ -98,6 +109,8 @@ class FakeChatServer:
             def _stream(self, body, message, finish, usage, created) -> None:
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Connection", "close")  # no length: the stream ends with the connection
+                self.close_connection = True
                 self.end_headers()
                 delta = {k: v for k, v in message.items() if v is not None}
                 if "tool_calls" in delta:

@@ -16,10 +16,13 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
 from fake_chat_server import FakeChatServer
+
+from loops_nb.verifiers.options import DEFAULT_VERIFIERS
 
 REPO = Path(__file__).resolve().parents[2]
 DRIVER = REPO / "loops_nb" / "verifiers" / "episode_driver.py"
@@ -70,6 +73,48 @@ def test_bad_json_arguments_are_load_errors() -> None:
         module._json_arg("{nope", "--env-args")
     with pytest.raises(module.LoadError, match="must be a JSON object"):
         module._json_arg("[1]", "--sampling")
+
+
+def _stub_verifiers(monkeypatch, interception_server: type) -> None:
+    """Just enough of a `verifiers.v1` for `_share_one_pool` to import, its server `interception_server`."""
+    names = ("verifiers", "verifiers.v1", "verifiers.v1.configs", "verifiers.v1.configs.client")
+    names += ("verifiers.v1.interception", "verifiers.v1.interception.server")
+    for name in names:
+        monkeypatch.setitem(sys.modules, name, ModuleType(name))
+    for parent, child in (name.rsplit(".", 1) for name in names[1:]):
+        setattr(sys.modules[parent], child, sys.modules[f"{parent}.{child}"])
+    for name in ("resolve_api_key", "resolve_headers"):
+        setattr(sys.modules["verifiers.v1.configs.client"], name, lambda config: None)
+    sys.modules["verifiers.v1.interception.server"].InterceptionServer = interception_server
+
+
+@pytest.mark.parametrize("changed", ["gone", "renamed parameter"])
+def test_a_verifiers_that_changed_the_private_client_method_refuses_shared_episodes(
+    monkeypatch, changed
+) -> None:
+    """Issue 44: `serve`'s one connection pool replaces verifiers' private `InterceptionServer._client`; a
+    verifiers that changed it is a load error naming the pinned version, not a silent pool per episode."""
+    module = _driver_module()
+
+    class InterceptionServer:
+        if changed == "renamed parameter":
+
+            def _client(self, client_config):
+                return client_config
+
+    _stub_verifiers(monkeypatch, InterceptionServer)
+    with pytest.raises(module.LoadError) as refused:
+        module._share_one_pool("0.4.9")
+    message = str(refused.value)
+    assert "verifiers 0.4.9 has no `InterceptionServer._client(self, config)`" in message
+    assert f"pin verifiers=={module.POOL_WRITTEN_FOR}" in message and "per_attempt" in message
+
+
+def test_the_pool_is_written_against_the_pinned_verifiers() -> None:
+    assert f"verifiers=={_driver_module().POOL_WRITTEN_FOR}" == DEFAULT_VERIFIERS, (
+        "the default verifiers pin moved: check that verifiers still has `InterceptionServer._client(self, "
+        "config)` as episode_driver._share_one_pool replaces it, then move POOL_WRITTEN_FOR with the pin"
+    )
 
 
 # -- in the verifiers venv -----------------------------------------------------------------------------
@@ -273,8 +318,10 @@ def test_a_config_weight_reaches_the_rubric_and_the_reward(vf_python) -> None:
 
 
 @pytest.mark.slow
-def test_serve_runs_many_episodes_in_one_process(vf_python) -> None:
-    with FakeChatServer(["Monopoly"]) as server:
+def test_serve_runs_many_episodes_in_one_process_through_one_connection_pool(vf_python) -> None:
+    """Each episode on its own key, all on one keep-alive connection (issue 44: verifiers 0.4 alone opens a
+    pool, and a connection, per episode, as each has its own key variable)."""
+    with FakeChatServer(["Monopoly"], keep_alive=True) as server:
         requests = [
             {
                 "id": "a",
@@ -295,7 +342,7 @@ def test_serve_runs_many_episodes_in_one_process(vf_python) -> None:
             {"id": "c", "task_id": "nope", "base_url": server.base_url},
         ]
         done = subprocess.run(
-            [str(vf_python), str(DRIVER), "serve", "--env", ENV, "--env-args", "{}"],
+            [str(vf_python), str(DRIVER), "serve", "--env", ENV, "--env-args", "{}", "--max-concurrent", "1"],
             input="".join(json.dumps(r) + "\n" for r in requests),
             capture_output=True,
             text=True,
@@ -310,3 +357,7 @@ def test_serve_runs_many_episodes_in_one_process(vf_python) -> None:
     assert by_id["c"]["reward"] is None and "no task with id 'nope'" in by_id["c"]["error"]
     keys = sorted({k.lower(): v for k, v in r["headers"].items()}["authorization"] for r in server.requests)
     assert keys == ["Bearer k-a", "Bearer k-b"]  # each episode on its own key
+    assert server.connections == 1, (
+        f"two episodes one after another opened {server.connections} connections: they no longer share one "
+        "pool (episode_driver._share_one_pool)"
+    )
