@@ -60,9 +60,7 @@ class RunComparison(Widget):
     def series(self, key: str) -> list[Series]:
         """One line per run that logged ``key``: the points its `RunChart` has (numbered as there, from 1)."""
         out = []
-        for run, chart, label, color in zip(
-            self.runs, self.charts, self.labels(), self.colors, strict=True
-        ):
+        for run, chart, label, color in zip(self.runs, self.charts, self.labels(), self.colors, strict=True):
             s = chart.series(metric_definition(key, chart.kind))
             if s.has_points():
                 hover = [f"{run.name} · {h}" for h in s.hover]
