@@ -261,7 +261,8 @@ class AttemptsTable(Widget):
     ) -> AttemptsTable:
         """``rows`` in their given order under ``caption``: a page of a run, or one step's attempts."""
         table = cls(max_rows=max(len(rows), 1), max_chars=max_chars)
-        table.rows.extend(rows)
+        for r in rows:
+            table.add(r)
         table.caption, table.tail, table.style = caption, tail, style
         return table
 

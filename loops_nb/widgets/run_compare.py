@@ -54,12 +54,13 @@ class RunComparison(Widget):
     def metrics(self) -> list[str]:
         return self.requested if self.requested is not None else default_metrics(self.runs)
 
+    def labels(self) -> list[str]:
+        return self.runs.labels()
+
     def series(self, key: str) -> list[Series]:
         """One line per run that logged ``key``: the points its `RunChart` has (numbered as there, from 1)."""
         out = []
-        for run, chart, label, color in zip(
-            self.runs, self.charts, self.runs.labels(), self.colors, strict=True
-        ):
+        for run, chart, label, color in zip(self.runs, self.charts, self.labels(), self.colors, strict=True):
             s = chart.series(metric_definition(key, chart.kind))
             if s.has_points():
                 hover = [f"{run.name} · {h}" for h in s.hover]
@@ -78,7 +79,7 @@ class RunComparison(Widget):
 
     def __str__(self) -> str:
         lines = [self.summary(), *self.runs.describe()]
-        labels = self.runs.labels()
+        labels = self.labels()
         width = max((len(label) for label in labels), default=0)
         for metric in self.metrics:
             lines.append(f"{metric}:")
@@ -100,7 +101,7 @@ class RunComparison(Widget):
     def table(self) -> dict[str, list[str]]:
         """The runs table, column by column (`Runs.columns`): what both the HTML and the plotly table show;
         ``differs`` is each run's legend label."""
-        return {**self.runs.columns(), "differs": self.runs.labels()}
+        return {**self.runs.columns(), "differs": self.labels()}
 
     def _table_html(self) -> str:
         cell = "padding:2px 8px;border-bottom:1px solid #e5e7eb;text-align:left;white-space:nowrap"
