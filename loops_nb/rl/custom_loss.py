@@ -196,11 +196,6 @@ def mean_over_active_tokens(per_token: Sequence[Any], active: Sequence[Any]) -> 
     return total / max(count, 1)
 
 
-def _active(inputs: dict[str, Tensor]) -> Tensor:
-    valid = inputs["target_tokens"] != -100
-    return valid & (inputs["mask"] != 0) & (inputs["advantages"] != 0)
-
-
 def importance_sampling(data: list[Any], logprobs: list[Any]) -> tuple[Any, dict[str, float]]:
     """The built-in `importance_sampling` loss as a custom one: `−exp(lp − q)·A` per sampled token,
     averaged over the step's active tokens (A ≠ 0 and sampled)."""
@@ -210,7 +205,7 @@ def importance_sampling(data: list[Any], logprobs: list[Any]) -> tuple[Any, dict
     for datum, lp in zip(data, logprobs, strict=True):
         x = rl_inputs(datum)
         per_token.append(-torch.exp(lp - x["logprobs"]) * x["advantages"] * x["mask"])
-        active.append(_active(x))
+        active.append((x["target_tokens"] != -100) & (x["mask"] != 0) & (x["advantages"] != 0))
     return mean_over_active_tokens(per_token, active), {}
 
 

@@ -177,7 +177,8 @@ class RLRun(RecipeRun):
         rollout_s = time.perf_counter() - step_started
         if self.policy.lost is not None:  # its attempts were discarded; so would all later ones be
             raise self.policy.lost
-        training = await self._train(groups, scheduler)
+        training = await self._train(groups)
+        scheduler.step_finished()
         record = self.step_log.record(
             step,
             groups,
@@ -187,23 +188,17 @@ class RLRun(RecipeRun):
             rollout_s=rollout_s,
             step_started=step_started,
         )
-        prefill = _counted_since(counted, self.sampler_counters())
-        if evaluated or prefill:
-            return record.with_metrics({**prefill, **evaluated})
-        return record
+        return record.with_metrics({**_counted_since(counted, self.sampler_counters()), **evaluated})
 
-    async def _train(self, groups: list[GroupResult], scheduler: RolloutScheduler) -> StepTraining:
+    async def _train(self, groups: list[GroupResult]) -> StepTraining:
         """GRPO over the step's groups, one optimizer step over the datums it keeps, and the publish."""
         datums, stats = step_datums(groups)
         if not datums:
-            scheduler.step_finished()
             return StepTraining(datums, stats, {})
         started = time.perf_counter()
         metrics = await self.policy.train_step(datums, loss=self.loss, adam=self.adam)
         train_s = time.perf_counter() - started
         publish_s = await self.policy.publish()
-        scheduler.policy_published()
-        scheduler.step_finished()
         return StepTraining(datums, stats, metrics, train_s, publish_s)
 
     async def _report_progress(self, scheduler: RolloutScheduler) -> None:

@@ -234,11 +234,9 @@ class RolloutScheduler:
         self._steps_done = self.version()
         self._producer = asyncio.create_task(self._produce(first_step, last_step))
 
-    def policy_published(self) -> None:
-        self._version_changed.set()
-
     def step_finished(self) -> None:
-        """The learner is done with a step, trained or not (async pacing counts steps, not versions)."""
+        """The learner is done with a step, trained (and published) or not: async pacing counts steps, not
+        versions."""
         self._steps_done += 1
         self._version_changed.set()
 

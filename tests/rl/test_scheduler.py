@@ -109,7 +109,7 @@ async def test_async_pace_never_starts_a_step_further_ahead_than_max_staleness()
     assert {g.slot for g in first} == {0}
     assert len(runtime.started) == 2 * 2 * 3
     clock.version = 1
-    s.policy_published()
+    s.step_finished()  # trained and published
     second = await s.next_groups(1)
     await until(settled(s, runtime, 3 * 2 * 3), "slot 2 has run")
     assert {g.slot for g in second} == {1}
@@ -145,7 +145,7 @@ async def test_async_requeue_drops_groups_that_got_too_stale_and_reruns_their_ta
     # Slot 0 and slot 1 (one step of look-ahead) finish at version 0.
     await until(settled(s, runtime, 2 * 2 * 3), "slots 0 and 1 have run")
     clock.version = 1
-    s.policy_published()
+    s.step_finished()  # trained and published
     groups = await s.next_groups(1)
     assert s.stats.stale_requeued >= 2
     assert all(clock.version - g.min_version <= 0 for g in groups)
