@@ -52,7 +52,6 @@ POLL_HOLD_SECONDS = 25.0
 """Long-poll hold for `/operations/{id}`; the SDK's read timeout per poll is 35 s."""
 DISCONNECT_POLL_SECONDS = 0.5
 """How often a `/sample` waiting on the engine checks that its client is still connected."""
-TRAINER_OPS = tuple(OP_REQUESTS)
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -239,8 +238,8 @@ class LoopsRoutes:
     # -- trainer ------------------------------------------------------------------------------
     async def trainer_submit(self, request: Request) -> Response:
         op = request.path_params["op"]
-        if op not in TRAINER_OPS:
-            raise BadRequest(f"unknown trainer operation {op!r}; valid: {', '.join(TRAINER_OPS)}")
+        if op not in OP_REQUESTS:
+            raise BadRequest(f"unknown trainer operation {op!r}; valid: {', '.join(OP_REQUESTS)}")
         run = self.state.run(request.path_params["run_id"])
         body = await _body(request)
         op_id = (

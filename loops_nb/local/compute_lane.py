@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from typing import cast
 
 import torch
 
@@ -53,7 +54,7 @@ class ComputeLane:
         future: Future[object] = Future()
         self._ensure_started()
         self._queue.put((fn, future))
-        return future.result()  # type: ignore[return-value]
+        return cast(T, future.result())
 
     def isolate_threads(self) -> None:
         """Give the lane torch's current intra-op thread count, and one to the caller and every thread whose

@@ -285,24 +285,25 @@ def _tensor(where: str, td: TensorData, *, integer: bool = False) -> torch.Tenso
         raise BadRequest(f"{where}: shape {shape!r} must be [N] or [N, K]")
     if math.prod(shape) != len(data):
         raise BadRequest(f"{where}: {len(data)} values do not fill shape {shape}")
+    if not integer and td.dtype not in _NUMBER_DTYPES:
+        raise BadRequest(f"{where}: unsupported dtype {td.dtype!r}")
     try:
         if integer:
-            # `TensorData.from_list` labels data float32 by default, so judge the values, not the label.
             t = torch.tensor(data) if data else torch.zeros(0, dtype=torch.int64)
-            if t.dtype == torch.bool or (t.is_floating_point() and not bool((t == t.round()).all())):
-                raise BadRequest(f"{where}: expected integer token ids, got dtype {td.dtype!r}")
-            return t.to(torch.int64).reshape(shape)
-        if td.dtype not in _NUMBER_DTYPES:
-            raise BadRequest(f"{where}: unsupported dtype {td.dtype!r}")
-        try:
-            t = torch.tensor(data, dtype=torch.float32)
-        except TypeError:  # nulls (masked positions) → NaN, as TensorData.to_torch does
-            t = torch.tensor([math.nan if v is None else v for v in data], dtype=torch.float32)
-        return t.reshape(shape)
+        else:
+            try:
+                t = torch.tensor(data, dtype=torch.float32)
+            except TypeError:  # nulls (masked positions) → NaN, as TensorData.to_torch does
+                t = torch.tensor([math.nan if v is None else v for v in data], dtype=torch.float32)
+        t = t.reshape(shape)
     except (TypeError, ValueError, RuntimeError, OverflowError) as exc:
-        if isinstance(exc, BadRequest):
-            raise
         raise BadRequest(f"{where}: could not read values as numbers ({exc})") from None
+    if not integer:
+        return t
+    # `TensorData.from_list` labels data float32 by default, so judge the values, not the label.
+    if t.dtype == torch.bool or (t.is_floating_point() and not bool((t == t.round()).all())):
+        raise BadRequest(f"{where}: expected integer token ids, got dtype {td.dtype!r}")
+    return t.to(torch.int64)
 
 
 def _null_to_zero(t: torch.Tensor) -> torch.Tensor:

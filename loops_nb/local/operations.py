@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import queue
 import threading
@@ -101,12 +102,9 @@ class OperationQueue:
     async def wait(self, op: Operation, hold_seconds: float) -> dict[str, Any] | None:
         """The poll body, waiting up to `hold_seconds` for the op to finish (a long-poll)."""
         if not op.future.done():
-            try:
+            # Past the hold the op is still running (None); an op that failed answers its error.
+            with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(op.future)), hold_seconds)
-            except TimeoutError:
-                return None
-            except Exception:
-                pass
         return op.poll_body()
 
     def close(self) -> None:

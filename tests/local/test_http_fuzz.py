@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from loops_nb.local.app import TRAINER_OPS
+from loops_nb.local.op_requests import OP_REQUESTS
 
 JSON = st.recursive(
     st.none()
@@ -58,7 +58,7 @@ def paths(server, tc) -> list[str]:
         "/v1/loops/samplers",
         "/v1/loops/checkpoints/validate",
         f"/v1/loops/runs/{run}/deactivate-not-a-route",
-        *[f"/trainers/{run}/{op}" for op in TRAINER_OPS],
+        *[f"/trainers/{run}/{op}" for op in OP_REQUESTS],
         f"/trainers/{run}/not_an_op",
         f"/samplers/{sampler_id}/sample",
         "/samplers/no-such-sampler/sample",
