@@ -161,7 +161,7 @@ def load_model_renderer(
         source = str(resolve_model(source, cache_dir=cache_dir).path)
     if choice.name != CHAT_TEMPLATE:
         return text_renderer(model, tokenizer, choice, source)  # the family's renderer loads it at an image
-    return text_renderer(model, tokenizer, choice, load_processor(source, cache_dir=cache_dir))
+    return text_renderer(model, tokenizer, choice, load_processor(source))
 
 
 def text_renderer(
