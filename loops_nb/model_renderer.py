@@ -16,8 +16,8 @@ from loops_nb.llm.renderer_choice import (
     RendererChoice,
     choose_renderer,
     family_renderer,
-    no_template,
     renderer_config,
+    renderer_names,
 )
 from loops_nb.llm.templates import BUILTIN_TEMPLATES as BUILTIN_TEMPLATES
 from loops_nb.missing_package import install_line, missing_package
@@ -60,10 +60,9 @@ def load_model_tokenizer(model: ModelConfig, scope: str, *, cache_dir: Path | No
         try:
             return load_tokenizer(resolved, chat_template=template)
         except ImportError as exc:
-            package = missing_package(exc)
-            if package is None:
+            if missing_package(exc) is None:
                 raise
-            raise UserError(install_line(f"the tokenizer of {source!r}", package)) from None
+            raise UserError(tokenizer_problem(source, exc)) from None
     from transformers import AutoTokenizer
 
     try:
@@ -161,7 +160,7 @@ def load_model_renderer(
         source = str(resolve_model(source, cache_dir=cache_dir).path)
     if choice.name != CHAT_TEMPLATE:
         return text_renderer(model, tokenizer, choice, source)  # the family's renderer loads it at an image
-    return text_renderer(model, tokenizer, choice, load_processor(source, cache_dir=cache_dir))
+    return text_renderer(model, tokenizer, choice, load_processor(source))
 
 
 def text_renderer(
@@ -187,7 +186,11 @@ def text_renderer(
                 f"template ({choice.why}); remove them, or set model.renderer to the family's renderer"
             )
         if not getattr(tokenizer, "chat_template", None):
-            raise ConfigError(no_template(model.base_model, choice))
+            raise ConfigError(
+                f"{model.base_model!r} has no chat template and no renderer was named ({choice.why}): set "
+                f"model.renderer to its family's renderer (one of {', '.join(renderer_names())}) or "
+                "model.chat_template_file to a template"
+            )
         if processor is None:
             renderer = ChatRenderer(tokenizer, parser=family_parser(model, tokenizer))
         else:

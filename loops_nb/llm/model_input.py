@@ -24,9 +24,6 @@ class PromptImage:
 
         return ImageChunk(data=self.data, format=self.format, expected_tokens=self.length)
 
-    def shifted(self, by: int) -> PromptImage:
-        return PromptImage(self.offset + by, self.length, self.data, self.format)
-
 
 def model_input(tokens: Sequence[int], images: Sequence[PromptImage] = ()) -> Any:
     """`ModelInput` of expanded `tokens`: text chunks, and an `ImageChunk` in place of each image's run."""

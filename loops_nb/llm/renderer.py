@@ -130,9 +130,9 @@ class ChatRenderer(Renderer):
     ``chat_template`` overrides the tokenizer's own (e.g. `TOOL_CAPABLE_CHATML_TEMPLATE` for SmolLM2 tool use);
     ``template_variables`` are passed to the template (e.g. ``enable_thinking``); ``stop_tokens`` end a trained
     turn (default: the eos token and the known end-of-turn tokens the tokenizer has and the template writes).
-    ``parser``: the family's renderer (`PrimeRenderer`) where `renderers` covers the model's family: replies are
-    parsed by it (the model writes its family's tool-call and reasoning syntax whatever renders the prompt);
-    without one, by the hand parser of templates.py (SmolLM2's `chatml-tools`, Gemma 3, an unknown model).
+    ``parser``: the family's renderer (`PrimeRenderer`) that parses the replies where `renderers` covers the
+    model's family; without one, templates.py's parser does (docs/reference/renderers.md, "The chat
+    template's renderer").
     """
 
     name = CHAT_TEMPLATE

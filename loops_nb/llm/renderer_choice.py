@@ -119,12 +119,3 @@ def choose_renderer(setting: str, base_model: str, *, template_override: str | N
         f'model.renderer = {setting!r} is not a renderer: use "auto", "chat_template" or one of '
         f"`renderers`' {', '.join(renderer_names())}"
     )
-
-
-def no_template(base_model: str, choice: RendererChoice) -> str:
-    """The line for a model that has neither a family renderer nor a chat template."""
-    return (
-        f"{base_model!r} has no chat template and no renderer was named ({choice.why}): set model.renderer "
-        f"to its family's renderer (one of {', '.join(renderer_names())}) or model.chat_template_file to a "
-        "template"
-    )

@@ -119,16 +119,14 @@ def render_failed(who: str, exc: BaseException, j: int, upto: str) -> Refusal:
     return Refusal(f"messages[{j}]: {who} failed to render {upto}: {error}")
 
 
-def default_stop_tokens(tokenizer: PreTrainedTokenizerBase, template: str | None = None) -> list[str]:
+def default_stop_tokens(tokenizer: PreTrainedTokenizerBase, template: str) -> list[str]:
     """The tokenizer's eos token plus the known end-of-turn tokens it has as added tokens and `template`
     (the chat template's source, with and without tools) writes. A token the template never writes ends no
     turn, and as a stop it would also refuse every row whose text holds it (Gemma's vocabulary has `</s>`,
-    which an HTML answer may well contain). Without a template, every known one the tokenizer has."""
+    which an HTML answer may well contain)."""
     added = {t.content for t in tokenizer.added_tokens_decoder.values()}
     stops = [tokenizer.eos_token] if tokenizer.eos_token in added else []
-    return stops + [
-        t for t in KNOWN_STOP_TOKENS if t in added and t not in stops and (template is None or t in template)
-    ]
+    return stops + [t for t in KNOWN_STOP_TOKENS if t in added and t not in stops and t in template]
 
 
 @dataclass(slots=True)

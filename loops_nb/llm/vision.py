@@ -38,7 +38,7 @@ def image_source(part: dict[str, Any]) -> Any:
     raise UserError(f"an image part needs `image`, `url` or `path`: {sorted(part)}")
 
 
-def load_image(source: object, base_dir: Path | None = None) -> PILImage:
+def load_image(source: object) -> PILImage:
     """A PIL image (RGB) from a PIL image, bytes, a file path, an http(s) URL or a base64 data URL."""
     from PIL import Image
 
@@ -57,8 +57,6 @@ def load_image(source: object, base_dir: Path | None = None) -> PILImage:
                 raw = response.read()
         elif isinstance(source, str | Path):
             path = Path(source).expanduser()
-            if not path.is_absolute() and base_dir is not None:
-                path = base_dir / path
             try:
                 raw = path.read_bytes()
             except OSError as exc:
@@ -100,10 +98,8 @@ def split_images(messages: Sequence[ChatMessage]) -> tuple[list[dict[str, Any]],
 class VisionRenderer(ChatRenderer):
     """A `ChatRenderer` for a vision-language model: image parts go through the model's processor."""
 
-    def __init__(
-        self, processor: ProcessorMixin, chat_template: str | None = None, parser: Renderer | None = None
-    ) -> None:
-        super().__init__(processor.tokenizer, chat_template, parser=parser)
+    def __init__(self, processor: ProcessorMixin, parser: Renderer | None = None) -> None:
+        super().__init__(processor.tokenizer, parser=parser)
         self.processor = processor
         token = getattr(processor, "image_token_id", None)
         if token is None:
@@ -162,7 +158,7 @@ def _plainly_text(config_file: Path) -> bool:
     return not any(word in key for key in config for word in ("vision", "visual", "image", "mm_"))
 
 
-def load_processor(source: str, *, cache_dir: Path | None = None) -> Any | None:
+def load_processor(source: str) -> Any | None:
     """The model's processor when `source` (a Hub id or a local directory) is a vision-language model."""
     if _plainly_text(Path(source).expanduser() / "config.json"):
         return None  # not worth importing and running transformers' auto classes to say so

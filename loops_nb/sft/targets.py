@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from loops_nb.errors import UserError
+from loops_nb.llm.added_token_encoder import alternation
 from loops_nb.llm.chat_messages import ChatMessage, ToolSpec, has_images
 from loops_nb.llm.model_input import PromptImage
-from loops_nb.llm.target_rule import Refusal, alternation
+from loops_nb.llm.target_rule import Refusal
 from loops_nb.sft.data import ChatRow, RefusedRow, Row, RowResult, TokenizedRow
 from loops_nb.sft.refusal_wording import FIRST_TOKEN, LENGTH_FIX
 from loops_nb.sft.survival import CHAT_TEMPLATE_WORDING, RowChecks, family_wording
