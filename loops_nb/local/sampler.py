@@ -44,13 +44,12 @@ from loops_nb.local.memory_budget import MIB, kv_token_budget, resolve_budget, w
 from loops_nb.local.model_store import auto_dtype, load_tokenizer
 from loops_nb.local.prefill_plan import Prefiller
 from loops_nb.local.prefix_cache import PrefixCache
-from loops_nb.local.row_endings import RowEndings, SampleAbandoned
+from loops_nb.local.row_endings import RowEndings
 from loops_nb.local.sampler_adapters import AdapterSet, read_adapter_dir
 from loops_nb.local.sampler_batch import DecodeBatch, Job
 from loops_nb.local.sampling_types import (
     DEFAULT_MAX_TOKENS,
     IMAGE_POSITION,
-    SampledChoice,
     SampleRequest,
     SampleRequestError,
     SampleResult,
@@ -58,15 +57,6 @@ from loops_nb.local.sampling_types import (
 from loops_nb.local.sdpa_variants import use_sdpa_variant
 from loops_nb.local.shared_base import BASE_MODELS
 from loops_nb.local.shared_prompt_kv import IMPLEMENTATION as PROMPT_ATTENTION
-
-__all__ = [
-    "SampleAbandoned",
-    "SampleRequest",
-    "SampleRequestError",
-    "SampleResult",
-    "SampledChoice",
-    "SamplerEngine",
-]
 
 logger = logging.getLogger(__name__)
 

@@ -65,12 +65,6 @@ def shared_groups(keys: Sequence[PromptKey]) -> tuple[list[tuple[list[int], int]
     return groups, sorted(rest)
 
 
-def prefix_groups(tokens: torch.Tensor, need: torch.Tensor) -> tuple[list[tuple[list[int], int]], list[int]]:
-    """(groups of rows that share the tokens before their first needed position, with that length; the rows
-    that share with none). Rows with no needed position are in neither: nothing of them is computed."""
-    return shared_groups([prompt_key(tokens[row], need[row]) for row in range(tokens.shape[0])])
-
-
 PACKED_TOKENS = 2048
 """Longest packed group (its prompt, then every row's own tokens end to end, `packed_hidden`): the attention
 mask of one is square in its length (16 MB of float32 at this length)."""
@@ -221,7 +215,7 @@ def shared_prefix_hidden(
 ) -> SharedForward | None:
     """The decoder's last hidden states at every needed position, each group's prompt run once; None when no
     rows share a prompt (the caller runs the plain forward)."""
-    groups, rest = prefix_groups(tokens, need)
+    groups, rest = shared_groups([prompt_key(tokens[row], need[row]) for row in range(tokens.shape[0])])
     if not groups:
         return None
     computed = 0
