@@ -66,8 +66,7 @@ class VisionInputs:
     def __init__(self, model_path: str | Path, model: Any) -> None:
         from transformers import AutoProcessor
 
-        self.processor = AutoProcessor.from_pretrained(str(model_path))
-        self.image_processor = self.processor.image_processor
+        self.image_processor = AutoProcessor.from_pretrained(str(model_path)).image_processor
         config = model.config
         token = getattr(config, "image_token_id", None) or getattr(config, "image_token_index", None)
         if token is None:

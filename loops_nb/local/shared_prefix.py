@@ -180,14 +180,9 @@ def packed_hidden(
     device = tokens.device
     spans = [lengths[r] - shared for r in rows]
     ids = torch.cat([tokens[rows[0], :shared], *(tokens[r, shared : lengths[r]] for r in rows)])
-    positions = torch.cat(
-        [torch.arange(shared, device=device)]
-        + [torch.arange(shared, shared + n, device=device) for n in spans]
-    )
-    segment = torch.cat(
-        [torch.full((shared,), -1, device=device)]
-        + [torch.full((n,), i, device=device) for i, n in enumerate(spans)]
-    )
+    layout = PackedRows.of(shared, spans, device)
+    positions = torch.cat([torch.arange(shared, device=device), shared + layout.pos_of])
+    segment = torch.cat([torch.full((shared,), -1, device=device), layout.row_of])
     size = ids.shape[0]
     causal = torch.ones(size, size, dtype=torch.bool, device=device).tril()
     allowed = causal & ((segment[None, :] == -1) | (segment[None, :] == segment[:, None]))
@@ -196,7 +191,7 @@ def packed_hidden(
     # Under `packed_attention` (the trainer's own model) attention skips what the mask hides; the mask stays
     # for the layers it leaves to SDPA.
     packed = (
-        {"packed_rows": PackedRows.of(shared, spans, device)}
+        {"packed_rows": layout}
         if getattr(decoder.config, "_attn_implementation", None) == PACKED_ATTENTION
         else {}
     )
