@@ -7,9 +7,7 @@ against the plain forward.
 
 The prompt's keys and values are kept once ([1, heads, prompt, dim] a layer) and expanded for the rows only
 inside each layer's attention (`ExpandedPrefixLayer`), so across layers they cost what one row's would.
-Under layer recompute (`activation_memory.checkpointed`) a recomputed layer calls its cache again in the
-backward, so neither cache accumulates: the prompt's pass records (a second call overwrites with the same
-tensors) and the rows' pass reads (its keys are the prompt's plus its own, never stored).
+Neither cache accumulates under layer recompute (`activation_memory.checkpointed`; see the layers' notes).
 
 Only the positions the loss needs are filled in the returned hidden states. Deliberate simplification: a
 group shares exactly its rows' common prompt; rows whose prompts merely overlap (a common system prompt,
