@@ -2,7 +2,7 @@
 
 - Jobs whose prompt extends a sequence the prefix cache keeps run only their new tokens, once for all the
   jobs with that same prompt (the quickstart's 64 attempts a step send one prompt).
-- The other plain jobs are prefilled together, shortest first, in groups under `max_prefill_tokens`.
+- The other plain jobs are prefilled together, shortest first, in groups under `MAX_PREFILL_TOKENS`.
 - A job asking for prompt logprobs needs logits at every position: it is prefilled alone.
 
 The batches are then merged into one (left-padded) where the model's cache allows; other models prefill
@@ -26,6 +26,9 @@ from loops_nb.local.prefix_cache import PrefixCache, PrefixHit
 from loops_nb.local.sampler_batch import DecodeBatch, Forward, Job, Row, cache_layers
 from loops_nb.local.shared_prompt_kv import PromptSlot, SharedPrompts
 
+MAX_PREFILL_TOKENS = 16384
+"""Padded prompt tokens a prefill of several plain jobs runs at most (a longer prompt runs alone)."""
+
 
 @dataclass
 class Prefiller:
@@ -34,7 +37,6 @@ class Prefiller:
     model: BatchForward
     decode: Callable[[list[int]], list[str]]
     mergeable: bool
-    max_prefill_tokens: int
     prefix_cache: PrefixCache | None
     stats: collections.Counter[str]
     """`prefill_tokens` (prompt tokens run through the model) and `prefix_cached_tokens` (served from the
@@ -51,7 +53,7 @@ class Prefiller:
         groups: list[list[Job]] = []
         plain = sorted((j for j in rest if j.request.prompt_logprobs is None), key=lambda j: len(j.prompt))
         for job in plain:
-            if groups and len(groups[-1]) * len(job.prompt) + len(job.prompt) <= self.max_prefill_tokens:
+            if groups and len(groups[-1]) * len(job.prompt) + len(job.prompt) <= MAX_PREFILL_TOKENS:
                 groups[-1].append(job)
             else:
                 groups.append([job])

@@ -77,7 +77,6 @@ class SamplerEngine:
         bf16_products: bool = False,
         max_batch_tokens: int | None = None,
         max_batch_sequences: int = 64,
-        max_prefill_tokens: int = 16384,
         memory_budget_mb: int | None = None,
         tokenizer: PreTrainedTokenizerBase | None = None,
         prefix_cache_mb: int | None = None,
@@ -99,7 +98,6 @@ class SamplerEngine:
         )
         """Prompt and new tokens a batch may hold in its KV cache (the memory budget over bytes per token)."""
         self.max_batch_sequences = max_batch_sequences
-        self.max_prefill_tokens = max_prefill_tokens
         self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
         self.max_positions: int | None = max_positions(config)
         self.eos_token_ids = self._eos_ids()
@@ -119,7 +117,6 @@ class SamplerEngine:
             self._batch_forward,
             self._decode,
             self._mergeable,
-            max_prefill_tokens,
             self.prefix_cache,
             self.stats,
             self._share,
