@@ -46,8 +46,8 @@ class Prefiller:
 
     def prefill(self, jobs: list[Job]) -> DecodeBatch:
         if not self.mergeable:
-            return self._together(jobs)
-        batches = [self._extending(same, hit) for same, hit in self._hits(jobs)]
+            return self._text_batch(jobs)
+        batches = [self._text_batch(same, hit) for same, hit in self._hits(jobs)]
         extended = {id(row.job) for batch in batches for row in batch.rows}
         rest = [job for job in jobs if id(job) not in extended]
         groups: list[list[Job]] = []
@@ -58,7 +58,7 @@ class Prefiller:
             else:
                 groups.append([job])
         groups += [[j] for j in rest if j.request.prompt_logprobs is not None]
-        batches += [self._together(group) for group in groups]
+        batches += [self._text_batch(group) for group in groups]
         batch = batches[0]
         for other in batches[1:]:
             batch.merge(other)
@@ -75,13 +75,10 @@ class Prefiller:
                 if sequence is not None:
                     self.prefix_cache.store(sequence)
 
-    def _together(self, jobs: list[Job]) -> DecodeBatch:
-        self.stats["prefill_tokens"] += sum(len(p) for p in {tuple(j.prompt) for j in jobs})
-        return self.batch(jobs, self.model.text, share=self.share_prompts)
-
-    def _extending(self, jobs: list[Job], hit: PrefixHit) -> DecodeBatch:
-        self.stats["prefill_tokens"] += len(jobs[0].prompt) - hit.length
-        self.stats["prefix_cached_tokens"] += hit.length
+    def _text_batch(self, jobs: list[Job], hit: PrefixHit | None = None) -> DecodeBatch:
+        cached = 0 if hit is None else hit.length
+        self.stats["prefill_tokens"] += sum(len(p) - cached for p in {tuple(j.prompt) for j in jobs})
+        self.stats["prefix_cached_tokens"] += cached
         return self.batch(jobs, self.model.text, hit, self.share_prompts)
 
     def _hits(self, jobs: list[Job]) -> list[tuple[list[Job], PrefixHit]]:
