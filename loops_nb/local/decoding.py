@@ -14,10 +14,9 @@ each group processed in one tensor op, and which group a row falls in depends on
   vLLM does) masks, then inverse CDF in sorted order.
 
 The logprob returned for a sampled token is the model's own, `log_softmax(logits)` at that token, whatever
-the temperature, top-k or top-p the token was drawn with: vLLM's default ("raw_logprobs"), which is what the
-Loops sampler returns (its `/sample` answers are vLLM completions; see docs/reference/local_loops.md,
-"Logprobs at T != 1", for the evidence). They therefore equal the trainer's logprobs of the same tokens at any
-temperature, and an importance ratio against a T != 1 sampler starts at 1, as on Loops.
+the temperature, top-k or top-p it was drawn with, as Loops returns it (docs/reference/local_loops.md,
+"Logprobs: what Loops returns, and the evidence"): it equals the trainer's logprob of the token at any
+temperature.
 """
 
 from __future__ import annotations

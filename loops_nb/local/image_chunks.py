@@ -1,14 +1,8 @@
 """Image inputs for the embedded trainer and sampler, when the local model is a vision-language model.
 
-The SDK sends an image as an `ImageChunk` (protocol notes §5.2): `{"type": "image", "data": <base64>,
-"format": "png" | "jpeg", "expected_tokens": N}` between text chunks, the text around it holding the
-model's own markers (Qwen: `<|vision_start|>` … `<|vision_end|>`). The server expands the chunk into N
-image-placeholder tokens and runs the model's processor on the image; N must equal what the processor
-makes of the image, or the request is refused (as Loops and Tinker refuse it).
-
-Supported: models whose processor turns one image into one run of image tokens and whose model takes
-`pixel_values` + `image_grid_thw` (the Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3.5 families, the vision
-models Loops serves). Their multimodal rotary positions are computed here with the model's own
+What is supported and how an `ImageChunk` becomes the model's inputs: docs/reference/vision_and_custom_loss.md,
+"On the embedded local scope". A chunk whose `expected_tokens` differs from what the model's processor makes
+of its image is refused, as Loops and Tinker refuse it. Multimodal rotary positions come from the model's own
 `get_rope_index`, so the sampler can batch and cache without the model's stateful position bookkeeping.
 """
 
@@ -72,8 +66,7 @@ class VisionInputs:
     def __init__(self, model_path: str | Path, model: Any) -> None:
         from transformers import AutoProcessor
 
-        self.processor = AutoProcessor.from_pretrained(str(model_path))
-        self.image_processor = self.processor.image_processor
+        self.image_processor = AutoProcessor.from_pretrained(str(model_path)).image_processor
         config = model.config
         token = getattr(config, "image_token_id", None) or getattr(config, "image_token_index", None)
         if token is None:
@@ -100,10 +93,6 @@ class VisionInputs:
                 )
         return {"pixel_values": out["pixel_values"], "image_grid_thw": grid}
 
-    def expand(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Token ids with the image positions (`IMAGE_POSITION`) set to the model's image token."""
-        return torch.where(tokens == IMAGE_POSITION, torch.full_like(tokens, self.image_token_id), tokens)
-
     def inputs(
         self, marked: torch.Tensor, attention_mask: torch.Tensor | None, pixels: Mapping[str, torch.Tensor]
     ) -> dict[str, Any]:
@@ -116,7 +105,7 @@ class VisionInputs:
         model = self._model
         device = marked.device
         is_image = marked == IMAGE_POSITION
-        ids = self.expand(marked)
+        ids = torch.where(is_image, torch.full_like(marked, self.image_token_id), marked)
         embeds = model.get_input_embeddings()(ids)
         grid = pixels["image_grid_thw"].to(device)
         owner = getattr(model, "model", model)

@@ -1,19 +1,12 @@
 """The sampler's KV cache: transformers' `DynamicCache`, with full-attention layers that grow in place.
 
 `DynamicLayer.update` concatenates each new token's keys and values onto the cache, so every decode step
-copies the whole cache of every layer, a cost that grows with the completion (SmolLM2-135M, 16 rows, on a
-CPU: 1% of sampling time at 64-token completions, 12% at 384). `GrowingLayer` writes into a buffer with
-room for `HEADROOM` more tokens and hands attention a view of its filled part, so a step copies one
-token; the buffer is reallocated only when full. The numbers are the same bit for bit: attention reads
-the same values, only from a strided view.
-
-A batch that knows how long its cache can still get (its prompt plus the most tokens a row may still feed
-back) says so with `bound_growth`: the room is then never more than that. Without the bound, the quickstart's
-64 rows of 44 prompt tokens and at most 16 new ones each held room for 108 tokens, 320 MB where 175 MB
-is ever filled, and that was the embedded Loops' peak while sampling.
-
-Whoever replaces a layer's `keys`/`values` (the decode batch drops, pads and merges rows by assigning new
-tensors) simply gets a fresh buffer at the next update: the layer notices that `keys` is no longer its view.
+copies the whole cache of every layer (SmolLM2-135M, 16 rows, on a CPU: 1% of sampling time at 64-token
+completions, 12% at 384). `GrowingLayer` writes into a buffer with room for `HEADROOM` more tokens and hands
+attention a view of its filled part: the same numbers bit for bit, one token copied a step. `bound_growth`
+caps the room at what a batch can still feed back (unbounded, the quickstart's batch held 320 MB of buffers
+for 175 MB ever filled). A layer whose `keys`/`values` were replaced (the decode batch drops, pads and merges
+rows by assigning new tensors) notices they are no longer its view and takes a fresh buffer at its next update.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 - Jobs whose prompt extends a sequence the prefix cache keeps run only their new tokens, once for all the
   jobs with that same prompt (the quickstart's 64 attempts a step send one prompt).
-- The other plain jobs are prefilled together, shortest first, in groups under `max_prefill_tokens`.
+- The other plain jobs are prefilled together, shortest first, in groups under `MAX_PREFILL_TOKENS`.
 - A job asking for prompt logprobs needs logits at every position: it is prefilled alone.
 
 The batches are then merged into one (left-padded) where the model's cache allows; other models prefill
@@ -26,6 +26,9 @@ from loops_nb.local.prefix_cache import PrefixCache, PrefixHit
 from loops_nb.local.sampler_batch import DecodeBatch, Forward, Job, Row, cache_layers
 from loops_nb.local.shared_prompt_kv import PromptSlot, SharedPrompts
 
+MAX_PREFILL_TOKENS = 16384
+"""Padded prompt tokens a prefill of several plain jobs runs at most (a longer prompt runs alone)."""
+
 
 @dataclass
 class Prefiller:
@@ -34,7 +37,6 @@ class Prefiller:
     model: BatchForward
     decode: Callable[[list[int]], list[str]]
     mergeable: bool
-    max_prefill_tokens: int
     prefix_cache: PrefixCache | None
     stats: collections.Counter[str]
     """`prefill_tokens` (prompt tokens run through the model) and `prefix_cached_tokens` (served from the
@@ -44,19 +46,19 @@ class Prefiller:
 
     def prefill(self, jobs: list[Job]) -> DecodeBatch:
         if not self.mergeable:
-            return self._together(jobs)
-        batches = [self._extending(same, hit) for same, hit in self._hits(jobs)]
+            return self._text_batch(jobs)
+        batches = [self._text_batch(same, hit) for same, hit in self._hits(jobs)]
         extended = {id(row.job) for batch in batches for row in batch.rows}
         rest = [job for job in jobs if id(job) not in extended]
         groups: list[list[Job]] = []
         plain = sorted((j for j in rest if j.request.prompt_logprobs is None), key=lambda j: len(j.prompt))
         for job in plain:
-            if groups and len(groups[-1]) * len(job.prompt) + len(job.prompt) <= self.max_prefill_tokens:
+            if groups and len(groups[-1]) * len(job.prompt) + len(job.prompt) <= MAX_PREFILL_TOKENS:
                 groups[-1].append(job)
             else:
                 groups.append([job])
         groups += [[j] for j in rest if j.request.prompt_logprobs is not None]
-        batches += [self._together(group) for group in groups]
+        batches += [self._text_batch(group) for group in groups]
         batch = batches[0]
         for other in batches[1:]:
             batch.merge(other)
@@ -73,13 +75,10 @@ class Prefiller:
                 if sequence is not None:
                     self.prefix_cache.store(sequence)
 
-    def _together(self, jobs: list[Job]) -> DecodeBatch:
-        self.stats["prefill_tokens"] += sum(len(p) for p in {tuple(j.prompt) for j in jobs})
-        return self.batch(jobs, self.model.text, share=self.share_prompts)
-
-    def _extending(self, jobs: list[Job], hit: PrefixHit) -> DecodeBatch:
-        self.stats["prefill_tokens"] += len(jobs[0].prompt) - hit.length
-        self.stats["prefix_cached_tokens"] += hit.length
+    def _text_batch(self, jobs: list[Job], hit: PrefixHit | None = None) -> DecodeBatch:
+        cached = 0 if hit is None else hit.length
+        self.stats["prefill_tokens"] += sum(len(p) - cached for p in {tuple(j.prompt) for j in jobs})
+        self.stats["prefix_cached_tokens"] += cached
         return self.batch(jobs, self.model.text, hit, self.share_prompts)
 
     def _hits(self, jobs: list[Job]) -> list[tuple[list[Job], PrefixHit]]:

@@ -44,13 +44,12 @@ from loops_nb.local.memory_budget import MIB, kv_token_budget, resolve_budget, w
 from loops_nb.local.model_store import auto_dtype, load_tokenizer
 from loops_nb.local.prefill_plan import Prefiller
 from loops_nb.local.prefix_cache import PrefixCache
-from loops_nb.local.row_endings import RowEndings, SampleAbandoned
+from loops_nb.local.row_endings import RowEndings
 from loops_nb.local.sampler_adapters import AdapterSet, read_adapter_dir
 from loops_nb.local.sampler_batch import DecodeBatch, Job
 from loops_nb.local.sampling_types import (
     DEFAULT_MAX_TOKENS,
     IMAGE_POSITION,
-    SampledChoice,
     SampleRequest,
     SampleRequestError,
     SampleResult,
@@ -58,15 +57,6 @@ from loops_nb.local.sampling_types import (
 from loops_nb.local.sdpa_variants import use_sdpa_variant
 from loops_nb.local.shared_base import BASE_MODELS
 from loops_nb.local.shared_prompt_kv import IMPLEMENTATION as PROMPT_ATTENTION
-
-__all__ = [
-    "SampleAbandoned",
-    "SampleRequest",
-    "SampleRequestError",
-    "SampleResult",
-    "SampledChoice",
-    "SamplerEngine",
-]
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +77,6 @@ class SamplerEngine:
         bf16_products: bool = False,
         max_batch_tokens: int | None = None,
         max_batch_sequences: int = 64,
-        max_prefill_tokens: int = 16384,
         memory_budget_mb: int | None = None,
         tokenizer: PreTrainedTokenizerBase | None = None,
         prefix_cache_mb: int | None = None,
@@ -109,7 +98,6 @@ class SamplerEngine:
         )
         """Prompt and new tokens a batch may hold in its KV cache (the memory budget over bytes per token)."""
         self.max_batch_sequences = max_batch_sequences
-        self.max_prefill_tokens = max_prefill_tokens
         self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
         self.max_positions: int | None = max_positions(config)
         self.eos_token_ids = self._eos_ids()
@@ -129,7 +117,6 @@ class SamplerEngine:
             self._batch_forward,
             self._decode,
             self._mergeable,
-            max_prefill_tokens,
             self.prefix_cache,
             self.stats,
             self._share,

@@ -48,19 +48,14 @@ def lora_config_from_dict(config: Mapping[str, Any]) -> LoraConfig:
     return LoraConfig(**kwargs)
 
 
-def _canonical(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {str(k): _canonical(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
-    if isinstance(value, (set, frozenset)):
-        return sorted(_canonical(v) for v in value)
-    if isinstance(value, (list, tuple)):
-        return [_canonical(v) for v in value]
-    return value if isinstance(value, (str, int, float, bool, type(None))) else str(value)
-
-
 def _fingerprint(config: LoraConfig) -> str:
     described = {k: v for k, v in config.to_dict().items() if k not in _PROVENANCE_KEYS}
-    return json.dumps(_canonical(described), sort_keys=True)
+    # A set (the target modules) in order, so equal configs match; a value JSON has no form for, as text.
+    return json.dumps(described, sort_keys=True, default=_json_form)
+
+
+def _json_form(value: object) -> object:
+    return sorted(value) if isinstance(value, (set, frozenset)) else str(value)
 
 
 def _adapter_of(name: str) -> str | None:

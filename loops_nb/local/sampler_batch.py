@@ -4,14 +4,11 @@
 A batch is a set of rows (one per sample: a request with `n=4` is 4 rows) decoded in lockstep through the
 model's forward with a `DynamicCache` whose layers grow in place (`kv_cache`). Prompts are left-padded, so
 every row's next token is at the same cache index; each row's position ids count only its real tokens and
-the 2-D attention mask hides the padding, which makes a row's logits those of its prompt alone. A request's
-prompt is prefilled once (identical prompts from different requests too) and its cache rows copied to its
-`n` samples: on models that attend with `shared_prompt_kv` its keys and values are held once for them
-(the batch's cache then holds each row's own tokens only), on others copied to each row. Finished rows
-leave the batch (their cache rows are dropped) and, on models whose cache is
-all full-attention layers, new requests can join a running batch: they are prefilled on their own and
-their cache is left-padded to the batch's length and concatenated (continuous batching, so a request
-arriving mid-generation does not wait for the longest completion in flight).
+the 2-D attention mask hides the padding, which makes a row's logits those of its prompt alone. With
+`prompts` (`shared_prompt_kv`) the cache holds each row's own tokens only. Finished rows leave the batch and,
+on models whose cache is all full-attention layers, requests prefilled after it started join it, their cache
+left-padded to the batch's length (continuous batching: a request arriving mid-generation does not wait for
+the longest completion in flight).
 """
 
 from __future__ import annotations

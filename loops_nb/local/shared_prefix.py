@@ -7,9 +7,7 @@ against the plain forward.
 
 The prompt's keys and values are kept once ([1, heads, prompt, dim] a layer) and expanded for the rows only
 inside each layer's attention (`ExpandedPrefixLayer`), so across layers they cost what one row's would.
-Under layer recompute (`activation_memory.checkpointed`) a recomputed layer calls its cache again in the
-backward, so neither cache accumulates: the prompt's pass records (a second call overwrites with the same
-tensors) and the rows' pass reads (its keys are the prompt's plus its own, never stored).
+Neither cache accumulates under layer recompute (`activation_memory.checkpointed`; see the layers' notes).
 
 Only the positions the loss needs are filled in the returned hidden states. Deliberate simplification: a
 group shares exactly its rows' common prompt; rows whose prompts merely overlap (a common system prompt,
@@ -63,12 +61,6 @@ def shared_groups(keys: Sequence[PromptKey]) -> tuple[list[tuple[list[int], int]
         else:
             rest += rows
     return groups, sorted(rest)
-
-
-def prefix_groups(tokens: torch.Tensor, need: torch.Tensor) -> tuple[list[tuple[list[int], int]], list[int]]:
-    """(groups of rows that share the tokens before their first needed position, with that length; the rows
-    that share with none). Rows with no needed position are in neither: nothing of them is computed."""
-    return shared_groups([prompt_key(tokens[row], need[row]) for row in range(tokens.shape[0])])
 
 
 PACKED_TOKENS = 2048
@@ -186,14 +178,9 @@ def packed_hidden(
     device = tokens.device
     spans = [lengths[r] - shared for r in rows]
     ids = torch.cat([tokens[rows[0], :shared], *(tokens[r, shared : lengths[r]] for r in rows)])
-    positions = torch.cat(
-        [torch.arange(shared, device=device)]
-        + [torch.arange(shared, shared + n, device=device) for n in spans]
-    )
-    segment = torch.cat(
-        [torch.full((shared,), -1, device=device)]
-        + [torch.full((n,), i, device=device) for i, n in enumerate(spans)]
-    )
+    layout = PackedRows.of(shared, spans, device)
+    positions = torch.cat([torch.arange(shared, device=device), shared + layout.pos_of])
+    segment = torch.cat([torch.full((shared,), -1, device=device), layout.row_of])
     size = ids.shape[0]
     causal = torch.ones(size, size, dtype=torch.bool, device=device).tril()
     allowed = causal & ((segment[None, :] == -1) | (segment[None, :] == segment[:, None]))
@@ -202,7 +189,7 @@ def packed_hidden(
     # Under `packed_attention` (the trainer's own model) attention skips what the mask hides; the mask stays
     # for the layers it leaves to SDPA.
     packed = (
-        {"packed_rows": PackedRows.of(shared, spans, device)}
+        {"packed_rows": layout}
         if getattr(decoder.config, "_attn_implementation", None) == PACKED_ATTENTION
         else {}
     )
@@ -221,7 +208,7 @@ def shared_prefix_hidden(
 ) -> SharedForward | None:
     """The decoder's last hidden states at every needed position, each group's prompt run once; None when no
     rows share a prompt (the caller runs the plain forward)."""
-    groups, rest = prefix_groups(tokens, need)
+    groups, rest = shared_groups([prompt_key(tokens[row], need[row]) for row in range(tokens.shape[0])])
     if not groups:
         return None
     computed = 0

@@ -50,15 +50,12 @@ class SharedPrompts:
 
     def select(self, keep: Sequence[int]) -> None:
         """Keep the rows `keep` (in that order, as the batch does); prompts left with no row are dropped."""
-        new_index = torch.full((max(keep, default=-1) + 1,), -1, dtype=torch.long)
-        new_index[torch.tensor(list(keep), dtype=torch.long)] = torch.arange(len(keep))
+        position = {row: i for i, row in enumerate(keep)}
         slots = []
         for slot in self.slots:
-            rows = slot.rows.cpu()
-            rows = new_index[rows[rows < new_index.shape[0]]]
-            rows = rows[rows >= 0]
-            if rows.numel():
-                slot.rows = rows.to(slot.keys[0].device)
+            rows = [position[row] for row in slot.rows.tolist() if row in position]
+            if rows:
+                slot.rows = torch.tensor(rows, dtype=torch.long, device=slot.keys[0].device)
                 slots.append(slot)
         self.slots = slots
 

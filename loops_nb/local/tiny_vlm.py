@@ -1,13 +1,9 @@
-"""A tiny vision-language model built from a config with random weights: `loops-nb/tiny-random-vlm`.
+"""A tiny vision-language model built from a config with random weights: `loops-nb/tiny-random-vlm`
+(docs/reference/vision_and_custom_loss.md, "The tiny random test VLM").
 
-It exists so the image path (rendering through the processor, image chunks, the embedded sampler and
-trainer) runs offline in seconds, in CI and in the vision notebook. It is a Qwen2-VL (one vision block,
-two text layers, hidden size 32), with a byte-level tokenizer that has no merges (every byte is a
-token, digits included) and a Qwen-style chat template that renders image parts as
-`<|vision_start|><|image_pad|><|vision_end|>`. Images are resized to at most 112x112 pixels, so one image
-costs at most 16 image tokens. Its weights are random: it cannot learn to count. Learning needs a real
-vision-language model (e.g. Qwen/Qwen3.6-35B-A3B on Loops).
-
+It exists so the image path runs offline in seconds, in CI and in the vision notebook: a Qwen2-VL with a
+byte-level tokenizer without merges (every byte a token, digits included) and a Qwen-style chat template that
+renders image parts as `<|vision_start|><|image_pad|><|vision_end|>`. Its weights are random: it cannot learn.
 `resolve_model("loops-nb/tiny-random-vlm")` builds it once into the loops_nb cache (see model_store).
 """
 

@@ -13,7 +13,8 @@ import pytest
 from polling import until, wait_until
 from sampler_fixtures import sampler_model_path_fixture  # noqa: F401 - registers the fixture
 
-from loops_nb.local.sampler import SampleAbandoned, SamplerEngine, SampleRequest
+from loops_nb.local.row_endings import SampleAbandoned
+from loops_nb.local.sampler import SamplerEngine, SampleRequest
 
 
 def long_request(prompt: list[int], max_tokens: int = 240) -> SampleRequest:

@@ -13,7 +13,7 @@ import torch
 from baseten.loops import Datum, ForwardBackwardOutput
 from test_trainer import datum, grads, td, values
 
-from loops_nb.local.shared_prefix import MIN_SHARED_TOKENS, prefix_groups
+from loops_nb.local.shared_prefix import MIN_SHARED_TOKENS, prompt_key, shared_groups
 from loops_nb.local.trainer import LoraTrainer
 
 PROMPT = [1, *range(10, 10 + 29)]  # 30 tokens every row of a group shares
@@ -123,6 +123,11 @@ def test_a_recomputed_prompt_pass_holds_its_keys_once(
         assert layers and all(layer.keys.shape[-2] == shared for layer in layers), [
             layer.keys.shape[-2] for layer in layers
         ]
+
+
+def prefix_groups(tokens: torch.Tensor, need: torch.Tensor) -> tuple[list[tuple[list[int], int]], list[int]]:
+    """The groups `shared_prefix_hidden` runs rows of `tokens` in, their loss needing `need`."""
+    return shared_groups([prompt_key(tokens[row], need[row]) for row in range(tokens.shape[0])])
 
 
 def test_rows_are_grouped_by_the_prompt_before_their_first_needed_position() -> None:
