@@ -141,12 +141,9 @@ class ResourceRegistry:
 
 
 class RunLock:
-    """An exclusive lock on a run's state directory, held while the run lives.
-
-    The OS drops a `flock` when its process dies, however it dies, so a lock that can be taken means
-    no process is using the run: `loops cleanup` refuses a run whose lock is held, and a second
-    `loops run` on the same run directory is refused instead of interleaving with the first.
-    """
+    """An exclusive lock on a run's state directory, held while the run lives. The OS drops a `flock` when its
+    process dies, however it dies, so a lock that can be taken means no process is using the run
+    (docs/reference/resources.md#the-run-lock: what it refuses)."""
 
     def __init__(self, state_dir: Path) -> None:
         self.path = Path(state_dir) / "run.lock"
