@@ -1,9 +1,7 @@
 """The resource registry and its journal: what a run created, written down before it exists.
 
-Sandboxes, samplers and deployments cost money while they live. Each is journalled (`intent`) before
-the provider is asked to create it, journalled again once it exists (`created`, with the provider's
-id) and when it is released (`released`). After a crash, `loops cleanup` reads the journal and
-releases every resource not marked released, through the same provider adapters.
+Sandboxes, samplers and deployments cost money while they live, and a crashed run cannot delete what it
+created: `loops cleanup` releases what the journal still lists as live (docs/reference/resources.md).
 """
 
 from __future__ import annotations
