@@ -3,8 +3,7 @@
 The embedded Loops and the model gateway both run this way, so neither blocks (nor is blocked by) a
 notebook's or the CLI's event loop; uvicorn captures signals only on the main thread, so the caller keeps
 Ctrl-C. Each server has a `ConnectionGuard` (an app names how a request shows its key in
-`app.state.authorizes`), and `AcceptErrorLog` rate-limits asyncio's failed-accept reports (up to 4096 a
-second, with a traceback each) when descriptors run out anyway.
+`app.state.authorizes`) and an `AcceptErrorLog` (docs/reference/local_loops.md#slow-clients).
 """
 
 from __future__ import annotations

@@ -126,14 +126,8 @@ def load(
     *,
     overrides: Mapping[str, Any] | None = None,
     env_file: str | os.PathLike[str] | None = None,
-    cwd: str | os.PathLike[str] | None = None,
 ) -> Project:
     """Read a TOML or JSON config; its `recipe` key picks RL or SFT. Paths and `env_file` follow README.md's
     rules ("Use it as a library"): `env_file` is relative to the config and read only when passed."""
-    loaded = load_config(
-        path,
-        overrides,
-        cwd=Path(cwd) if cwd is not None else None,
-        env_files=[env_file] if env_file is not None else [],
-    )
+    loaded = load_config(path, overrides, env_files=[env_file] if env_file is not None else [])
     return Project(path=loaded.source.path, source=loaded.source, config=loaded.config)

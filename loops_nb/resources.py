@@ -1,9 +1,7 @@
 """The resource registry and its journal: what a run created, written down before it exists.
 
-Sandboxes, samplers and deployments cost money while they live. Each is journalled (`intent`) before
-the provider is asked to create it, journalled again once it exists (`created`, with the provider's
-id) and when it is released (`released`). After a crash, `loops cleanup` reads the journal and
-releases every resource not marked released, through the same provider adapters.
+Sandboxes, samplers and deployments cost money while they live, and a crashed run cannot delete what it
+created: `loops cleanup` releases what the journal still lists as live (docs/reference/resources.md).
 """
 
 from __future__ import annotations
@@ -141,12 +139,9 @@ class ResourceRegistry:
 
 
 class RunLock:
-    """An exclusive lock on a run's state directory, held while the run lives.
-
-    The OS drops a `flock` when its process dies, however it dies, so a lock that can be taken means
-    no process is using the run: `loops cleanup` refuses a run whose lock is held, and a second
-    `loops run` on the same run directory is refused instead of interleaving with the first.
-    """
+    """An exclusive lock on a run's state directory, held while the run lives. The OS drops a `flock` when its
+    process dies, however it dies, so a lock that can be taken means no process is using the run
+    (docs/reference/resources.md#the-run-lock: what it refuses)."""
 
     def __init__(self, state_dir: Path) -> None:
         self.path = Path(state_dir) / "run.lock"

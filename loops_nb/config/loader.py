@@ -36,8 +36,6 @@ class ConfigSource:
     """The path as named by the user, made absolute against the working directory."""
     path: Path
     """The file actually read: the symlink's target or the shipped copy."""
-    cwd: Path
-    """The working directory when the config was loaded."""
     env_files: tuple[Path, ...] = ()
     """The `.env` files that were read, in order."""
     overrides: Mapping[str, Any] = field(default_factory=dict)
@@ -245,7 +243,6 @@ def load_config(
     path: str | os.PathLike[str],
     overrides: Mapping[str, Any] | None = None,
     *,
-    cwd: Path | None = None,
     env_files: Iterable[str | os.PathLike[str]] = (),
     cli_env: bool = False,
 ) -> LoadedConfig:
@@ -254,7 +251,7 @@ def load_config(
     `env_files` are relative to the config's directory; `cli_env=True` also reads `.env` beside the
     config and in the working directory, as the `loops` CLI does.
     """
-    cwd = (cwd or Path.cwd()).resolve()
+    cwd = Path.cwd().resolve()
     overrides = dict(overrides or {})
     given, real = resolve_config_path(path, cwd)
     raw = apply_overrides(read_config_file(real), overrides)
@@ -284,5 +281,5 @@ def load_config(
     )  # the default is relative; an absolute one stays
 
     make_importable(real.parent)
-    source = ConfigSource(given=given, path=real, cwd=cwd, env_files=tuple(loaded_env), overrides=overrides)
+    source = ConfigSource(given=given, path=real, env_files=tuple(loaded_env), overrides=overrides)
     return LoadedConfig(config=config, source=source)

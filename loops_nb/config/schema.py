@@ -3,9 +3,7 @@
 `config` imports no recipe. Each recipe's config model is registered by import path and imported the first
 time a config (or the glossary) asks for it, so loading an SFT config never imports the RL recipe and the
 layers stay one-way: recipes import `config`, never the reverse. A recipe from outside the package
-registers itself the same way (`register_recipe("dpo", "my_pkg.dpo:DPOConfig")`), and its `check` / `train` /
-`evaluate` live in the module the registry names for it: ``my_pkg.dpo.recipe`` beside its config module by
-default, or the ``recipe_module`` it registers with.
+registers itself the same way: `register_recipe("dpo", "my_pkg.dpo:DPOConfig")` (`RecipeRegistry.register`).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from loops_nb.errors import DataError
 from loops_nb.sft.data import RefusedRow, jsonl_lines, parse_line
 from loops_nb.sft.report import CheckReport
-from loops_nb.sft.targets import Example, RenderedRow, RenderResult, SFTTargets, sft_targets
+from loops_nb.sft.targets import Example, RenderedRow, SFTTargets, sft_targets
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -98,11 +98,11 @@ class ExampleIndex:
                 examples = by_offset.get(offset)
                 if examples is None:
                     f.seek(offset)
-                    result = _render_line(f.readline(), self.rows[i], renderer)
+                    result = renderer.render(parse_line(f.readline(), self.rows[i]))
                     if not isinstance(result, RenderedRow):
                         raise DataError(
                             f"{self.path}: row {self.rows[i]} no longer renders as it did when the run was "
-                            f"planned ({getattr(result, 'reason', result)}); was the file changed during the run?"
+                            f"planned ({result.reason}); was the file changed during the run?"
                         )
                     examples = by_offset[offset] = result.examples
                 example = examples[self.subs[i]]
@@ -113,11 +113,6 @@ class ExampleIndex:
                     )
                 out.append(example)
         return out
-
-
-def _render_line(line: bytes, row_number: int, renderer: SFTTargets) -> RenderResult:
-    row = parse_line(line, row_number)
-    return row if isinstance(row, RefusedRow) else renderer.render(row)
 
 
 def pack(order: Sequence[int], sizes: Sequence[int], budget: int) -> list[int]:
@@ -288,7 +283,7 @@ class SFTData:
                 if (max_rows is not None and n >= max_rows) or (stop is not None and stop()):
                     return
                 index = route(row_number)
-                result = _render_line(line, row_number, renderer)
+                result = renderer.render(parse_line(line, row_number))
                 if index is not None and isinstance(result, RenderedRow):
                     index.add(start, result)
                 elif on_refusal is not None and isinstance(result, RefusedRow):

@@ -19,7 +19,7 @@ from loops_nb.llm.added_token_encoder import alternation
 from loops_nb.llm.chat_messages import ChatMessage, ToolSpec, has_images
 from loops_nb.llm.model_input import PromptImage
 from loops_nb.llm.target_rule import Refusal
-from loops_nb.sft.data import ChatRow, RefusedRow, Row, RowResult, TokenizedRow
+from loops_nb.sft.data import ChatRow, RefusedRow, RowResult, TokenizedRow
 from loops_nb.sft.refusal_wording import FIRST_TOKEN, LENGTH_FIX
 from loops_nb.sft.survival import CHAT_TEMPLATE_WORDING, RowChecks, family_wording
 
@@ -140,8 +140,11 @@ class SFTTargets:
             else family_wording(renderer.name, type(config).model_fields)
         )
 
-    def render(self, row: Row) -> RenderResult:
-        """Examples for one row, or a `RefusedRow` saying why it cannot train."""
+    def render(self, row: RowResult) -> RenderResult:
+        """Examples for one row, or a `RefusedRow` saying why it cannot train (a row refused as it was read
+        passes through)."""
+        if isinstance(row, RefusedRow):
+            return row
         try:
             if isinstance(row, TokenizedRow):
                 return self._tokenized(row)
@@ -151,8 +154,7 @@ class SFTTargets:
 
     def render_rows(self, rows: Iterable[RowResult]) -> Iterator[RenderResult]:
         """Render a stream of rows (e.g. from `read_rows`), passing refusals through."""
-        for row in rows:
-            yield row if isinstance(row, RefusedRow) else self.render(row)
+        return map(self.render, rows)
 
     def examples(self, rows: Iterable[RowResult]) -> Iterator[Example]:
         """Only the training examples of a stream of rows."""
