@@ -161,7 +161,7 @@ class VerifiersRuntime(RolloutRuntime):
             listing = await self.listing()
         except Exception:  # preflight already reported it
             return [], []
-        return await check_episode(listing, self.run_attempt, self.options.model, renderer)
+        return await check_episode(listing, self, self.options.model, renderer)
 
     async def run_attempt(self, attempt: Attempt) -> Evidence:
         url = attempt.services.model_base_url
