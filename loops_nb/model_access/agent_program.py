@@ -120,8 +120,10 @@ async def run_agent_program(
     input: bytes | None = None,
     cwd: str | Path | None = None,
     timeout: float | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> AgentProgramResult:
-    """Run an agent program to its end: `input` on its stdin, its output collected.
+    """Run an agent program to its end: `input` on its stdin, its output collected (`env` as in
+    `start_agent_program`).
 
     Raises TimeoutError past `timeout`; then, or when the caller is cancelled (an attempt's timeout),
     the program and everything it started are killed, so no agent outlives its attempt.
@@ -131,6 +133,7 @@ async def run_agent_program(
         attempt,
         cwd=cwd,
         stdin=asyncio.subprocess.PIPE if input is not None else asyncio.subprocess.DEVNULL,
+        env=env,
     )
     try:
         out, err = await asyncio.wait_for(proc.communicate(input), timeout)

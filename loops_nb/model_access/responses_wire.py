@@ -1,16 +1,9 @@
 """OpenAI Responses API wire format (`POST /v1/responses`): requests become the gateway's chat requests,
 replies become Response objects and their stream events.
 
-A request's `input` (a string, or items: messages with `input_text` / `output_text` / `input_image` parts,
-`function_call` and `function_call_output` items) and `instructions` are turned into the chat
-messages the chat template renders, the way the same conversation would arrive at
-`/v1/chat/completions`: a `function_call` item joins the assistant message before it as a tool call,
-a `function_call_output` is a `tool` message, and a `reasoning` item's text is the next assistant turn's
-`reasoning_content` (the family's template keeps or drops it). A reply's reasoning comes back as a
-`reasoning` output item before its message and calls. So a conversation trains the same tokens whichever API
-the agent speaks. Function tools (`{"type": "function", "name", "parameters"}`) become chat tools;
-OpenAI's hosted tools (web search, file search, computer use, ...) do not exist here and are refused.
-Unknown top-level fields are ignored, as in chat completions.
+A request's items become the chat messages the same conversation would send to `/v1/chat/completions`, so a
+conversation trains the same tokens whichever API the agent speaks; docs/reference/model_access.md
+("*Responses*") lists what is taken and what is refused.
 """
 
 from __future__ import annotations

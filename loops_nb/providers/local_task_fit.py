@@ -1,10 +1,8 @@
 """What of a Harbor task the local sandbox can start, and why it refuses the rest.
 
-A task that needs an image build, a second container or a server beside the agent would start without it,
-and its verifier would grade a world missing a piece: a correct solution scores 0 and the run trains on
-rewards that mean nothing. So each such need is refused by name, by `loops check` (every problem) and by the
-sandbox's `start()` (the first). `ignore_dockerfile` waives only the image build: no host provides a helper
-service, an MCP server, a provider's own environment or an ENTRYPOINT by having the right tools.
+Without what it needs, a task's verifier would grade a world missing a piece and a correct solution would
+score 0, so each need is refused by name: docs/reference/harbor.md, "The local sandbox (bubblewrap)", lists
+them and what `ignore_dockerfile` waives.
 """
 
 from __future__ import annotations

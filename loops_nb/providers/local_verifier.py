@@ -1,10 +1,8 @@
 """How the local sandbox runs a Harbor verifier: offline tools on its PATH, and a verifier that broke is no reward.
 
-Harbor's standard `tests/test.sh` would fail every install in the local sandbox and still write reward 0: to
-training a broken verifier would look like a bad policy. So the verifier's command (and only it) gets
-`verifier_env`: the stand-ins of `verifier_toolbox/` first on PATH, a `BASH_ENV` that reports a command its own
-scripts cannot find, and a problems file they write to (removed before it starts, so the agent cannot write it
-ahead). `verifier_failure` then says why the attempt is discarded as `verifier_error`, with the end of its log.
+To training a broken verifier's reward 0 would look like a bad policy, so the verifier's command (only it)
+gets `verifier_env` and `verifier_failure` says why its attempt is discarded as `verifier_error`
+(docs/reference/harbor.md, "Verifiers in the local sandbox").
 """
 
 from __future__ import annotations

@@ -5,14 +5,14 @@ each model call answered with `CHECK_REPLY` as the check has no trainer (docs/re
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from loops_nb.llm.capture import TokenCapture
 from loops_nb.llm.client import LoopsLLM, SamplingDefaults
 from loops_nb.model_access.gateway import ModelGateway
-from loops_nb.runtime import Attempt, AttemptServices, Evidence
+from loops_nb.model_access.leased_runtime import LeasedRuntime
+from loops_nb.runtime import Attempt, AttemptServices, RolloutRuntime
 from loops_nb.verifiers.listing import EnvironmentListing
 
 if TYPE_CHECKING:
@@ -58,14 +58,11 @@ class FixedReplyPolicy:
 
 
 async def check_episode(
-    listing: EnvironmentListing,
-    run_attempt: Callable[[Attempt], Awaitable[Evidence]],
-    model: str,
-    renderer: Renderer | None,
+    listing: EnvironmentListing, runtime: RolloutRuntime, model: str, renderer: Renderer | None
 ) -> tuple[list[str], list[str]]:
     """`loops check`'s lines and problems for a verifiers environment: its tasks and rubric (`listing`), then
-    one episode of its first task (`run_attempt`) through a gateway serving `model`, each model call
-    answered with `CHECK_REPLY`."""
+    one episode of its first task (`runtime`'s) through a gateway serving `model`, each model call answered
+    with `CHECK_REPLY`."""
     lines = listing.lines()
     if renderer is None or listing.problems():
         return lines, []  # no renderer to sample through (reported on its own), or refused already
@@ -77,12 +74,7 @@ async def check_episode(
     await gateway.astart()
     try:
         attempt = Attempt(task, 0, 0, 0, 0, AttemptServices(llm=llm, capture=capture))
-        lease = gateway.issue(attempt.id, llm)
-        attempt.services.model_base_url, attempt.services.model_api_key = gateway.url, lease.key
-        try:
-            evidence = await run_attempt(attempt)
-        finally:
-            gateway.revoke(lease.key)
+        evidence = await LeasedRuntime(runtime, gateway).run_attempt(attempt)
     finally:
         await gateway.astop()
     calls = capture.calls

@@ -8,7 +8,6 @@ its own, and killed with everything it started when the attempt ends or times ou
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import os
@@ -16,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loops_nb.model_access.agent_env import BASE_VARIABLES, agent_process_env
-from loops_nb.model_access.agent_program import start_agent_program, stop_agent_program
+from loops_nb.model_access.agent_program import run_agent_program
 from loops_nb.runtime import Attempt
 
 LOAD_FAILED = 3
@@ -90,30 +89,13 @@ def driver_env(extra: tuple[str, ...], offline: bool) -> dict[str, str]:
 async def run_driver(
     argv: list[str], *, timeout: float, env: dict[str, str], attempt: Attempt | None = None
 ) -> DriverOutcome:
-    """Run one driver command to its end (or its timeout); an attempt's is launched as its agent program."""
-    if attempt is not None:
-        proc = await start_agent_program(argv, attempt, env=env)
-    else:
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=env,
-            start_new_session=True,
-        )
-    timed_out = False
+    """Run one driver command to its end (or its timeout) as an agent program (an attempt's, for `run`)."""
     try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+        done = await run_agent_program(argv, attempt, env=env, timeout=timeout)
     except TimeoutError:
-        timed_out = True
-        out, err = b"", b""
-    finally:
-        await stop_agent_program(proc)
-    if timed_out:
         return DriverOutcome(None, None, "")
-    result, unreadable = parse_result(out) if proc.returncode == 0 else (None, "")
-    return DriverOutcome(proc.returncode, result, err.decode(errors="replace"), unreadable)
+    result, unreadable = parse_result(done.stdout) if done.returncode == 0 else (None, "")
+    return DriverOutcome(done.returncode, result, done.stderr.decode(errors="replace"), unreadable)
 
 
 def attempt_env(attempt: Attempt, extra: tuple[str, ...], offline: bool) -> dict[str, str]:

@@ -7,7 +7,7 @@ from typing import Any
 
 from loops_nb.errors import UserError
 from loops_nb.runtime import Task
-from loops_nb.verifiers.options import TESTED_VERSIONS
+from loops_nb.verifiers.options import DEFAULT_VERIFIERS, TESTED_VERSIONS
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ class EnvironmentListing:
             found.append(
                 f"verifiers {self.verifiers_version or '(unknown version)'} is outside the tested range "
                 f"({', '.join(v + 'x' for v in TESTED_VERSIONS)}): set runtime.options.verifiers = "
-                '"verifiers==0.4.0"'
+                f'"{DEFAULT_VERIFIERS}"'
             )
         if not self.rubric.functions:
             found.append(

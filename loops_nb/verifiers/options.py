@@ -11,7 +11,6 @@ env_args = { num_tasks = 64 }     # the taskset's config fields (`--env.taskset.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
@@ -116,16 +115,3 @@ class VerifiersOptions(BaseModel):
             if why is not None:
                 raise ConfigError(f"runtime.options.pass_env: {why}")
         return parsed
-
-    def resolved_packages(self, config_dir: Path | None) -> list[str]:
-        """`packages` with local directories made absolute (relative to the config's directory)."""
-        out = []
-        for spec in self.packages:
-            if spec.startswith((".", "/", "~")):
-                path = Path(spec).expanduser()
-                if not path.is_absolute() and config_dir is not None:
-                    path = config_dir / path
-                out.append(str(path.resolve()))
-            else:
-                out.append(spec)
-        return out

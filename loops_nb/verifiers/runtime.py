@@ -67,26 +67,27 @@ class VerifiersRuntime(RolloutRuntime):
                 self._environment = await self._build()
         return self._environment
 
+    def _config_path(self, value: str) -> Path:
+        """A path of the options, `~` expanded, relative to the config's directory (an absolute one as it is)."""
+        path = Path(value).expanduser()
+        return path if self.context is None else self.context.config_dir / path
+
     async def _build(self) -> VerifiersEnvironment:
-        config_dir = self.context.config_dir if self.context else None
-        requirements = [self.options.verifiers, *self.options.resolved_packages(config_dir)]
+        # A package starting with one of these is a local directory; any other a requirement.
+        packages = [
+            str(self._config_path(p).resolve()) if p.startswith((".", "/", "~")) else p
+            for p in self.options.packages
+        ]
         cache_dir = self.options.cache_dir
-        if cache_dir is not None and config_dir is not None:
-            cache_dir = str(config_dir / Path(cache_dir).expanduser())  # an absolute one stays as it is
         return await verifiers_environment(
-            requirements,
+            [self.options.verifiers, *packages],
             python=self.options.python,
-            cache_dir=cache_dir,
+            cache_dir=None if cache_dir is None else str(self._config_path(cache_dir)),
             timeout=self.options.build_timeout_seconds,
         )
 
     def _driver(self) -> str:
-        if self.options.driver is None:
-            return str(DRIVER)
-        path = Path(self.options.driver).expanduser()
-        if not path.is_absolute() and self.context is not None:
-            path = self.context.config_dir / path
-        return str(path)
+        return str(DRIVER if self.options.driver is None else self._config_path(self.options.driver))
 
     def _load_args(self) -> list[str]:
         """What the driver loads the environment with."""
@@ -160,7 +161,7 @@ class VerifiersRuntime(RolloutRuntime):
             listing = await self.listing()
         except Exception:  # preflight already reported it
             return [], []
-        return await check_episode(listing, self.run_attempt, self.options.model, renderer)
+        return await check_episode(listing, self, self.options.model, renderer)
 
     async def run_attempt(self, attempt: Attempt) -> Evidence:
         url = attempt.services.model_base_url

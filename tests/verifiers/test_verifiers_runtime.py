@@ -172,3 +172,25 @@ def test_options_are_checked(fake_runtime: Callable[..., VerifiersRuntime]) -> N
         fake_runtime(env_idd="x")
     with pytest.raises(ConfigError, match="pass_env: BASETEN_API_KEY is one of the run's credentials"):
         fake_runtime(pass_env=["BASETEN_API_KEY"])
+
+
+async def test_local_packages_cache_dir_and_driver_are_relative_to_the_config(monkeypatch, tmp_path) -> None:
+    import loops_nb.verifiers.runtime as runtime_module
+    from loops_nb.runtime import RunContext
+    from loops_nb.verifiers import create_runtime
+
+    built: dict[str, object] = {}
+
+    async def build(requirements, **options):
+        built.update(requirements=requirements, **options)
+        return None
+
+    monkeypatch.setattr(runtime_module, "verifiers_environment", build)
+    runtime = create_runtime(
+        env_id="e", packages=["./env", "vf-math==0.1.2"], cache_dir="cache", driver="drive.py"
+    )
+    runtime.bind(RunContext(config_dir=tmp_path, state_dir=tmp_path / "state"))
+    await runtime._build()
+    assert built["requirements"] == ["verifiers==0.4.0", str((tmp_path / "env").resolve()), "vf-math==0.1.2"]
+    assert built["cache_dir"] == str(tmp_path / "cache")
+    assert runtime._driver() == str(tmp_path / "drive.py")
