@@ -175,7 +175,7 @@ def test_options_are_checked(fake_runtime: Callable[..., VerifiersRuntime]) -> N
 
 
 async def test_local_packages_cache_dir_and_driver_are_relative_to_the_config(monkeypatch, tmp_path) -> None:
-    import loops_nb.verifiers.runtime as runtime_module
+    import loops_nb.verifiers.verifiers_runtime as runtime_module
     from loops_nb.runtime import RunContext
     from loops_nb.verifiers import create_runtime
 
