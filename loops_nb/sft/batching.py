@@ -142,7 +142,9 @@ class BatchPlan:
         self._orders: list[array] = []
         self._bounds: list[list[int]] = []
         for epoch in range(epochs):
-            order = epoch_order(len(index), seed, epoch)
+            # A permutation seeded by (seed, epoch): a string seed hashes the same in every process.
+            order = list(range(len(index)))
+            random.Random(f"sft-order:{seed}:{epoch}").shuffle(order)
             self._orders.append(array("q", order))
             self._bounds.append(pack(order, index.tokens, batch_tokens))
         self.steps_per_epoch = [len(b) - 1 for b in self._bounds]
@@ -181,13 +183,6 @@ class BatchPlan:
             else:
                 return done + (left / n if n else 0.0)
         return done
-
-
-def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
-    """A permutation of ``range(n)`` seeded by (seed, epoch); string seeds hash the same in every process."""
-    order = list(range(n))
-    random.Random(f"sft-order:{seed}:{epoch}").shuffle(order)
-    return order
 
 
 @dataclass
