@@ -83,12 +83,19 @@ def score_reply(
 
     ``parsed``: the reply as the run's renderer parsed its tokens (what `compare` passes, so evaluation reads
     replies as sampling does); without it the text is parsed as a chat template's reply."""
-    parsed_text = parse_assistant_text(reply) if parsed is None else _assistant_reply(parsed)
+    got = parse_assistant_text(reply) if parsed is None else _assistant_reply(parsed)
     # Tool markup left in the prose (a hallucinated <tool_response> block, a stray </tool_call>) is neither an
     # answer nor a call: only blocks that parse as calls count, and they are no longer in the content.
-    if _TOOL_MARKUP.search(parsed_text.content):
-        parsed_text.errors.append("tool markup outside a parsed <tool_call> block")
-    return _score(parsed_text, reference, has_tools=has_tools)
+    if _TOOL_MARKUP.search(got.content):
+        got.errors.append("tool markup outside a parsed <tool_call> block")
+    if reference.tool_calls:
+        want = sorted(_call_key(c.function.name, c.function.arguments) for c in reference.tool_calls)
+        calls = sorted(_call_key(c["name"], c["arguments"]) for c in got.tool_calls)
+        return "tool_call", float(calls == want and not got.errors), None
+    exact = float(not got.tool_calls and normalise_text(got.content) == normalise_text(reference.text))
+    if has_tools:
+        return "direct_answer", float(not got.tool_calls and not got.errors and bool(got.content)), exact
+    return "text", exact, exact
 
 
 def _assistant_reply(parsed: ParsedReply) -> AssistantReply:
@@ -97,21 +104,6 @@ def _assistant_reply(parsed: ParsedReply) -> AssistantReply:
         fn = call["function"]
         calls.append({"name": fn["name"], "arguments": json.loads(fn["arguments"])})
     return AssistantReply(parsed.content, calls, list(parsed.tool_call_errors), parsed.reasoning)
-
-
-def _score(parsed: AssistantReply, reference: Message, *, has_tools: bool) -> tuple[str, float, float | None]:
-    if reference.tool_calls:
-        want = sorted(_call_key(c.function.name, c.function.arguments) for c in reference.tool_calls)
-        got = sorted(_call_key(c["name"], c["arguments"]) for c in parsed.tool_calls)
-        return "tool_call", float(got == want and not parsed.errors), None
-    exact = float(not parsed.tool_calls and normalise_text(parsed.content) == normalise_text(reference.text))
-    if has_tools:
-        return (
-            "direct_answer",
-            float(not parsed.tool_calls and not parsed.errors and bool(parsed.content)),
-            exact,
-        )
-    return "text", exact, exact
 
 
 def reference_text(message: Message) -> str:
