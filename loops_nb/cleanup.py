@@ -76,27 +76,22 @@ async def cleanup(
             f"the run using {path.parent} is still running (process {lock.holder()}): stop it first, "
             "or pass --force to release its resources under it"
         )
+    report = CleanupReport()
     try:
-        return await _release_live(ResourceJournal.at(path), providers, dry_run)
+        journal = ResourceJournal.at(path)
+        for entry in journal.live():
+            label = _label(entry)
+            if dry_run:
+                report.pending.append(label)
+                continue
+            try:
+                done = await adapter_for(entry, providers).release(entry)
+            except Exception as exc:  # one failure must not stop the rest; it stays live for a retry
+                kind = "" if isinstance(exc, UserError) else f"{type(exc).__name__}: "
+                report.failed.append(f"{label}: {kind}{exc}")
+                continue
+            journal.released(entry)
+            report.released.append(f"{label}: {done}")
     finally:
         lock.release()
-
-
-async def _release_live(
-    journal: ResourceJournal, providers: Mapping[str, Any], dry_run: bool
-) -> CleanupReport:
-    report = CleanupReport()
-    for entry in journal.live():
-        label = _label(entry)
-        if dry_run:
-            report.pending.append(label)
-            continue
-        try:
-            done = await adapter_for(entry, providers).release(entry)
-        except Exception as exc:  # one failure must not stop the rest; it stays live for a retry
-            kind = "" if isinstance(exc, UserError) else f"{type(exc).__name__}: "
-            report.failed.append(f"{label}: {kind}{exc}")
-            continue
-        journal.released(entry)
-        report.released.append(f"{label}: {done}")
     return report

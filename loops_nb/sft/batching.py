@@ -66,14 +66,6 @@ class ExampleIndex:
     def __len__(self) -> int:
         return len(self.tokens)
 
-    @property
-    def total_tokens(self) -> int:
-        return sum(self.tokens)
-
-    @property
-    def total_trained(self) -> int:
-        return sum(self.trained)
-
     def add(self, offset: int, rendered: RenderedRow) -> None:
         # Every example trains: the renderer refuses a row whose example has no trainable target, so what
         # `check` counts (the same RenderedRow) is exactly what is indexed here.
@@ -83,10 +75,6 @@ class ExampleIndex:
             self.subs.append(sub)
             self.tokens.append(example.n_tokens)
             self.trained.append(example.n_trained)
-
-    def example_id(self, i: int) -> str:
-        """``row:sub``: the file's line number and the example's index within the row."""
-        return f"{self.rows[i]}:{self.subs[i]}"
 
     def load(self, indices: Sequence[int], renderer: SFTTargets) -> list[Example]:
         """The examples at ``indices`` (in that order), rendered again from their rows."""
@@ -154,7 +142,9 @@ class BatchPlan:
         self._orders: list[array] = []
         self._bounds: list[list[int]] = []
         for epoch in range(epochs):
-            order = epoch_order(len(index), seed, epoch)
+            # A permutation seeded by (seed, epoch): a string seed hashes the same in every process.
+            order = list(range(len(index)))
+            random.Random(f"sft-order:{seed}:{epoch}").shuffle(order)
             self._orders.append(array("q", order))
             self._bounds.append(pack(order, index.tokens, batch_tokens))
         self.steps_per_epoch = [len(b) - 1 for b in self._bounds]
@@ -177,8 +167,10 @@ class BatchPlan:
             yield self.batch(step)
 
     def batch_id(self, step: int) -> str:
-        """A short hash of the step's example ids, in order: equal ids, equal batch."""
-        text = ",".join(self.index.example_id(i) for i in self.batch(step).indices)
+        """A short hash of the step's example ids (``row:sub``: the file's line number and the example's index
+        within the row), in order: equal ids, equal batch."""
+        rows, subs = self.index.rows, self.index.subs
+        text = ",".join(f"{rows[i]}:{subs[i]}" for i in self.batch(step).indices)
         return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
     @property
@@ -191,13 +183,6 @@ class BatchPlan:
             else:
                 return done + (left / n if n else 0.0)
         return done
-
-
-def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
-    """A permutation of ``range(n)`` seeded by (seed, epoch); string seeds hash the same in every process."""
-    order = list(range(n))
-    random.Random(f"sft-order:{seed}:{epoch}").shuffle(order)
-    return order
 
 
 @dataclass

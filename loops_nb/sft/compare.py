@@ -89,12 +89,6 @@ def score_reply(
     # answer nor a call: only blocks that parse as calls count, and they are no longer in the content.
     if _TOOL_MARKUP.search(parsed.content):
         errors.append("tool markup outside a parsed <tool_call> block")
-    return _score(parsed, errors, reference, has_tools=has_tools)
-
-
-def _score(
-    parsed: ParsedReply, errors: list[str], reference: Message, *, has_tools: bool
-) -> tuple[str, float, float | None]:
     if reference.tool_calls:
         want = sorted(_call_key(c.function.name, c.function.arguments) for c in reference.tool_calls)
         calls = [c["function"] for c in parsed.tool_calls]
@@ -102,11 +96,7 @@ def _score(
         return "tool_call", float(got == want and not errors), None
     exact = float(not parsed.tool_calls and normalise_text(parsed.content) == normalise_text(reference.text))
     if has_tools:
-        return (
-            "direct_answer",
-            float(not parsed.tool_calls and not errors and bool(parsed.content)),
-            exact,
-        )
+        return "direct_answer", float(not parsed.tool_calls and not errors and bool(parsed.content)), exact
     return "text", exact, exact
 
 

@@ -126,8 +126,8 @@ def test_checks_counts_are_what_the_trainer_receives(rows: list[dict], epochs: i
         # The totals check prints are one epoch of what the trainer gets; every epoch gets all of it.
         assert report.n_examples == len(data.train) == sum(per_row_examples.values())
         assert all(per_epoch[e] == report.n_examples for e in range(epochs)) or not report.n_examples
-        assert report.trained_tokens == sum(per_row_trained.values()) == data.train.total_trained
-        assert report.tokens == sum(per_row_tokens.values()) == data.train.total_tokens
+        assert report.trained_tokens == sum(per_row_trained.values()) == sum(data.train.trained)
+        assert report.tokens == sum(per_row_tokens.values()) == sum(data.train.tokens)
         # Row by row: a row reported as training trains exactly that; a refused row sends nothing.
         table = report.rows
         for line in table.itertuples():
