@@ -86,7 +86,7 @@ class ExampleIndex:
                 examples = by_offset.get(offset)
                 if examples is None:
                     f.seek(offset)
-                    result = renderer.render(parse_line(f.readline(), self.rows[i]))
+                    result = renderer.render(parse_line(f.readline(), self.rows[i], self.path.parent))
                     if not isinstance(result, RenderedRow):
                         raise DataError(
                             f"{self.path}: row {self.rows[i]} no longer renders as it did when the run was "
@@ -268,7 +268,7 @@ class SFTData:
                 if (max_rows is not None and n >= max_rows) or (stop is not None and stop()):
                     return
                 index = route(row_number)
-                result = renderer.render(parse_line(line, row_number))
+                result = renderer.render(parse_line(line, row_number, path.parent))
                 if index is not None and isinstance(result, RenderedRow):
                     index.add(start, result)
                 elif on_refusal is not None and isinstance(result, RefusedRow):

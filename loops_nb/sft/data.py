@@ -20,6 +20,7 @@ from pydantic import (
     Field,
     PrivateAttr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -123,12 +124,13 @@ class Message(_Strict):
 
     @field_validator("content", mode="before")
     @classmethod
-    def _join_text_parts(cls, value: object) -> object:
+    def _join_text_parts(cls, value: object, info: ValidationInfo) -> object:
         if value is not None and not isinstance(value, str | list):  # one message for the str | list union
             raise ValueError(f"must be a string, got {json_type(value)}")
         if not isinstance(value, list):
             return value
         texts = []
+        value = list(value)
         for i, part in enumerate(value):
             if is_image_part(part):
                 from loops_nb.llm.vision import image_source
@@ -139,6 +141,7 @@ class Message(_Strict):
                     source = None
                 if not isinstance(source, str):
                     raise ValueError(f"part {i}: an image part needs its URL, data URL or path as a string")
+                value[i] = _image_beside(part, source, (info.context or {}).get("data_dir"))
                 continue
             if not isinstance(part, dict) or part.get("type") != "text":
                 kind = part.get("type") if isinstance(part, dict) else json_type(part)
@@ -319,12 +322,26 @@ class RefusedRow:
     reason: str
 
 
+def _image_beside(part: dict[str, object], source: str, data_dir: Path | None) -> dict[str, object]:
+    """``part`` with a relative image path made absolute against the data file's folder, so that a dataset
+    and its images move together and the row reads the same from any working directory."""
+    if data_dir is None or source.startswith(("data:", "http://", "https://")) or Path(source).is_absolute():
+        return part
+    resolved = str((data_dir / Path(source).expanduser()).absolute())
+    inner = part.get("image_url")
+    if part.get("type") == "image_url" and isinstance(inner, dict):
+        return {**part, "image_url": {**inner, "url": resolved}}
+    key = next(k for k in ("image", "image_url", "url", "path") if part.get(k) is not None)
+    return {**part, key: resolved}
+
+
 Row = ChatRow | TokenizedRow
 RowResult = ChatRow | TokenizedRow | RefusedRow
 
 
-def parse_row(obj: object, row_number: int = 0) -> RowResult:
-    """Validate one decoded JSON value as a chat or tokenized row; never raises for bad data."""
+def parse_row(obj: object, row_number: int = 0, data_dir: Path | None = None) -> RowResult:
+    """Validate one decoded JSON value as a chat or tokenized row; never raises for bad data. Relative image
+    paths are read from ``data_dir`` (the data file's folder) when given."""
     if not isinstance(obj, Mapping):
         return RefusedRow(row_number, f"a row must be a JSON object, got {json_type(obj)}")
     problem = unreadable(obj)
@@ -348,14 +365,14 @@ def parse_row(obj: object, row_number: int = 0) -> RowResult:
             row_number, "the row has neither messages (chat) nor input_ids and weights (tokenized)"
         )
     try:
-        row = model.model_validate(obj)
+        row = model.model_validate(obj, context={"data_dir": data_dir})
     except ValidationError as exc:
         return RefusedRow(row_number, validation_reason(exc))
     row._row_number = row_number
     return row
 
 
-def parse_line(line: bytes | str, row_number: int) -> RowResult:
+def parse_line(line: bytes | str, row_number: int, data_dir: Path | None = None) -> RowResult:
     """Decode and validate one JSONL line. A leading UTF-8 byte order mark is skipped: editors on Windows write
     one at the start of a file, and ``cat`` of such files puts one at the start of later lines too."""
     try:
@@ -375,7 +392,7 @@ def parse_line(line: bytes | str, row_number: int) -> RowResult:
         return RefusedRow(row_number, f"JSON nested more than {MAX_DEPTH} levels deep")
     except ValueError as exc:  # e.g. an integer of more than 4300 digits
         return RefusedRow(row_number, f"invalid JSON: {str(exc).split(';')[0]}")
-    return parse_row(obj, row_number)
+    return parse_row(obj, row_number, data_dir)
 
 
 def jsonl_lines(path: str | Path) -> Iterator[tuple[int, int, bytes]]:
@@ -404,7 +421,8 @@ def read_rows(path: str | Path) -> Iterator[RowResult]:
 
     Memory stays flat however large the file is, and a consumer that stops early stops the reading.
     """
-    return (parse_line(line, row_number) for row_number, _, line in jsonl_lines(path))
+    lines = jsonl_lines(path)
+    return (parse_line(line, row_number, Path(path).parent) for row_number, _, line in lines)
 
 
 def iter_rows(records: Iterable[Any]) -> Iterator[RowResult]:

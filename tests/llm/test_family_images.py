@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -26,7 +27,7 @@ from loops_nb.llm.model_input import model_input
 from loops_nb.llm.prime_renderer import PrimeRenderer
 from loops_nb.model_access import ModelGateway
 from loops_nb.rl.datums import sequence_datums
-from loops_nb.sft.data import RefusedRow, iter_rows
+from loops_nb.sft.data import RefusedRow, iter_rows, read_rows
 from loops_nb.sft.evaluation import example_datum
 from loops_nb.sft.targets import RenderedRow, SFTTargets
 
@@ -152,6 +153,32 @@ async def test_the_sft_row_of_a_sampled_image_turn_trains_what_was_sampled(
     assert example.images == tuple(seq.images)
     [rl] = sequence_datums([seq], 1.0, "images")
     assert example_datum(example).model_input == rl.to_datum().model_input
+
+
+async def test_an_sft_image_path_is_read_beside_its_data_file(
+    renderer: PrimeRenderer, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dataset names its images relative to its own file: the row trains the same example as the same image
+    inline, whatever the working directory."""
+    data = tmp_path / "data"
+    (data / "images").mkdir(parents=True)
+    (data / "images" / "red.png").write_bytes(base64.b64decode(RED.partition(",")[2]))
+
+    def row(url: str) -> dict[str, Any]:
+        image = {"type": "image_url", "image_url": {"url": url}}
+        text = {"type": "text", "text": "How many circles?"}
+        return {
+            "messages": [{"role": "user", "content": [image, text]}, {"role": "assistant", "content": "3"}]
+        }
+
+    (data / "train.jsonl").write_text(json.dumps(row("images/red.png")) + "\n")
+    monkeypatch.chdir(tmp_path / "data" / "images")  # a relative path read from here would miss
+    [from_file] = SFTTargets(renderer).render_rows(read_rows(data / "train.jsonl"))
+    [inline] = SFTTargets(renderer).render_rows(iter_rows([row(RED)]))
+    assert isinstance(from_file, RenderedRow) and isinstance(inline, RenderedRow), (from_file, inline)
+    [a], [b] = from_file.examples, inline.examples
+    assert (a.input_ids, a.weights) == (b.input_ids, b.weights)
+    assert example_datum(a).model_input == example_datum(b).model_input
 
 
 async def test_an_image_row_on_a_chat_template_is_refused_in_one_line(tiny_chat_model_path: Any) -> None:
