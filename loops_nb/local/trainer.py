@@ -33,6 +33,7 @@ from peft import PeftModel
 
 from loops_nb.local import lm_head
 from loops_nb.local.activation_memory import ActivationCost, checkpointed, plan_micro_batches
+from loops_nb.local.allocator import small_blocks_mapped
 from loops_nb.local.bad_request import BadRequest
 from loops_nb.local.datum_wire import ParsedDatum, parse_datums, resolve_loss_config
 from loops_nb.local.image_chunks import VisionInputs, max_positions
@@ -199,7 +200,8 @@ class LoraTrainer:
             for p in params:
                 p.grad = None
         try:
-            with COMPUTE_LOCK, contextlib.nullcontext() if backward else torch.no_grad():
+            grad = contextlib.nullcontext() if backward else torch.no_grad()
+            with COMPUTE_LOCK, grad, small_blocks_mapped():
                 for index, recompute in plan:
                     rows = [datums[i] for i in index]
                     job = MicroBatch(

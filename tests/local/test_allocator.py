@@ -87,3 +87,45 @@ def test_releasing_the_free_heap_hands_freed_pages_back() -> None:
     kept, after, released = out.stdout.split()
     assert int(kept) >= 200, f"only {kept} MiB of 300 freed MiB stayed resident: the case shows nothing"
     assert released == "True" and int(after) <= 50, f"{after} MiB still resident after the release"
+
+
+MAPPED_SCRIPT = """
+import sys, torch
+from loops_nb.local import allocator
+def rss_mib():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) // 1024
+def kept_after_free():
+    blocks, pins = [], []
+    before = rss_mib()
+    for _ in range(400):
+        blocks.append(torch.ones(128 * 1024))  # 512 KiB: under the fixed 1 MiB, over the trainer's 256 KiB
+        pins.append(torch.ones(32 * 1024))  # 128 KiB, from the heap either way: keeps the top from shrinking
+    blocks.clear()
+    return rss_mib() - before
+if sys.argv[1] == "tuned":
+    assert allocator.tune_malloc()
+with allocator.small_blocks_mapped():
+    inside = kept_after_free()
+print(inside, kept_after_free(), allocator._fixed_threshold)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
+def test_a_trainer_op_maps_its_mid_sized_blocks_and_leaves_the_fixed_threshold_as_it_was() -> None:
+    def run(mode: str) -> list[str]:
+        out = subprocess.run(
+            [sys.executable, "-c", MAPPED_SCRIPT, mode],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=True,
+        )
+        return out.stdout.split()
+
+    inside, after, fixed = run("tuned")
+    assert int(inside) <= 50, f"{inside} MiB of 200 freed MiB still resident inside small_blocks_mapped"
+    assert int(after) >= 150, f"only {after} MiB stayed resident: the 1 MiB threshold did not come back"
+    assert fixed == str(1024 * 1024)
+    assert run("untuned")[2] == "None"  # without tune_malloc it changes nothing
