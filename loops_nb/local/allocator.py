@@ -15,13 +15,6 @@ Two glibc behaviours make a trainer's resident memory grow far past what its ten
   of `MMAP_THRESHOLD` or more with its own mapping, returned to the kernel on `free`, so resident memory
   follows what the tensors hold; the same forward then kept 41 MB.
 
-A trainer op lowers the threshold to `TRAINER_MMAP_THRESHOLD` while it runs (`small_blocks_mapped`): a
-micro-batch's activations are mostly blocks between a quarter and one MiB (the quickstart's 8-row
-micro-batch runs 164 positions: 0.38 MiB a hidden state, 0.96 MiB an MLP intermediate), and kept in the heap
-they left it fragmented: measured on the quickstart's step, the forward-backward's peak rose 356 MB over the
-step's start at 1 MiB and 297 MB at 256 KiB, with the same logprobs. The sampler keeps 1 MiB: its decode
-steps allocate many such blocks a token, and a mapping of its own is faulted in afresh each time.
-
 A third follows from the heap's free space: `release_free_heap` hands the heap's free pages back to the
 kernel after a long piece of compute work (`compute_lane`). A forward's small blocks are freed all over the
 heap, and glibc's later allocations land in free chunks all over it too, so the pages touched during one
@@ -33,12 +26,10 @@ Other allocators (musl, macOS) ignore the calls.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import ctypes.util
 import functools
 import logging
-from collections.abc import Iterator
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +39,6 @@ ARENAS = 2
 MMAP_THRESHOLD = 1024 * 1024
 """Blocks of at least this many bytes get a mapping of their own: a 128-token row of a 576-wide model's
 hidden states is 288 KiB, its MLP intermediate 0.75 MiB; smaller blocks reuse the heap as before."""
-TRAINER_MMAP_THRESHOLD = 256 * 1024
-"""The threshold while a trainer op runs (`small_blocks_mapped`)."""
-_fixed_threshold: int | None = None
-"""The threshold `tune_malloc` fixed, None until it did."""
 
 
 @functools.cache
@@ -76,26 +63,9 @@ def tune_malloc(arenas: int = ARENAS, mmap_threshold: int = MMAP_THRESHOLD) -> b
     libc = _glibc()
     if libc is None:
         return False
-    global _fixed_threshold
     done = bool(libc.mallopt(M_ARENA_MAX, arenas)) and bool(libc.mallopt(M_MMAP_THRESHOLD, mmap_threshold))
-    _fixed_threshold = mmap_threshold if done else None
     log.debug("malloc arenas capped at %d, mmap threshold %d bytes: %s", arenas, mmap_threshold, done)
     return done
-
-
-@contextlib.contextmanager
-def small_blocks_mapped(threshold: int = TRAINER_MMAP_THRESHOLD) -> Iterator[None]:
-    """Serve blocks of `threshold` bytes or more with mappings of their own while inside, then go back to the
-    fixed threshold; only where `tune_malloc` fixed one (the embedded Loops' process), elsewhere a no-op."""
-    libc, fixed = _glibc(), _fixed_threshold
-    if libc is None or fixed is None:
-        yield
-        return
-    libc.mallopt(M_MMAP_THRESHOLD, threshold)
-    try:
-        yield
-    finally:
-        libc.mallopt(M_MMAP_THRESHOLD, fixed)
 
 
 def release_free_heap() -> bool:

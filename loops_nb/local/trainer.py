@@ -33,7 +33,6 @@ from peft import PeftModel
 
 from loops_nb.local import lm_head
 from loops_nb.local.activation_memory import ActivationCost, checkpointed, plan_micro_batches
-from loops_nb.local.allocator import small_blocks_mapped
 from loops_nb.local.bad_request import BadRequest
 from loops_nb.local.datum_wire import ParsedDatum, parse_datums, resolve_loss_config
 from loops_nb.local.image_chunks import VisionInputs, max_positions
@@ -200,8 +199,7 @@ class LoraTrainer:
             for p in params:
                 p.grad = None
         try:
-            grad = contextlib.nullcontext() if backward else torch.no_grad()
-            with COMPUTE_LOCK, grad, small_blocks_mapped():
+            with COMPUTE_LOCK, contextlib.nullcontext() if backward else torch.no_grad():
                 for index, recompute in plan:
                     rows = [datums[i] for i in index]
                     job = MicroBatch(
