@@ -27,15 +27,32 @@ if TYPE_CHECKING:
 URL_TIMEOUT_SECONDS = 30
 
 
+_SOURCE_KEYS = ("image", "image_url", "url", "path")
+"""Where an image part may hold its source, in the order they are read."""
+
+
 def image_source(part: dict[str, Any]) -> Any:
     """What an image part points at: a PIL image, bytes, a path, a URL or a data URL."""
     if part.get("type") == "image_url":
         value = part.get("image_url")
         return value.get("url") if isinstance(value, dict) else value
-    for key in ("image", "image_url", "url", "path"):
+    for key in _SOURCE_KEYS:
         if part.get(key) is not None:
             return part[key]
     raise UserError(f"an image part needs `image`, `url` or `path`: {sorted(part)}")
+
+
+def with_image_source(part: dict[str, Any], source: object) -> dict[str, Any]:
+    """A copy of ``part`` with ``source`` where `image_source` reads it from."""
+    inner = part.get("image_url")
+    if part.get("type") == "image_url" and isinstance(inner, dict):
+        return {**part, "image_url": {**inner, "url": source}}
+    key = (
+        "image_url"
+        if part.get("type") == "image_url"
+        else next(k for k in _SOURCE_KEYS if part.get(k) is not None)
+    )
+    return {**part, key: source}
 
 
 def load_image(source: object) -> PILImage:

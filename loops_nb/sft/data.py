@@ -327,12 +327,9 @@ def _image_beside(part: dict[str, object], source: str, data_dir: Path | None) -
     and its images move together and the row reads the same from any working directory."""
     if data_dir is None or source.startswith(("data:", "http://", "https://")) or Path(source).is_absolute():
         return part
-    resolved = str((data_dir / Path(source).expanduser()).absolute())
-    inner = part.get("image_url")
-    if part.get("type") == "image_url" and isinstance(inner, dict):
-        return {**part, "image_url": {**inner, "url": resolved}}
-    key = next(k for k in ("image", "image_url", "url", "path") if part.get(k) is not None)
-    return {**part, key: resolved}
+    from loops_nb.llm.vision import with_image_source
+
+    return with_image_source(part, str((data_dir / Path(source).expanduser()).absolute()))
 
 
 Row = ChatRow | TokenizedRow
